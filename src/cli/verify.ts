@@ -1,0 +1,180 @@
+// Offline artifact verifier: `agent-settlement verify <artifact.json> --jwks <file|url> [--json]`.
+// Exit codes: 0 all checks hold, 1 a check failed, 2 usage or I/O error.
+import { readFile } from 'node:fs/promises';
+import { resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { ARTIFACT_CHECKS, verifyArtifact } from '../domain/artifact.ts';
+import type { ArtifactCheck, ArtifactVerification } from '../domain/artifact.ts';
+
+export const EXIT_OK = 0;
+export const EXIT_FAILED = 1;
+export const EXIT_USAGE = 2;
+
+const USAGE = `Usage: agent-settlement verify <artifact.json> --jwks <file|url> [--json]
+
+Repeats every check of a RunArtifact.v1 offline: artifact hash, service signature (against the JWKS),
+every event's hashes and agent signature, and the hash chain.
+
+  --jwks <file|url>  the service's JWKS (e.g. https://host/.well-known/jwks.json or a saved copy)
+  --json             print the machine-readable result
+Exit status: 0 verified, 1 a check failed, 2 usage or I/O error.`;
+
+const FETCH_TIMEOUT_MS = 10_000;
+
+export interface CliIo {
+  stdout: (text: string) => void;
+  stderr: (text: string) => void;
+}
+
+const processIo: CliIo = {
+  stdout: (t) => process.stdout.write(`${t}\n`),
+  stderr: (t) => process.stderr.write(`${t}\n`),
+};
+
+/** A usage or I/O problem (exit 2), as opposed to a failed check (exit 1). */
+class CliError extends Error {}
+
+interface VerifyArgs {
+  artifactPath: string;
+  jwks: string;
+  json: boolean;
+}
+
+function parseArgs(argv: readonly string[]): VerifyArgs | 'help' {
+  const [command, ...rest] = argv;
+  if (command === undefined || command === '--help' || command === '-h' || command === 'help') return 'help';
+  if (command !== 'verify') throw new CliError(`unknown command "${command}"`);
+  let artifactPath: string | undefined;
+  let jwks: string | undefined;
+  let json = false;
+  for (let i = 0; i < rest.length; i++) {
+    const arg = rest[i] as string;
+    if (arg === '--help' || arg === '-h') return 'help';
+    if (arg === '--json') json = true;
+    else if (arg === '--jwks') {
+      jwks = rest[++i];
+      if (jwks === undefined) throw new CliError('--jwks needs a file or URL');
+    } else if (arg.startsWith('--jwks=')) jwks = arg.slice('--jwks='.length);
+    else if (arg.startsWith('-') && arg !== '-') throw new CliError(`unknown option "${arg}"`);
+    else if (artifactPath === undefined) artifactPath = arg;
+    else throw new CliError(`unexpected argument "${arg}"`);
+  }
+  if (artifactPath === undefined) throw new CliError('missing <artifact.json>');
+  if (!jwks) throw new CliError('missing --jwks <file|url>');
+  return { artifactPath, jwks, json };
+}
+
+function parseJson(text: string, what: string): unknown {
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (err) {
+    throw new CliError(`${what} is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
+async function readJsonFile(path: string, what: string): Promise<unknown> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    throw new CliError(`cannot read ${what} ${path}: ${(err as NodeJS.ErrnoException).code ?? (err as Error).message}`);
+  }
+  return parseJson(text, `${what} ${path}`);
+}
+
+async function loadJwks(source: string): Promise<unknown> {
+  if (!/^https?:\/\//i.test(source)) return readJsonFile(source, 'JWKS');
+  let res: Response;
+  try {
+    res = await fetch(source, {
+      headers: { accept: 'application/json' },
+      signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
+    });
+  } catch (err) {
+    throw new CliError(`cannot fetch JWKS ${source}: ${(err as Error).message}`);
+  }
+  if (!res.ok) throw new CliError(`cannot fetch JWKS ${source}: HTTP ${res.status}`);
+  return parseJson(await res.text(), `JWKS from ${source}`);
+}
+
+/** Artifact strings end up on a terminal: show control characters escaped, never raw. */
+function safe(value: unknown): string {
+  const s = typeof value === 'string' ? value : JSON.stringify(value) ?? String(value);
+  return s.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+}
+
+const PASSED: Record<ArtifactCheck, string> = {
+  artifactHash: 'recomputed hash matches artifactHash and artifactId',
+  serviceSignature: 'service signature verifies with the JWKS key',
+  eventSignatures: 'every event hash and agent signature verifies',
+  chain: 'events are linked in order from seq 1; count and head match',
+};
+
+function summary(artifact: unknown) {
+  const a = (typeof artifact === 'object' && artifact !== null ? artifact : {}) as Record<string, unknown>;
+  const evaluation = a.evaluation as { verdict?: unknown } | undefined;
+  const signature = a.signature as { keyId?: unknown } | undefined;
+  const events = a.events as { count?: unknown } | undefined;
+  return {
+    artifactId: a.artifactId ?? null,
+    artifactHash: a.artifactHash ?? null,
+    runId: a.runId ?? null,
+    agentId: a.agentId ?? null,
+    verdict: evaluation?.verdict ?? null,
+    finalizedAt: a.finalizedAt ?? null,
+    keyId: signature?.keyId ?? null,
+    eventCount: events?.count ?? null,
+  };
+}
+
+function report(artifact: unknown, result: ArtifactVerification, io: CliIo): void {
+  const s = summary(artifact);
+  const lines = [
+    `Artifact     ${safe(s.artifactId)}`,
+    `Run          ${safe(s.runId)}  (agent ${safe(s.agentId)})`,
+    `Verdict      ${safe(s.verdict)}  (finalized ${safe(s.finalizedAt)}, ${safe(s.eventCount)} events)`,
+    `Signed by    ${safe(s.keyId)}`,
+    '',
+  ];
+  const width = Math.max(...ARTIFACT_CHECKS.map((c) => c.length));
+  for (const check of ARTIFACT_CHECKS) {
+    const [first, ...more] = result.reasons[check];
+    const mark = result.checks[check] ? '✓' : '✗';
+    lines.push(`${mark} ${check.padEnd(width)}  ${safe(first ?? PASSED[check])}`);
+    for (const reason of more) lines.push(`  ${' '.repeat(width)}  ${safe(reason)}`);
+  }
+  lines.push('', result.verified ? 'VERIFIED: all checks hold' : 'NOT VERIFIED');
+  io.stdout(lines.join('\n'));
+}
+
+/** Runs the CLI with the arguments after the program name; resolves to the exit code. */
+export async function main(argv: readonly string[], io: CliIo = processIo): Promise<number> {
+  let args: VerifyArgs | 'help';
+  try {
+    args = parseArgs(argv);
+    if (args === 'help') {
+      io.stdout(USAGE);
+      return EXIT_OK;
+    }
+    const [artifact, jwks] = await Promise.all([readJsonFile(args.artifactPath, 'artifact'), loadJwks(args.jwks)]);
+    const result = verifyArtifact(artifact, jwks);
+    if (args.json) {
+      io.stdout(JSON.stringify({ ...summary(artifact), ...result }, null, 2));
+    } else {
+      report(artifact, result, io);
+    }
+    return result.verified ? EXIT_OK : EXIT_FAILED;
+  } catch (err) {
+    if (err instanceof CliError) {
+      io.stderr(`agent-settlement: ${err.message}\n\n${USAGE}`);
+      return EXIT_USAGE;
+    }
+    io.stderr(`agent-settlement: unexpected error: ${(err as Error).message}`);
+    return EXIT_USAGE;
+  }
+}
+
+// Also runnable directly: `tsx src/cli/verify.ts verify <artifact.json> --jwks <file|url>`.
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(resolve(process.argv[1])).href) {
+  process.exitCode = await main(process.argv.slice(2));
+}
