@@ -1,0 +1,58 @@
+import { randomBytes } from 'node:crypto';
+import { TypeBoxValidatorCompiler, type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import Fastify, { type FastifyInstance } from 'fastify';
+import type { Runtime } from '../runtime.ts';
+import { REDACT_PATHS } from '../logger.ts';
+import authPlugin from './plugins/auth.ts';
+import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
+import errorsPlugin from './plugins/errors.ts';
+import idempotencyPlugin from './plugins/idempotency.ts';
+import metricsPlugin from './plugins/metrics.ts';
+import rateLimitPlugin from './plugins/rate-limit.ts';
+import swaggerPlugin from './plugins/swagger.ts';
+import { healthRoutes } from './routes/health.ts';
+import { opsRoutes } from './routes/ops.ts';
+import { ErrorBody } from './schemas.ts';
+
+const BODY_LIMIT = 1024 * 1024;
+const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+
+export interface AppOptions {
+  /** Bull Board needs live queues; the OpenAPI writer builds the app without it. */
+  bullBoard?: boolean;
+  logger?: boolean;
+}
+
+export async function buildApp(runtime: Runtime, options: AppOptions = {}): Promise<FastifyInstance> {
+  const app = Fastify({
+    bodyLimit: BODY_LIMIT,
+    logger: options.logger === false ? false : { level: runtime.config.logLevel, redact: { paths: REDACT_PATHS, censor: '[redacted]' } },
+    genReqId: (req) => {
+      const sent = req.headers['x-request-id'];
+      return typeof sent === 'string' && SANE_REQUEST_ID.test(sent) ? sent : `req_${randomBytes(12).toString('base64url')}`;
+    },
+    trustProxy: false,
+    // Query strings and params are converted to their schema types; bodies never are (a string is not an amount).
+  }).withTypeProvider<TypeBoxTypeProvider>();
+  app.setValidatorCompiler(TypeBoxValidatorCompiler);
+  // JSON only: without Fastify's text/plain parser, any other media type gets 415.
+  app.removeContentTypeParser('text/plain');
+  app.addSchema(ErrorBody);
+
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('x-request-id', request.id);
+  });
+
+  await app.register(errorsPlugin);
+  await app.register(swaggerPlugin);
+  await app.register(metricsPlugin, { runtime });
+  await app.register(authPlugin, { runtime, adminPrefixes: [BULL_BOARD_PATH] });
+  await app.register(rateLimitPlugin, { runtime });
+  await app.register(idempotencyPlugin, { runtime });
+
+  await app.register(healthRoutes, { runtime });
+  await app.register(opsRoutes, { runtime });
+  if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
+
+  return app;
+}

@@ -1,0 +1,102 @@
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import fp from 'fastify-plugin';
+import {
+  MongoNetworkError,
+  MongoNotConnectedError,
+  MongoServerSelectionError,
+  MongoTopologyClosedError,
+} from 'mongodb';
+import { ServiceError } from '../../domain/errors.ts';
+
+export interface ErrorBody {
+  code: string;
+  message: string;
+  details?: Record<string, unknown>;
+  requestId: string;
+}
+
+/** Redis or MongoDB could not be reached: the caller should retry, so this is a 503, never a 500. */
+export function isBackendUnavailable(err: unknown): boolean {
+  if (
+    err instanceof MongoServerSelectionError ||
+    err instanceof MongoNetworkError ||
+    err instanceof MongoNotConnectedError ||
+    err instanceof MongoTopologyClosedError
+  ) {
+    return true;
+  }
+  if (!(err instanceof Error)) return false;
+  return (
+    err.name === 'MaxRetriesPerRequestError' ||
+    /enableOfflineQueue|Connection is closed|ECONNREFUSED|ECONNRESET|ETIMEDOUT|Stream isn't writeable/.test(err.message)
+  );
+}
+
+function validationDetails(err: FastifyError) {
+  return {
+    errors: (err.validation ?? []).map((v) => {
+      const params = v.params as { missingProperty?: string; requiredProperties?: string[] } | undefined;
+      const missing = params?.missingProperty ?? params?.requiredProperties?.join(', ');
+      const base = `${err.validationContext ?? 'body'}${v.instancePath.replace(/\//g, '.')}`;
+      return { path: missing ? `${base}.${missing}` : base, message: v.message ?? 'is invalid' };
+    }),
+  };
+}
+
+export function toErrorBody(err: unknown, requestId: string): { status: number; body: ErrorBody } {
+  if (err instanceof ServiceError) {
+    return {
+      status: err.status,
+      body: { code: err.code, message: err.message, ...(err.details ? { details: err.details } : {}), requestId },
+    };
+  }
+  if (isBackendUnavailable(err)) {
+    return {
+      status: 503,
+      body: { code: 'UNAVAILABLE', message: 'a backing service is unavailable; retry shortly', requestId },
+    };
+  }
+  const fe = err as FastifyError;
+  if (fe.validation) {
+    return {
+      status: 400,
+      body: { code: 'VALIDATION_FAILED', message: 'the request does not match the schema', details: validationDetails(fe), requestId },
+    };
+  }
+  switch (fe.code) {
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return { status: 413, body: { code: 'BODY_TOO_LARGE', message: 'the body exceeds 1 MiB', requestId } };
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return { status: 415, body: { code: 'UNSUPPORTED_MEDIA_TYPE', message: 'bodies must be application/json', requestId } };
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+      return { status: 400, body: { code: 'VALIDATION_FAILED', message: 'the body is not valid JSON', requestId } };
+  }
+  if (err instanceof SyntaxError && (fe.statusCode === 400 || /JSON/.test(err.message))) {
+    return { status: 400, body: { code: 'VALIDATION_FAILED', message: 'the body is not valid JSON', requestId } };
+  }
+  if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
+    return { status: fe.statusCode, body: { code: 'BAD_REQUEST', message: 'the request could not be processed', requestId } };
+  }
+  return { status: 500, body: { code: 'INTERNAL', message: 'internal error; it has been logged', requestId } };
+}
+
+/** Sends an error in the contract's shape; hooks use it directly so a plugin's own error handler cannot reshape it. */
+export function sendError(request: FastifyRequest, reply: FastifyReply, err: unknown) {
+  const { status, body } = toErrorBody(err, request.id);
+  if (status >= 500) {
+    request.log.error({ err }, 'request failed');
+  } else {
+    request.log.info({ code: body.code, status }, 'request refused');
+  }
+  if (status === 503) reply.header('retry-after', '1');
+  return reply.status(status).send(body);
+}
+
+/** One error handler for the whole app: every error leaves in the contract's body, without internals. */
+export default fp(async function errorsPlugin(app: FastifyInstance) {
+  app.setErrorHandler((err, request, reply) => sendError(request, reply, err));
+  app.setNotFoundHandler((request, reply) =>
+    reply.status(404).send({ code: 'NOT_FOUND', message: `no route ${request.method} ${request.url.split('?')[0]}`, requestId: request.id }),
+  );
+});

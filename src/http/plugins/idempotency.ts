@@ -1,0 +1,125 @@
+import { createHash } from 'node:crypto';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import fp from 'fastify-plugin';
+import { ServiceError } from '../../domain/errors.ts';
+import type { Runtime } from '../../runtime.ts';
+
+const KEY_RE = /^[A-Za-z0-9._:-]{1,255}$/;
+const QUOTED_KEY_RE = /^"([A-Za-z0-9._:-]{1,255})"$/;
+/** How long a claimed key blocks duplicates while its first request runs; a crashed process frees it after this. */
+const IN_PROGRESS_TTL_SECONDS = 60;
+
+interface StoredEntry {
+  state: 'in_progress' | 'done';
+  fingerprint: string;
+  status?: number;
+  contentType?: string;
+  body?: string;
+}
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    idempotencyClaim: { redisKey: string; fingerprint: string } | null;
+  }
+}
+
+/** The key as sent, or null when absent; accepts the RFC 8941 quoted-string form too. */
+export function parseIdempotencyKey(raw: string | string[] | undefined): string | null {
+  if (raw === undefined) return null;
+  const value = Array.isArray(raw) ? raw.join(',') : raw;
+  if (KEY_RE.test(value)) return value;
+  const quoted = QUOTED_KEY_RE.exec(value);
+  if (quoted) return quoted[1]!;
+  throw new ServiceError(400, 'INVALID_IDEMPOTENCY_KEY', 'Idempotency-Key must be 1-255 characters of [A-Za-z0-9._:-]');
+}
+
+/** Object keys sorted at every level, so the same request serialised in another key order has the same print. */
+function stableJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(stableJson).join(',')}]`;
+  if (value && typeof value === 'object') {
+    const entries = Object.keys(value as object)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${stableJson((value as Record<string, unknown>)[k])}`);
+    return `{${entries.join(',')}}`;
+  }
+  return JSON.stringify(value) ?? 'null';
+}
+
+function fingerprint(request: FastifyRequest): string {
+  return createHash('sha256')
+    .update(`${request.method}\n${request.url}\n${stableJson(request.body ?? null)}`)
+    .digest('hex');
+}
+
+/**
+ * Idempotency-Key for every POST (contract section 4), kept in Redis so every API process sees it. The key is
+ * claimed after schema validation, so a request that fails validation stores nothing; 5xx and 429 answers release
+ * the claim so the caller's retry can run.
+ */
+export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
+  const { config, redis } = opts.runtime;
+  app.decorateRequest('idempotencyClaim', null);
+
+  app.addHook('preHandler', async (request, reply) => {
+    if (request.method !== 'POST') return;
+    const key = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
+    if (key === null) return;
+    const principal = request.principal;
+    const owner = principal?.kind === 'key' ? `${principal.tenantId}:${principal.credentialId}` : (principal?.credentialId ?? `ip:${request.ip}`);
+    const redisKey = `${config.redisPrefix}:idem:${owner}:POST:${request.routeOptions.url}:${key}`;
+    const print = fingerprint(request);
+
+    const claimed = await redis.set(
+      redisKey,
+      JSON.stringify({ state: 'in_progress', fingerprint: print } satisfies StoredEntry),
+      'EX',
+      IN_PROGRESS_TTL_SECONDS,
+      'NX',
+    );
+    if (claimed === 'OK') {
+      request.idempotencyClaim = { redisKey, fingerprint: print };
+      return;
+    }
+    const raw = await redis.get(redisKey);
+    if (raw === null) {
+      throw new ServiceError(409, 'IDEMPOTENCY_IN_PROGRESS', 'a request with this Idempotency-Key just finished; retry');
+    }
+    const entry = JSON.parse(raw) as StoredEntry;
+    if (entry.fingerprint !== print) {
+      throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
+    }
+    if (entry.state === 'in_progress') {
+      throw new ServiceError(409, 'IDEMPOTENCY_IN_PROGRESS', 'a request with this Idempotency-Key is still being processed');
+    }
+    reply.header('idempotent-replayed', 'true');
+    if (entry.contentType) reply.type(entry.contentType);
+    return reply.status(entry.status!).send(entry.body);
+  });
+
+  app.addHook('onSend', async (request, reply, payload) => {
+    const claim = request.idempotencyClaim;
+    if (!claim) return payload;
+    request.idempotencyClaim = null;
+    const { redisKey } = claim;
+    const status = reply.statusCode;
+    try {
+      if (status >= 500 || status === 429) {
+        await redis.del(redisKey);
+      } else {
+        const entry: StoredEntry = {
+          state: 'done',
+          fingerprint: claim.fingerprint,
+          status,
+          contentType: String(reply.getHeader('content-type') ?? 'application/json; charset=utf-8'),
+          body: typeof payload === 'string' ? payload : payload == null ? '' : String(payload),
+        };
+        await redis.set(redisKey, JSON.stringify(entry), 'EX', config.idempotencyTtlSeconds);
+      }
+    } catch (err) {
+      // The response is already decided; losing the record only means a retry runs again (and our writes are
+      // idempotent by id), so log instead of failing the caller.
+      request.log.warn({ err: (err as Error).message }, 'could not record idempotent response');
+    }
+    return payload;
+  });
+});

@@ -1,0 +1,83 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import fp from 'fastify-plugin';
+import { RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
+import type { RateLimitPolicy } from '../../config.ts';
+import { ServiceError } from '../../domain/errors.ts';
+import type { Runtime } from '../../runtime.ts';
+import { sendError } from './errors.ts';
+
+declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** false exempts a route (health probes must answer even when a caller is over budget). */
+    rateLimit?: boolean;
+  }
+}
+
+const TENANT_POLICY_CACHE_MS = 30_000;
+
+/**
+ * Fixed-window limits per credential (per client IP where there is none), counted in Redis by
+ * rate-limiter-flexible so every API process draws on one budget. Headers follow the IETF RateLimit draft.
+ */
+export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
+  const { config, redis, stores } = opts.runtime;
+  const limiters = new Map<string, RateLimiterRedis>();
+  const tenantPolicies = new Map<string, { policy: RateLimitPolicy; until: number }>();
+
+  const limiterFor = (policy: RateLimitPolicy) => {
+    const id = `${policy.limit}:${policy.windowSeconds}`;
+    let limiter = limiters.get(id);
+    if (!limiter) {
+      limiter = new RateLimiterRedis({
+        storeClient: redis,
+        keyPrefix: `${config.redisPrefix}:rl:${id}`,
+        points: policy.limit,
+        duration: policy.windowSeconds,
+      });
+      limiters.set(id, limiter);
+    }
+    return limiter;
+  };
+
+  // Tenant overrides change rarely; caching them briefly keeps a MongoDB read off every request.
+  const policyFor = async (tenantId: string | null): Promise<RateLimitPolicy> => {
+    if (!tenantId) return config.rateLimit;
+    const cached = tenantPolicies.get(tenantId);
+    if (cached && cached.until > Date.now()) return cached.policy;
+    const tenant = await stores.tenants.get(tenantId);
+    const policy = tenant?.rateLimit ?? config.rateLimit;
+    tenantPolicies.set(tenantId, { policy, until: Date.now() + TENANT_POLICY_CACHE_MS });
+    return policy;
+  };
+
+  const consume = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    const principal = request.principal;
+    const policy = await policyFor(principal?.kind === 'key' ? principal.tenantId : null);
+    const subject = principal ? principal.credentialId : `ip:${request.ip}`;
+    reply.header('ratelimit-policy', `"default";q=${policy.limit};w=${policy.windowSeconds}`);
+    let result: RateLimiterRes;
+    try {
+      result = await limiterFor(policy).consume(subject, 1);
+    } catch (rejection) {
+      if (!(rejection instanceof RateLimiterRes)) throw rejection; // Redis unreachable: the error plugin answers 503.
+      const retryAfter = Math.max(1, Math.ceil(rejection.msBeforeNext / 1000));
+      reply.header('ratelimit', `"default";r=0;t=${retryAfter}`);
+      reply.header('retry-after', String(retryAfter));
+      throw new ServiceError(429, 'RATE_LIMITED', `rate limit of ${policy.limit} requests per ${policy.windowSeconds}s exceeded`, {
+        limit: policy.limit,
+        windowSeconds: policy.windowSeconds,
+        retryAfterSeconds: retryAfter,
+      });
+    }
+    reply.header('ratelimit', `"default";r=${result.remainingPoints};t=${Math.max(0, Math.ceil(result.msBeforeNext / 1000))}`);
+  };
+
+  app.addHook('onRequest', async (request, reply) => {
+    if (request.routeOptions.config.rateLimit === false || reply.sent) return;
+    try {
+      await consume(request, reply);
+    } catch (err) {
+      return sendError(request, reply, err);
+    }
+  });
+});

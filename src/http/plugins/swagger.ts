@@ -1,0 +1,40 @@
+import swagger from '@fastify/swagger';
+import type { FastifyInstance } from 'fastify';
+import fp from 'fastify-plugin';
+import { BULL_BOARD_PATH } from './bull-board.ts';
+
+/** OpenAPI 3.1 generated from the route schemas; `npm run openapi` writes it to openapi/openapi.json. */
+export default fp(async function swaggerPlugin(app: FastifyInstance) {
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'Agent Run Settlement Service',
+        version: '1.0.0',
+        description:
+          'Registers agents, takes agent-signed hash-chained run events, finalizes runs into content-addressed ' +
+          'artifacts anyone can verify offline, and settles escrowed money. Errors: {code, message, details?, requestId}.',
+      },
+      components: {
+        securitySchemes: {
+          bearer: { type: 'http', scheme: 'bearer', description: 'Tenant API key `sk_<keyId>.<secret>`, or the admin key on /ops' },
+          adminBasic: { type: 'http', scheme: 'basic', description: 'Admin key as the Basic password (Bull Board in a browser)' },
+        },
+      },
+    },
+    hideUntagged: false,
+    // Shared schemas appear under their $id (ErrorBody), not def-N.
+    refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => (typeof json.$id === 'string' ? json.$id : `def-${i}`) },
+    // Each route's access rule shows up in its operation, so readers see the needed scope.
+    transform: ({ schema, url, route }) => {
+      const access = route.config?.access;
+      const transformed = { ...(schema ?? {}) } as Record<string, unknown>;
+      if (url.startsWith(BULL_BOARD_PATH)) transformed.hide = true;
+      if (access && access !== 'public') {
+        transformed.security = access === 'admin' ? [{ bearer: [] }, { adminBasic: [] }] : [{ bearer: [] }];
+        transformed['x-required-scope'] = access === 'admin' ? 'ops' : access;
+      }
+      return { schema: transformed, url };
+    },
+  });
+});

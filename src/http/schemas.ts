@@ -1,0 +1,24 @@
+import { Type, type TSchema } from 'typebox';
+
+// Shared pieces of the route schemas; each area's own shapes live beside its routes.
+
+export const ErrorBody = Type.Object(
+  {
+    code: Type.String({ description: 'UPPER_SNAKE error code' }),
+    message: Type.String(),
+    details: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+    requestId: Type.String(),
+  },
+  { $id: 'ErrorBody', description: 'Every error response' },
+);
+
+export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339 UTC' });
+
+/** Standard error responses a route can produce, keyed by status. */
+export function errorResponses(...statuses: number[]): Record<number, TSchema> {
+  return Object.fromEntries(statuses.map((status) => [status, Type.Ref('ErrorBody')]));
+}
+
+export const IdempotencyHeaders = Type.Object({
+  'idempotency-key': Type.Optional(Type.String({ description: '1-255 chars of [A-Za-z0-9._:-]; replays the first response' })),
+});

@@ -1,0 +1,59 @@
+import { ConfigError, loadConfig } from './config.ts';
+import { buildApp } from './http/app.ts';
+import { exitGracefullyOnSignals } from './lifecycle.ts';
+import { createLogger } from './logger.ts';
+import { isQueueName, type QueueName } from './queues/index.ts';
+import { connectRuntime, createRuntime } from './runtime.ts';
+import { createProcessors } from './workers/index.ts';
+import { startWorkers, type RunningWorkers } from './workers/runner.ts';
+
+const USAGE = 'usage: main.ts api | worker [queue…] | all';
+
+async function main(argv: string[]): Promise<void> {
+  const [mode, ...queueArgs] = argv;
+  if (mode !== 'api' && mode !== 'worker' && mode !== 'all') {
+    console.error(USAGE);
+    process.exit(2);
+  }
+  let config;
+  try {
+    config = loadConfig();
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      console.error(err.message);
+      process.exit(1);
+    }
+    throw err;
+  }
+  const logger = createLogger(config, mode);
+  const runtime = createRuntime(config, logger);
+  await connectRuntime(runtime);
+
+  const app = mode === 'worker' ? null : await buildApp(runtime);
+  let workers: RunningWorkers | null = null;
+  if (mode !== 'api') {
+    const processors = createProcessors(runtime);
+    const available = Object.keys(processors) as QueueName[];
+    const unknown = queueArgs.filter((q) => !isQueueName(q) || !available.includes(q));
+    if (unknown.length > 0) {
+      logger.fatal({ unknown, available }, 'no such queue, or no processor for it in this build');
+      process.exit(2);
+    }
+    const queues = queueArgs.length > 0 ? (queueArgs as QueueName[]) : available;
+    workers = startWorkers(config, logger, processors, queues);
+  }
+  if (app) {
+    await app.listen({ host: config.host, port: config.port });
+  }
+
+  exitGracefullyOnSignals(logger, config.shutdownTimeoutMs + 5_000, [
+    async () => app?.close(), // stops accepting, waits for in-flight requests
+    async () => workers?.close(), // lets active jobs finish, bounded by SHUTDOWN_TIMEOUT_MS
+    () => runtime.close(),
+  ]);
+}
+
+main(process.argv.slice(2)).catch((err) => {
+  console.error(err);
+  process.exit(1);
+});

@@ -1,0 +1,86 @@
+import { Queue, type JobsOptions, type ConnectionOptions } from 'bullmq';
+import { Type, type Static, type TSchema } from 'typebox';
+import { Value } from 'typebox/value';
+import { errors } from '../domain/errors.ts';
+
+// One queue per concern. Payloads carry ids only: the worker reads current state from MongoDB, so a retried or
+// duplicated job always acts on the truth, never on a stale copy.
+export const QueuePayloads = {
+  finalize: Type.Object({ tenantId: Type.String(), runId: Type.String() }),
+  settle: Type.Object({ tenantId: Type.String(), runId: Type.String(), settlementId: Type.String() }),
+  'x402-verify': Type.Object({ tenantId: Type.String(), gateId: Type.String() }),
+  'webhook-dispatch': Type.Object({ tenantId: Type.String(), eventId: Type.String() }),
+  'smoke-test': Type.Object({ tenantId: Type.String(), smokeTestId: Type.String() }),
+} satisfies Record<string, TSchema>;
+
+export type QueueName = keyof typeof QueuePayloads;
+export type QueuePayload<Q extends QueueName> = Static<(typeof QueuePayloads)[Q]>;
+export const QUEUE_NAMES = Object.keys(QueuePayloads) as QueueName[];
+
+export function isQueueName(name: string): name is QueueName {
+  return Object.hasOwn(QueuePayloads, name);
+}
+
+/** Retries with exponential backoff; finished jobs are kept long enough to inspect in Bull Board, then trimmed. */
+export const DEFAULT_JOB_OPTIONS: JobsOptions = {
+  attempts: 8,
+  backoff: { type: 'exponential', delay: 1_000 },
+  removeOnComplete: { age: 24 * 3600, count: 5_000 },
+  removeOnFail: { age: 7 * 24 * 3600, count: 20_000 },
+};
+
+export function bullPrefix(redisPrefix: string): string {
+  return `${redisPrefix}:bull`;
+}
+
+/** BullMQ job ids may not contain ':'; derived ids make a duplicate enqueue of the same work a no-op. */
+export function jobIdFor(queue: QueueName, ...parts: string[]): string {
+  return [queue, ...parts].join('__');
+}
+
+const ENQUEUE_TIMEOUT_MS = 1_000;
+
+export class Producers {
+  readonly queues: Record<QueueName, Queue>;
+
+  constructor(connection: ConnectionOptions, redisPrefix: string) {
+    const prefix = bullPrefix(redisPrefix);
+    this.queues = Object.fromEntries(
+      QUEUE_NAMES.map((name) => [name, new Queue(name, { connection, prefix, defaultJobOptions: DEFAULT_JOB_OPTIONS })]),
+    ) as Record<QueueName, Queue>;
+  }
+
+  /**
+   * Enqueues a job, or throws 503 UNAVAILABLE within a second when Redis cannot take it: a request must never hang
+   * on a queue, and the caller retries with the same idempotency key.
+   */
+  async enqueue<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, options: JobsOptions = {}): Promise<void> {
+    if (!Value.Check(QueuePayloads[queue], payload)) {
+      throw new Error(`invalid ${queue} job payload`);
+    }
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      await Promise.race([
+        this.queues[queue].add(queue, payload, { ...options, jobId }),
+        new Promise((_, reject) => {
+          timer = setTimeout(() => reject(new Error('enqueue timed out')), ENQUEUE_TIMEOUT_MS);
+        }),
+      ]);
+    } catch {
+      throw errors.unavailable('the job queue is unavailable; retry shortly');
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async depths(): Promise<Record<QueueName, Record<string, number>>> {
+    const entries = await Promise.all(
+      QUEUE_NAMES.map(async (name) => [name, await this.queues[name].getJobCounts('waiting', 'active', 'delayed', 'failed', 'completed', 'prioritized')] as const),
+    );
+    return Object.fromEntries(entries) as Record<QueueName, Record<string, number>>;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(QUEUE_NAMES.map((name) => this.queues[name].close()));
+  }
+}

@@ -1,0 +1,88 @@
+import { Redis } from 'ioredis';
+import type { Db, MongoClient } from 'mongodb';
+import type { Logger } from 'pino';
+import type { Config } from './config.ts';
+import { Producers } from './queues/index.ts';
+import { ApiKeyStore } from './store/api-keys.ts';
+import { ensureIndexes } from './store/indexes.ts';
+import { createMongoClient } from './store/mongo.ts';
+import { TenantStore } from './store/tenants.ts';
+
+/** Everything a process shares: connections, producers and stores. Built once in main.ts (or a test). */
+export interface Runtime {
+  config: Config;
+  logger: Logger;
+  mongo: MongoClient;
+  db: Db;
+  /** Commands fail at once while Redis is unreachable, so HTTP requests answer 503 instead of hanging. */
+  redis: Redis;
+  producers: Producers;
+  stores: {
+    tenants: TenantStore;
+    apiKeys: ApiKeyStore;
+  };
+  close(): Promise<void>;
+}
+
+export function createApiRedis(config: Config, logger: Logger): Redis {
+  const redis = new Redis(config.redisUrl, {
+    lazyConnect: true,
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 1,
+    connectTimeout: 2_000,
+    // Keep trying to reconnect for ever: the API recovers by itself when Redis returns.
+    retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
+  });
+  let down = false;
+  redis.on('error', (err) => {
+    if (!down) logger.warn({ err: err.message }, 'redis unreachable');
+    down = true;
+  });
+  redis.on('ready', () => {
+    if (down) logger.info('redis reachable again');
+    down = false;
+  });
+  return redis;
+}
+
+/** Builds the runtime without touching the network; `connectRuntime` then opens the connections. */
+export function createRuntime(config: Config, logger: Logger): Runtime {
+  const mongo = createMongoClient(config);
+  const db = mongo.db(config.mongoDb);
+  const redis = createApiRedis(config, logger);
+  const producers = new Producers(redis, config.redisPrefix);
+  return {
+    config,
+    logger,
+    mongo,
+    db,
+    redis,
+    producers,
+    stores: {
+      tenants: new TenantStore(db),
+      apiKeys: new ApiKeyStore(db),
+    },
+    async close() {
+      await producers.close().catch(() => undefined);
+      redis.disconnect();
+      await mongo.close().catch(() => undefined);
+    },
+  };
+}
+
+/** Opens connections and ensures indexes, retrying until both services answer or `timeoutMs` passes. */
+export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      if (runtime.redis.status === 'wait' || runtime.redis.status === 'end') await runtime.redis.connect();
+      await runtime.mongo.connect();
+      await ensureIndexes(runtime.db);
+      return;
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for Redis and MongoDB');
+      await new Promise((resolve) => setTimeout(resolve, Math.min(attempt * 250, 2_000)));
+    }
+  }
+}

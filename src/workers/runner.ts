@@ -1,0 +1,68 @@
+import { UnrecoverableError, Worker, type Job } from 'bullmq';
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import { Value } from 'typebox/value';
+import type { Config } from '../config.ts';
+import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
+
+export type Processor<Q extends QueueName = QueueName> = (payload: QueuePayload<Q>, job: Job) => Promise<unknown>;
+export type ProcessorMap = { [Q in QueueName]?: Processor<Q> };
+
+export interface RunningWorkers {
+  queues: QueueName[];
+  /** Stops taking jobs, lets active ones finish (bounded by the shutdown timeout), then disconnects. */
+  close(): Promise<void>;
+}
+
+/**
+ * Runs one BullMQ worker per queue with the processor that handles it. Any number of processes may run the same
+ * queues: BullMQ hands each job to one worker at a time, and processors are written so a repeat is harmless.
+ */
+export function startWorkers(
+  config: Config,
+  logger: Logger,
+  processors: ProcessorMap,
+  queues: QueueName[],
+): RunningWorkers {
+  const connection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  connection.on('error', () => undefined); // BullMQ reconnects by itself; the worker logs the gap below.
+  const workers = queues.map((queue) => {
+    const processor = processors[queue] as Processor | undefined;
+    if (!processor) throw new Error(`no processor for queue ${queue}`);
+    const worker = new Worker(
+      queue,
+      async (job: Job) => {
+        // A payload that does not match its schema will never succeed; fail it without retries.
+        if (!Value.Check(QueuePayloads[queue], job.data)) {
+          throw new UnrecoverableError(`invalid ${queue} payload`);
+        }
+        return processor(job.data as QueuePayload<typeof queue>, job);
+      },
+      { connection, prefix: bullPrefix(config.redisPrefix), concurrency: config.workerConcurrency, autorun: true },
+    );
+    const log = logger.child({ queue });
+    worker.on('failed', (job, err) =>
+      log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed'),
+    );
+    worker.on('error', (err) => log.error({ err: err.message }, 'worker error'));
+    return worker;
+  });
+  logger.info({ queues }, 'workers started');
+
+  return {
+    queues,
+    async close() {
+      let timer: NodeJS.Timeout | undefined;
+      const bounded = new Promise<void>((resolve) => {
+        timer = setTimeout(() => {
+          logger.warn({ timeoutMs: config.shutdownTimeoutMs }, 'jobs still active at shutdown timeout; they will be retried');
+          resolve();
+        }, config.shutdownTimeoutMs);
+      });
+      await Promise.race([Promise.all(workers.map((w) => w.close())).then(() => undefined), bounded]);
+      clearTimeout(timer);
+      if (workers.some((w) => w.isRunning())) await Promise.all(workers.map((w) => w.close(true)));
+      connection.disconnect();
+    },
+  };
+}

@@ -1,0 +1,94 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestApp, type TestApp } from '../helpers/context.ts';
+
+describe('authentication and scopes', () => {
+  let t: TestApp;
+  beforeAll(async () => {
+    t = await startTestApp();
+  });
+  afterAll(() => t.close());
+
+  const listTenants = (headers: Record<string, string>) => t.app.inject({ method: 'GET', url: '/ops/tenants', headers });
+
+  it('refuses a missing, garbled or unknown credential with 401 in the contract body', async () => {
+    const cases: Array<Record<string, string>> = [
+      {},
+      { authorization: 'Bearer nope' },
+      { authorization: 'Token abc' },
+      { authorization: `Bearer sk_key_${'a'.repeat(22)}.${'b'.repeat(43)}` },
+    ];
+    for (const headers of cases) {
+      const res = await listTenants(headers);
+      expect(res.statusCode).toBe(401);
+      expect(res.json()).toMatchObject({ code: 'UNAUTHENTICATED', requestId: expect.any(String) });
+      expect(res.headers['x-request-id']).toBe(res.json().requestId);
+    }
+  });
+
+  it('accepts the admin key as Bearer or as the Basic password, and prompts browsers for Basic', async () => {
+    expect((await listTenants(t.admin)).statusCode).toBe(200);
+    const basic = Buffer.from(`ops:${t.env.adminKey}`).toString('base64');
+    expect((await listTenants({ authorization: `Basic ${basic}` })).statusCode).toBe(200);
+    const noCred = await listTenants({});
+    expect(noCred.headers['www-authenticate']).toMatch(/^Basic/);
+  });
+
+  it('answers 403 for a valid key without the scope, and lets an ops-scoped key use /ops', async () => {
+    const runsOnly = await t.tenantWithKey(['runs:read']);
+    const res = await listTenants(runsOnly.auth);
+    expect(res.statusCode).toBe(403);
+    expect(res.json()).toMatchObject({ code: 'FORBIDDEN', details: { requiredScope: 'ops' } });
+    const ops = await t.tenantWithKey(['ops']);
+    expect((await listTenants(ops.auth)).statusCode).toBe(200);
+  });
+
+  it('shows the token once, stores only a hash, and never lists secrets', async () => {
+    const { keyId, token } = await t.tenantWithKey(['runs:write']);
+    const stored = await t.runtime.db.collection('api_keys').findOne({ _id: keyId as never });
+    expect(JSON.stringify(stored)).not.toContain(token.split('.')[1]);
+    const list = await t.app.inject({ method: 'GET', url: '/ops/api-keys', headers: t.admin });
+    expect(list.body).not.toContain(token.split('.')[1]);
+    expect(list.json().items.find((k: { keyId: string }) => k.keyId === keyId)).toMatchObject({ status: 'active', scopes: ['runs:write'] });
+  });
+
+  it('refuses a revoked key with 401 at once', async () => {
+    const ops = await t.tenantWithKey(['ops']);
+    expect((await listTenants(ops.auth)).statusCode).toBe(200);
+    const revoke = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${ops.keyId}/revoke`, headers: t.admin });
+    expect(revoke.json()).toMatchObject({ keyId: ops.keyId, status: 'revoked' });
+    expect((await listTenants(ops.auth)).statusCode).toBe(401);
+  });
+
+  it('refuses an expired key with 401', async () => {
+    const tenant = (await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: t.admin, payload: { name: 'exp' } })).json();
+    const expiresAt = new Date(Date.now() + 1_500).toISOString();
+    const key = (await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['ops'], expiresAt } })).json();
+    const auth = { authorization: `Bearer ${key.token}` };
+    expect((await listTenants(auth)).statusCode).toBe(200);
+    await new Promise((r) => setTimeout(r, 1_700));
+    expect((await listTenants(auth)).statusCode).toBe(401);
+  });
+
+  it('rotates a key: the successor works, the old one stops after its grace period', async () => {
+    const ops = await t.tenantWithKey(['ops']);
+    const rotated = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${ops.keyId}/rotate`, headers: t.admin, payload: { gracePeriodSeconds: 0 } });
+    expect(rotated.statusCode).toBe(201);
+    const { current, previous } = rotated.json();
+    expect(previous).toMatchObject({ keyId: ops.keyId, status: 'revoked', rotatedTo: current.keyId });
+    expect(current.scopes).toEqual(['ops']);
+    expect((await listTenants({ authorization: `Bearer ${current.token}` })).statusCode).toBe(200);
+    expect((await listTenants(ops.auth)).statusCode).toBe(401);
+
+    const graced = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${current.keyId}/rotate`, headers: t.admin, payload: { gracePeriodSeconds: 60 } });
+    expect(graced.json().previous.status).toBe('active');
+    expect((await listTenants({ authorization: `Bearer ${current.token}` })).statusCode).toBe(200);
+  });
+
+  it('refuses to issue a key for an unknown tenant or with an unknown scope', async () => {
+    const unknownTenant = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: 'ten_nope', scopes: ['ops'] } });
+    expect(unknownTenant.statusCode).toBe(404);
+    const badScope = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: 'ten_nope', scopes: ['root'] } });
+    expect(badScope.statusCode).toBe(400);
+    expect(badScope.json().code).toBe('VALIDATION_FAILED');
+  });
+});

@@ -1,0 +1,13 @@
+import { defineConfig } from 'vitest/config';
+
+export default defineConfig({
+  test: {
+    include: ['test/**/*.test.ts'],
+    globalSetup: ['test/global-setup.ts'],
+    testTimeout: 30_000,
+    hookTimeout: 60_000,
+    // Each file gets its own database and Redis key prefix, so files run in parallel.
+    pool: 'forks',
+    maxWorkers: 2,
+  },
+});
