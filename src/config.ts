@@ -1,3 +1,5 @@
+import { hkdfSync } from 'node:crypto';
+
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
 // bad value stops the process with a message naming the variable.
 
@@ -24,6 +26,29 @@ export interface Config {
   metricsPublic: boolean;
   shutdownTimeoutMs: number;
   workerConcurrency: number;
+  /** Where links to this service point (the JWKS URL in verification answers). */
+  publicBaseUrl: string;
+  signing: {
+    /** Active Ed25519 private key (PEM or a path to one); null in development means "generate once into keyFile". */
+    activeKey: string | null;
+    /** Retired keys (PEM or paths), still published in the JWKS so old artifacts keep verifying. */
+    retiredKeys: string[];
+    keyFile: string;
+  };
+  webhooks: {
+    /** 32-byte key that encrypts endpoint secrets at rest. */
+    encryptionKey: Buffer;
+    allowInsecureUrls: boolean;
+    allowPrivateAddresses: boolean;
+    /** Multiplies the retry schedule (tests use a small fraction). */
+    retryScale: number;
+    timeoutMs: number;
+  };
+  sweeper: {
+    intervalMs: number;
+    /** Work older than this in a pending state without a live job is re-enqueued. */
+    staleAfterMs: number;
+  };
 }
 
 export class ConfigError extends Error {
@@ -51,6 +76,19 @@ function int(env: Env, name: string, fallback: number, min: number, max: number)
   const value = Number(raw);
   if (value < min || value > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${value}`);
   return value;
+}
+
+function num(env: Env, name: string, fallback: number, min: number, max: number): number {
+  const raw = env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!Number.isFinite(value) || !/^[0-9.eE+-]+$/.test(raw)) throw new ConfigError(name, `must be a number, got "${raw}"`);
+  if (value < min || value > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${value}`);
+  return value;
+}
+
+function list(env: Env, name: string): string[] {
+  return (env[name] ?? '').split(',').map((item) => item.trim()).filter(Boolean);
 }
 
 function bool(env: Env, name: string, fallback: boolean): boolean {
@@ -92,10 +130,27 @@ export function loadConfig(env: Env = process.env): Config {
   if (!['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].includes(logLevel)) {
     throw new ConfigError('LOG_LEVEL', `must be one of fatal, error, warn, info, debug, trace, silent`);
   }
+  const signingKey = env.SERVICE_SIGNING_KEY?.trim() || null;
+  if (nodeEnv === 'production' && !signingKey) {
+    throw new ConfigError('SERVICE_SIGNING_KEY', 'is required in production (an Ed25519 private key, PEM or a path)');
+  }
+  const webhookKeyRaw = env.WEBHOOK_SECRET_KEY;
+  if (nodeEnv === 'production' && !webhookKeyRaw) {
+    throw new ConfigError('WEBHOOK_SECRET_KEY', 'is required in production (32 bytes, base64)');
+  }
+  let webhookKey: Buffer;
+  if (webhookKeyRaw) {
+    webhookKey = Buffer.from(webhookKeyRaw, 'base64');
+    if (webhookKey.length !== 32) throw new ConfigError('WEBHOOK_SECRET_KEY', 'must be 32 bytes, base64-encoded');
+  } else {
+    // Development only: every process derives the same key from the admin key, so they can read each other's secrets.
+    webhookKey = Buffer.from(hkdfSync('sha256', adminKey, 'agent-settlement', 'webhook-secrets', 32));
+  }
+  const port = int(env, 'PORT', 3000, 0, 65535);
   return {
     env: nodeEnv,
     host: str(env, 'HOST', '127.0.0.1'),
-    port: int(env, 'PORT', 3000, 0, 65535),
+    port,
     logLevel,
     mongoUrl,
     mongoDb: str(env, 'MONGO_DB', dbFromUrl || 'agent_settlement'),
@@ -111,5 +166,22 @@ export function loadConfig(env: Env = process.env): Config {
     metricsPublic: bool(env, 'METRICS_PUBLIC', true),
     shutdownTimeoutMs: int(env, 'SHUTDOWN_TIMEOUT_MS', 15_000, 100, 600_000),
     workerConcurrency: int(env, 'WORKER_CONCURRENCY', 8, 1, 1000),
+    publicBaseUrl: url(env, 'PUBLIC_BASE_URL', `http://127.0.0.1:${port}`, ['http:', 'https:']).replace(/\/$/, ''),
+    signing: {
+      activeKey: signingKey,
+      retiredKeys: list(env, 'SERVICE_SIGNING_KEYS_RETIRED'),
+      keyFile: str(env, 'SIGNING_KEY_FILE', '.data/service-signing-key.pem'),
+    },
+    webhooks: {
+      encryptionKey: webhookKey,
+      allowInsecureUrls: bool(env, 'WEBHOOK_ALLOW_INSECURE_URLS', nodeEnv === 'development'),
+      allowPrivateAddresses: bool(env, 'WEBHOOK_ALLOW_PRIVATE_ADDRESSES', false),
+      retryScale: num(env, 'WEBHOOK_RETRY_SCALE', 1, 0, 100),
+      timeoutMs: int(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
+    },
+    sweeper: {
+      intervalMs: int(env, 'SWEEP_INTERVAL_MS', 30_000, 100, 3_600_000),
+      staleAfterMs: int(env, 'SWEEP_STALE_AFTER_MS', 60_000, 0, 86_400_000),
+    },
   };
 }

@@ -2,10 +2,12 @@ import { Redis } from 'ioredis';
 import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
-import { Producers } from './queues/index.ts';
+import type { EventType } from './domain/events.ts';
+import { jobIdFor, Producers } from './queues/index.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient } from './store/mongo.ts';
+import { OutboxStore, type OutboxEventDoc } from './store/outbox.ts';
 import { TenantStore } from './store/tenants.ts';
 
 /** Everything a process shares: connections, producers and stores. Built once in main.ts (or a test). */
@@ -20,7 +22,10 @@ export interface Runtime {
   stores: {
     tenants: TenantStore;
     apiKeys: ApiKeyStore;
+    outbox: OutboxStore;
   };
+  /** Records an event in the outbox and enqueues its dispatch; both are idempotent by the event's cause. */
+  emit(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc>;
   close(): Promise<void>;
 }
 
@@ -51,6 +56,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
   const producers = new Producers(redis, config.redisPrefix);
+  const outbox = new OutboxStore(db);
   return {
     config,
     logger,
@@ -61,6 +67,12 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
     stores: {
       tenants: new TenantStore(db),
       apiKeys: new ApiKeyStore(db),
+      outbox,
+    },
+    async emit(tenantId, type, data, cause) {
+      const event = await outbox.record(tenantId, type, data, cause);
+      await producers.enqueue('webhook-dispatch', { tenantId, eventId: event._id }, jobIdFor('webhook-dispatch', event._id));
+      return event;
     },
     async close() {
       await producers.close().catch(() => undefined);

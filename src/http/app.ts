@@ -1,8 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { TypeBoxValidatorCompiler, type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import Fastify, { type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Runtime } from '../runtime.ts';
-import { REDACT_PATHS } from '../logger.ts';
 import authPlugin from './plugins/auth.ts';
 import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
 import errorsPlugin from './plugins/errors.ts';
@@ -26,7 +25,8 @@ export interface AppOptions {
 export async function buildApp(runtime: Runtime, options: AppOptions = {}): Promise<FastifyInstance> {
   const app = Fastify({
     bodyLimit: BODY_LIMIT,
-    logger: options.logger === false ? false : { level: runtime.config.logLevel, redact: { paths: REDACT_PATHS, censor: '[redacted]' } },
+    // The process logger (redaction included), so request lines look like every other line.
+    ...(options.logger === false ? { logger: false } : { loggerInstance: runtime.logger as FastifyBaseLogger }),
     genReqId: (req) => {
       const sent = req.headers['x-request-id'];
       return typeof sent === 'string' && SANE_REQUEST_ID.test(sent) ? sent : `req_${randomBytes(12).toString('base64url')}`;
@@ -52,6 +52,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
 
   await app.register(healthRoutes, { runtime });
   await app.register(opsRoutes, { runtime });
+  // webhook routes
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

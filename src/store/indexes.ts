@@ -5,5 +5,6 @@ export async function ensureIndexes(db: Db): Promise<void> {
   await Promise.all([
     db.collection('api_keys').createIndex({ tenantId: 1, createdAt: -1 }),
     db.collection('tenants').createIndex({ createdAt: -1 }),
+    db.collection('outbox_events').createIndex({ fannedOutAt: 1, createdAt: 1 }),
   ]);
 }

@@ -3,5 +3,7 @@ import type { ProcessorMap } from './runner.ts';
 
 /** The processor for each queue this codebase can work; a queue without one is not started. */
 export function createProcessors(_runtime: Runtime): ProcessorMap {
-  return {};
+  return {
+    // webhook processors
+  };
 }

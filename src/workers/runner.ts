@@ -1,12 +1,22 @@
-import { UnrecoverableError, Worker, type Job } from 'bullmq';
+import { Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Value } from 'typebox/value';
 import type { Config } from '../config.ts';
 import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
-export type Processor<Q extends QueueName = QueueName> = (payload: QueuePayload<Q>, job: Job) => Promise<unknown>;
-export type ProcessorMap = { [Q in QueueName]?: Processor<Q> };
+export interface QueueProcessor<Q extends QueueName = QueueName> {
+  process(payload: QueuePayload<Q>, job: Job): Promise<unknown>;
+  /**
+   * Periodic repair for this queue (re-enqueue work left behind by a crash). A BullMQ job scheduler runs it once per
+   * SWEEP_INTERVAL_MS across all worker processes; it must be safe to run concurrently and repeatedly.
+   */
+  sweep?(): Promise<unknown>;
+}
+export type ProcessorMap = { [Q in QueueName]?: QueueProcessor<Q> };
+
+/** Job name of scheduled sweeps; every other job on a queue is that queue's own work. */
+export const SWEEP_JOB = 'sweep';
 
 export interface RunningWorkers {
   queues: QueueName[];
@@ -26,17 +36,31 @@ export function startWorkers(
 ): RunningWorkers {
   const connection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
   connection.on('error', () => undefined); // BullMQ reconnects by itself; the worker logs the gap below.
+  const schedulerQueues: Queue[] = [];
   const workers = queues.map((queue) => {
-    const processor = processors[queue] as Processor | undefined;
+    const processor = processors[queue] as QueueProcessor | undefined;
     if (!processor) throw new Error(`no processor for queue ${queue}`);
+    if (processor.sweep) {
+      const scheduler = new Queue(queue, { connection, prefix: bullPrefix(config.redisPrefix) });
+      schedulerQueues.push(scheduler);
+      // Upserting the same scheduler id from every worker process keeps exactly one schedule.
+      void scheduler
+        .upsertJobScheduler(`${queue}-sweeper`, { every: config.sweeper.intervalMs }, {
+          name: SWEEP_JOB,
+          data: {},
+          opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
+        })
+        .catch((err) => logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper'));
+    }
     const worker = new Worker(
       queue,
       async (job: Job) => {
+        if (job.name === SWEEP_JOB) return processor.sweep?.();
         // A payload that does not match its schema will never succeed; fail it without retries.
         if (!Value.Check(QueuePayloads[queue], job.data)) {
           throw new UnrecoverableError(`invalid ${queue} payload`);
         }
-        return processor(job.data as QueuePayload<typeof queue>, job);
+        return processor.process(job.data as QueuePayload<typeof queue>, job);
       },
       { connection, prefix: bullPrefix(config.redisPrefix), concurrency: config.workerConcurrency, autorun: true },
     );
@@ -62,6 +86,7 @@ export function startWorkers(
       await Promise.race([Promise.all(workers.map((w) => w.close())).then(() => undefined), bounded]);
       clearTimeout(timer);
       if (workers.some((w) => w.isRunning())) await Promise.all(workers.map((w) => w.close(true)));
+      await Promise.all(schedulerQueues.map((q) => q.close()));
       connection.disconnect();
     },
   };

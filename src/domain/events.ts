@@ -1,0 +1,14 @@
+/** Event types receivers can subscribe to (contract section 9). */
+export const EVENT_TYPES = [
+  'run.finalized',
+  'settlement.completed',
+  'settlement.held',
+  'dispute.opened',
+  'dispute.resolved',
+  'x402.escalation.created',
+  'x402.escalation.approved',
+  'x402.escalation.denied',
+  'x402.agent.wound_down',
+] as const;
+
+export type EventType = (typeof EVENT_TYPES)[number];

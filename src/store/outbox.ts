@@ -1,0 +1,46 @@
+import type { Collection, Db } from 'mongodb';
+import { sha256Hex } from '../domain/crypto.ts';
+import type { EventType } from '../domain/events.ts';
+
+/**
+ * An event the service emitted, recorded durably before anything is delivered. Its id is derived from what caused
+ * it (e.g. `run.finalized:<runId>`), so a retried job records the same event once and the id never changes.
+ */
+export interface OutboxEventDoc {
+  _id: string;
+  tenantId: string;
+  type: EventType;
+  createdAt: Date;
+  data: Record<string, unknown>;
+  /** Set by the webhook dispatcher once it has created a delivery for every subscribed endpoint. */
+  fannedOutAt: Date | null;
+}
+
+export function eventIdFor(cause: string): string {
+  return `evt_${sha256Hex(cause).slice(0, 32)}`;
+}
+
+export class OutboxStore {
+  readonly events: Collection<OutboxEventDoc>;
+
+  constructor(db: Db) {
+    this.events = db.collection<OutboxEventDoc>('outbox_events');
+  }
+
+  /** Records the event once: a repeat with the same cause returns the first record unchanged. */
+  async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
+    const _id = eventIdFor(cause);
+    await this.events.updateOne(
+      { _id },
+      { $setOnInsert: { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null } },
+      { upsert: true },
+    );
+    const stored = await this.events.findOne({ _id });
+    if (!stored) throw new Error(`outbox event ${_id} vanished after upsert`);
+    return stored;
+  }
+
+  get(eventId: string): Promise<OutboxEventDoc | null> {
+    return this.events.findOne({ _id: eventId });
+  }
+}
