@@ -4,10 +4,13 @@ import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import type { EventType } from './domain/events.ts';
 import { jobIdFor, Producers } from './queues/index.ts';
+import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
+import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient } from './store/mongo.ts';
 import { OutboxStore, type OutboxEventDoc } from './store/outbox.ts';
+import { RunStore } from './store/runs.ts';
 import { TenantStore } from './store/tenants.ts';
 
 /** Everything a process shares: connections, producers and stores. Built once in main.ts (or a test). */
@@ -23,7 +26,10 @@ export interface Runtime {
     tenants: TenantStore;
     apiKeys: ApiKeyStore;
     outbox: OutboxStore;
+    agents: AgentStore;
+    runs: RunStore;
   };
+  keys: ServiceKeyRing;
   /** Records an event in the outbox and enqueues its dispatch; both are idempotent by the event's cause. */
   emit(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc>;
   close(): Promise<void>;
@@ -68,7 +74,10 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       tenants: new TenantStore(db),
       apiKeys: new ApiKeyStore(db),
       outbox,
+      agents: new AgentStore(db),
+      runs: new RunStore(db),
     },
+    keys: loadServiceKeys(config),
     async emit(tenantId, type, data, cause) {
       const event = await outbox.record(tenantId, type, data, cause);
       await producers.enqueue('webhook-dispatch', { tenantId, eventId: event._id }, jobIdFor('webhook-dispatch', event._id));

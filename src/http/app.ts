@@ -9,8 +9,11 @@ import idempotencyPlugin from './plugins/idempotency.ts';
 import metricsPlugin from './plugins/metrics.ts';
 import rateLimitPlugin from './plugins/rate-limit.ts';
 import swaggerPlugin from './plugins/swagger.ts';
+import { agentRoutes } from './routes/agents.ts';
+import { artifactRoutes } from './routes/artifacts.ts';
 import { healthRoutes } from './routes/health.ts';
 import { opsRoutes } from './routes/ops.ts';
+import { runRoutes } from './routes/runs.ts';
 import { ErrorBody } from './schemas.ts';
 
 const BODY_LIMIT = 1024 * 1024;
@@ -52,6 +55,9 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
 
   await app.register(healthRoutes, { runtime });
   await app.register(opsRoutes, { runtime });
+  await app.register(agentRoutes, { runtime });
+  await app.register(runRoutes, { runtime });
+  await app.register(artifactRoutes, { runtime });
   // webhook routes
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 

@@ -1,7 +1,7 @@
 import { Queue, type JobsOptions, type ConnectionOptions } from 'bullmq';
 import { Type, type Static, type TSchema } from 'typebox';
 import { Value } from 'typebox/value';
-import { errors } from '../domain/errors.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
 
 // One queue per concern. Payloads carry ids only: the worker reads current state from MongoDB, so a retried or
 // duplicated job always acts on the truth, never on a stale copy.
@@ -58,16 +58,39 @@ export class Producers {
     if (!Value.Check(QueuePayloads[queue], payload)) {
       throw new Error(`invalid ${queue} job payload`);
     }
+    await this.withDeadline(this.queues[queue].add(queue, payload, { ...options, jobId }));
+  }
+
+  /**
+   * Makes sure a job with this id will run: enqueues it, retries it if it failed for good, or enqueues it again if
+   * it completed while the work it stands for is still pending (what the sweepers use to repair state).
+   */
+  async ensure<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string): Promise<'enqueued' | 'retried' | 'live'> {
+    const existing = await this.withDeadline(this.queues[queue].getJob(jobId));
+    if (existing) {
+      const state = await this.withDeadline(existing.getState());
+      if (state === 'failed') {
+        await this.withDeadline(existing.retry('failed'));
+        return 'retried';
+      }
+      if (state !== 'completed') return 'live';
+      await this.withDeadline(existing.remove());
+    }
+    await this.enqueue(queue, payload, jobId);
+    return 'enqueued';
+  }
+
+  private async withDeadline<T>(work: Promise<T>): Promise<T> {
     let timer: NodeJS.Timeout | undefined;
     try {
-      await Promise.race([
-        this.queues[queue].add(queue, payload, { ...options, jobId }),
-        new Promise((_, reject) => {
-          timer = setTimeout(() => reject(new Error('enqueue timed out')), ENQUEUE_TIMEOUT_MS);
+      return await Promise.race([
+        work,
+        new Promise<never>((_, reject) => {
+          timer = setTimeout(() => reject(errors.unavailable('the job queue is unavailable; retry shortly')), ENQUEUE_TIMEOUT_MS);
         }),
       ]);
-    } catch {
-      throw errors.unavailable('the job queue is unavailable; retry shortly');
+    } catch (err) {
+      throw err instanceof ServiceError ? err : errors.unavailable('the job queue is unavailable; retry shortly');
     } finally {
       clearTimeout(timer);
     }

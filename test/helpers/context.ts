@@ -6,6 +6,10 @@ import { buildApp } from '../../src/http/app.ts';
 import { createLogger } from '../../src/logger.ts';
 import { connectRuntime, createRuntime, type Runtime } from '../../src/runtime.ts';
 import type { Scope } from '../../src/domain/scopes.ts';
+import type { QueueName } from '../../src/queues/index.ts';
+import { createProcessors } from '../../src/workers/index.ts';
+import { startWorkers } from '../../src/workers/runner.ts';
+import { generateEd25519KeyPair, privateKeyToPem } from '../../src/domain/crypto.ts';
 
 export interface TestEnv {
   /** Environment for loadConfig(): this file's own database and Redis prefix on the shared test servers. */
@@ -35,6 +39,7 @@ export function testEnv(overrides: Record<string, string> = {}): TestEnv {
       REDIS_PREFIX: redisPrefix,
       SERVICE_ADMIN_KEY: adminKey,
       MONGO_SERVER_SELECTION_TIMEOUT_MS: '800',
+      SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
       ...overrides,
     },
   };
@@ -51,13 +56,16 @@ export interface TestApp {
   close(): Promise<void>;
 }
 
-export async function startTestApp(options: { env?: TestEnv; overrides?: Record<string, string>; dropOnClose?: boolean } = {}): Promise<TestApp> {
+export async function startTestApp(
+  options: { env?: TestEnv; overrides?: Record<string, string>; dropOnClose?: boolean; workers?: QueueName[] } = {},
+): Promise<TestApp> {
   const env = options.env ?? testEnv(options.overrides);
   const config = loadConfig(env.vars);
   const runtime = createRuntime(config, createLogger(config, 'test'));
   await connectRuntime(runtime, 10_000);
   const app = await buildApp(runtime, { logger: false });
   await app.ready();
+  const workers = options.workers ? startWorkers(config, runtime.logger, createProcessors(runtime), options.workers) : null;
   const admin = { authorization: `Bearer ${env.adminKey}` };
   return {
     app,
@@ -73,6 +81,7 @@ export async function startTestApp(options: { env?: TestEnv; overrides?: Record<
       return { tenantId, keyId, token, auth: { authorization: `Bearer ${token}` } };
     },
     async close() {
+      await workers?.close();
       await app.close();
       if (options.dropOnClose !== false) {
         await runtime.db.dropDatabase().catch(() => undefined);
