@@ -58,6 +58,8 @@ export interface ArtifactDoc {
   createdAt: Date;
 }
 
+export type ArtifactHeader = Omit<RunArtifact, 'events'> & { events: Omit<RunArtifact['events'], 'items'> };
+
 export function eventDocId(runId: string, seq: number): string {
   return `${runId}:${seq}`;
 }
@@ -227,9 +229,14 @@ export class RunStore {
     return this.artifacts.findOne({ _id: artifactId });
   }
 
+  /** The artifact without its event items (everything a verification summary shows). */
+  artifactHeader(doc: ArtifactDoc): ArtifactHeader {
+    return JSON.parse(doc.headerJson) as ArtifactHeader;
+  }
+
   /** The full artifact: its stored header plus the run's events 1..count. */
   async loadArtifact(doc: ArtifactDoc): Promise<RunArtifact> {
-    const header = JSON.parse(doc.headerJson) as Omit<RunArtifact, 'events'> & { events: Omit<RunArtifact['events'], 'items'> };
+    const header = this.artifactHeader(doc);
     const items = await this.listEvents(doc.runId, doc.eventCount);
     return { ...header, events: { ...header.events, items } } as RunArtifact;
   }

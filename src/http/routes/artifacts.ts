@@ -1,9 +1,9 @@
 import type { FastifyInstance } from 'fastify';
 import { Type, type Static } from 'typebox';
-import { verifyArtifact, type ArtifactVerification, type RunArtifact } from '../../domain/artifact.ts';
+import { verifyArtifact, type ArtifactVerification } from '../../domain/artifact.ts';
 import { errors } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
-import type { ArtifactDoc, RunDoc } from '../../store/runs.ts';
+import type { ArtifactDoc, ArtifactHeader, RunDoc } from '../../store/runs.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses, Timestamp } from '../schemas.ts';
 
@@ -65,18 +65,17 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
   // Artifacts never change, so a verification outcome holds until the process restarts (the JWKS is fixed per process).
   const verified = new Map<string, ArtifactVerification>();
 
-  const verify = async (doc: ArtifactDoc): Promise<{ artifact: RunArtifact; result: ArtifactVerification }> => {
-    const artifact = await runs.loadArtifact(doc);
+  const verify = async (doc: ArtifactDoc): Promise<{ artifact: ArtifactHeader; result: ArtifactVerification }> => {
     let result = verified.get(doc._id);
     if (!result) {
-      result = verifyArtifact(artifact, runtime.keys.jwks);
+      result = verifyArtifact(await runs.loadArtifact(doc), runtime.keys.jwks);
       if (verified.size >= CACHE_LIMIT) verified.delete(verified.keys().next().value!);
       verified.set(doc._id, result);
     }
-    return { artifact, result };
+    return { artifact: runs.artifactHeader(doc), result };
   };
 
-  const summary = (artifact: RunArtifact, result: ArtifactVerification): Static<typeof PublicVerification> => ({
+  const summary = (artifact: ArtifactHeader, result: ArtifactVerification): Static<typeof PublicVerification> => ({
     verified: result.verified,
     checks: result.checks,
     failures: result.failures,

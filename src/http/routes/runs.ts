@@ -153,8 +153,11 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       throw errors.validation('a batch may not carry the same event id twice', { errors: [{ path: 'body.events', message: 'duplicate event id' }] });
     }
 
-    // An identical resend is a no-op success; the same id with other content is a conflict.
-    const stored = new Map((await runs.findByEventIds(run._id, ids)).map((d) => [d.id, toEnvelope(d)]));
+    // An identical resend is a no-op success; the same id with other content is a conflict. Only events at or
+    // below the head can already be stored (a head left behind by a crash surfaces as a conflict and is repaired),
+    // so the ordinary append skips this lookup.
+    const maybeResent = incoming.some((e) => e.seq <= run.head.seq);
+    const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((d) => [d.id, toEnvelope(d)]) : []);
     for (const event of incoming) {
       const previous = stored.get(event.id);
       if (previous && !sameEvent(previous, event)) {
