@@ -45,7 +45,14 @@ ferretdb_up() {
   if port_open "$MONGO_PORT"; then return 0; fi
   bash "$ROOT/scripts/install-ferretdb.sh"
   mkdir -p "$DATA/ferretdb" "$DATA/ferretdb-state"
-  nohup "$FERRETDB" --handler=sqlite --sqlite-url="file:$DATA/ferretdb/" --state-dir="$DATA/ferretdb-state" \
+  # A database file left at its bare 4 KiB header (FerretDB stopped while creating it) holds no data but stops
+  # FerretDB from starting ("no such table: _ferretdb_collections"): set such files aside.
+  for f in "$DATA"/ferretdb/*.sqlite; do
+    [ -f "$f" ] && [ "$(stat -c %s "$f")" -le 4096 ] || continue
+    mkdir -p "$DATA/ferretdb-broken" && mv "$f" "$DATA/ferretdb-broken/" && rm -f "$f-wal" "$f-shm"
+    log "set aside empty database file $(basename "$f")"
+  done
+  nohup "$FERRETDB" --handler=sqlite --sqlite-url="file:$DATA/ferretdb/?_pragma=synchronous(normal)" --state-dir="$DATA/ferretdb-state" \
     --listen-addr="127.0.0.1:$MONGO_PORT" --debug-addr=127.0.0.1:0 --telemetry=disable --log-level=warn \
     >"$DATA/ferretdb.log" 2>&1 &
   echo $! >"$DATA/ferretdb.pid"
