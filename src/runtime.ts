@@ -11,6 +11,8 @@ import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient } from './store/mongo.ts';
 import { OutboxStore, type OutboxEventDoc } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
+import { LedgerStore } from './store/ledger.ts';
+import { SettlementStore } from './store/settlements.ts';
 import { TenantStore } from './store/tenants.ts';
 
 /** Everything a process shares: connections, producers and stores. Built once in main.ts (or a test). */
@@ -28,6 +30,8 @@ export interface Runtime {
     outbox: OutboxStore;
     agents: AgentStore;
     runs: RunStore;
+    ledger: LedgerStore;
+    settlements: SettlementStore;
   };
   keys: ServiceKeyRing;
   /** Records an event in the outbox and enqueues its dispatch; both are idempotent by the event's cause. */
@@ -76,6 +80,8 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       outbox,
       agents: new AgentStore(db),
       runs: new RunStore(db),
+      ledger: new LedgerStore(db),
+      settlements: new SettlementStore(db),
     },
     keys: loadServiceKeys(config),
     async emit(tenantId, type, data, cause) {

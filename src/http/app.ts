@@ -14,6 +14,8 @@ import { artifactRoutes } from './routes/artifacts.ts';
 import { healthRoutes } from './routes/health.ts';
 import { opsRoutes } from './routes/ops.ts';
 import { runRoutes } from './routes/runs.ts';
+import { settlementRoutes } from './routes/settlements.ts';
+import { walletRoutes } from './routes/wallets.ts';
 import { ErrorBody } from './schemas.ts';
 
 const BODY_LIMIT = 1024 * 1024;
@@ -58,7 +60,8 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(agentRoutes, { runtime });
   await app.register(runRoutes, { runtime });
   await app.register(artifactRoutes, { runtime });
-  // webhook routes
+  await app.register(walletRoutes, { runtime });
+  await app.register(settlementRoutes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

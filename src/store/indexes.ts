@@ -9,9 +9,18 @@ export async function ensureIndexes(db: Db): Promise<void> {
     db.collection('agents').createIndex({ tenantId: 1, createdAt: -1 }),
     db.collection('runs').createIndex({ tenantId: 1, createdAt: -1 }),
     db.collection('runs').createIndex({ status: 1, finalizeRequestedAt: 1 }),
-    // The contract's guard: one event per position in a run (the _id runId:seq enforces it too; this orders reads).
-    db.collection('run_events').createIndex({ runId: 1, seq: 1 }, { unique: true }),
-    db.collection('run_events').createIndex({ runId: 1, id: 1 }, { unique: true }),
+    // One batch per starting position (the id runId:firstSeq enforces it; this index serves reads by run).
+    db.collection('run_batches').createIndex({ runId: 1, firstSeq: 1 }, { unique: true }),
+    // An event id is used once per run. MongoDB enforces this across batches; FerretDB v1 does not enforce unique
+    // indexes over array fields, so there only resends at or below the head are checked (by the append route).
+    db.collection('run_batches').createIndex({ runId: 1, 'events.id': 1 }, { unique: true }),
     db.collection('artifacts').createIndex({ runId: 1 }, { unique: true }),
+    // One posting per chain position (a leg can be posted once by its id entryId#leg).
+    db.collection('ledger_postings').createIndex({ account: 1, seq: 1 }, { unique: true }),
+    db.collection('ledger_postings').createIndex({ walletId: 1, at: -1 }),
+    db.collection('ledger_entries').createIndex({ state: 1, createdAt: 1 }),
+    db.collection('settlements').createIndex({ runId: 1 }, { unique: true }),
+    db.collection('settlements').createIndex({ nextCheckAt: 1 }),
+    db.collection('settlement_facts').createIndex({ kind: 1, 'data.disputeId': 1 }),
   ]);
 }

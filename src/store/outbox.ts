@@ -1,6 +1,7 @@
 import type { Collection, Db } from 'mongodb';
 import { sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
+import { isDuplicateKey } from './mongo.ts';
 
 /**
  * An event the service emitted, recorded durably before anything is delivered. Its id is derived from what caused
@@ -30,14 +31,17 @@ export class OutboxStore {
   /** Records the event once: a repeat with the same cause returns the first record unchanged. */
   async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
-    await this.events.updateOne(
-      { _id },
-      { $setOnInsert: { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null } },
-      { upsert: true },
-    );
-    const stored = await this.events.findOne({ _id });
-    if (!stored) throw new Error(`outbox event ${_id} vanished after upsert`);
-    return stored;
+    try {
+      await this.events.updateOne(
+        { _id },
+        { $setOnInsert: { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null } },
+        { upsert: true },
+      );
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err; // a concurrent upsert of the same event won: that record stands
+    }
+    // The id is all callers need; the stored record (first writer's createdAt) is read by the dispatcher.
+    return { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null };
   }
 
   get(eventId: string): Promise<OutboxEventDoc | null> {

@@ -1,4 +1,4 @@
-import type { AnyBulkWriteOperation, Collection, Db } from 'mongodb';
+import type { Collection, Db } from 'mongodb';
 import { canonicalize } from '../domain/canonical-json.ts';
 import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
@@ -27,23 +27,41 @@ export interface RunDoc {
   status: RunStatus;
   verdict: Verdict | null;
   artifactId: string | null;
-  /** The chain head; a cache of the highest stored event, repaired from the events if an appender crashed. */
-  head: ChainHead;
   createdAt: Date;
   /** When finalize was first requested: it is the artifact's finalizedAt, so a retried build is identical. */
   finalizeRequestedAt: Date | null;
-  /** The head frozen by finalize: the artifact covers exactly events 1..finalHead.seq. */
+  /** The head frozen by the seal: the artifact covers exactly events 1..finalHead.seq (the live head is in run_heads). */
   finalHead: ChainHead | null;
   finalizedAt: Date | null;
 }
 
 /** A stored event: the envelope, with the payload kept as its canonical JSON so it round-trips exactly. */
-export interface RunEventDoc extends Omit<EventEnvelope, 'payload'> {
-  /** `${runId}:${seq}`: one document per position, so exactly one writer can win each seq. */
+export type StoredEvent = Omit<EventEnvelope, 'payload'> & { payloadJson: string };
+
+/**
+ * One appended batch, stored as one document (so a batch is stored whole or not at all). Its id is
+ * `${runId}:${firstSeq}`: every batch starts right after the head its writer verified against, so two writers of
+ * the same position collide on the id and exactly one wins. A seal takes the next position the same way when the
+ * run is finalized, so no append can ever land after it.
+ */
+export interface RunBatchDoc {
   _id: string;
   tenantId: string;
-  payloadJson: string;
+  runId: string;
+  firstSeq: number;
+  lastSeq: number;
+  events: StoredEvent[];
+  /** Present on the seal only: the head the artifact covers, and when finalize was first requested. */
+  seal?: { finalHead: ChainHead; sealedAt: Date };
   receivedAt: Date;
+}
+
+/** Cache of a run's head, in its own document so that appenders never write the run document itself. */
+interface RunHeadDoc {
+  _id: string;
+  seq: number;
+  chainHash: string | null;
+  sealed: boolean;
 }
 
 export interface ArtifactDoc {
@@ -60,35 +78,30 @@ export interface ArtifactDoc {
 
 export type ArtifactHeader = Omit<RunArtifact, 'events'> & { events: Omit<RunArtifact['events'], 'items'> };
 
-export function eventDocId(runId: string, seq: number): string {
+function positionId(runId: string, seq: number): string {
   return `${runId}:${seq}`;
 }
 
-export function toEnvelope(doc: RunEventDoc): EventEnvelope {
-  return {
-    v: doc.v,
-    id: doc.id,
-    runId: doc.runId,
-    seq: doc.seq,
-    type: doc.type,
-    at: doc.at,
-    payload: JSON.parse(doc.payloadJson),
-    prevChainHash: doc.prevChainHash,
-    payloadHash: doc.payloadHash,
-    chainHash: doc.chainHash,
-    signerKeyId: doc.signerKeyId,
-    signature: doc.signature,
-  };
+export function toEnvelope(e: StoredEvent): EventEnvelope {
+  const { payloadJson, ...rest } = e;
+  return { ...rest, payload: JSON.parse(payloadJson) };
+}
+
+function toStored(e: EventEnvelope): StoredEvent {
+  const { payload, ...rest } = e;
+  return { ...rest, payloadJson: canonicalize(payload) };
 }
 
 export class RunStore {
   readonly runs: Collection<RunDoc>;
-  readonly events: Collection<RunEventDoc>;
+  readonly batches: Collection<RunBatchDoc>;
+  readonly heads: Collection<RunHeadDoc>;
   readonly artifacts: Collection<ArtifactDoc>;
 
   constructor(db: Db) {
     this.runs = db.collection<RunDoc>('runs');
-    this.events = db.collection<RunEventDoc>('run_events');
+    this.batches = db.collection<RunBatchDoc>('run_batches');
+    this.heads = db.collection<RunHeadDoc>('run_heads');
     this.artifacts = db.collection<ArtifactDoc>('artifacts');
   }
 
@@ -101,6 +114,14 @@ export class RunStore {
     return run;
   }
 
+  /** Sets settlement terms on a run that had none; returns the run as it is afterwards (first terms win). */
+  async attachSettlement(tenantId: string, runId: string, terms: RunSettlementTerms): Promise<RunDoc> {
+    await this.forTenant(tenantId).updateOne({ _id: runId, settlement: null }, { $set: { settlement: terms } });
+    const run = await this.get(tenantId, runId);
+    if (!run) throw errors.notFound('run');
+    return run;
+  }
+
   get(tenantId: string, runId: string): Promise<RunDoc | null> {
     return this.forTenant(tenantId).findOne({ _id: runId });
   }
@@ -109,120 +130,143 @@ export class RunStore {
     return this.runs.findOne({ _id: runId });
   }
 
+  /** The head, and whether the run is sealed, as far as the cache knows (see repairHead for the truth). */
+  async head(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
+    const doc = await this.heads.findOne({ _id: runId });
+    return doc ? { head: { seq: doc.seq, chainHash: doc.chainHash }, sealed: doc.sealed } : { head: { seq: 0, chainHash: null }, sealed: false };
+  }
+
+  /** Walks the stored batches forward from the cached head: the true head, and whether a seal ends the chain. */
+  async repairHead(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
+    const cached = await this.head(runId);
+    let { head, sealed } = cached;
+    while (!sealed) {
+      const next = await this.batches.findOne({ _id: positionId(runId, head.seq + 1) });
+      if (!next) break;
+      if (next.seal) sealed = true;
+      else head = { seq: next.lastSeq, chainHash: next.events.at(-1)!.chainHash };
+    }
+    if (head.seq !== cached.head.seq || sealed !== cached.sealed) await this.cacheHead(runId, head, sealed);
+    return { head, sealed };
+  }
+
+  private async cacheHead(runId: string, head: ChainHead, sealed: boolean): Promise<void> {
+    // Best effort: a lost or stale cache write only means the next reader walks a little further.
+    await this.heads.updateOne({ _id: runId }, { $set: { seq: head.seq, chainHash: head.chainHash, sealed } }, { upsert: true }).catch((err) => {
+      if (!isDuplicateKey(err)) throw err;
+    });
+  }
+
   /** Stored events of the run with these ids (to recognise a resent event). */
-  findByEventIds(runId: string, ids: string[]): Promise<RunEventDoc[]> {
-    return this.events.find({ runId, id: { $in: ids } }).toArray();
+  async findByEventIds(runId: string, ids: string[]): Promise<EventEnvelope[]> {
+    const wanted = new Set(ids);
+    const docs = await this.batches.find({ runId, 'events.id': { $in: ids } }).toArray();
+    return docs.flatMap((d) => d.events.filter((e) => wanted.has(e.id)).map(toEnvelope));
   }
 
   /** Events 1..upToSeq in order. */
   async listEvents(runId: string, upToSeq: number): Promise<EventEnvelope[]> {
-    const docs = await this.events.find({ runId, seq: { $lte: upToSeq } }).sort({ seq: 1 }).toArray();
-    return docs.map(toEnvelope);
+    const docs = await this.batches.find({ runId }).toArray();
+    return docs
+      .filter((d) => !d.seal && d.firstSeq <= upToSeq)
+      .sort((a, b) => a.firstSeq - b.firstSeq)
+      .flatMap((d) => d.events.filter((e) => e.seq <= upToSeq).map(toEnvelope));
   }
 
   /**
-   * Stores verified events after `expectedHead`. Exactly one writer wins each seq (the `runId:seq` id is unique);
-   * the loser gets CHAIN_CONFLICT with the real head. The head moves only while the run is in progress, so events
-   * that lose a race with finalize are removed again and the caller gets TRANSITION_ILLEGAL.
+   * Stores verified events that follow `expectedHead`, as one document: all of them or none. Exactly one writer
+   * wins a position; the loser gets CHAIN_CONFLICT with the true head, or TRANSITION_ILLEGAL once the run is sealed.
    */
   async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], now = new Date()): Promise<ChainHead> {
-    const docs: RunEventDoc[] = events.map((e) => {
-      const { payload, ...rest } = e;
-      return { ...rest, _id: eventDocId(run._id, e.seq), tenantId: run.tenantId, payloadJson: canonicalize(payload), receivedAt: now };
-    });
+    const first = events[0]!;
+    const last = events.at(-1)!;
     try {
-      await this.events.insertMany(docs, { ordered: true });
+      await this.batches.insertOne({
+        _id: positionId(run._id, first.seq),
+        tenantId: run.tenantId,
+        runId: run._id,
+        firstSeq: first.seq,
+        lastSeq: last.seq,
+        events: events.map(toStored),
+        receivedAt: now,
+      });
     } catch (err) {
       if (!isDuplicateKey(err)) throw err;
-      await this.removeOwn(docs);
-      const head = await this.repairHead(run._id);
-      throw errors.conflict('CHAIN_CONFLICT', 'prevChainHash is not the run head; another event took this position', { head });
+      const { head, sealed } = await this.repairHead(run._id);
+      if (sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
+      const positionTaken = (await this.batches.findOne({ _id: positionId(run._id, first.seq) })) !== null;
+      throw errors.conflict(
+        'CHAIN_CONFLICT',
+        positionTaken ? 'prevChainHash is not the run head; another event took this position' : 'an event id of this batch is already used in the run',
+        { head },
+      );
     }
-    const last = events.at(-1)!;
     const newHead: ChainHead = { seq: last.seq, chainHash: last.chainHash };
-    const moved = await this.runs.updateOne(
-      { _id: run._id, status: 'in_progress', 'head.seq': expectedHead.seq },
-      { $set: { head: newHead } },
-    );
-    if (moved.modifiedCount === 1) return newHead;
-
-    // A head repair may already have moved the head over our events; or finalize froze the run first.
-    const fresh = await this.runs.findOne({ _id: run._id });
-    const covered = fresh?.status === 'in_progress' ? fresh.head : fresh?.finalHead;
-    if (fresh && covered && covered.seq >= last.seq) return fresh.status === 'in_progress' ? fresh.head : newHead;
-    await this.removeOwn(docs);
-    throw errors.transitionIllegal('the run is no longer in progress', fresh?.status ?? 'unknown');
-  }
-
-  /** Deletes these exact events (by position and chain hash), leaving any other writer's events alone. */
-  private async removeOwn(docs: RunEventDoc[]): Promise<void> {
-    if (docs.length === 0) return;
-    const ops: AnyBulkWriteOperation<RunEventDoc>[] = docs.map((d) => ({ deleteOne: { filter: { _id: d._id, chainHash: d.chainHash } } }));
-    await this.events.bulkWrite(ops, { ordered: false });
-  }
-
-  /** Moves the cached head up to the highest stored event, if an appender stopped between insert and head update. */
-  async repairHead(runId: string): Promise<ChainHead> {
-    const [last] = await this.events.find({ runId }).sort({ seq: -1 }).limit(1).toArray();
-    const run = await this.runs.findOne({ _id: runId });
-    if (!run) throw errors.notFound('run');
-    if (!last || run.status !== 'in_progress' || last.seq <= run.head.seq) return run.head;
-    const head: ChainHead = { seq: last.seq, chainHash: last.chainHash };
-    await this.runs.updateOne({ _id: runId, status: 'in_progress', 'head.seq': { $lt: last.seq } }, { $set: { head } });
-    return (await this.runs.findOne({ _id: runId }))?.head ?? head;
+    if (expectedHead.seq + 1 === first.seq) await this.cacheHead(run._id, newHead, false);
+    return newHead;
   }
 
   /**
-   * in_progress -> finalizing, freezing the head the artifact will cover. Returns the run after the change, or
-   * as it is when it had already left in_progress (a repeat finalize is harmless).
+   * Seals the run: a seal takes the position after the true head (first writer wins), so the artifact covers
+   * exactly the events stored before it, and no append can land after it. Returns the winning seal.
    */
-  async beginFinalize(tenantId: string, runId: string, now = new Date()): Promise<RunDoc> {
+  async seal(runId: string, now = new Date()): Promise<NonNullable<RunBatchDoc['seal']>> {
     for (;;) {
-      const run = await this.get(tenantId, runId);
-      if (!run) throw errors.notFound('run');
-      if (run.status !== 'in_progress') return run;
-      const head = await this.repairHead(runId);
-      const frozen = await this.forTenant(tenantId).findOneAndUpdate(
-        { _id: runId, status: 'in_progress', 'head.seq': head.seq },
-        { $set: { status: 'finalizing', finalizeRequestedAt: now, finalHead: head } },
-      );
-      if (frozen) return frozen;
-      // An append moved the head in between: read again and freeze the newer head.
+      const { head, sealed } = await this.repairHead(runId);
+      if (sealed) {
+        const existing = await this.batches.findOne({ _id: positionId(runId, head.seq + 1) });
+        if (existing?.seal) return existing.seal;
+        continue;
+      }
+      const seal = { finalHead: head, sealedAt: now };
+      try {
+        const run = await this.runs.findOne({ _id: runId });
+        await this.batches.insertOne({ _id: positionId(runId, head.seq + 1), tenantId: run!.tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, events: [], seal, receivedAt: now });
+        await this.cacheHead(runId, head, true);
+        return seal;
+      } catch (err) {
+        if (!isDuplicateKey(err)) throw err; // an append or another seal took the position: look again
+      }
     }
   }
 
-  /** Drops events beyond the frozen head (left by appenders that lost the race with finalize and then died). */
-  async dropEventsAfter(runId: string, seq: number): Promise<void> {
-    await this.events.deleteMany({ runId, seq: { $gt: seq } });
+  /**
+   * Finalize: seal the chain, then record on the run (a cache of the seal) that it is finalizing. A repeat
+   * returns the run as it is.
+   */
+  async beginFinalize(tenantId: string, runId: string, now = new Date()): Promise<RunDoc> {
+    const run = await this.get(tenantId, runId);
+    if (!run) throw errors.notFound('run');
+    if (run.status !== 'in_progress') return run;
+    const seal = await this.seal(runId, now);
+    await this.runs.updateOne({ _id: runId, status: 'in_progress' }, { $set: { status: 'finalizing', finalizeRequestedAt: seal.sealedAt, finalHead: seal.finalHead } });
+    return (await this.get(tenantId, runId))!;
   }
 
   /** Stores the artifact once; its id is its content hash, so a rebuilt artifact is the same record. */
   async saveArtifact(tenantId: string, artifact: RunArtifact, now = new Date()): Promise<void> {
     const { items: _items, ...eventsHeader } = artifact.events;
     const header = { ...artifact, events: eventsHeader };
-    await this.artifacts.updateOne(
-      { _id: artifact.artifactId },
-      {
-        $setOnInsert: {
-          _id: artifact.artifactId,
-          tenantId,
-          runId: artifact.runId,
-          agentId: artifact.agentId,
-          artifactHash: artifact.artifactHash,
-          headerJson: canonicalize(header),
-          eventCount: artifact.events.count,
-          createdAt: now,
-        },
-      },
-      { upsert: true },
-    );
+    try {
+      await this.artifacts.insertOne({
+        _id: artifact.artifactId,
+        tenantId,
+        runId: artifact.runId,
+        agentId: artifact.agentId,
+        artifactHash: artifact.artifactHash,
+        headerJson: canonicalize(header),
+        eventCount: artifact.events.count,
+        createdAt: now,
+      });
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+      const existing = await this.artifacts.findOne({ runId: artifact.runId });
+      if (existing?._id !== artifact.artifactId) throw new Error(`run ${artifact.runId} already has artifact ${existing?._id}`);
+    }
   }
 
   async markFinalized(runId: string, artifactId: string, verdict: Verdict, now = new Date()): Promise<void> {
-    await this.runs.updateOne(
-      { _id: runId, status: 'finalizing' },
-      { $set: { status: 'finalized', artifactId, verdict, finalizedAt: now } },
-    );
+    await this.runs.updateOne({ _id: runId, status: 'finalizing' }, { $set: { status: 'finalized', artifactId, verdict, finalizedAt: now } });
   }
 
   getArtifactDoc(artifactId: string): Promise<ArtifactDoc | null> {

@@ -19,7 +19,6 @@ export function createFinalizeProcessor(runtime: Runtime): QueueProcessor<'final
 
       if (run.status === 'finalizing') {
         const finalHead = run.finalHead!;
-        await runs.dropEventsAfter(runId, finalHead.seq);
         const [events, agent] = await Promise.all([runs.listEvents(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
         if (!agent) throw new Error(`agent ${run.agentId} of run ${runId} is missing`);
         const artifact = buildArtifact(

@@ -1,11 +1,12 @@
 import type { Runtime } from '../runtime.ts';
 import { createFinalizeProcessor } from './finalize.ts';
 import type { ProcessorMap } from './runner.ts';
+import { createSettleProcessor } from './settle.ts';
 
 /** The processor for each queue this codebase can work; a queue without one is not started. */
 export function createProcessors(runtime: Runtime): ProcessorMap {
   return {
     finalize: createFinalizeProcessor(runtime),
-    // webhook processors
+    settle: createSettleProcessor(runtime),
   };
 }

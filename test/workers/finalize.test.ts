@@ -172,6 +172,35 @@ describe('finalize, artifacts and verification', () => {
     }
   });
 
+  it('never loses an acknowledged event when finalize lands in the middle of appends', async () => {
+    const runId = await createRun(t, auth, { agentId: agent.agentId });
+    let head = { seq: 0, chainHash: null as string | null };
+    const acknowledged: string[] = [];
+    const refused: number[] = [];
+    const appender = (async () => {
+      for (let i = 0; i < 40; i++) {
+        const batch = events(runId, head, agent, [{ type: 'log', payload: { i, part: 1 } }, { type: 'log', payload: { i, part: 2 } }]);
+        const res = await appendEvents(t, auth, runId, batch);
+        if (res.statusCode === 201) {
+          acknowledged.push(...batch.map((e) => e.id));
+          head = res.json().head;
+        } else {
+          refused.push(res.statusCode);
+          expect(res.json().code).toBe('TRANSITION_ILLEGAL');
+        }
+      }
+    })();
+    await new Promise((r) => setTimeout(r, 150));
+    expect((await finalize(runId)).statusCode).toBe(202);
+    await appender;
+    const run = await waitFinalized(t, auth, runId);
+    const artifact = (await get(`/v1/artifacts/${run.artifactId}`)).json();
+    expect(artifact.events.items.map((e: { id: string }) => e.id)).toEqual(acknowledged);
+    expect(acknowledged.length).toBeGreaterThan(0);
+    expect(refused.length).toBeGreaterThan(0);
+    expect((await t.app.inject({ method: 'GET', url: `/v1/verify/${runId}` })).json().verified).toBe(true);
+  });
+
   it('the sweeper re-enqueues a run left in finalizing without a job', async () => {
     const runId = await runWithEvidence({ accuracy: { min: 0.9 } });
     const tenantId = (await t.runtime.stores.runs.getAny(runId))!.tenantId;

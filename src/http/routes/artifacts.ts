@@ -4,6 +4,7 @@ import { verifyArtifact, type ArtifactVerification } from '../../domain/artifact
 import { errors } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
 import type { ArtifactDoc, ArtifactHeader, RunDoc } from '../../store/runs.ts';
+import { readSettlement } from '../../store/settlements.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses, Timestamp } from '../schemas.ts';
 
@@ -75,22 +76,25 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
     return { artifact: runs.artifactHeader(doc), result };
   };
 
-  const summary = (artifact: ArtifactHeader, result: ArtifactVerification): Static<typeof PublicVerification> => ({
-    verified: result.verified,
-    checks: result.checks,
-    failures: result.failures,
-    artifactId: artifact.artifactId,
-    artifactHash: artifact.artifactHash,
-    runId: artifact.runId,
-    agentId: artifact.agentId,
-    verdict: artifact.evaluation.verdict,
-    evaluation: artifact.evaluation as Static<typeof Evaluation>,
-    finalizedAt: artifact.finalizedAt,
-    keyId: artifact.signature.keyId,
-    jwksUrl,
-    // Settlement outcomes join here once settlements exist (contract section 7).
-    settlement: null,
-  });
+  const summary = async (artifact: ArtifactHeader, result: ArtifactVerification): Promise<Static<typeof PublicVerification>> => {
+    const doc = await runtime.stores.settlements.byRun(artifact.runId);
+    const settlement = doc && { ...(await readSettlement(runtime.stores.settlements, runtime.stores.ledger, doc)).view, amount: doc.amount, currency: doc.currency };
+    return {
+      verified: result.verified,
+      checks: result.checks,
+      failures: result.failures,
+      artifactId: artifact.artifactId,
+      artifactHash: artifact.artifactHash,
+      runId: artifact.runId,
+      agentId: artifact.agentId,
+      verdict: artifact.evaluation.verdict,
+      evaluation: artifact.evaluation as Static<typeof Evaluation>,
+      finalizedAt: artifact.finalizedAt,
+      keyId: artifact.signature.keyId,
+      jwksUrl,
+      settlement: settlement ? { status: settlement.status, amount: settlement.amount, currency: settlement.currency } : null,
+    };
+  };
 
   app.get('/.well-known/jwks.json', {
     config: { access: 'public' },
@@ -129,7 +133,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
     }
     if (!doc) throw errors.notFound('artifact');
     const { artifact, result } = await verify(doc);
-    return summary(artifact, result);
+    return await summary(artifact, result);
   });
 
   app.get<{ Params: Static<typeof RunIdParams> }>('/runs/:runId/verification', {
@@ -143,7 +147,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
     if (!doc) throw errors.notFound('artifact');
     const { artifact, result } = await verify(doc);
     return {
-      ...summary(artifact, result),
+      ...(await summary(artifact, result)),
       status: run.status,
       eventCount: artifact.events.count,
       durationMs: run.finalizeRequestedAt!.getTime() - run.createdAt.getTime(),

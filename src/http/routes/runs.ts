@@ -2,15 +2,16 @@ import type { FastifyInstance } from 'fastify';
 import { Type, type Static } from 'typebox';
 import { publicKeyFromRaw } from '../../domain/crypto.ts';
 import { errors, ServiceError } from '../../domain/errors.ts';
-import { sameEvent, verifyEventBatch, type EventEnvelope } from '../../domain/event-chain.ts';
+import { sameEvent, verifyEventBatch, type ChainHead, type EventEnvelope } from '../../domain/event-chain.ts';
 import { MAX_TERMS, termsProblems, type Terms } from '../../domain/terms.ts';
 import { newId } from '../../domain/crypto.ts';
 import { jobIdFor } from '../../queues/index.ts';
 import type { Runtime } from '../../runtime.ts';
-import { toEnvelope, type RunDoc } from '../../store/runs.ts';
+import type { RunDoc } from '../../store/runs.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses, Timestamp } from '../schemas.ts';
 import { AGENT_ID_PATTERN } from './agents.ts';
+import { lockEscrow, SettlementTermsSchema, settlementTerms } from './settlements.ts';
 
 const Bound = Type.Union([
   Type.Object({ min: Type.Number() }, { additionalProperties: false }),
@@ -42,7 +43,11 @@ export const EventSchema = Type.Object(
 );
 
 const CreateRun = Type.Object(
-  { agentId: Type.String({ pattern: AGENT_ID_PATTERN }), terms: Type.Optional(TermsSchema) },
+  {
+    agentId: Type.String({ pattern: AGENT_ID_PATTERN }),
+    terms: Type.Optional(TermsSchema),
+    settlement: Type.Optional(SettlementTermsSchema),
+  },
   { additionalProperties: false },
 );
 export const RunView = Type.Object({
@@ -74,7 +79,7 @@ const Finalizing = Type.Object({
   artifactId: Type.Union([Type.String(), Type.Null()]),
 });
 
-export function runView(run: RunDoc): Static<typeof RunView> {
+export function runView(run: RunDoc, head: ChainHead): Static<typeof RunView> {
   return {
     runId: run._id,
     status: run.status,
@@ -83,8 +88,8 @@ export function runView(run: RunDoc): Static<typeof RunView> {
     agentId: run.agentId,
     terms: run.terms,
     settlement: run.settlement as Record<string, unknown> | null,
-    head: run.head,
-    eventCount: run.head.seq,
+    head,
+    eventCount: head.seq,
     createdAt: run.createdAt.toISOString(),
     finalizedAt: run.finalizedAt?.toISOString() ?? null,
   };
@@ -97,7 +102,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
 
   app.post<{ Body: Static<typeof CreateRun> }>('/v1/runs', {
     config: { access: 'runs:write' },
-    schema: { tags, summary: 'Start a run of an agent under terms', body: CreateRun, response: { 201: RunView, ...errorResponses(400, 401, 403, 404, 409) } },
+    schema: { tags, summary: 'Start a run of an agent under terms; with settlement, the amount is locked in the payer escrow', body: CreateRun, response: { 201: RunView, ...errorResponses(400, 401, 402, 403, 404, 409) } },
   }, async (request, reply) => {
     const tenantId = tenantOf(request);
     const terms: Terms = request.body.terms ?? {};
@@ -106,22 +111,25 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     const agent = await agents.get(tenantId, request.body.agentId);
     if (!agent) throw errors.notFound('agent');
     if (agent.status !== 'active') throw errors.transitionIllegal(`agent is ${agent.status}`, agent.status);
+    const runId = newId('run');
+    const settlement = request.body.settlement ? settlementTerms(request.body.settlement) : null;
+    // Escrow first: on 402 nothing exists. A crash between lock and insert leaves a lock the settle sweeper returns.
+    if (settlement) await lockEscrow(runtime, tenantId, runId, agent._id, settlement);
     const run = await runs.create({
-      _id: newId('run'),
+      _id: runId,
       tenantId,
       agentId: agent._id,
       terms,
-      settlement: null,
+      settlement,
       status: 'in_progress',
       verdict: null,
       artifactId: null,
-      head: { seq: 0, chainHash: null },
       createdAt: new Date(),
       finalizeRequestedAt: null,
       finalHead: null,
       finalizedAt: null,
     });
-    return reply.status(201).send(runView(run));
+    return reply.status(201).send(runView(run, { seq: 0, chainHash: null }));
   });
 
   app.get<{ Params: Static<typeof RunParams> }>('/v1/runs/:id', {
@@ -130,7 +138,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
   }, async (request) => {
     const run = await runs.get(tenantOf(request), request.params.id);
     if (!run) throw errors.notFound('run');
-    return runView(run);
+    return runView(run, run.finalHead ?? (await runs.repairHead(run._id)).head);
   });
 
   app.post<{ Params: Static<typeof RunParams>; Body: Static<typeof AppendBody> }>('/v1/runs/:id/events', {
@@ -154,18 +162,19 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     }
 
     // An identical resend is a no-op success; the same id with other content is a conflict. Only events at or
-    // below the head can already be stored (a head left behind by a crash surfaces as a conflict and is repaired),
-    // so the ordinary append skips this lookup.
-    const maybeResent = incoming.some((e) => e.seq <= run.head.seq);
-    const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((d) => [d.id, toEnvelope(d)]) : []);
+    // below the head can already be stored (a head cache left behind surfaces as a conflict and is repaired), so
+    // the ordinary append skips this lookup.
+    let { head } = await runs.head(run._id);
+    const maybeResent = incoming.some((e) => e.seq <= head.seq);
+    const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((e) => [e.id, e]) : []);
     for (const event of incoming) {
       const previous = stored.get(event.id);
       if (previous && !sameEvent(previous, event)) {
-        throw errors.conflict('CHAIN_CONFLICT', `event id ${event.id} is already used by a different event`, { head: run.head, eventId: event.id });
+        throw errors.conflict('CHAIN_CONFLICT', `event id ${event.id} is already used by a different event`, { head, eventId: event.id });
       }
     }
     const fresh = incoming.filter((e) => !stored.has(e.id));
-    if (fresh.length === 0) return reply.status(201).send({ runId: run._id, accepted: incoming.length, head: run.head });
+    if (fresh.length === 0) return reply.status(201).send({ runId: run._id, accepted: incoming.length, head });
 
     const agent = await agents.get(tenantId, run.agentId);
     if (!agent) throw errors.notFound('agent');
@@ -174,13 +183,13 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
         .filter((k) => k.status === 'active')
         .map((k) => [k.keyId, publicKeyFromRaw(Buffer.from(k.publicKey, 'base64url'))]),
     );
-    let head = run.head;
     let check = verifyEventBatch(fresh, head, activeKeys, run._id);
     if (!check.ok && check.code === 'CHAIN_CONFLICT') {
-      // The cached head may trail an appender that crashed after storing its events: repair, then judge again.
+      // The cached head may trail an appender that stopped after storing its batch: repair, then judge again.
       const repaired = await runs.repairHead(run._id);
-      if (repaired.seq !== head.seq) {
-        head = repaired;
+      if (repaired.sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
+      if (repaired.head.seq !== head.seq) {
+        head = repaired.head;
         check = verifyEventBatch(fresh, head, activeKeys, run._id);
       }
     }

@@ -1,0 +1,31 @@
+import type { KeyObject } from 'node:crypto';
+import { canonicalize } from './canonical-json.ts';
+import { sha256Hex, signHexDigest } from './crypto.ts';
+
+/** What a decided settlement commits to; hashed with canonical JSON and signed with the service key. */
+export interface SettlementReceiptBody {
+  schema: 'SettlementReceipt.v1';
+  settlementId: string;
+  runId: string;
+  payerWalletId: string;
+  payeeWalletId: string;
+  amount: number;
+  releasedNow: number;
+  holdback: number;
+  currency: string;
+  verdict: 'pass' | 'fail';
+  artifactId: string;
+  artifactHash: string;
+  decidedAt: string;
+}
+
+export interface SignedReceipt {
+  body: SettlementReceiptBody;
+  receiptHash: string;
+  signature: { alg: 'Ed25519'; keyId: string; value: string };
+}
+
+export function signReceipt(body: SettlementReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
+  const receiptHash = sha256Hex(canonicalize(body));
+  return { body, receiptHash, signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, receiptHash) } };
+}

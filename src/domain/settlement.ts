@@ -1,0 +1,123 @@
+// A settlement is its fixed terms plus immutable facts, each recorded once by a unique insert (first writer wins).
+// Everything a client sees (status, amounts, where the holdback is) is derived from those facts and from which
+// ledger entries have been applied: nothing relies on an update of a shared document being atomic.
+import type { SignedReceipt } from './receipt.ts';
+import type { Verdict } from './terms.ts';
+
+export interface SettlementTerms {
+  settlementId: string;
+  runId: string;
+  payerWalletId: string;
+  payeeWalletId: string;
+  amount: number;
+  currency: string;
+  holdbackBps: number;
+  disputeWindowSeconds: number;
+}
+
+export interface DecisionFact {
+  verdict: Verdict;
+  reason: string | null;
+  releaseNow: number;
+  holdback: number;
+  decidedAt: string;
+  disputeWindowEndsAt: string;
+  receipt: SignedReceipt;
+}
+
+/** Who got the holdback's fate first: its release at the window's end, or a dispute inside the window. */
+export type HoldbackFact =
+  | { fate: 'release'; at: string }
+  | { fate: 'dispute'; disputeId: string; reason: string; evidence: unknown; frozenAmount: number; at: string };
+
+export interface RulingFact {
+  outcome: 'payee' | 'payer' | 'split';
+  payerShareBps: number | null;
+  toPayer: number;
+  toPayee: number;
+  at: string;
+}
+
+export interface HeldRulingFact {
+  outcome: 'release' | 'refund';
+  at: string;
+}
+
+export interface SettlementFacts {
+  decision?: DecisionFact;
+  holdback?: HoldbackFact;
+  ruling?: RulingFact;
+  heldRuling?: HeldRulingFact;
+}
+
+export type SettlementStatus = 'pending' | 'completed' | 'held' | 'refunded' | 'disputed' | 'partially_refunded';
+export type HoldbackState = 'none' | 'held' | 'releasing' | 'released' | 'frozen' | 'resolving' | 'refunded' | 'split';
+
+export interface SettlementView {
+  status: SettlementStatus;
+  holdbackState: HoldbackState;
+  holdback: number;
+  releasedAmount: number;
+  refundedAmount: number;
+  disputeWindowEndsAt: string | null;
+  /** No step can happen any more without an outside action, and none will ever happen again. */
+  final: boolean;
+}
+
+/** The ledger entry each money step uses; deterministic, so a step applied twice is one entry. */
+export const entryIds = {
+  release: (settlementId: string) => `settle:${settlementId}:release`,
+  holdback: (settlementId: string) => `settle:${settlementId}:holdback`,
+  disputeToPayer: (disputeId: string) => `dispute:${disputeId}:payer`,
+  disputeToPayee: (disputeId: string) => `dispute:${disputeId}:payee`,
+  held: (settlementId: string, outcome: 'release' | 'refund') => `settle:${settlementId}:held-${outcome}`,
+};
+
+export function deriveSettlement(terms: SettlementTerms, facts: SettlementFacts, applied: ReadonlySet<string>, now: Date): SettlementView {
+  const d = facts.decision;
+  if (!d) {
+    return { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false };
+  }
+  const windowEnds = d.disputeWindowEndsAt;
+  if (d.verdict === 'fail') {
+    const ruling = facts.heldRuling;
+    const done = ruling ? applied.has(entryIds.held(terms.settlementId, ruling.outcome)) : false;
+    if (!ruling || !done) {
+      return { status: 'held', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false };
+    }
+    return ruling.outcome === 'release'
+      ? { status: 'completed', holdbackState: 'none', holdback: 0, releasedAmount: terms.amount, refundedAmount: 0, disputeWindowEndsAt: null, final: true }
+      : { status: 'refunded', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: terms.amount, disputeWindowEndsAt: null, final: true };
+  }
+
+  const base = { holdback: d.holdback, disputeWindowEndsAt: windowEnds };
+  // Decided, but the money has not moved yet: still pending to the outside.
+  if (d.releaseNow > 0 && !applied.has(entryIds.release(terms.settlementId))) {
+    return { ...base, status: 'pending', holdbackState: 'none', releasedAmount: 0, refundedAmount: 0, final: false };
+  }
+  const releasedNow = d.releaseNow;
+  const hb = facts.holdback;
+  if (hb?.fate === 'dispute') {
+    const ruling = facts.ruling;
+    if (!ruling) {
+      return { ...base, status: 'disputed', holdbackState: hb.frozenAmount > 0 ? 'frozen' : 'none', releasedAmount: releasedNow, refundedAmount: 0, final: false };
+    }
+    const payerDone = ruling.toPayer === 0 || applied.has(entryIds.disputeToPayer(hb.disputeId));
+    const payeeDone = ruling.toPayee === 0 || applied.has(entryIds.disputeToPayee(hb.disputeId));
+    if (!payerDone || !payeeDone) {
+      return { ...base, status: 'disputed', holdbackState: 'resolving', releasedAmount: releasedNow, refundedAmount: 0, final: false };
+    }
+    const status = ruling.outcome === 'payee' ? 'completed' : ruling.outcome === 'payer' ? 'refunded' : 'partially_refunded';
+    const holdbackState = ruling.outcome === 'payee' ? 'released' : ruling.outcome === 'payer' ? 'refunded' : 'split';
+    return { ...base, status, holdbackState: hb.frozenAmount > 0 ? holdbackState : 'none', releasedAmount: releasedNow + ruling.toPayee, refundedAmount: ruling.toPayer, final: true };
+  }
+  if (d.holdback === 0) {
+    const windowOver = now.getTime() >= Date.parse(windowEnds);
+    return { ...base, status: 'completed', holdbackState: 'none', releasedAmount: releasedNow, refundedAmount: 0, final: windowOver };
+  }
+  if (hb?.fate === 'release') {
+    const done = applied.has(entryIds.holdback(terms.settlementId));
+    return { ...base, status: 'completed', holdbackState: done ? 'released' : 'releasing', releasedAmount: releasedNow + (done ? d.holdback : 0), refundedAmount: 0, final: done };
+  }
+  return { ...base, status: 'completed', holdbackState: 'held', releasedAmount: releasedNow, refundedAmount: 0, final: false };
+}
