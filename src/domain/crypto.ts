@@ -1,5 +1,7 @@
 // Hashing, Ed25519 keys and signatures, base64url and id helpers, all on node:crypto (no extra dependency).
 import {
+  createCipheriv,
+  createDecipheriv,
   createHash,
   createPrivateKey,
   createPublicKey,
@@ -305,4 +307,29 @@ export function newId(prefix: string): string {
     }
   }
   return `${prefix}_${out}`;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Encryption at rest: AES-256-GCM, bound to a context (AAD: an endpoint id, a Redis key) so a ciphertext cannot be
+// moved to another record.
+
+const ENC_VERSION = 'v1';
+
+export function encryptAtRest(key: Buffer, plaintext: string, context: string): string {
+  if (key.length !== 32) throw new Error('encryption key must be 32 bytes');
+  const iv = randomBytes(12);
+  const cipher = createCipheriv('aes-256-gcm', key, iv);
+  cipher.setAAD(Buffer.from(context, 'utf8'));
+  const ciphertext = Buffer.concat([cipher.update(plaintext, 'utf8'), cipher.final()]);
+  return [ENC_VERSION, iv.toString('base64url'), cipher.getAuthTag().toString('base64url'), ciphertext.toString('base64url')].join('.');
+}
+
+/** Throws when the ciphertext was altered, belongs to another context, or the key is wrong. */
+export function decryptAtRest(key: Buffer, sealed: string, context: string): string {
+  const [version, iv, tag, ciphertext] = sealed.split('.');
+  if (version !== ENC_VERSION || !iv || !tag || ciphertext === undefined) throw new Error('unreadable sealed value');
+  const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(iv, 'base64url'));
+  decipher.setAAD(Buffer.from(context, 'utf8'));
+  decipher.setAuthTag(Buffer.from(tag, 'base64url'));
+  return Buffer.concat([decipher.update(Buffer.from(ciphertext, 'base64url')), decipher.final()]).toString('utf8');
 }

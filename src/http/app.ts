@@ -13,6 +13,7 @@ import { agentRoutes } from './routes/agents.ts';
 import { artifactRoutes } from './routes/artifacts.ts';
 import { healthRoutes } from './routes/health.ts';
 import { opsRoutes } from './routes/ops.ts';
+import { webhookRoutes } from './routes/webhooks.ts';
 import { runRoutes } from './routes/runs.ts';
 import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
@@ -62,6 +63,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(artifactRoutes, { runtime });
   await app.register(walletRoutes, { runtime });
   await app.register(settlementRoutes, { runtime });
+  await app.register(webhookRoutes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

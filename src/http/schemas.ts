@@ -1,3 +1,4 @@
+import type { FastifyRequest } from 'fastify';
 import { Type, type TSchema } from 'typebox';
 
 // Shared pieces of the route schemas; each area's own shapes live beside its routes.
@@ -22,3 +23,8 @@ export function errorResponses(...statuses: number[]): Record<number, TSchema> {
 export const IdempotencyHeaders = Type.Object({
   'idempotency-key': Type.Optional(Type.String({ description: '1-255 chars of [A-Za-z0-9._:-]; replays the first response' })),
 });
+
+/** preValidation hook for POSTs whose body is optional: no body at all is read as `{}`. */
+export async function emptyBodyIsObject(request: FastifyRequest): Promise<void> {
+  if (request.body === undefined || request.body === null) request.body = {};
+}

@@ -3,13 +3,23 @@ import { Type, type Static, type TSchema } from 'typebox';
 import { Value } from 'typebox/value';
 import { errors, ServiceError } from '../domain/errors.ts';
 
+/** `webhook-dispatch` job that fans an outbox event out into one delivery per subscribed endpoint. */
+export const WebhookFanOutPayload = Type.Object({ tenantId: Type.String(), eventId: Type.String() });
+/** `webhook-dispatch` job (name `deliver`) for one attempt of one delivery; `rev` is the delivery revision it acts on. */
+export const WebhookDeliverPayload = Type.Object({
+  kind: Type.Literal('deliver'),
+  tenantId: Type.String(),
+  deliveryId: Type.String(),
+  rev: Type.Integer({ minimum: 0 }),
+});
+
 // One queue per concern. Payloads carry ids only: the worker reads current state from MongoDB, so a retried or
 // duplicated job always acts on the truth, never on a stale copy.
 export const QueuePayloads = {
   finalize: Type.Object({ tenantId: Type.String(), runId: Type.String() }),
   settle: Type.Object({ tenantId: Type.String(), runId: Type.String(), settlementId: Type.String() }),
   'x402-verify': Type.Object({ tenantId: Type.String(), gateId: Type.String() }),
-  'webhook-dispatch': Type.Object({ tenantId: Type.String(), eventId: Type.String() }),
+  'webhook-dispatch': Type.Union([WebhookFanOutPayload, WebhookDeliverPayload]),
   'smoke-test': Type.Object({ tenantId: Type.String(), smokeTestId: Type.String() }),
 } satisfies Record<string, TSchema>;
 

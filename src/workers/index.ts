@@ -2,11 +2,13 @@ import type { Runtime } from '../runtime.ts';
 import { createFinalizeProcessor } from './finalize.ts';
 import type { ProcessorMap } from './runner.ts';
 import { createSettleProcessor } from './settle.ts';
+import { createWebhookDispatchProcessor } from './webhook-dispatch.ts';
 
 /** The processor for each queue this codebase can work; a queue without one is not started. */
 export function createProcessors(runtime: Runtime): ProcessorMap {
   return {
     finalize: createFinalizeProcessor(runtime),
     settle: createSettleProcessor(runtime),
+    'webhook-dispatch': createWebhookDispatchProcessor(runtime),
   };
 }
