@@ -36,7 +36,7 @@ export interface Config {
     keyFile: string;
   };
   webhooks: {
-    /** 32-byte key that encrypts endpoint secrets at rest. */
+    /** 32-byte key that encrypts secrets at rest: webhook endpoint secrets, and replayable responses in Redis. */
     encryptionKey: Buffer;
     allowInsecureUrls: boolean;
     allowPrivateAddresses: boolean;

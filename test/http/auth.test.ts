@@ -81,6 +81,8 @@ describe('authentication and scopes', () => {
 
     const graced = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${current.keyId}/rotate`, headers: t.admin, payload: { gracePeriodSeconds: 60 } });
     expect(graced.json().previous.status).toBe('active');
+    const noBody = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${graced.json().current.keyId}/rotate`, headers: t.admin });
+    expect(noBody.statusCode).toBe(201);
     expect((await listTenants({ authorization: `Bearer ${current.token}` })).statusCode).toBe(200);
   });
 

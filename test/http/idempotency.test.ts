@@ -27,6 +27,19 @@ describe('Idempotency-Key (Redis, shared by every API process)', () => {
     expect(await t.runtime.db.collection('tenants').countDocuments({ name: 'acme' })).toBe(1);
   });
 
+  it('keeps replayable responses encrypted in Redis, so a token shown once is not stored in the clear', async () => {
+    const tenant = (await createTenant(t, 'for-key', 'keyed')).json();
+    const issued = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: { ...t.admin, 'idempotency-key': 'issue-1' }, payload: { tenantId: tenant.tenantId, scopes: ['runs:read'] } });
+    const token = issued.json().token as string;
+    const keys = await t.runtime.redis.keys(`${t.env.redisPrefix}:idem:*issue-1`);
+    expect(keys).toHaveLength(1);
+    const stored = (await t.runtime.redis.get(keys[0]!))!;
+    expect(stored).not.toContain(token.split('.')[1]);
+    expect(stored).not.toContain(tenant.tenantId);
+    const replay = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: { ...t.admin, 'idempotency-key': 'issue-1' }, payload: { tenantId: tenant.tenantId, scopes: ['runs:read'] } });
+    expect(replay.json().token).toBe(token);
+  });
+
   it('accepts x-idempotency-key and the quoted structured-field form as the same key', async () => {
     const first = await createTenant(t, 'quoted-1', 'q', 'x-idempotency-key');
     const quoted = await createTenant(t, '"quoted-1"', 'q');

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
+import { decryptAtRest, encryptAtRest } from '../../domain/crypto.ts';
 import { ServiceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
 
@@ -14,7 +15,8 @@ interface StoredEntry {
   fingerprint: string;
   status?: number;
   contentType?: string;
-  body?: string;
+  /** The response body, encrypted: responses can carry secrets shown once (API tokens, webhook secrets). */
+  sealedBody?: string;
 }
 
 declare module 'fastify' {
@@ -58,6 +60,7 @@ function fingerprint(request: FastifyRequest): string {
  */
 export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
   const { config, redis } = opts.runtime;
+  const atRestKey = config.webhooks.encryptionKey;
   app.decorateRequest('idempotencyClaim', null);
 
   app.addHook('preHandler', async (request, reply) => {
@@ -93,7 +96,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     }
     reply.header('idempotent-replayed', 'true');
     if (entry.contentType) reply.type(entry.contentType);
-    return reply.status(entry.status!).send(entry.body);
+    return reply.status(entry.status!).send(decryptAtRest(atRestKey, entry.sealedBody!, redisKey));
   });
 
   app.addHook('onSend', async (request, reply, payload) => {
@@ -111,7 +114,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
           fingerprint: claim.fingerprint,
           status,
           contentType: String(reply.getHeader('content-type') ?? 'application/json; charset=utf-8'),
-          body: typeof payload === 'string' ? payload : payload == null ? '' : String(payload),
+          sealedBody: encryptAtRest(atRestKey, typeof payload === 'string' ? payload : payload == null ? '' : String(payload), redisKey),
         };
         await redis.set(redisKey, JSON.stringify(entry), 'EX', config.idempotencyTtlSeconds);
       }

@@ -5,7 +5,7 @@ import { SCOPES, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import type { ApiKeyDoc } from '../../store/api-keys.ts';
 import type { TenantDoc } from '../../store/tenants.ts';
-import { errorResponses, Timestamp } from '../schemas.ts';
+import { emptyBodyIsObject, errorResponses, Timestamp } from '../schemas.ts';
 
 const RateLimitPolicy = Type.Object(
   { limit: Type.Integer({ minimum: 1, maximum: 10_000_000 }), windowSeconds: Type.Integer({ minimum: 1, maximum: 86_400 }) },
@@ -114,17 +114,18 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     items: (await apiKeys.list({ tenantId: request.query.tenantId }, request.query.limit ?? 100)).map((k) => keyView(k)),
   }));
 
-  app.post<{ Params: Static<typeof KeyParams>; Body: Static<typeof Rotate> | undefined }>('/ops/api-keys/:keyId/rotate', {
+  app.post<{ Params: Static<typeof KeyParams>; Body: Static<typeof Rotate> }>('/ops/api-keys/:keyId/rotate', {
     config: admin,
+    preValidation: emptyBodyIsObject,
     schema: {
       tags,
-      summary: 'Issue a successor key; the old one keeps working for gracePeriodSeconds (default 0)',
+      summary: 'Issue a successor key; the old one keeps working for gracePeriodSeconds (default 0). The body is optional.',
       params: KeyParams,
-      body: Type.Optional(Rotate),
+      body: Rotate,
       response: { 201: Type.Object({ previous: ApiKey, current: IssuedApiKey }), ...errorResponses(400, 401, 403, 404) },
     },
   }, async (request, reply) => {
-    const rotated = await apiKeys.rotate(request.params.keyId, request.body?.gracePeriodSeconds ?? 0);
+    const rotated = await apiKeys.rotate(request.params.keyId, request.body.gracePeriodSeconds ?? 0);
     if (!rotated) throw errors.notFound('active API key');
     return reply.status(201).send({ previous: keyView(rotated.old), current: { ...keyView(rotated.issued.key), token: rotated.issued.token } });
   });
