@@ -160,7 +160,8 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
       for (const s of due) await advanceSettlement(runtime, s._id);
 
       let unlocked = 0;
-      for (const lock of await ledger.unreconciledLocks(staleBefore, SWEEP_BATCH)) {
+      const locks = await ledger.unreconciledLocks(staleBefore, SWEEP_BATCH);
+      for (const lock of locks) {
         const runId = lock.ref.runId!;
         const run = await runs.getAny(runId);
         if (!run || !run.settlement) {
@@ -177,7 +178,7 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
         }
         await ledger.markReconciled(lock._id);
       }
-      return { entries, settlements: due.length, unlocked };
+      return { entries, settlements: due.length, locksChecked: locks.length, unlocked };
     },
   };
 }

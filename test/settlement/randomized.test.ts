@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.ts';
 import { newId, sha256Hex } from '../../src/domain/crypto.ts';
 import { ServiceError } from '../../src/domain/errors.ts';
-import { lockEscrow, settlementTerms } from '../../src/http/routes/settlements.ts';
+import { escrowLockId, lockEscrow, settlementTerms } from '../../src/http/routes/settlements.ts';
 import { createLogger } from '../../src/logger.ts';
 import { connectRuntime, createRuntime, type Runtime } from '../../src/runtime.ts';
 import { readSettlement } from '../../src/store/settlements.ts';
@@ -121,6 +121,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         _id: runId, tenantId, agentId: payee, terms: {}, settlement: terms, status: 'finalized', verdict: random() < 0.7 ? 'pass' : 'fail',
         artifactId: `art_${sha256Hex(runId)}`, createdAt: new Date(), finalizeRequestedAt: new Date(), finalHead: { seq: 0, chainHash: null }, finalizedAt: new Date(),
       });
+      await rt.stores.ledger.markReconciled(escrowLockId(runId)); // as the run route does once the run exists
       const s = await rt.stores.settlements.createOrGet({ tenantId, runId, payerWalletId: payer, payeeWalletId: payee, amount: terms.amount, currency: terms.currency, holdbackBps: terms.holdbackBps, disputeWindowSeconds: terms.disputeWindowSeconds });
       settled.push(s._id);
       await job(s._id);
@@ -151,8 +152,10 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     // Stop crashing; let the windows of 1 s end; then the sweepers of both processes repair everything, twice.
     for (const r of [rt, second]) r.stores.ledger.failAfterLeg = null;
     await new Promise((r) => setTimeout(r, 1_200));
-    for (let round = 0; round < 2; round++) {
-      await Promise.all([createSettleProcessor(rt).sweep!(), createSettleProcessor(second).sweep!()]);
+    // "Afterwards" means once repair has nothing left to do: sweep (on both processes at once) until quiet.
+    for (let round = 0; round < 30; round++) {
+      const outcomes = (await Promise.all([createSettleProcessor(rt).sweep!(), createSettleProcessor(second).sweep!()])) as Array<Record<string, number>>;
+      if (outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0)) break;
     }
 
     // 1. Every chain is gapless and never negative, and every currency balances: credited = available + escrow

@@ -11,7 +11,7 @@ import type { RunDoc } from '../../store/runs.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses, Timestamp } from '../schemas.ts';
 import { AGENT_ID_PATTERN } from './agents.ts';
-import { lockEscrow, SettlementTermsSchema, settlementTerms } from './settlements.ts';
+import { escrowLockId, lockEscrow, SettlementTermsSchema, settlementTerms } from './settlements.ts';
 
 const Bound = Type.Union([
   Type.Object({ min: Type.Number() }, { additionalProperties: false }),
@@ -129,6 +129,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       finalHead: null,
       finalizedAt: null,
     });
+    if (settlement) await runtime.stores.ledger.markReconciled(escrowLockId(runId)); // the lock has its run
     return reply.status(201).send(runView(run, { seq: 0, chainHash: null }));
   });
 

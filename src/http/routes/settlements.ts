@@ -25,6 +25,10 @@ export const SettlementTermsSchema = Type.Object(
 );
 type SettlementTermsInput = Static<typeof SettlementTermsSchema>;
 
+export function escrowLockId(runId: string): string {
+  return `escrow:${runId}:lock`;
+}
+
 export function settlementTerms(input: SettlementTermsInput): RunSettlementTerms {
   return {
     payerAgentId: input.payerAgentId,
@@ -49,7 +53,7 @@ export async function lockEscrow(runtime: Runtime, tenantId: string, runId: stri
   if (!payer) throw errors.notFound('payer agent');
   await ledger.ensureWallet(payer._id, tenantId, 'agent');
   const lock = await ledger.apply({
-    _id: `escrow:${runId}:lock`,
+    _id: escrowLockId(runId),
     tenantId,
     kind: 'escrow_lock',
     currency: terms.currency,
@@ -198,6 +202,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
       await lockEscrow(runtime, tenantId, run._id, run.agentId, offered);
       run = await runs.attachSettlement(tenantId, run._id, offered);
       if (canonicalize(run.settlement) !== canonicalize(offered)) throw otherTerms();
+      await ledger.markReconciled(escrowLockId(run._id)); // the lock has its run: nothing for the sweeper to return
     }
     const terms = run.settlement!;
     const s = await settlements.createOrGet({
