@@ -48,7 +48,10 @@ export class RedisInstance {
 
   async up(): Promise<void> {
     if (this.child) return;
-    this.child = spawn('redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir], { stdio: 'ignore' });
+    const child = spawn('redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir], { stdio: 'ignore' });
+    this.child = child;
+    // A test process that ends without its afterAll (a timeout, an interrupt) must not leave this server behind.
+    process.once('exit', () => child.kill('SIGKILL'));
     await waitForPort(this.port, true);
   }
 
