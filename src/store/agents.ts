@@ -24,11 +24,38 @@ export interface AgentDoc {
   createdAt: Date;
 }
 
+/**
+ * A key revocation, recorded by insert: an update of the agent document could be lost to a concurrent one on
+ * FerretDB (and would then un-revoke the key), an inserted record cannot. The status inside the agent document is
+ * only a cache of these.
+ */
+interface KeyRevocationDoc {
+  _id: string;
+  agentId: string;
+  keyId: string;
+  revokedAt: Date;
+}
+
 export class AgentStore {
   readonly agents: Collection<AgentDoc>;
+  readonly revocations: Collection<KeyRevocationDoc>;
 
   constructor(db: Db) {
     this.agents = db.collection<AgentDoc>('agents');
+    this.revocations = db.collection<KeyRevocationDoc>('agent_key_revocations');
+  }
+
+  /** The agent with every key's status as its revocation records say. */
+  private async withRevocations(agent: AgentDoc | null): Promise<AgentDoc | null> {
+    if (!agent) return null;
+    const keys = Object.values(agent.keys);
+    const records = await Promise.all(keys.map((k) => this.revocations.findOne({ _id: `${agent._id}#${k.keyId}` })));
+    const merged: Record<string, AgentKeyDoc> = {};
+    keys.forEach((k, i) => {
+      const revoked = records[i];
+      merged[k.keyId] = revoked ? { ...k, status: 'revoked', revokedAt: revoked.revokedAt } : k;
+    });
+    return { ...agent, keys: merged };
   }
 
   forTenant(tenantId: string) {
@@ -46,13 +73,13 @@ export class AgentStore {
     return { ...agent, tenantId };
   }
 
-  get(tenantId: string, agentId: string): Promise<AgentDoc | null> {
-    return this.forTenant(tenantId).findOne({ _id: agentId });
+  async get(tenantId: string, agentId: string): Promise<AgentDoc | null> {
+    return this.withRevocations(await this.forTenant(tenantId).findOne({ _id: agentId }));
   }
 
   /** Any tenant's agent: for evidence that names agents outside the caller's tenant (artifacts, payers). */
-  getAny(agentId: string): Promise<AgentDoc | null> {
-    return this.agents.findOne({ _id: agentId });
+  async getAny(agentId: string): Promise<AgentDoc | null> {
+    return this.withRevocations(await this.agents.findOne({ _id: agentId }));
   }
 
   async addKey(tenantId: string, agentId: string, key: AgentKeyDoc): Promise<AgentDoc> {
@@ -60,7 +87,7 @@ export class AgentStore {
       { _id: agentId, [`keys.${key.keyId}`]: { $exists: false } },
       { $set: { [`keys.${key.keyId}`]: key } },
     );
-    if (updated) return updated;
+    if (updated) return (await this.withRevocations(updated))!;
     const agent = await this.get(tenantId, agentId);
     if (!agent) throw errors.notFound('agent');
     throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, { keyId: key.keyId });
@@ -71,11 +98,14 @@ export class AgentStore {
     const key = agent && Object.hasOwn(agent.keys, keyId) ? agent.keys[keyId] : undefined;
     if (!key) throw errors.notFound('agent key');
     if (key.status === 'revoked') return key;
-    const updated = await this.forTenant(tenantId).findOneAndUpdate(
-      { _id: agentId, [`keys.${keyId}.status`]: 'active' },
-      { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } },
-    );
-    const after = (updated ?? (await this.get(tenantId, agentId)))?.keys[keyId];
+    try {
+      await this.revocations.insertOne({ _id: `${agentId}#${keyId}`, agentId, keyId, revokedAt: now });
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err; // revoked concurrently: the first record stands
+    }
+    // Cache only (see KeyRevocationDoc); reads overlay the records either way.
+    await this.forTenant(tenantId).updateOne({ _id: agentId }, { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } });
+    const after = (await this.get(tenantId, agentId))?.keys[keyId];
     if (!after) throw errors.notFound('agent key');
     return after;
   }

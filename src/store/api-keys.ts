@@ -1,5 +1,6 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Collection, Db } from 'mongodb';
+import { isDuplicateKey } from './mongo.ts';
 import { newId } from '../domain/crypto.ts';
 import type { Scope } from '../domain/scopes.ts';
 
@@ -33,17 +34,31 @@ export function parseToken(token: string): { keyId: string; secret: string } | n
   return match ? { keyId: match[1]!, secret: match[2]! } : null;
 }
 
+/**
+ * When a key stops working, recorded by insert (revoke: now; rotate: when the grace ends). On FerretDB an update
+ * of the key document can be lost to a concurrent one, which could bring a revoked key back; an insert cannot.
+ */
+interface KeyEndDoc {
+  _id: string;
+  keyId: string;
+  kind: 'revoke' | 'rotate';
+  effectiveAt: Date;
+  rotatedTo: string | null;
+}
+
 export class ApiKeyStore {
   private readonly keys: Collection<ApiKeyDoc>;
+  private readonly ends: Collection<KeyEndDoc>;
 
   constructor(db: Db) {
     this.keys = db.collection<ApiKeyDoc>('api_keys');
+    this.ends = db.collection<KeyEndDoc>('api_key_ends');
   }
 
-  async issue(input: { tenantId: string; scopes: Scope[]; description?: string | null; expiresAt?: Date | null }): Promise<IssuedKey> {
+  async issue(input: { id?: string; tenantId: string; scopes: Scope[]; description?: string | null; expiresAt?: Date | null }): Promise<IssuedKey> {
     const secret = randomBytes(32).toString('base64url');
     const key: ApiKeyDoc = {
-      _id: newId('key'),
+      _id: input.id ?? newId('key'),
       tenantId: input.tenantId,
       scopes: [...new Set(input.scopes)],
       description: input.description ?? null,
@@ -58,60 +73,91 @@ export class ApiKeyStore {
     return { key, token: `sk_${key._id}.${secret}` };
   }
 
+  /** What revoke and rotate recorded for a key: the times from which it stops working. */
+  private async endsOf(keyId: string): Promise<{ revokedAt: Date | null; rotation: KeyEndDoc | null }> {
+    const [revoked, rotation] = await Promise.all([this.ends.findOne({ _id: `${keyId}#revoke` }), this.ends.findOne({ _id: `${keyId}#rotate` })]);
+    return { revokedAt: revoked?.effectiveAt ?? null, rotation };
+  }
+
+  /** The key as its records say: revoked once a revocation is recorded, expiring when a rotation's grace ends. */
+  private async resolve(key: ApiKeyDoc, now = new Date()): Promise<ApiKeyDoc> {
+    const { revokedAt, rotation } = await this.endsOf(key._id);
+    const rotationEnds = rotation?.effectiveAt ?? null;
+    const endedByRotation = rotationEnds !== null && rotationEnds.getTime() <= now.getTime();
+    const revoked = key.status === 'revoked' || revokedAt !== null || endedByRotation;
+    const expiresAt = rotationEnds && !endedByRotation && (!key.expiresAt || rotationEnds < key.expiresAt) ? rotationEnds : key.expiresAt;
+    return {
+      ...key,
+      status: revoked ? 'revoked' : 'active',
+      revokedAt: key.revokedAt ?? revokedAt ?? (endedByRotation ? rotationEnds : null),
+      expiresAt,
+      rotatedTo: key.rotatedTo ?? rotation?.rotatedTo ?? null,
+    };
+  }
+
   /** The key a bearer token names, if the token is well-formed, its secret matches, and the key is live. */
   async authenticate(token: string, now = new Date()): Promise<ApiKeyDoc | null> {
     const parsed = parseToken(token);
     if (!parsed) return null;
-    const key = await this.keys.findOne({ _id: parsed.keyId });
-    if (!key) return null;
+    const stored = await this.keys.findOne({ _id: parsed.keyId });
+    if (!stored) return null;
     const presented = Buffer.from(hashSecret(parsed.secret), 'hex');
-    const stored = Buffer.from(key.secretHash, 'hex');
-    if (presented.length !== stored.length || !timingSafeEqual(presented, stored)) return null;
+    const expected = Buffer.from(stored.secretHash, 'hex');
+    if (presented.length !== expected.length || !timingSafeEqual(presented, expected)) return null;
+    const key = await this.resolve(stored, now);
     if (key.status !== 'active') return null;
     if (key.expiresAt && key.expiresAt.getTime() <= now.getTime()) return null;
     return key;
   }
 
-  get(keyId: string): Promise<ApiKeyDoc | null> {
-    return this.keys.findOne({ _id: keyId });
+  async get(keyId: string): Promise<ApiKeyDoc | null> {
+    const key = await this.keys.findOne({ _id: keyId });
+    return key && this.resolve(key);
   }
 
-  list(filter: { tenantId?: string }, limit: number): Promise<ApiKeyDoc[]> {
-    return this.keys
+  async list(filter: { tenantId?: string }, limit: number): Promise<ApiKeyDoc[]> {
+    const keys = await this.keys
       .find(filter.tenantId ? { tenantId: filter.tenantId } : {})
       .sort({ createdAt: -1 })
       .limit(limit)
       .toArray();
+    return Promise.all(keys.map((k) => this.resolve(k)));
   }
 
-  /** Revokes a key; revoking an already revoked key keeps its first revocation time. */
+  /** Revokes a key now; revoking an already revoked key keeps its first revocation time. */
   async revoke(keyId: string, now = new Date()): Promise<ApiKeyDoc | null> {
-    await this.keys.updateOne({ _id: keyId, status: 'active' }, { $set: { status: 'revoked', revokedAt: now } });
-    return this.keys.findOne({ _id: keyId });
+    const key = await this.keys.findOne({ _id: keyId });
+    if (!key) return null;
+    try {
+      await this.ends.insertOne({ _id: `${keyId}#revoke`, keyId, kind: 'revoke', effectiveAt: now, rotatedTo: null });
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err;
+    }
+    await this.keys.updateOne({ _id: keyId, status: 'active' }, { $set: { status: 'revoked', revokedAt: now } }); // cache
+    return this.get(keyId);
   }
 
   /**
    * Issues a successor with the same tenant, scopes and description. The old key keeps working for
-   * `gracePeriodSeconds` (0 = revoked now) so callers can roll the new token out without downtime.
+   * `gracePeriodSeconds` (0 = revoked now) so callers can roll the new token out without downtime. A key is
+   * rotated once: the rotation is claimed by insert before the successor is issued.
    */
   async rotate(keyId: string, gracePeriodSeconds: number, now = new Date()): Promise<{ issued: IssuedKey; old: ApiKeyDoc } | null> {
-    const old = await this.keys.findOne({ _id: keyId, status: 'active' });
-    if (!old) return null;
-    const issued = await this.issue({
-      tenantId: old.tenantId,
-      scopes: old.scopes,
-      description: old.description,
-      expiresAt: old.expiresAt,
-    });
+    const stored = await this.keys.findOne({ _id: keyId });
+    if (!stored) return null;
+    const old = await this.resolve(stored, now);
+    if (old.status !== 'active' || old.rotatedTo) return null;
     const graceEnds = new Date(now.getTime() + gracePeriodSeconds * 1000);
-    const update =
-      gracePeriodSeconds === 0
-        ? { status: 'revoked' as const, revokedAt: now, rotatedTo: issued.key._id }
-        : {
-            expiresAt: old.expiresAt && old.expiresAt < graceEnds ? old.expiresAt : graceEnds,
-            rotatedTo: issued.key._id,
-          };
-    const updated = await this.keys.findOneAndUpdate({ _id: keyId }, { $set: update }, { returnDocument: 'after' });
-    return { issued, old: updated ?? old };
+    const effectiveAt = old.expiresAt && old.expiresAt < graceEnds ? old.expiresAt : graceEnds;
+    const successorId = newId('key');
+    try {
+      await this.ends.insertOne({ _id: `${keyId}#rotate`, keyId, kind: 'rotate', effectiveAt, rotatedTo: successorId });
+    } catch (err) {
+      if (isDuplicateKey(err)) return null; // rotated concurrently: that rotation stands
+      throw err;
+    }
+    const issued = await this.issue({ id: successorId, tenantId: old.tenantId, scopes: old.scopes, description: old.description, expiresAt: old.expiresAt });
+    await this.keys.updateOne({ _id: keyId }, { $set: { rotatedTo: successorId } }); // cache
+    return { issued, old: await this.resolve(stored, now) };
   }
 }

@@ -59,6 +59,16 @@ describe('authentication and scopes', () => {
     expect((await listTenants(ops.auth)).statusCode).toBe(401);
   });
 
+  it('keeps a revoked key refused even if a lost update writes its document back as active', async () => {
+    const ops = await t.tenantWithKey(['ops']);
+    await t.app.inject({ method: 'POST', url: `/ops/api-keys/${ops.keyId}/revoke`, headers: t.admin });
+    // What a concurrent update on FerretDB can do: write back the document as read before the revocation.
+    await t.runtime.db.collection('api_keys').updateOne({ _id: ops.keyId as never }, { $set: { status: 'active', revokedAt: null } });
+    expect((await listTenants(ops.auth)).statusCode).toBe(401);
+    const listed = (await t.app.inject({ method: 'GET', url: '/ops/api-keys', headers: t.admin })).json().items;
+    expect(listed.find((k: { keyId: string }) => k.keyId === ops.keyId).status).toBe('revoked');
+  });
+
   it('refuses an expired key with 401', async () => {
     const tenant = (await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: t.admin, payload: { name: 'exp' } })).json();
     const expiresAt = new Date(Date.now() + 1_500).toISOString();

@@ -82,6 +82,16 @@ describe('runs and signed events', () => {
     expect(res.json().code).toBe('SIGNATURE_INVALID');
   });
 
+  it('keeps an agent key revoked even if a lost update writes the agent back with the key active', async () => {
+    const agentB = await registerAgent(t, auth);
+    const runId = await createRun(t, auth, { agentId: agentB.agentId });
+    await t.app.inject({ method: 'POST', url: `/v1/agents/${agentB.agentId}/keys/${agentB.keyId}/revoke`, headers: auth });
+    await t.runtime.db.collection('agents').updateOne({ _id: agentB.agentId as never }, { $set: { [`keys.${agentB.keyId}.status`]: 'active' } });
+    const res = await appendEvents(t, auth, runId, events(runId, { seq: 0, chainHash: null }, agentB, [{ type: 'log', payload: {} }]));
+    expect(res.statusCode).toBe(400);
+    expect(res.json().code).toBe('SIGNATURE_INVALID');
+  });
+
   it('refuses an event whose payload was altered after signing', async () => {
     const runId = await createRun(t, auth, { agentId: agent.agentId });
     const [e] = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'metric', payload: { name: 'accuracy', value: 0.5 } }]);
