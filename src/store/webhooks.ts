@@ -119,14 +119,33 @@ function afterCursor(cursor: PageCursor | null): Record<string, unknown> {
   return { $or: [{ createdAt: { $lt: cursor.createdAt } }, { createdAt: cursor.createdAt, _id: { $lt: cursor.id } }] };
 }
 
+/**
+ * An endpoint's deletion, recorded by insert. The dispatcher updates endpoint documents (failure tracking) while a
+ * DELETE may arrive, and on FerretDB one of two concurrent updates is lost, which could revive a deleted endpoint;
+ * an inserted record cannot be lost. The status in the endpoint document is only a cache of it.
+ */
+interface EndpointDeletionDoc {
+  _id: string;
+  tenantId: string;
+  deletedAt: Date;
+}
+
 export class WebhookEndpointStore {
   readonly endpoints: Collection<WebhookEndpointDoc>;
+  readonly deletions: Collection<EndpointDeletionDoc>;
 
   constructor(
     db: Db,
     private readonly encryptionKey: Buffer,
   ) {
     this.endpoints = db.collection<WebhookEndpointDoc>('webhook_endpoints');
+    this.deletions = db.collection<EndpointDeletionDoc>('webhook_endpoint_deletions');
+  }
+
+  /** The endpoints as their deletion records say (one id lookup each). */
+  private async overlayDeletions(docs: WebhookEndpointDoc[]): Promise<WebhookEndpointDoc[]> {
+    const records = await Promise.all(docs.map((d) => this.deletions.findOne({ _id: d._id })));
+    return docs.map((d, i) => (records[i] ? { ...d, status: 'revoked' as const, revokedAt: d.revokedAt ?? records[i]!.deletedAt } : d));
   }
 
   private scoped(tenantId: string) {
@@ -159,36 +178,47 @@ export class WebhookEndpointStore {
   }
 
   /** A live (not deleted) endpoint of this tenant; another tenant's id is simply not found. */
-  get(tenantId: string, id: string): Promise<WebhookEndpointDoc | null> {
-    return this.scoped(tenantId).findOne({ _id: id, status: { $ne: 'revoked' } });
+  async get(tenantId: string, id: string): Promise<WebhookEndpointDoc | null> {
+    const doc = await this.getAny(tenantId, id);
+    return doc && doc.status !== 'revoked' ? doc : null;
   }
 
   /** Including deleted ones (the worker needs to know an endpoint was deleted). */
-  getAny(tenantId: string, id: string): Promise<WebhookEndpointDoc | null> {
-    return this.scoped(tenantId).findOne({ _id: id });
+  async getAny(tenantId: string, id: string): Promise<WebhookEndpointDoc | null> {
+    const doc = await this.scoped(tenantId).findOne({ _id: id });
+    return doc ? (await this.overlayDeletions([doc]))[0]! : null;
   }
 
-  list(tenantId: string, limit: number, cursor: PageCursor | null): Promise<WebhookEndpointDoc[]> {
-    return this.scoped(tenantId)
+  async list(tenantId: string, limit: number, cursor: PageCursor | null): Promise<WebhookEndpointDoc[]> {
+    const docs = await this.scoped(tenantId)
       .find({ status: { $ne: 'revoked' }, ...afterCursor(cursor) } as Filter<WebhookEndpointDoc>)
       .sort({ createdAt: -1, _id: -1 })
       .limit(limit)
       .toArray();
+    return (await this.overlayDeletions(docs)).filter((d) => d.status !== 'revoked');
   }
 
   /** Endpoints that receive this event: subscribed, not deleted, and registered before the event happened. */
-  subscribers(tenantId: string, type: EventType, eventCreatedAt: Date): Promise<WebhookEndpointDoc[]> {
-    return this.endpoints
+  async subscribers(tenantId: string, type: EventType, eventCreatedAt: Date): Promise<WebhookEndpointDoc[]> {
+    const docs = await this.endpoints
       .find({ tenantId, status: { $in: ['active', 'disabled'] }, events: type, createdAt: { $lte: eventCreatedAt } })
       .toArray();
+    return (await this.overlayDeletions(docs)).filter((d) => d.status !== 'revoked');
   }
 
-  revoke(tenantId: string, id: string): Promise<WebhookEndpointDoc | null> {
+  /** Deletes an endpoint (recorded by insert; see EndpointDeletionDoc). Null when there is no live one. */
+  async revoke(tenantId: string, id: string): Promise<WebhookEndpointDoc | null> {
+    const live = await this.get(tenantId, id);
+    if (!live) return null;
     const now = new Date();
-    return this.scoped(tenantId).findOneAndUpdate(
-      { _id: id, status: { $ne: 'revoked' } },
-      { $set: { status: 'revoked', revokedAt: now, updatedAt: now } },
-    );
+    try {
+      await this.deletions.insertOne({ _id: id, tenantId, deletedAt: now });
+    } catch (err) {
+      if (isDuplicateKey(err)) return null; // deleted concurrently
+      throw err;
+    }
+    await this.endpoints.updateOne({ _id: id }, { $set: { status: 'revoked', revokedAt: now, updatedAt: now } }); // cache
+    return { ...live, status: 'revoked', revokedAt: now, updatedAt: now };
   }
 
   /**

@@ -167,6 +167,10 @@ describe('webhook delivery', () => {
     await waitUntil(async () => (await stored.findOne({ eventId: event._id }))?.attemptCount === 1, 5_000, 'first attempt recorded');
     expect((await h.app.inject({ method: 'DELETE', url: `/v1/webhooks/${ep.id}`, headers: auth })).statusCode).toBe(204);
     expect(await stored.findOne({ eventId: event._id })).toMatchObject({ status: 'cancelled', nextAttemptAt: null, lastError: 'endpoint deleted' });
+    // What a concurrent update (the dispatcher's failure tracking) can do on FerretDB: write the endpoint back as
+    // it read it, active. The deletion must hold all the same.
+    await h.runtime.db.collection('webhook_endpoints').updateOne({ _id: ep.id as never }, { $set: { status: 'active', revokedAt: null } });
+    expect((await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).statusCode).toBe(404);
     const later = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_del2' }, 'deleted:2');
     await waitUntil(async () => Boolean((await h.runtime.stores.outbox.get(later._id))?.fannedOutAt), 5_000, 'fan-out');
     expect(await stored.countDocuments({ eventId: later._id })).toBe(0);
