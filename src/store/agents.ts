@@ -1,6 +1,6 @@
 import type { Collection, Db } from 'mongodb';
 import { ServiceError, errors } from '../domain/errors.ts';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst } from './mongo.ts';
 import { TenantScopedCollection } from './tenant-scope.ts';
 
 export interface AgentKeyDoc {
@@ -64,13 +64,9 @@ export class AgentStore {
 
   /** Agent ids are global (wallets are keyed by them), so a taken id is a conflict whoever holds it. */
   async create(tenantId: string, agent: Omit<AgentDoc, 'tenantId'>): Promise<AgentDoc> {
-    try {
-      await this.forTenant(tenantId).insertOne(agent);
-    } catch (err) {
-      if (isDuplicateKey(err)) throw new ServiceError(409, 'AGENT_EXISTS', `agent ${agent._id} already exists`);
-      throw err;
-    }
-    return { ...agent, tenantId };
+    const doc: AgentDoc = { ...agent, tenantId };
+    if (!(await insertFirst(this.agents, doc))) throw new ServiceError(409, 'AGENT_EXISTS', `agent ${agent._id} already exists`);
+    return doc;
   }
 
   async get(tenantId: string, agentId: string): Promise<AgentDoc | null> {
@@ -98,11 +94,8 @@ export class AgentStore {
     const key = agent && Object.hasOwn(agent.keys, keyId) ? agent.keys[keyId] : undefined;
     if (!key) throw errors.notFound('agent key');
     if (key.status === 'revoked') return key;
-    try {
-      await this.revocations.insertOne({ _id: `${agentId}#${keyId}`, agentId, keyId, revokedAt: now });
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err; // revoked concurrently: the first record stands
-    }
+    // If revoked concurrently, the first record stands.
+    await insertFirst(this.revocations, { _id: `${agentId}#${keyId}`, agentId, keyId, revokedAt: now });
     // Cache only (see KeyRevocationDoc); reads overlay the records either way.
     await this.forTenant(tenantId).updateOne({ _id: agentId }, { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } });
     const after = (await this.get(tenantId, agentId))?.keys[keyId];

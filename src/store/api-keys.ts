@@ -1,6 +1,6 @@
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Collection, Db } from 'mongodb';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst } from './mongo.ts';
 import { newId } from '../domain/crypto.ts';
 import type { Scope } from '../domain/scopes.ts';
 
@@ -128,11 +128,7 @@ export class ApiKeyStore {
   async revoke(keyId: string, now = new Date()): Promise<ApiKeyDoc | null> {
     const key = await this.keys.findOne({ _id: keyId });
     if (!key) return null;
-    try {
-      await this.ends.insertOne({ _id: `${keyId}#revoke`, keyId, kind: 'revoke', effectiveAt: now, rotatedTo: null });
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
-    }
+    await insertFirst(this.ends, { _id: `${keyId}#revoke`, keyId, kind: 'revoke', effectiveAt: now, rotatedTo: null }); // first revocation stands
     await this.keys.updateOne({ _id: keyId, status: 'active' }, { $set: { status: 'revoked', revokedAt: now } }); // cache
     return this.get(keyId);
   }
@@ -150,12 +146,8 @@ export class ApiKeyStore {
     const graceEnds = new Date(now.getTime() + gracePeriodSeconds * 1000);
     const effectiveAt = old.expiresAt && old.expiresAt < graceEnds ? old.expiresAt : graceEnds;
     const successorId = newId('key');
-    try {
-      await this.ends.insertOne({ _id: `${keyId}#rotate`, keyId, kind: 'rotate', effectiveAt, rotatedTo: successorId });
-    } catch (err) {
-      if (isDuplicateKey(err)) return null; // rotated concurrently: that rotation stands
-      throw err;
-    }
+    const claimed = await insertFirst(this.ends, { _id: `${keyId}#rotate`, keyId, kind: 'rotate', effectiveAt, rotatedTo: successorId });
+    if (!claimed) return null; // rotated concurrently: that rotation stands
     const issued = await this.issue({ id: successorId, tenantId: old.tenantId, scopes: old.scopes, description: old.description, expiresAt: old.expiresAt });
     await this.keys.updateOne({ _id: keyId }, { $set: { rotatedTo: successorId } }); // cache
     return { issued, old: await this.resolve(stored, now) };

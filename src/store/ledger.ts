@@ -1,6 +1,6 @@
 import type { Collection, Db } from 'mongodb';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst } from './mongo.ts';
 
 export type Bucket = 'available' | 'escrow';
 
@@ -112,15 +112,7 @@ export class LedgerStore {
   }
 
   async ensureWallet(walletId: string, tenantId: string, kind: WalletDoc['kind']): Promise<WalletDoc> {
-    try {
-      await this.wallets.updateOne(
-        { _id: walletId },
-        { $setOnInsert: { _id: walletId, tenantId, kind, createdAt: new Date() } },
-        { upsert: true },
-      );
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err; // created concurrently: fine
-    }
+    await insertFirst(this.wallets, { _id: walletId, tenantId, kind, createdAt: new Date() }); // or it already exists
     return (await this.wallets.findOne({ _id: walletId }))!;
   }
 
@@ -145,11 +137,8 @@ export class LedgerStore {
     // A refused entry moved nothing, so a later attempt under the same id (say, after a top-up) may replace it.
     if (existing?.state === 'rejected') await this.entries.deleteOne({ _id: entry._id, state: 'rejected' });
     if (!existing || existing.state === 'rejected') {
-      try {
-        await this.entries.insertOne({ ...entry, state: 'pending', createdAt: new Date(), settledAt: null });
-      } catch (err) {
-        if (!isDuplicateKey(err)) throw err; // a concurrent attempt recorded it first; finish that one
-      }
+      // Losing means a concurrent attempt recorded it first: finish that one.
+      await insertFirst(this.entries, { ...entry, state: 'pending', createdAt: new Date(), settledAt: null });
     }
     return this.resume(entry._id);
   }
@@ -188,14 +177,7 @@ export class LedgerStore {
 
   /** Moves an account head from `from` to `to` if it still stands at `from` (creating it at the first posting). */
   private async moveHead(account: string, spec: { walletId: string; currency: string; bucket: Bucket }, from: AccountHead, to: AccountHead): Promise<void> {
-    if (from.seq === 0) {
-      try {
-        await this.accounts.insertOne({ _id: account, ...spec, seq: to.seq, balance: to.balance });
-        return;
-      } catch (err) {
-        if (!isDuplicateKey(err)) throw err;
-      }
-    }
+    if (from.seq === 0 && (await insertFirst(this.accounts, { _id: account, ...spec, seq: to.seq, balance: to.balance }))) return;
     await this.accounts.updateOne({ _id: account, seq: from.seq }, { $set: { seq: to.seq, balance: to.balance } });
   }
 
@@ -241,10 +223,8 @@ export class LedgerStore {
           throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
         }
         const seq = head.seq + 1;
-        try {
-          await this.postings.insertOne({ _id: legId(entry._id, leg), account, ...where, seq, entryId: entry._id, leg, delta: spec.delta, balanceAfter, kind: entry.kind, at: new Date() });
-        } catch (err) {
-          if (!isDuplicateKey(err)) throw err;
+        const posted = await insertFirst(this.postings, { _id: legId(entry._id, leg), account, ...where, seq, entryId: entry._id, leg, delta: spec.delta, balanceAfter, kind: entry.kind, at: new Date() });
+        if (!posted) {
           // Either this leg is already on the chain, or another entry took this position first.
           if (await this.postings.findOne({ _id: legId(entry._id, leg) })) {
             await this.repairHead(account, where);

@@ -1,4 +1,4 @@
-import { MongoClient, MongoServerError, type Db } from 'mongodb';
+import { MongoClient, MongoServerError, type Collection, type Db, type Document, type OptionalUnlessRequiredId } from 'mongodb';
 import type { Config } from '../config.ts';
 
 export function createMongoClient(config: Config): MongoClient {
@@ -9,6 +9,21 @@ export function createMongoClient(config: Config): MongoClient {
     maxPoolSize: 50,
     appName: 'agent-settlement',
   });
+}
+
+/**
+ * Inserts `doc` unless a record with its unique key exists: true when this insert won, false when another writer
+ * got there first. Every "first writer wins" claim in the stores is this one call: a unique insert is atomic on
+ * MongoDB and on FerretDB alike (FerretDB's updates are not; see README "Why unique inserts").
+ */
+export async function insertFirst<T extends Document>(collection: Collection<T>, doc: OptionalUnlessRequiredId<T>): Promise<boolean> {
+  try {
+    await collection.insertOne(doc);
+    return true;
+  } catch (err) {
+    if (isDuplicateKey(err)) return false;
+    throw err;
+  }
 }
 
 export function isDuplicateKey(err: unknown): boolean {

@@ -1,7 +1,7 @@
 import type { Collection, Db } from 'mongodb';
 import { sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst } from './mongo.ts';
 
 /**
  * An event the service emitted, recorded durably before anything is delivered. Its id is derived from what caused
@@ -31,17 +31,10 @@ export class OutboxStore {
   /** Records the event once: a repeat with the same cause returns the first record unchanged. */
   async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
-    try {
-      await this.events.updateOne(
-        { _id },
-        { $setOnInsert: { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null } },
-        { upsert: true },
-      );
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err; // a concurrent upsert of the same event won: that record stands
-    }
-    // The id is all callers need; the stored record (first writer's createdAt) is read by the dispatcher.
-    return { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null };
+    const event: OutboxEventDoc = { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null };
+    // A repeat loses to the first record, which stands; the id is all callers need (the dispatcher reads the record).
+    await insertFirst(this.events, event);
+    return event;
   }
 
   get(eventId: string): Promise<OutboxEventDoc | null> {

@@ -4,7 +4,7 @@ import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
 import { errors } from '../domain/errors.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst, isDuplicateKey } from './mongo.ts';
 import { TenantScopedCollection } from './tenant-scope.ts';
 
 export type RunStatus = 'in_progress' | 'finalizing' | 'finalized';
@@ -180,18 +180,16 @@ export class RunStore {
   async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], now = new Date()): Promise<ChainHead> {
     const first = events[0]!;
     const last = events.at(-1)!;
-    try {
-      await this.batches.insertOne({
-        _id: positionId(run._id, first.seq),
-        tenantId: run.tenantId,
-        runId: run._id,
-        firstSeq: first.seq,
-        lastSeq: last.seq,
-        events: events.map(toStored),
-        receivedAt: now,
-      });
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
+    const stored = await insertFirst(this.batches, {
+      _id: positionId(run._id, first.seq),
+      tenantId: run.tenantId,
+      runId: run._id,
+      firstSeq: first.seq,
+      lastSeq: last.seq,
+      events: events.map(toStored),
+      receivedAt: now,
+    });
+    if (!stored) {
       const { head, sealed } = await this.repairHead(run._id);
       if (sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
       const positionTaken = (await this.batches.findOne({ _id: positionId(run._id, first.seq) })) !== null;
@@ -210,7 +208,7 @@ export class RunStore {
    * Seals the run: a seal takes the position after the true head (first writer wins), so the artifact covers
    * exactly the events stored before it, and no append can land after it. Returns the winning seal.
    */
-  async seal(runId: string, now = new Date()): Promise<NonNullable<RunBatchDoc['seal']>> {
+  async seal(tenantId: string, runId: string, now = new Date()): Promise<NonNullable<RunBatchDoc['seal']>> {
     for (;;) {
       const { head, sealed } = await this.repairHead(runId);
       if (sealed) {
@@ -219,14 +217,11 @@ export class RunStore {
         continue;
       }
       const seal = { finalHead: head, sealedAt: now };
-      try {
-        const run = await this.runs.findOne({ _id: runId });
-        await this.batches.insertOne({ _id: positionId(runId, head.seq + 1), tenantId: run!.tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, events: [], seal, receivedAt: now });
+      if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, events: [], seal, receivedAt: now })) {
         await this.cacheHead(runId, head, true);
         return seal;
-      } catch (err) {
-        if (!isDuplicateKey(err)) throw err; // an append or another seal took the position: look again
       }
+      // An append or another seal took the position: look again.
     }
   }
 
@@ -238,7 +233,7 @@ export class RunStore {
     const run = await this.get(tenantId, runId);
     if (!run) throw errors.notFound('run');
     if (run.status !== 'in_progress') return run;
-    const seal = await this.seal(runId, now);
+    const seal = await this.seal(tenantId, runId, now);
     await this.runs.updateOne({ _id: runId, status: 'in_progress' }, { $set: { status: 'finalizing', finalizeRequestedAt: seal.sealedAt, finalHead: seal.finalHead } });
     return (await this.get(tenantId, runId))!;
   }
@@ -247,19 +242,17 @@ export class RunStore {
   async saveArtifact(tenantId: string, artifact: RunArtifact, now = new Date()): Promise<void> {
     const { items: _items, ...eventsHeader } = artifact.events;
     const header = { ...artifact, events: eventsHeader };
-    try {
-      await this.artifacts.insertOne({
-        _id: artifact.artifactId,
-        tenantId,
-        runId: artifact.runId,
-        agentId: artifact.agentId,
-        artifactHash: artifact.artifactHash,
-        headerJson: canonicalize(header),
-        eventCount: artifact.events.count,
-        createdAt: now,
-      });
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
+    const stored = await insertFirst(this.artifacts, {
+      _id: artifact.artifactId,
+      tenantId,
+      runId: artifact.runId,
+      agentId: artifact.agentId,
+      artifactHash: artifact.artifactHash,
+      headerJson: canonicalize(header),
+      eventCount: artifact.events.count,
+      createdAt: now,
+    });
+    if (!stored) {
       const existing = await this.artifacts.findOne({ runId: artifact.runId });
       if (existing?._id !== artifact.artifactId) throw new Error(`run ${artifact.runId} already has artifact ${existing?._id}`);
     }

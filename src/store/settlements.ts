@@ -11,7 +11,7 @@ import type {
 } from '../domain/settlement.ts';
 import { deriveSettlement, entryIds } from '../domain/settlement.ts';
 import type { LedgerStore } from './ledger.ts';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst } from './mongo.ts';
 
 /**
  * The settlement record: fixed terms written once, plus a cached view of its state. The cache only steers the
@@ -55,13 +55,7 @@ export class SettlementStore {
       view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
       nextCheckAt: new Date(),
     };
-    try {
-      await this.settlements.insertOne(doc);
-      return doc;
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
-      return (await this.byRun(input.runId))!;
-    }
+    return (await insertFirst(this.settlements, doc)) ? doc : (await this.byRun(input.runId))!;
   }
 
   get(settlementId: string): Promise<SettlementDoc | null> {
@@ -82,14 +76,9 @@ export class SettlementStore {
   async claim(settlementId: string, kind: 'heldRuling', data: HeldRulingFact): Promise<{ won: boolean; fact: HeldRulingFact }>;
   async claim(settlementId: string, kind: FactKind, data: unknown): Promise<{ won: boolean; fact: unknown }> {
     const _id = `${settlementId}:${kind}`;
-    try {
-      await this.facts.insertOne({ _id, settlementId, kind, data, at: new Date() });
-      return { won: true, fact: data };
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
-      const winner = await this.facts.findOne({ _id });
-      return { won: false, fact: winner!.data };
-    }
+    if (await insertFirst(this.facts, { _id, settlementId, kind, data, at: new Date() })) return { won: true, fact: data };
+    const winner = await this.facts.findOne({ _id });
+    return { won: false, fact: winner!.data };
   }
 
   async factsOf(settlementId: string): Promise<SettlementFacts> {

@@ -3,7 +3,7 @@ import { newId, sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
 import { decryptAtRest, encryptAtRest } from '../domain/crypto.ts';
 import { generateWebhookSecret } from '../domain/webhook-signing.ts';
-import { isDuplicateKey } from './mongo.ts';
+import { insertFirst } from './mongo.ts';
 import { TenantScopedCollection } from './tenant-scope.ts';
 
 // Webhook endpoints (the registry) and deliveries (one record per event x endpoint, with every attempt).
@@ -211,12 +211,7 @@ export class WebhookEndpointStore {
     const live = await this.get(tenantId, id);
     if (!live) return null;
     const now = new Date();
-    try {
-      await this.deletions.insertOne({ _id: id, tenantId, deletedAt: now });
-    } catch (err) {
-      if (isDuplicateKey(err)) return null; // deleted concurrently
-      throw err;
-    }
+    if (!(await insertFirst(this.deletions, { _id: id, tenantId, deletedAt: now }))) return null; // deleted concurrently
     await this.endpoints.updateOne({ _id: id }, { $set: { status: 'revoked', revokedAt: now, updatedAt: now } }); // cache
     return { ...live, status: 'revoked', revokedAt: now, updatedAt: now };
   }
@@ -329,12 +324,7 @@ export class WebhookDeliveryStore {
       succeededAt: null,
     };
     // insertOne, not an upsert with $setOnInsert: FerretDB drops null and [] values from $setOnInsert documents.
-    try {
-      await this.deliveries.insertOne(doc);
-      return doc;
-    } catch (err) {
-      if (!isDuplicateKey(err)) throw err;
-    }
+    if (await insertFirst(this.deliveries, doc)) return doc;
     const existing = await this.deliveries.findOne({ _id });
     if (!existing) throw new Error(`delivery ${_id} vanished after a duplicate insert`);
     return existing;
