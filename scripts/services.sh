@@ -44,6 +44,10 @@ redis_up() {
 ferretdb_up() {
   if port_open "$MONGO_PORT"; then return 0; fi
   bash "$ROOT/scripts/install-ferretdb.sh"
+  # Without the _id index patch every lookup scans its whole collection (see scripts/install-ferretdb.sh).
+  if ! grep -qaF '_ferretdb_sjson->"_id"' "$FERRETDB"; then
+    log "$FERRETDB lacks the _id index patch; remove it and run scripts/install-ferretdb.sh"; return 1
+  fi
   mkdir -p "$DATA/ferretdb" "$DATA/ferretdb-state"
   # A database file left at its bare 4 KiB header (FerretDB stopped while creating it) holds no data but stops
   # FerretDB from starting ("no such table: _ferretdb_collections"): set such files aside.
