@@ -2,20 +2,20 @@ import { Redis } from 'ioredis';
 import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
-import type { EventType } from './domain/events.ts';
-import { jobIdFor, Producers } from './queues/index.ts';
+import { Producers } from './queues/index.ts';
 import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient } from './store/mongo.ts';
-import { OutboxStore, type OutboxEventDoc } from './store/outbox.ts';
+import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { TenantStore } from './store/tenants.ts';
+import { WebhookDeliveryStore, WebhookEndpointStore } from './store/webhooks.ts';
 
-/** Everything a process shares: connections, producers and stores. Built once in main.ts (or a test). */
+/** Everything a process shares: connections, producers and stores, each built once here (main.ts or a test builds the runtime). */
 export interface Runtime {
   config: Config;
   logger: Logger;
@@ -32,10 +32,10 @@ export interface Runtime {
     runs: RunStore;
     ledger: LedgerStore;
     settlements: SettlementStore;
+    webhookEndpoints: WebhookEndpointStore;
+    webhookDeliveries: WebhookDeliveryStore;
   };
   keys: ServiceKeyRing;
-  /** Records an event in the outbox and enqueues its dispatch; both are idempotent by the event's cause. */
-  emit(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc>;
   close(): Promise<void>;
 }
 
@@ -66,7 +66,6 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
   const producers = new Producers(redis, config.redisPrefix);
-  const outbox = new OutboxStore(db);
   return {
     config,
     logger,
@@ -77,18 +76,15 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
     stores: {
       tenants: new TenantStore(db),
       apiKeys: new ApiKeyStore(db),
-      outbox,
+      outbox: new OutboxStore(db),
       agents: new AgentStore(db),
       runs: new RunStore(db),
       ledger: new LedgerStore(db),
       settlements: new SettlementStore(db),
+      webhookEndpoints: new WebhookEndpointStore(db, config.webhooks.encryptionKey),
+      webhookDeliveries: new WebhookDeliveryStore(db),
     },
     keys: loadServiceKeys(config),
-    async emit(tenantId, type, data, cause) {
-      const event = await outbox.record(tenantId, type, data, cause);
-      await producers.enqueue('webhook-dispatch', { tenantId, eventId: event._id }, jobIdFor('webhook-dispatch', event._id));
-      return event;
-    },
     async close() {
       await producers.close().catch(() => undefined);
       redis.disconnect();

@@ -62,20 +62,28 @@ export class Producers {
 
   /**
    * Enqueues a job, or throws 503 UNAVAILABLE within a second when Redis cannot take it: a request must never hang
-   * on a queue, and the caller retries with the same idempotency key.
+   * on a queue, and the caller retries with the same idempotency key. `name` defaults to the queue's own name (the
+   * webhook queue also carries `deliver` jobs).
    */
-  async enqueue<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, options: JobsOptions = {}): Promise<void> {
+  async enqueue<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, options: JobsOptions & { name?: string } = {}): Promise<void> {
     if (!Value.Check(QueuePayloads[queue], payload)) {
       throw new Error(`invalid ${queue} job payload`);
     }
-    await this.withDeadline(this.queues[queue].add(queue, payload, { ...options, jobId }));
+    const { name = queue, ...jobOptions } = options;
+    await this.withDeadline(this.queues[queue].add(name, payload, { ...jobOptions, jobId }));
+  }
+
+  /** Enqueues a job to run after `delayMs` (the same deadline applies). */
+  schedule<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, delayMs: number, name?: string): Promise<void> {
+    return this.enqueue(queue, payload, jobId, { delay: Math.max(0, Math.round(delayMs)), ...(name ? { name } : {}) });
   }
 
   /**
    * Makes sure a job with this id will run: enqueues it, retries it if it failed for good, or enqueues it again if
-   * it completed while the work it stands for is still pending (what the sweepers use to repair state).
+   * it completed while the work it stands for is still pending (what the sweepers use to repair state). Safe from
+   * several sweepers at once: one id is only ever one job.
    */
-  async ensure<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string): Promise<'enqueued' | 'retried' | 'live'> {
+  async ensure<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, name?: string): Promise<'enqueued' | 'retried' | 'live'> {
     const existing = await this.withDeadline(this.queues[queue].getJob(jobId));
     if (existing) {
       const state = await this.withDeadline(existing.getState());
@@ -83,10 +91,10 @@ export class Producers {
         await this.withDeadline(existing.retry('failed'));
         return 'retried';
       }
-      if (state !== 'completed') return 'live';
-      await this.withDeadline(existing.remove());
+      if (state !== 'completed' && state !== 'unknown') return 'live';
+      await this.withDeadline(existing.remove()).catch(() => undefined);
     }
-    await this.enqueue(queue, payload, jobId);
+    await this.enqueue(queue, payload, jobId, name ? { name } : {});
     return 'enqueued';
   }
 

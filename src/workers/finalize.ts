@@ -1,6 +1,7 @@
 import { buildArtifact } from '../domain/artifact.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
+import { emitEvent } from '../services/events.ts';
 import type { QueueProcessor } from './runner.ts';
 
 const SWEEP_BATCH = 200;
@@ -37,7 +38,7 @@ export function createFinalizeProcessor(runtime: Runtime): QueueProcessor<'final
         run = (await runs.get(tenantId, runId))!;
       }
 
-      await runtime.emit(
+      await emitEvent(runtime, 
         tenantId,
         'run.finalized',
         { runId, artifactId: run.artifactId, verdict: run.verdict, status: run.status },

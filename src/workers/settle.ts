@@ -3,6 +3,7 @@ import { signReceipt } from '../domain/receipt.ts';
 import { entryIds } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
+import { emitEvent } from '../services/events.ts';
 import type { Leg } from '../store/ledger.ts';
 import { settlementState, type SettlementState } from '../store/settlements.ts';
 import type { QueueProcessor } from './runner.ts';
@@ -77,9 +78,9 @@ export async function advanceSettlement(runtime: Runtime, settlementId: string, 
   if (pass && d.releaseNow > 0) await move(entryIds.release(s._id), 'settlement_release', s.payeeWalletId, d.releaseNow);
   failpoint('released');
   if (pass) {
-    await runtime.emit(s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`);
+    await emitEvent(runtime, s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`);
   } else {
-    await runtime.emit(s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`);
+    await emitEvent(runtime, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`);
   }
   failpoint('decided');
 
@@ -100,14 +101,14 @@ export async function advanceSettlement(runtime: Runtime, settlementId: string, 
   // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
   if (facts.holdback?.fate === 'dispute') {
     const dispute = facts.holdback;
-    await runtime.emit(s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
+    await emitEvent(runtime, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
     const ruling = facts.ruling;
     if (ruling) {
       if (ruling.toPayer > 0) await move(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', s.payerWalletId, ruling.toPayer);
       failpoint('dispute-payer-paid');
       if (ruling.toPayee > 0) await move(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', s.payeeWalletId, ruling.toPayee);
       failpoint('dispute-payee-paid');
-      await runtime.emit(s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`);
+      await emitEvent(runtime, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`);
     }
   }
 
@@ -117,7 +118,7 @@ export async function advanceSettlement(runtime: Runtime, settlementId: string, 
     await move(entryIds.held(s._id, facts.heldRuling.outcome), release ? 'held_release' : 'held_refund', release ? s.payeeWalletId : s.payerWalletId, s.amount);
     failpoint('held-resolved');
     if (release) {
-      await runtime.emit(s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
+      await emitEvent(runtime, s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
     }
   }
 

@@ -26,7 +26,7 @@ import { sendWebhook, type Resolver, type SendResult } from '../webhooks/send.ts
 import type { QueueProcessor } from './runner.ts';
 
 // Delivery durability, step by step (a worker may be SIGKILLed at any point):
-// 1. runtime.emit records the event in the outbox (fannedOutAt null), then enqueues the fan-out job. Killed in
+// 1. emitEvent (services/events.ts) records the event in the outbox (fannedOutAt null), then enqueues the fan-out job. Killed in
 //    between: the sweeper re-enqueues outbox events left unfanned for SWEEP_STALE_AFTER_MS.
 // 2. The fan-out job inserts one delivery per subscribed endpoint (deterministic id: a repeat creates none twice),
 //    enqueues a `deliver` job for each (job id = delivery id + rev), then sets fannedOutAt. Killed in between: BullMQ
@@ -55,8 +55,7 @@ export function createWebhookDispatchProcessor(runtime: Runtime, options: Webhoo
   const { config, db, producers } = runtime;
   const log = runtime.logger.child({ component: 'webhook-dispatch' });
   const outbox = runtime.stores.outbox;
-  const endpoints = new WebhookEndpointStore(db, config.webhooks.encryptionKey);
-  const deliveries = new WebhookDeliveryStore(db);
+  const { webhookEndpoints: endpoints, webhookDeliveries: deliveries } = runtime.stores;
   const scale = config.webhooks.retryScale;
   // Long enough for DNS + the HTTP timeout + recording the result; after it a killed attempt is taken over.
   const leaseMs = 2 * config.webhooks.timeoutMs + 1_000;

@@ -1,3 +1,4 @@
+import { emitEvent } from '../../src/services/events.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DELIVERY_OVERRIDES, freePort, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
 
@@ -22,7 +23,7 @@ describe('webhook delivery backlog', () => {
     const emitted: string[] = [];
     for (let batch = 0; batch < 10; batch++) {
       const events = await Promise.all(
-        Array.from({ length: 20 }, (_, i) => h.runtime.emit(tenantId, 'dispute.opened', { disputeId: `dsp_${batch}_${i}` }, `down:${batch}:${i}`)),
+        Array.from({ length: 20 }, (_, i) => emitEvent(h.runtime, tenantId, 'dispute.opened', { disputeId: `dsp_${batch}_${i}` }, `down:${batch}:${i}`)),
       );
       emitted.push(...events.map((e) => e._id));
     }

@@ -2,6 +2,7 @@ import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { emitEvent } from '../../src/services/events.ts';
 import { deliveryIdFor } from '../../src/store/webhooks.ts';
 import { deliverJobId, takeoverJobId } from '../../src/webhooks/jobs.ts';
 import { createWebhookDispatchProcessor } from '../../src/workers/webhook-dispatch.ts';
@@ -30,7 +31,7 @@ describe('a worker killed mid-delivery', () => {
     child.stderr!.on('data', (d) => (stderr += d));
     const exited = new Promise<NodeJS.Signals | null>((resolve) => child.once('exit', (_code, signal) => resolve(signal)));
 
-    const event = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_killed' }, 'killed:1');
+    const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_killed' }, 'killed:1');
     // The child worker has sent the delivery and the receiver holds the request open: kill the worker right there.
     await waitUntil(() => r.received.length === 1, 20_000, `the child worker's request (stderr: ${stderr})`, 10);
     child.kill('SIGKILL');
@@ -75,7 +76,7 @@ describe('a worker killed mid-delivery', () => {
       const orphan = await h.runtime.stores.outbox.record(tenantId, 'run.finalized', { runId: 'orphan' }, 'orphan:1');
       await waitUntil(() => seen.includes(orphan._id), 10_000, 'the orphaned event');
 
-      const event = await h.runtime.emit(tenantId, 'settlement.completed', { runId: 'lost-job', amount: 1 }, 'lost-job:1');
+      const event = await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'lost-job', amount: 1 }, 'lost-job:1');
       const id = deliveryIdFor(event._id, ep.id);
       const deliveries = h.runtime.db.collection('webhook_deliveries');
       await waitUntil(async () => (await deliveries.findOne({ _id: id as never }))?.attemptCount === 1, 5_000, 'the first attempt');

@@ -1,3 +1,4 @@
+import { emitEvent } from '../../src/services/events.ts';
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { createWebhookHandler, type WebhookHooks } from '../../examples/receiver/server.ts';
@@ -35,8 +36,8 @@ describe('webhook delivery', () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const r = await receiver();
     const ep = await endpoint(auth, r.url, ['run.finalized']);
-    const event = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_1', verdict: 'pass' }, 'run.finalized:run_1');
-    await h.runtime.emit(tenantId, 'settlement.held', { runId: 'run_1' }, 'settlement.held:run_1'); // not subscribed
+    const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_1', verdict: 'pass' }, 'run.finalized:run_1');
+    await emitEvent(h.runtime, tenantId, 'settlement.held', { runId: 'run_1' }, 'settlement.held:run_1'); // not subscribed
     const [req] = await r.waitFor(1);
 
     expect(req!.method).toBe('POST');
@@ -77,14 +78,14 @@ describe('webhook delivery', () => {
     const rotated = (await h.app.inject({ method: 'POST', url: `/v1/webhooks/${ep.id}/rotate-secret`, headers: auth, payload: { gracePeriodSeconds: 2 } })).json();
     secrets.push(rotated.secret);
 
-    await h.runtime.emit(tenantId, 'settlement.completed', { runId: 'run_r1', amount: 100 }, 'rot:1');
+    await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'run_r1', amount: 100 }, 'rot:1');
     const [during] = await r.waitFor(1);
     expect(during!.headers['webhook-signature']!.toString().split(' ')).toHaveLength(2);
     expect(() => new Webhook(ep.secret).verify(during!.body, signatureHeaders(during!))).not.toThrow();
     expect(() => new Webhook(rotated.secret).verify(during!.body, signatureHeaders(during!))).not.toThrow();
 
     await waitUntil(() => Date.now() > Date.parse(rotated.previousSecretExpiresAt) + 50, 5_000, 'grace period end');
-    await h.runtime.emit(tenantId, 'settlement.completed', { runId: 'run_r2', amount: 100 }, 'rot:2');
+    await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'run_r2', amount: 100 }, 'rot:2');
     const after = (await r.waitFor(2))[1]!;
     expect(after.headers['webhook-signature']!.toString().split(' ')).toHaveLength(1);
     expect(() => new Webhook(rotated.secret).verify(after.body, signatureHeaders(after))).not.toThrow();
@@ -107,7 +108,7 @@ describe('webhook delivery', () => {
       if (req.n === 1) return { status: 500, headers: { 'retry-after': '1000' } }; // 1000 s, scaled: 1 s
       return req.n <= 3 ? 500 : status;
     };
-    const event = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_retry' }, 'retry:1');
+    const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_retry' }, 'retry:1');
     const got = await r.waitFor(4, 20_000);
     await waitUntil(async () => (await deliveriesOf(auth, ep.id)).items[0]?.status === 'succeeded', 5_000, 'delivery succeeded');
 
@@ -130,12 +131,12 @@ describe('webhook delivery', () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const r = await receiver(() => 410);
     const ep = await endpoint(auth, r.url);
-    const first = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_gone' }, 'gone:1');
+    const first = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_gone' }, 'gone:1');
     await r.waitFor(1);
     await waitUntil(async () => (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json().status === 'disabled', 5_000, 'endpoint disabled');
     const disabled = (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json();
     expect(disabled.disabledReason).toMatch(/410/);
-    const second = await h.runtime.emit(tenantId, 'settlement.completed', { runId: 'run_gone' }, 'gone:2');
+    const second = await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'run_gone' }, 'gone:2');
     await waitUntil(async () => (await deliveriesOf(auth, ep.id)).items.length === 2, 5_000, 'second delivery recorded');
     const abandoned = (await deliveriesOf(auth, ep.id)).items;
     expect(abandoned.map((d: { status: string }) => d.status)).toEqual(['abandoned', 'abandoned']);
@@ -161,7 +162,7 @@ describe('webhook delivery', () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const r = await receiver(() => ({ status: 503, headers: { 'retry-after': '60000' } })); // 60 s at this scale
     const ep = await endpoint(auth, r.url);
-    const event = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_del' }, 'deleted:1');
+    const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_del' }, 'deleted:1');
     await r.waitFor(1);
     const stored = h.runtime.db.collection('webhook_deliveries');
     await waitUntil(async () => (await stored.findOne({ eventId: event._id }))?.attemptCount === 1, 5_000, 'first attempt recorded');
@@ -171,7 +172,7 @@ describe('webhook delivery', () => {
     // it read it, active. The deletion must hold all the same.
     await h.runtime.db.collection('webhook_endpoints').updateOne({ _id: ep.id as never }, { $set: { status: 'active', revokedAt: null } });
     expect((await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).statusCode).toBe(404);
-    const later = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_del2' }, 'deleted:2');
+    const later = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_del2' }, 'deleted:2');
     await waitUntil(async () => Boolean((await h.runtime.stores.outbox.get(later._id))?.fannedOutAt), 5_000, 'fan-out');
     expect(await stored.countDocuments({ eventId: later._id })).toBe(0);
     expect(r.received).toHaveLength(1);

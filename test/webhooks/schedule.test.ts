@@ -1,3 +1,4 @@
+import { emitEvent } from '../../src/services/events.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { RETRY_SCHEDULE_MS } from '../../src/domain/webhook-signing.ts';
 import { DELIVERY_OVERRIDES, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
@@ -22,7 +23,7 @@ describe('retry schedule limits', () => {
     const ep = await h.createEndpoint(auth, r.url);
     const deliveries = async (query = '') => (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}/deliveries${query}`, headers: auth })).json();
 
-    const first = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_f1' }, 'failing:1');
+    const first = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_f1' }, 'failing:1');
     await waitUntil(async () => (await deliveries()).items[0]?.status === 'failed', 15_000, 'the delivery to fail for good', 200);
     const failed = (await deliveries()).items[0];
     expect(failed).toMatchObject({ eventId: first._id, attemptCount: 8, nextAttemptAt: null, lastError: 'receiver answered HTTP 500' });
@@ -34,7 +35,7 @@ describe('retry schedule limits', () => {
     // Still failing once 5 days (scaled) have passed since the first failure: the next failure disables it.
     const fiveDays = 5 * 86_400_000 * SCALE;
     await waitUntil(() => Date.now() > Date.parse(endpoint.failingSince) + fiveDays + 100, 15_000, 'five scaled days', 200);
-    const second = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_f2' }, 'failing:2');
+    const second = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_f2' }, 'failing:2');
     await waitUntil(async () => (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json().status === 'disabled', 5_000, 'endpoint disabled', 200);
     const disabled = (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json();
     expect(disabled.disabledReason).toBe(`every delivery failed since ${endpoint.failingSince}`);

@@ -1,3 +1,4 @@
+import { emitEvent } from '../../src/services/events.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { deliveryIdFor } from '../../src/store/webhooks.ts';
 import { sendWebhook, type Resolver } from '../../src/webhooks/send.ts';
@@ -81,7 +82,7 @@ describe('deliveries to private addresses when the configuration does not allow 
     expect(literal.json().message).toMatch(/loopback/);
 
     const ep = await h.createEndpoint(auth, `http://localhost:${r.port}/hook`);
-    const event = await h.runtime.emit(tenantId, 'run.finalized', { runId: 'run_ssrf' }, 'ssrf:1');
+    const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_ssrf' }, 'ssrf:1');
     const attempts = h.runtime.db.collection('webhook_attempts');
     const id = deliveryIdFor(event._id, ep.id);
     await waitUntil(async () => (await attempts.countDocuments({ deliveryId: id })) >= 2, 5_000, 'refused attempts');

@@ -5,6 +5,7 @@ import { newId } from '../../domain/crypto.ts';
 import { errors } from '../../domain/errors.ts';
 import { jobIdFor } from '../../queues/index.ts';
 import type { Runtime } from '../../runtime.ts';
+import { emitEvent } from '../../services/events.ts';
 import type { RunSettlementTerms } from '../../store/runs.ts';
 import { readSettlement, type SettlementDoc, type SettlementState } from '../../store/settlements.ts';
 import { disputeSplit } from '../../domain/money.ts';
@@ -254,7 +255,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
     if (!won) {
       throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');
     }
-    await runtime.emit(s.tenantId, 'dispute.opened', { disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${disputeId}`);
+    await emitEvent(runtime, s.tenantId, 'dispute.opened', { disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${disputeId}`);
     await settlements.cacheView(s._id, (await read(s)).view, null);
     return reply.status(201).send({ disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount });
   });

@@ -174,8 +174,7 @@ function parseCursor(cursor: string | undefined): PageCursor | null {
 export async function webhookRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
   const { runtime } = opts;
   const { config } = runtime;
-  const endpoints = new WebhookEndpointStore(runtime.db, config.webhooks.encryptionKey);
-  const deliveries = new WebhookDeliveryStore(runtime.db);
+  const { webhookEndpoints: endpoints, webhookDeliveries: deliveries } = runtime.stores;
   const access = { access: 'webhooks:write' } as const;
   const tags = ['webhooks'];
 
