@@ -3,6 +3,7 @@ import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { Producers } from './queues/index.ts';
+import { CredentialCache } from './services/credentials.ts';
 import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
@@ -36,6 +37,8 @@ export interface Runtime {
     webhookDeliveries: WebhookDeliveryStore;
   };
   keys: ServiceKeyRing;
+  /** Cached API keys and agents, invalidated across processes through Redis. */
+  credentials: CredentialCache;
   close(): Promise<void>;
 }
 
@@ -85,7 +88,9 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       webhookDeliveries: new WebhookDeliveryStore(db),
     },
     keys: loadServiceKeys(config),
+    credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),
     async close() {
+      await this.credentials.close();
       await producers.close().catch(() => undefined);
       redis.disconnect();
       await mongo.close().catch(() => undefined);
@@ -101,6 +106,7 @@ export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Prom
       if (runtime.redis.status === 'wait' || runtime.redis.status === 'end') await runtime.redis.connect();
       await runtime.mongo.connect();
       await ensureIndexes(runtime.db);
+      await runtime.credentials.start();
       return;
     } catch (err) {
       if (Date.now() > deadline) throw err;

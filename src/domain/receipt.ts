@@ -14,8 +14,9 @@ export interface SettlementReceiptBody {
   holdback: number;
   currency: string;
   verdict: 'pass' | 'fail';
-  artifactId: string;
-  artifactHash: string;
+  /** null when the run's data could never make an artifact (verdict fail, reason ARTIFACT_BUILD_FAILED). */
+  artifactId: string | null;
+  artifactHash: string | null;
   decidedAt: string;
 }
 

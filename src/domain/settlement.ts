@@ -28,7 +28,7 @@ export interface DecisionFact {
 /** Who got the holdback's fate first: its release at the window's end, or a dispute inside the window. */
 export type HoldbackFact =
   | { fate: 'release'; at: string }
-  | { fate: 'dispute'; disputeId: string; reason: string; evidence: unknown; frozenAmount: number; at: string };
+  | { fate: 'dispute'; disputeId: string; reason: string; evidenceJson: string | null; frozenAmount: number; at: string };
 
 export interface RulingFact {
   outcome: 'payee' | 'payer' | 'split';

@@ -17,7 +17,7 @@ import { webhookRoutes } from './routes/webhooks.ts';
 import { runRoutes } from './routes/runs.ts';
 import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
-import { ErrorBody } from './schemas.ts';
+import { ErrorBody } from './schemas/common.ts';
 
 const BODY_LIMIT = 1024 * 1024;
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;

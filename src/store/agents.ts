@@ -1,7 +1,6 @@
 import type { Collection, Db } from 'mongodb';
 import { ServiceError, errors } from '../domain/errors.ts';
 import { insertFirst } from './mongo.ts';
-import { TenantScopedCollection } from './tenant-scope.ts';
 
 export interface AgentKeyDoc {
   keyId: string;
@@ -16,7 +15,8 @@ export interface AgentDoc {
   _id: string;
   tenantId: string;
   displayName: string | null;
-  metadata: Record<string, unknown> | null;
+  /** The client's metadata as its canonical JSON text (see domain/client-json.ts), or null. */
+  metadataJson: string | null;
   /** x402 wind-down and freezes stop new work; runs and evidence stay readable. */
   status: 'active' | 'wound_down' | 'frozen';
   /** Keyed by keyId (`key_` + hex, safe as a field name): FerretDB has no positional array updates. */
@@ -58,10 +58,6 @@ export class AgentStore {
     return { ...agent, keys: merged };
   }
 
-  forTenant(tenantId: string) {
-    return new TenantScopedCollection(this.agents, tenantId);
-  }
-
   /** Agent ids are global (wallets are keyed by them), so a taken id is a conflict whoever holds it. */
   async create(tenantId: string, agent: Omit<AgentDoc, 'tenantId'>): Promise<AgentDoc> {
     const doc: AgentDoc = { ...agent, tenantId };
@@ -69,8 +65,10 @@ export class AgentStore {
     return doc;
   }
 
+  /** The agent if it belongs to the tenant (looked up by id alone; another tenant's agent is simply not found). */
   async get(tenantId: string, agentId: string): Promise<AgentDoc | null> {
-    return this.withRevocations(await this.forTenant(tenantId).findOne({ _id: agentId }));
+    const agent = await this.agents.findOne({ _id: agentId });
+    return agent?.tenantId === tenantId ? this.withRevocations(agent) : null;
   }
 
   /** Any tenant's agent: for evidence that names agents outside the caller's tenant (artifacts, payers). */
@@ -79,14 +77,15 @@ export class AgentStore {
   }
 
   async addKey(tenantId: string, agentId: string, key: AgentKeyDoc): Promise<AgentDoc> {
-    const updated = await this.forTenant(tenantId).findOneAndUpdate(
-      { _id: agentId, [`keys.${key.keyId}`]: { $exists: false } },
-      { $set: { [`keys.${key.keyId}`]: key } },
-    );
-    if (updated) return (await this.withRevocations(updated))!;
     const agent = await this.get(tenantId, agentId);
     if (!agent) throw errors.notFound('agent');
-    throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, { keyId: key.keyId });
+    if (Object.hasOwn(agent.keys, key.keyId)) {
+      throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, { keyId: key.keyId });
+    }
+    // A key added concurrently to the same agent can be lost on FerretDB (see README); events it signs then fail
+    // closed with SIGNATURE_INVALID, and the key can be added again.
+    await this.agents.updateOne({ _id: agentId }, { $set: { [`keys.${key.keyId}`]: key } });
+    return { ...agent, keys: { ...agent.keys, [key.keyId]: key } };
   }
 
   async revokeKey(tenantId: string, agentId: string, keyId: string, now = new Date()): Promise<AgentKeyDoc> {
@@ -97,7 +96,7 @@ export class AgentStore {
     // If revoked concurrently, the first record stands.
     await insertFirst(this.revocations, { _id: `${agentId}#${keyId}`, agentId, keyId, revokedAt: now });
     // Cache only (see KeyRevocationDoc); reads overlay the records either way.
-    await this.forTenant(tenantId).updateOne({ _id: agentId }, { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } });
+    await this.agents.updateOne({ _id: agentId }, { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } });
     const after = (await this.get(tenantId, agentId))?.keys[keyId];
     if (!after) throw errors.notFound('agent key');
     return after;

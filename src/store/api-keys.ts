@@ -34,6 +34,15 @@ export function parseToken(token: string): { keyId: string; secret: string } | n
   return match ? { keyId: match[1]!, secret: match[2]! } : null;
 }
 
+/** A resolved key (ApiKeyStore.get) accepts this secret now: it matches in constant time, and the key is live. */
+export function isLiveKey(key: ApiKeyDoc, secret: string, now: Date): boolean {
+  const presented = Buffer.from(hashSecret(secret), 'hex');
+  const expected = Buffer.from(key.secretHash, 'hex');
+  if (presented.length !== expected.length || !timingSafeEqual(presented, expected)) return false;
+  if (key.status !== 'active') return false;
+  return !key.expiresAt || key.expiresAt.getTime() > now.getTime();
+}
+
 /**
  * When a key stops working, recorded by insert (revoke: now; rotate: when the grace ends). On FerretDB an update
  * of the key document can be lost to a concurrent one, which could bring a revoked key back; an insert cannot.
@@ -95,21 +104,7 @@ export class ApiKeyStore {
     };
   }
 
-  /** The key a bearer token names, if the token is well-formed, its secret matches, and the key is live. */
-  async authenticate(token: string, now = new Date()): Promise<ApiKeyDoc | null> {
-    const parsed = parseToken(token);
-    if (!parsed) return null;
-    const stored = await this.keys.findOne({ _id: parsed.keyId });
-    if (!stored) return null;
-    const presented = Buffer.from(hashSecret(parsed.secret), 'hex');
-    const expected = Buffer.from(stored.secretHash, 'hex');
-    if (presented.length !== expected.length || !timingSafeEqual(presented, expected)) return null;
-    const key = await this.resolve(stored, now);
-    if (key.status !== 'active') return null;
-    if (key.expiresAt && key.expiresAt.getTime() <= now.getTime()) return null;
-    return key;
-  }
-
+  /** The key as its records say (secret hash included, for isLiveKey). */
   async get(keyId: string): Promise<ApiKeyDoc | null> {
     const key = await this.keys.findOne({ _id: keyId });
     return key && this.resolve(key);
@@ -129,7 +124,7 @@ export class ApiKeyStore {
     const key = await this.keys.findOne({ _id: keyId });
     if (!key) return null;
     await insertFirst(this.ends, { _id: `${keyId}#revoke`, keyId, kind: 'revoke', effectiveAt: now, rotatedTo: null }); // first revocation stands
-    await this.keys.updateOne({ _id: keyId, status: 'active' }, { $set: { status: 'revoked', revokedAt: now } }); // cache
+    if (key.status === 'active') await this.keys.updateOne({ _id: keyId }, { $set: { status: 'revoked', revokedAt: now } }); // cache
     return this.get(keyId);
   }
 

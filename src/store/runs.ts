@@ -4,8 +4,8 @@ import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
 import { errors } from '../domain/errors.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
+import { DueWorkStore } from './due-work.ts';
 import { insertFirst, isDuplicateKey } from './mongo.ts';
-import { TenantScopedCollection } from './tenant-scope.ts';
 
 export type RunStatus = 'in_progress' | 'finalizing' | 'finalized';
 
@@ -33,6 +33,8 @@ export interface RunDoc {
   /** The head frozen by the seal: the artifact covers exactly events 1..finalHead.seq (the live head is in run_heads). */
   finalHead: ChainHead | null;
   finalizedAt: Date | null;
+  /** Set when the run's data could never make an artifact: the run is finalized as `fail` with this reason. */
+  finalizeError: { code: string; message: string } | null;
 }
 
 /** A stored event: the envelope, with the payload kept as its canonical JSON so it round-trips exactly. */
@@ -64,6 +66,18 @@ interface RunHeadDoc {
   sealed: boolean;
 }
 
+/**
+ * The claim of an event id within a run, keyed `runId#eventId`: what makes an id usable once per run (an id reused
+ * with other content at a new position is refused) and lets a resend be recognised by an `_id` lookup. Claimed
+ * before its batch is stored; a claim whose batch lost its position is stale and may be taken over.
+ */
+interface EventIdClaimDoc {
+  _id: string;
+  batchId: string;
+  seq: number;
+  chainHash: string;
+}
+
 export interface ArtifactDoc {
   _id: string;
   tenantId: string;
@@ -82,6 +96,10 @@ function positionId(runId: string, seq: number): string {
   return `${runId}:${seq}`;
 }
 
+function claimId(runId: string, eventId: string): string {
+  return `${runId}#${eventId}`;
+}
+
 export function toEnvelope(e: StoredEvent): EventEnvelope {
   const { payloadJson, ...rest } = e;
   return { ...rest, payload: JSON.parse(payloadJson) };
@@ -97,16 +115,17 @@ export class RunStore {
   readonly batches: Collection<RunBatchDoc>;
   readonly heads: Collection<RunHeadDoc>;
   readonly artifacts: Collection<ArtifactDoc>;
+  readonly eventIds: Collection<EventIdClaimDoc>;
+  /** Runs whose finalize is requested and not yet done (see DueWorkStore). */
+  readonly finalizeDue: DueWorkStore;
 
   constructor(db: Db) {
     this.runs = db.collection<RunDoc>('runs');
     this.batches = db.collection<RunBatchDoc>('run_batches');
     this.heads = db.collection<RunHeadDoc>('run_heads');
     this.artifacts = db.collection<ArtifactDoc>('artifacts');
-  }
-
-  forTenant(tenantId: string) {
-    return new TenantScopedCollection(this.runs, tenantId);
+    this.eventIds = db.collection<EventIdClaimDoc>('run_event_ids');
+    this.finalizeDue = new DueWorkStore(db, 'finalize');
   }
 
   async create(run: RunDoc): Promise<RunDoc> {
@@ -116,14 +135,18 @@ export class RunStore {
 
   /** Sets settlement terms on a run that had none; returns the run as it is afterwards (first terms win). */
   async attachSettlement(tenantId: string, runId: string, terms: RunSettlementTerms): Promise<RunDoc> {
-    await this.forTenant(tenantId).updateOne({ _id: runId, settlement: null }, { $set: { settlement: terms } });
     const run = await this.get(tenantId, runId);
     if (!run) throw errors.notFound('run');
-    return run;
+    if (run.settlement) return run;
+    // The run's escrow lock (one per run, by its entry id) already decided which terms win; this records them.
+    await this.runs.updateOne({ _id: runId }, { $set: { settlement: terms } });
+    return { ...run, settlement: terms };
   }
 
-  get(tenantId: string, runId: string): Promise<RunDoc | null> {
-    return this.forTenant(tenantId).findOne({ _id: runId });
+  /** The run if it belongs to the tenant (looked up by id alone; another tenant's run is simply not found). */
+  async get(tenantId: string, runId: string): Promise<RunDoc | null> {
+    const run = await this.runs.findOne({ _id: runId });
+    return run?.tenantId === tenantId ? run : null;
   }
 
   getAny(runId: string): Promise<RunDoc | null> {
@@ -157,20 +180,59 @@ export class RunStore {
     });
   }
 
-  /** Stored events of the run with these ids (to recognise a resent event). */
-  async findByEventIds(runId: string, ids: string[]): Promise<EventEnvelope[]> {
-    const wanted = new Set(ids);
-    const docs = await this.batches.find({ runId, 'events.id': { $in: ids } }).toArray();
-    return docs.flatMap((d) => d.events.filter((e) => wanted.has(e.id)).map(toEnvelope));
+  /** The stored event a live claim of this id points at, or null (no claim, or a stale one). */
+  private async claimedEvent(runId: string, eventId: string): Promise<EventEnvelope | null> {
+    const claim = await this.eventIds.findOne({ _id: claimId(runId, eventId) });
+    if (!claim) return null;
+    const batch = await this.batches.findOne({ _id: claim.batchId });
+    const stored = batch?.events.find((e) => e.id === eventId);
+    return stored ? toEnvelope(stored) : null;
   }
 
-  /** Events 1..upToSeq in order. */
+  /** Stored events of the run with these ids (to recognise a resent event): one id lookup per id. */
+  async findByEventIds(runId: string, ids: string[]): Promise<EventEnvelope[]> {
+    const found = await Promise.all(ids.map((id) => this.claimedEvent(runId, id)));
+    return found.filter((e): e is EventEnvelope => e !== null);
+  }
+
+  /** Events 1..upToSeq in order, walking the run's batches by their position ids. */
   async listEvents(runId: string, upToSeq: number): Promise<EventEnvelope[]> {
-    const docs = await this.batches.find({ runId }).toArray();
-    return docs
-      .filter((d) => !d.seal && d.firstSeq <= upToSeq)
-      .sort((a, b) => a.firstSeq - b.firstSeq)
-      .flatMap((d) => d.events.filter((e) => e.seq <= upToSeq).map(toEnvelope));
+    const events: EventEnvelope[] = [];
+    for (let seq = 1; seq <= upToSeq; ) {
+      const batch = await this.batches.findOne({ _id: positionId(runId, seq) });
+      if (!batch || batch.seal) break;
+      for (const e of batch.events) if (e.seq <= upToSeq) events.push(toEnvelope(e));
+      seq = batch.lastSeq + 1;
+    }
+    return events;
+  }
+
+  /**
+   * Claims the batch's event ids for the run (one insert for all). An id already claimed by a stored event is reused
+   * (CHAIN_CONFLICT); a claim whose batch never made it is stale and is taken over.
+   */
+  private async claimEventIds(runId: string, batchId: string, events: EventEnvelope[], head: ChainHead): Promise<void> {
+    const claims = events.map((e) => ({ _id: claimId(runId, e.id), batchId, seq: e.seq, chainHash: e.chainHash }));
+    let taken: EventIdClaimDoc[] = [];
+    try {
+      await this.eventIds.insertMany(claims, { ordered: false });
+    } catch (err) {
+      const writeErrors = (err as { writeErrors?: Array<{ index: number; code?: number }> }).writeErrors;
+      if (!isDuplicateKey(err) && !writeErrors?.every((w) => w.code === 11000)) throw err;
+      const failed = new Set((writeErrors ?? []).map((w) => w.index));
+      taken = claims.filter((_, i) => failed.has(i) || writeErrors === undefined);
+    }
+    for (const claim of taken) {
+      const existing = await this.eventIds.findOne({ _id: claim._id });
+      if (existing && existing.batchId === batchId && existing.chainHash === claim.chainHash) continue; // our own earlier try
+      const eventId = claim._id.slice(runId.length + 1);
+      if (await this.claimedEvent(runId, eventId)) {
+        throw errors.conflict('CHAIN_CONFLICT', `event id ${eventId} is already used by a different event`, { head, eventId });
+      }
+      // Stale: its batch lost its position. Take it over (a racing taker of the same claim is refused by the batch).
+      await this.eventIds.deleteOne({ _id: claim._id });
+      await insertFirst(this.eventIds, claim);
+    }
   }
 
   /**
@@ -180,8 +242,10 @@ export class RunStore {
   async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], now = new Date()): Promise<ChainHead> {
     const first = events[0]!;
     const last = events.at(-1)!;
+    const batchId = positionId(run._id, first.seq);
+    await this.claimEventIds(run._id, batchId, events, expectedHead);
     const stored = await insertFirst(this.batches, {
-      _id: positionId(run._id, first.seq),
+      _id: batchId,
       tenantId: run.tenantId,
       runId: run._id,
       firstSeq: first.seq,
@@ -233,16 +297,23 @@ export class RunStore {
     const run = await this.get(tenantId, runId);
     if (!run) throw errors.notFound('run');
     if (run.status !== 'in_progress') return run;
+    // Due before sealed: a crash after the seal leaves the run findable by the finalize sweeper.
+    await this.finalizeDue.mark(runId, tenantId, now);
     const seal = await this.seal(tenantId, runId, now);
-    await this.runs.updateOne({ _id: runId, status: 'in_progress' }, { $set: { status: 'finalizing', finalizeRequestedAt: seal.sealedAt, finalHead: seal.finalHead } });
-    return (await this.get(tenantId, runId))!;
+    const latest = await this.runs.findOne({ _id: runId });
+    if (latest?.status !== 'in_progress') return latest!;
+    const finalizing = { status: 'finalizing' as const, finalizeRequestedAt: seal.sealedAt, finalHead: seal.finalHead };
+    // Every writer derives the same values from the one seal, so a racing or repeated write changes nothing.
+    await this.runs.updateOne({ _id: runId }, { $set: finalizing });
+    return { ...latest, ...finalizing };
   }
 
   /** Stores the artifact once; its id is its content hash, so a rebuilt artifact is the same record. */
   async saveArtifact(tenantId: string, artifact: RunArtifact, now = new Date()): Promise<void> {
     const { items: _items, ...eventsHeader } = artifact.events;
     const header = { ...artifact, events: eventsHeader };
-    const stored = await insertFirst(this.artifacts, {
+    // A rebuilt artifact has the same content and so the same id: losing this insert means it is stored already.
+    await insertFirst(this.artifacts, {
       _id: artifact.artifactId,
       tenantId,
       runId: artifact.runId,
@@ -252,14 +323,22 @@ export class RunStore {
       eventCount: artifact.events.count,
       createdAt: now,
     });
-    if (!stored) {
-      const existing = await this.artifacts.findOne({ runId: artifact.runId });
-      if (existing?._id !== artifact.artifactId) throw new Error(`run ${artifact.runId} already has artifact ${existing?._id}`);
-    }
   }
 
+  /** finalizing -> finalized; the value is the same for every writer (the artifact is content-addressed). */
   async markFinalized(runId: string, artifactId: string, verdict: Verdict, now = new Date()): Promise<void> {
-    await this.runs.updateOne({ _id: runId, status: 'finalizing' }, { $set: { status: 'finalized', artifactId, verdict, finalizedAt: now } });
+    await this.moveToFinalized(runId, { artifactId, verdict, finalizeError: null }, now);
+  }
+
+  /** finalizing -> finalized as `fail`, for a run whose stored data can never make an artifact. */
+  async markFinalizeFailed(runId: string, error: { code: string; message: string }, now = new Date()): Promise<void> {
+    await this.moveToFinalized(runId, { artifactId: null, verdict: 'fail', finalizeError: error }, now);
+  }
+
+  private async moveToFinalized(runId: string, outcome: Pick<RunDoc, 'artifactId' | 'verdict' | 'finalizeError'>, now: Date): Promise<void> {
+    const run = await this.runs.findOne({ _id: runId });
+    if (run?.status === 'finalizing') await this.runs.updateOne({ _id: runId }, { $set: { status: 'finalized', finalizedAt: now, ...outcome } });
+    await this.finalizeDue.done(runId);
   }
 
   getArtifactDoc(artifactId: string): Promise<ArtifactDoc | null> {
@@ -278,8 +357,22 @@ export class RunStore {
     return { ...header, events: { ...header.events, items } } as RunArtifact;
   }
 
-  /** Runs stuck in finalizing since before `olderThan`: candidates for the sweeper. */
-  staleFinalizing(olderThan: Date, limit: number): Promise<RunDoc[]> {
-    return this.runs.find({ status: 'finalizing', finalizeRequestedAt: { $lt: olderThan } }).limit(limit).toArray();
+  /** Runs whose finalize was requested before `olderThan` and is not done: candidates for the sweeper. */
+  async staleFinalizing(olderThan: Date, limit: number): Promise<RunDoc[]> {
+    const due = await this.finalizeDue.due(olderThan, limit);
+    const runs = await Promise.all(due.map((d) => this.runs.findOne({ _id: d._id })));
+    const stale: RunDoc[] = [];
+    for (const [i, run] of runs.entries()) {
+      if (run?.status === 'finalizing') stale.push(run);
+      else if (run?.status === 'in_progress' && !(await this.repairHead(run._id)).sealed) {
+        // The request died before its seal: nothing was frozen, so nothing is owed (a new request marks it again).
+        await this.finalizeDue.done(due[i]!._id);
+      } else if (run?.status === 'in_progress') {
+        stale.push(await this.beginFinalize(run.tenantId, run._id)); // sealed, but the run never heard of it
+      } else {
+        await this.finalizeDue.done(due[i]!._id); // finalized (or gone): the record outlived its work
+      }
+    }
+    return stale;
   }
 }

@@ -1,5 +1,5 @@
 import type { Collection, Db } from 'mongodb';
-import { newId } from '../domain/crypto.ts';
+import { sha256Hex } from '../domain/crypto.ts';
 import type {
   DecisionFact,
   HeldRulingFact,
@@ -10,20 +10,30 @@ import type {
   SettlementView,
 } from '../domain/settlement.ts';
 import { deriveSettlement, entryIds } from '../domain/settlement.ts';
+import { DueWorkStore } from './due-work.ts';
 import type { LedgerStore } from './ledger.ts';
 import { insertFirst } from './mongo.ts';
 
 /**
- * The settlement record: fixed terms written once, plus a cached view of its state. The cache only steers the
- * sweeper and list queries; the truth is the facts (below) and the ledger, so a lost cache update changes nothing.
+ * The settlement record: fixed terms written once, plus a cached view of its state. The truth is the facts (below)
+ * and the ledger, so a lost cache update changes nothing.
  */
 export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
   _id: string;
   tenantId: string;
   createdAt: Date;
   view: SettlementView;
-  /** When the sweeper should look at it again (a cache; see SettlementStore.due). */
-  nextCheckAt: Date | null;
+}
+
+/** Which settlement a dispute belongs to, recorded before the dispute is claimed (disputes are found by their id). */
+interface DisputeRefDoc {
+  _id: string;
+  settlementId: string;
+}
+
+/** One settlement per run, under an id derived from the run, so the settlement of a run is an id lookup. */
+export function settlementIdFor(runId: string): string {
+  return `stl_${sha256Hex(`settlement:${runId}`).slice(0, 32)}`;
 }
 
 type FactKind = keyof SettlementFacts;
@@ -38,24 +48,30 @@ interface FactDoc {
 export class SettlementStore {
   readonly settlements: Collection<SettlementDoc>;
   readonly facts: Collection<FactDoc>;
+  readonly disputeRefs: Collection<DisputeRefDoc>;
+  /** Settlements with a step still to come (see DueWorkStore); removed once final. */
+  readonly due: DueWorkStore;
 
   constructor(db: Db) {
     this.settlements = db.collection<SettlementDoc>('settlements');
     this.facts = db.collection<FactDoc>('settlement_facts');
+    this.disputeRefs = db.collection<DisputeRefDoc>('dispute_refs');
+    this.due = new DueWorkStore(db, 'settlements');
   }
 
-  /** One settlement per run (unique runId): a repeat or a racing duplicate gets the existing one. */
-  async createOrGet(input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view' | 'nextCheckAt'>): Promise<SettlementDoc> {
-    const existing = await this.byRun(input.runId);
+  /** One settlement per run (its id derives from the run): a repeat or a racing duplicate gets the existing one. */
+  async createOrGet(input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view'>): Promise<SettlementDoc> {
+    const _id = settlementIdFor(input.runId);
+    const existing = await this.get(_id);
     if (existing) return existing;
     const doc: SettlementDoc = {
       ...input,
-      _id: newId('stl'),
+      _id,
       createdAt: new Date(),
       view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
-      nextCheckAt: new Date(),
     };
-    return (await insertFirst(this.settlements, doc)) ? doc : (await this.byRun(input.runId))!;
+    await this.due.mark(_id, input.tenantId, new Date()); // due before it exists: a crash leaves it findable
+    return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(_id))!;
   }
 
   get(settlementId: string): Promise<SettlementDoc | null> {
@@ -63,7 +79,7 @@ export class SettlementStore {
   }
 
   byRun(runId: string): Promise<SettlementDoc | null> {
-    return this.settlements.findOne({ runId });
+    return this.get(settlementIdFor(runId));
   }
 
   /**
@@ -88,20 +104,20 @@ export class SettlementStore {
     return Object.fromEntries(docs.filter((d) => d !== null).map((d) => [d!.kind, d!.data])) as SettlementFacts;
   }
 
-  /** Settlement whose dispute has this id (the holdback fact names it). */
+  /** Records which settlement a dispute id belongs to; done before the dispute itself is claimed. */
+  async referDispute(disputeId: string, settlementId: string): Promise<void> {
+    await insertFirst(this.disputeRefs, { _id: disputeId, settlementId });
+  }
+
+  /** The settlement a dispute id was opened on (a reference whose claim lost belongs to no dispute: null). */
   async byDispute(disputeId: string): Promise<SettlementDoc | null> {
-    const fact = await this.facts.findOne({ kind: 'holdback', 'data.disputeId': disputeId });
-    return fact ? this.get(fact.settlementId) : null;
+    const ref = await this.disputeRefs.findOne({ _id: disputeId });
+    return ref ? this.get(ref.settlementId) : null;
   }
 
   /** Best-effort cache of the derived view; losing this write only means the next read derives it again. */
-  async cacheView(settlementId: string, view: SettlementView, nextCheckAt: Date | null): Promise<void> {
-    await this.settlements.updateOne({ _id: settlementId }, { $set: { view, nextCheckAt } });
-  }
-
-  /** Settlements the sweeper should advance now (not final, and due by their cached next check). */
-  due(now: Date, limit: number): Promise<SettlementDoc[]> {
-    return this.settlements.find({ nextCheckAt: { $ne: null, $lte: now } }).sort({ nextCheckAt: 1 }).limit(limit).toArray();
+  async cacheView(settlementId: string, view: SettlementView): Promise<void> {
+    await this.settlements.updateOne({ _id: settlementId }, { $set: { view } });
   }
 }
 

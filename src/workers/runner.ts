@@ -3,6 +3,7 @@ import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Value } from 'typebox/value';
 import type { Config } from '../config.ts';
+import { jobsFailedForGood } from '../metrics.ts';
 import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
 export interface QueueProcessor<Q extends QueueName = QueueName> {
@@ -65,9 +66,16 @@ export function startWorkers(
       { connection, prefix: bullPrefix(config.redisPrefix), concurrency: config.workerConcurrency, autorun: true },
     );
     const log = logger.child({ queue });
-    worker.on('failed', (job, err) =>
-      log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed'),
-    );
+    worker.on('failed', (job, err) => {
+      const final = job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1);
+      if (final && job.name !== SWEEP_JOB) {
+        // Out of retries: the sweepers will try again, but a person should look (logs and the metric below).
+        jobsFailedForGood.inc({ queue });
+        log.error({ alert: 'job_failed_for_good', jobId: job.id, attempts: job.attemptsMade, err: err.message }, 'job failed after its last retry');
+      } else {
+        log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed');
+      }
+    });
     worker.on('error', (err) => log.error({ err: err.message }, 'worker error'));
     return worker;
   });

@@ -2,12 +2,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.ts';
 import { newId, sha256Hex } from '../../src/domain/crypto.ts';
 import { ServiceError } from '../../src/domain/errors.ts';
-import { escrowLockId, lockEscrow, settlementTerms } from '../../src/http/routes/settlements.ts';
+import { settlementTerms, withRunEscrow } from '../../src/services/escrow.ts';
 import { createLogger } from '../../src/logger.ts';
 import { connectRuntime, createRuntime, type Runtime } from '../../src/runtime.ts';
 import { readSettlement } from '../../src/store/settlements.ts';
 import { disputeSplit } from '../../src/domain/money.ts';
-import { advanceSettlement, createSettleProcessor } from '../../src/workers/settle.ts';
+import { advanceSettlement } from '../../src/services/settlement.ts';
+import { createSettleProcessor } from '../../src/workers/settle.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 
 const RUNS = Number(process.env.SETTLE_RUNS ?? 500);
@@ -50,7 +51,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     const tenantId = tenant._id;
     const mkAgent = async (role: string) => {
       const agentId = `rand:agent:${role}-${newId('x')}`;
-      await rt.stores.agents.create(tenantId, { _id: agentId, displayName: null, metadata: null, status: 'active', keys: {}, createdAt: new Date() });
+      await rt.stores.agents.create(tenantId, { _id: agentId, displayName: null, metadataJson: null, status: 'active', keys: {}, createdAt: new Date() });
       await rt.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
       return agentId;
     };
@@ -107,8 +108,13 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         disputeWindowSeconds: pick([0, 1, 3_600]),
       });
       const runId = newId('run');
+      const insertRun = () =>
+        rt.stores.runs.create({
+          _id: runId, tenantId, agentId: payee, terms: {}, settlement: terms, status: 'finalized', verdict: random() < 0.7 ? 'pass' : 'fail',
+          artifactId: `art_${sha256Hex(runId)}`, createdAt: new Date(), finalizeRequestedAt: new Date(), finalHead: { seq: 0, chainHash: null }, finalizedAt: new Date(), finalizeError: null,
+        });
       try {
-        await lockEscrow(rt, tenantId, runId, payee, terms);
+        await withRunEscrow(rt, tenantId, runId, payee, terms, insertRun);
       } catch (err) {
         if (err instanceof ServiceError && err.code === 'INSUFFICIENT_FUNDS') {
           refused++;
@@ -117,11 +123,6 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         if (err instanceof Crash) return; // the request died between the lock's legs: the sweeper must give it back
         throw err;
       }
-      await rt.stores.runs.create({
-        _id: runId, tenantId, agentId: payee, terms: {}, settlement: terms, status: 'finalized', verdict: random() < 0.7 ? 'pass' : 'fail',
-        artifactId: `art_${sha256Hex(runId)}`, createdAt: new Date(), finalizeRequestedAt: new Date(), finalHead: { seq: 0, chainHash: null }, finalizedAt: new Date(),
-      });
-      await rt.stores.ledger.markReconciled(escrowLockId(runId)); // as the run route does once the run exists
       const s = await rt.stores.settlements.createOrGet({ tenantId, runId, payerWalletId: payer, payeeWalletId: payee, amount: terms.amount, currency: terms.currency, holdbackBps: terms.holdbackBps, disputeWindowSeconds: terms.disputeWindowSeconds });
       settled.push(s._id);
       await job(s._id);
@@ -130,7 +131,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       if (view.status === 'completed' && terms.disputeWindowSeconds === 3_600 && random() < 0.5) {
         const disputeId = newId('dsp');
         const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
-        const opened = await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: 'random', evidence: null, frozenAmount, at: new Date().toISOString() });
+        const opened = await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: 'random', evidenceJson: null, frozenAmount, at: new Date().toISOString() });
         expect(opened.won).toBe(true);
         if (random() < 0.8) {
           const outcome = pick(['payee', 'payer', 'split'] as const);

@@ -84,7 +84,7 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
       // The admin credential belongs to no tenant, so it cannot act inside one.
       throw errors.forbidden(access);
     }
-    const key = await stores.apiKeys.authenticate(credential);
+    const key = await opts.runtime.credentials.authenticate(stores.apiKeys, credential);
     if (!key) throw errors.unauthenticated();
     request.principal = { kind: 'key', credentialId: key._id, tenantId: key.tenantId, scopes: key.scopes };
     const needed: Scope = access === 'admin' ? 'ops' : access;

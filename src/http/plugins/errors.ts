@@ -6,6 +6,7 @@ import {
   MongoServerSelectionError,
   MongoTopologyClosedError,
 } from 'mongodb';
+import { CanonicalJsonError } from '../../domain/canonical-json.ts';
 import { ServiceError } from '../../domain/errors.ts';
 
 export interface ErrorBody {
@@ -48,6 +49,13 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
     return {
       status: err.status,
       body: { code: err.code, message: err.message, ...(err.details ? { details: err.details } : {}), requestId },
+    };
+  }
+  if (err instanceof CanonicalJsonError) {
+    // Client JSON that has no canonical form (a lone surrogate, say): the request's fault, never a server error.
+    return {
+      status: 400,
+      body: { code: 'VALIDATION_FAILED', message: err.message, details: { errors: [{ path: err.path, message: err.reason }] }, requestId },
     };
   }
   if (isBackendUnavailable(err)) {

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import { processMetrics } from '../../metrics.ts';
 import type { Runtime } from '../../runtime.ts';
 
 declare module 'fastify' {
@@ -43,7 +44,8 @@ export default fp(async function metricsPlugin(app: FastifyInstance, opts: { run
       }
     },
   });
-  app.decorate('metricsRegistry', registry);
+  // The process's own metrics (workers run in this process in `all` mode) are served beside the HTTP ones.
+  app.decorate('metricsRegistry', Registry.merge([registry, processMetrics]));
 
   app.addHook('onResponse', async (request, reply) => {
     // Route templates, not raw URLs, keep label cardinality bounded; unmatched URLs share one label.

@@ -6,7 +6,7 @@ import { CURRENCY_PATTERN, MAX_AMOUNT } from '../../domain/money.ts';
 import type { Runtime } from '../../runtime.ts';
 import type { Balances, WalletDoc } from '../../store/ledger.ts';
 import { tenantOf } from '../plugins/auth.ts';
-import { errorResponses, Timestamp } from '../schemas.ts';
+import { errorResponses, Timestamp } from '../schemas/common.ts';
 
 export const Amount = Type.Integer({ minimum: 1, maximum: MAX_AMOUNT, description: 'integer minor units' });
 export const Currency = Type.String({ pattern: CURRENCY_PATTERN });

@@ -18,7 +18,7 @@ import {
 } from '../../store/webhooks.ts';
 import { scheduleDelivery } from '../../webhooks/jobs.ts';
 import { tenantOf } from '../plugins/auth.ts';
-import { emptyBodyIsObject, errorResponses, Timestamp } from '../schemas.ts';
+import { emptyBodyIsObject, errorResponses, Timestamp } from '../schemas/common.ts';
 
 const DEFAULT_GRACE_SECONDS = 86_400;
 const MAX_GRACE_SECONDS = 604_800;

@@ -1,7 +1,8 @@
 import type { FastifyRequest } from 'fastify';
 import { Type, type TSchema } from 'typebox';
+import { CURRENCY_PATTERN, MAX_AMOUNT } from '../../domain/money.ts';
 
-// Shared pieces of the route schemas; each area's own shapes live beside its routes.
+// Shared pieces of the route schemas; each area has its own module beside this one.
 
 export const ErrorBody = Type.Object(
   {
@@ -28,3 +29,8 @@ export const IdempotencyHeaders = Type.Object({
 export async function emptyBodyIsObject(request: FastifyRequest): Promise<void> {
   if (request.body === undefined || request.body === null) request.body = {};
 }
+
+export const AGENT_ID_PATTERN = '^[a-z0-9][a-z0-9._-]{0,63}:agent:[A-Za-z0-9._-]{1,128}$';
+export const AgentId = Type.String({ pattern: AGENT_ID_PATTERN });
+export const Amount = Type.Integer({ minimum: 1, maximum: MAX_AMOUNT, description: 'integer minor units' });
+export const Currency = Type.String({ pattern: CURRENCY_PATTERN });

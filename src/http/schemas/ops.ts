@@ -1,0 +1,74 @@
+import { Type, type Static } from 'typebox';
+import { SCOPES } from '../../domain/scopes.ts';
+import type { ApiKeyDoc } from '../../store/api-keys.ts';
+import type { TenantDoc } from '../../store/tenants.ts';
+import { Timestamp } from './common.ts';
+
+const RateLimitPolicy = Type.Object(
+  { limit: Type.Integer({ minimum: 1, maximum: 10_000_000 }), windowSeconds: Type.Integer({ minimum: 1, maximum: 86_400 }) },
+  { additionalProperties: false },
+);
+export const CreateTenant = Type.Object(
+  { name: Type.String({ minLength: 1, maxLength: 200 }), rateLimit: Type.Optional(RateLimitPolicy) },
+  { additionalProperties: false },
+);
+export const Tenant = Type.Object({
+  tenantId: Type.String(),
+  name: Type.String(),
+  rateLimit: Type.Union([RateLimitPolicy, Type.Null()]),
+  createdAt: Timestamp,
+});
+const ScopeSchema = Type.Union(SCOPES.map((s) => Type.Literal(s)));
+export const CreateApiKey = Type.Object(
+  {
+    tenantId: Type.String({ minLength: 1 }),
+    scopes: Type.Array(ScopeSchema, { minItems: 1, maxItems: SCOPES.length }),
+    description: Type.Optional(Type.String({ maxLength: 500 })),
+    expiresAt: Type.Optional(Timestamp),
+  },
+  { additionalProperties: false },
+);
+export const ApiKey = Type.Object({
+  keyId: Type.String(),
+  tenantId: Type.String(),
+  scopes: Type.Array(Type.String()),
+  description: Type.Union([Type.String(), Type.Null()]),
+  status: Type.Union([Type.Literal('active'), Type.Literal('revoked'), Type.Literal('expired')]),
+  expiresAt: Type.Union([Timestamp, Type.Null()]),
+  createdAt: Timestamp,
+  revokedAt: Type.Union([Timestamp, Type.Null()]),
+  rotatedTo: Type.Union([Type.String(), Type.Null()]),
+});
+export const IssuedApiKey = Type.Intersect([
+  ApiKey,
+  Type.Object({ token: Type.String({ description: 'Shown once: `sk_<keyId>.<secret>`' }) }),
+]);
+export const ApiKeyParams = Type.Object({ keyId: Type.String() });
+export const Rotate = Type.Object(
+  { gracePeriodSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 0 })) },
+  { additionalProperties: false },
+);
+export const ListQuery = Type.Object({
+  tenantId: Type.Optional(Type.String()),
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 500, default: 100 })),
+});
+
+export function tenantView(t: TenantDoc): Static<typeof Tenant> {
+  return { tenantId: t._id, name: t.name, rateLimit: t.rateLimit, createdAt: t.createdAt.toISOString() };
+}
+
+export function keyView(k: ApiKeyDoc, now = new Date()): Static<typeof ApiKey> {
+  const expired = k.expiresAt !== null && k.expiresAt.getTime() <= now.getTime();
+  return {
+    keyId: k._id,
+    tenantId: k.tenantId,
+    scopes: k.scopes,
+    description: k.description,
+    status: k.status === 'revoked' ? 'revoked' : expired ? 'expired' : 'active',
+    expiresAt: k.expiresAt?.toISOString() ?? null,
+    createdAt: k.createdAt.toISOString(),
+    revokedAt: k.revokedAt?.toISOString() ?? null,
+    rotatedTo: k.rotatedTo,
+  };
+}
+

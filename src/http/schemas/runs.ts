@@ -1,0 +1,97 @@
+import { Type, type Static } from 'typebox';
+import type { ChainHead } from '../../domain/event-chain.ts';
+import { MAX_TERMS } from '../../domain/terms.ts';
+import type { RunDoc } from '../../store/runs.ts';
+import { AgentId, Amount, Currency, Timestamp } from './common.ts';
+
+const Bound = Type.Union([
+  Type.Object({ min: Type.Number() }, { additionalProperties: false }),
+  Type.Object({ max: Type.Number() }, { additionalProperties: false }),
+]);
+export const TermsSchema = Type.Record(Type.String({ pattern: '^[A-Za-z][A-Za-z0-9_]{0,63}$' }), Bound, {
+  maxProperties: MAX_TERMS,
+  description: 'metric name -> {min} | {max} (inclusive); e.g. {"accuracy":{"min":0.9},"latencyP95":{"max":800}}',
+});
+export const SettlementTermsSchema = Type.Object(
+  {
+    payerAgentId: AgentId,
+    amount: Amount,
+    currency: Currency,
+    holdbackBps: Type.Optional(Type.Integer({ minimum: 0, maximum: 10_000, default: 0 })),
+    disputeWindowSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 2_592_000, default: 86_400 })),
+  },
+  { additionalProperties: false },
+);
+const Head = Type.Object({ seq: Type.Integer(), chainHash: Type.Union([Type.String(), Type.Null()]) });
+const HEX64 = Type.String({ pattern: '^[0-9a-f]{64}$' });
+
+export const EventSchema = Type.Object(
+  {
+    v: Type.Literal(1),
+    id: Type.String({ pattern: '^evt_[A-Za-z0-9_-]{1,128}$' }),
+    runId: Type.String({ maxLength: 128 }),
+    seq: Type.Integer({ minimum: 1 }),
+    type: Type.String({ pattern: '^[A-Za-z][A-Za-z0-9_.:-]{0,63}$' }),
+    at: Type.String({ maxLength: 64, description: 'RFC 3339 time the agent recorded the event' }),
+    payload: Type.Unknown({ description: 'any JSON nested at most 128 deep; metric {name, value}; sample {latencyMs?, correct?}' }),
+    prevChainHash: Type.Union([HEX64, Type.Null()]),
+    payloadHash: HEX64,
+    chainHash: HEX64,
+    signerKeyId: Type.String({ maxLength: 64 }),
+    signature: Type.String({ maxLength: 200 }),
+  },
+  { additionalProperties: false, description: 'Agent-signed, hash-chained event (contract section 5)' },
+);
+
+export const CreateRun = Type.Object(
+  { agentId: AgentId, terms: Type.Optional(TermsSchema), settlement: Type.Optional(SettlementTermsSchema) },
+  { additionalProperties: false },
+);
+export const RunView = Type.Object({
+  runId: Type.String(),
+  status: Type.Union([Type.Literal('in_progress'), Type.Literal('finalizing'), Type.Literal('finalized')]),
+  verdict: Type.Union([Type.Literal('pass'), Type.Literal('fail'), Type.Null()]),
+  artifactId: Type.Union([Type.String(), Type.Null()]),
+  agentId: Type.String(),
+  terms: TermsSchema,
+  settlement: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
+  head: Head,
+  eventCount: Type.Integer(),
+  createdAt: Timestamp,
+  finalizedAt: Type.Union([Timestamp, Type.Null()]),
+  finalizeError: Type.Union([Type.Object({ code: Type.String(), message: Type.String() }), Type.Null()], {
+    description: 'set when the run could not be made into an artifact; it is then finalized with verdict fail',
+  }),
+});
+export const RunParams = Type.Object({ runId: Type.String({ maxLength: 128 }) });
+export const AppendBody = Type.Union([
+  Type.Object({ event: EventSchema }, { additionalProperties: false }),
+  Type.Object({ events: Type.Array(EventSchema, { minItems: 1, maxItems: 100 }) }, { additionalProperties: false }),
+]);
+export const Appended = Type.Object({
+  runId: Type.String(),
+  accepted: Type.Integer({ description: 'events of the request now in the chain (identical resends count, and change nothing)' }),
+  head: Head,
+});
+export const Finalizing = Type.Object({
+  runId: Type.String(),
+  status: Type.Union([Type.Literal('finalizing'), Type.Literal('finalized')]),
+  artifactId: Type.Union([Type.String(), Type.Null()]),
+});
+
+export function runView(run: RunDoc, head: ChainHead): Static<typeof RunView> {
+  return {
+    runId: run._id,
+    status: run.status,
+    verdict: run.verdict,
+    artifactId: run.artifactId,
+    agentId: run.agentId,
+    terms: run.terms,
+    settlement: run.settlement as Record<string, unknown> | null,
+    head,
+    eventCount: head.seq,
+    createdAt: run.createdAt.toISOString(),
+    finalizedAt: run.finalizedAt?.toISOString() ?? null,
+    finalizeError: run.finalizeError ?? null,
+  };
+}

@@ -1,0 +1,74 @@
+import { assertClientJsonDepth, toStoredJson } from '../domain/client-json.ts';
+import { KeyFormatError, newId, parsePublicKey } from '../domain/crypto.ts';
+import { errors } from '../domain/errors.ts';
+import type { Runtime } from '../runtime.ts';
+import type { AgentDoc, AgentKeyDoc } from '../store/agents.ts';
+
+export interface RegisterAgentInput {
+  agentId?: string;
+  namespace?: string;
+  name?: string;
+  publicKey: string;
+  displayName?: string;
+  metadata?: Record<string, unknown>;
+}
+
+/** An Ed25519 public key as the API takes it (SPKI PEM or base64url raw), as an active key record. */
+export function agentKeyFrom(publicKey: string, now: Date): AgentKeyDoc {
+  try {
+    const parsed = parsePublicKey(publicKey);
+    return { keyId: parsed.keyId, publicKey: Buffer.from(parsed.raw).toString('base64url'), status: 'active', createdAt: now, revokedAt: null };
+  } catch (err) {
+    if (err instanceof KeyFormatError) {
+      throw errors.validation(`publicKey: ${err.message}`, { errors: [{ path: 'body.publicKey', message: err.message }] });
+    }
+    throw err;
+  }
+}
+
+/** Registers an agent identity with its first key; its metadata is kept as the client sent it (canonical JSON). */
+export async function registerAgent(rt: Runtime, tenantId: string, input: RegisterAgentInput): Promise<{ agent: AgentDoc; key: AgentKeyDoc }> {
+  if (input.agentId && (input.namespace || input.name)) {
+    throw errors.validation('give agentId, or namespace and name, not both', { errors: [{ path: 'body.agentId', message: 'conflicts with namespace/name' }] });
+  }
+  if (input.metadata !== undefined) assertClientJsonDepth(input.metadata, 'body.metadata');
+  const now = new Date();
+  const key = agentKeyFrom(input.publicKey, now);
+  const agentId = input.agentId ?? `${input.namespace ?? 'agents'}:agent:${input.name ?? newId('agt')}`;
+  const agent = await rt.stores.agents.create(tenantId, {
+    _id: agentId,
+    displayName: input.displayName ?? null,
+    metadataJson: input.metadata === undefined ? null : toStoredJson(input.metadata),
+    status: 'active',
+    keys: { [key.keyId]: key },
+    createdAt: now,
+  });
+  return { agent, key };
+}
+
+export async function getAgent(rt: Runtime, tenantId: string, agentId: string): Promise<AgentDoc> {
+  const agent = await rt.stores.agents.get(tenantId, agentId);
+  if (!agent) throw errors.notFound('agent');
+  return agent;
+}
+
+export async function addAgentKey(rt: Runtime, tenantId: string, agentId: string, publicKey: string): Promise<AgentKeyDoc> {
+  const key = agentKeyFrom(publicKey, new Date());
+  await rt.stores.agents.addKey(tenantId, agentId, key);
+  await rt.credentials.invalidate('agent', agentId);
+  return key;
+}
+
+/** Revokes an agent key: events it signs are refused from now on, on every process. */
+export async function revokeAgentKey(rt: Runtime, tenantId: string, agentId: string, keyId: string): Promise<AgentKeyDoc> {
+  const key = await rt.stores.agents.revokeKey(tenantId, agentId, keyId);
+  await rt.credentials.invalidate('agent', agentId);
+  return key;
+}
+
+/** The tenant's agent as the signature checks see it (cached across requests; see CredentialCache). */
+export async function signingAgent(rt: Runtime, tenantId: string, agentId: string): Promise<AgentDoc> {
+  const agent = await rt.credentials.agent(rt.stores.agents, agentId);
+  if (!agent || agent.tenantId !== tenantId) throw errors.notFound('agent');
+  return agent;
+}

@@ -1,0 +1,119 @@
+import { Redis } from 'ioredis';
+import type { Logger } from 'pino';
+import type { AgentDoc, AgentStore } from '../store/agents.ts';
+import { isLiveKey, parseToken, type ApiKeyDoc, type ApiKeyStore } from '../store/api-keys.ts';
+
+/** Longest an entry is trusted even without an invalidation (a safety net; invalidations are the real mechanism). */
+const ENTRY_TTL_MS = 60_000;
+const MAX_ENTRIES = 10_000;
+
+interface Entry<T> {
+  value: T;
+  until: number;
+}
+
+/**
+ * In-process caches of what every request and every append reads: API keys (authentication) and agents with their
+ * keys (event signatures). A revocation, rotation or key change is published on Redis and every process drops the
+ * entry at once, so it takes effect everywhere within the pub/sub latency (well under a second). While the
+ * subscription is not live, nothing is served from the cache (fail closed: every read goes to MongoDB), and the
+ * cache is emptied when it comes back, since invalidations may have been missed meanwhile.
+ */
+export class CredentialCache {
+  private readonly apiKeys = new Map<string, Entry<ApiKeyDoc | null>>();
+  private readonly agents = new Map<string, Entry<AgentDoc | null>>();
+  private subscriber: Redis | null = null;
+  private live = false;
+  /** Bumped by every drop: a load that started before an invalidation must not be cached after it. */
+  private generation = 0;
+  private readonly channel: string;
+
+  constructor(
+    private readonly publisher: Redis,
+    private readonly redisUrl: string,
+    redisPrefix: string,
+    private readonly logger: Logger,
+  ) {
+    this.channel = `${redisPrefix}:credentials:invalidate`;
+  }
+
+  /** Subscribes to invalidations; until this succeeds the cache stays bypassed. */
+  async start(): Promise<void> {
+    const subscriber = new Redis(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: null, retryStrategy: (n) => Math.min(n * 200, 2_000) });
+    this.subscriber = subscriber;
+    subscriber.on('error', () => undefined); // the 'close' handler below is what matters
+    subscriber.on('close', () => this.goDark());
+    subscriber.on('ready', () => {
+      // ioredis re-subscribes on reconnect; until it confirms, stay dark (see the subscribe callback).
+      void subscriber.subscribe(this.channel).then(() => this.goLive()).catch(() => this.goDark());
+    });
+    subscriber.on('message', (_channel: string, message: string) => this.drop(message));
+    await subscriber.connect().catch((err: Error) => this.logger.warn({ err: err.message }, 'credential cache: invalidation channel unavailable; caching off'));
+  }
+
+  async close(): Promise<void> {
+    this.goDark();
+    this.subscriber?.disconnect();
+    this.subscriber = null;
+  }
+
+  private goLive(): void {
+    this.clear();
+    this.live = true;
+  }
+
+  private goDark(): void {
+    this.live = false;
+    this.clear();
+  }
+
+  private clear(): void {
+    this.generation++;
+    this.apiKeys.clear();
+    this.agents.clear();
+  }
+
+  private drop(message: string): void {
+    this.generation++;
+    const [kind, id] = [message.slice(0, message.indexOf(':')), message.slice(message.indexOf(':') + 1)];
+    if (kind === 'key') this.apiKeys.delete(id);
+    else if (kind === 'agent') this.agents.delete(id);
+    else this.clear();
+  }
+
+  /** Drops the entry here at once and in every other process through Redis. */
+  async invalidate(kind: 'key' | 'agent', id: string): Promise<void> {
+    this.drop(`${kind}:${id}`);
+    await this.publisher.publish(this.channel, `${kind}:${id}`).catch((err: Error) => {
+      // Another process may now serve the old entry until its TTL; say so loudly.
+      this.logger.error({ alert: 'credential_invalidation_failed', kind, id, err: err.message }, 'could not publish a credential invalidation');
+    });
+  }
+
+  private async cached<T>(map: Map<string, Entry<T>>, id: string, load: () => Promise<T>): Promise<T> {
+    if (!this.live) return load();
+    const now = Date.now();
+    const hit = map.get(id);
+    if (hit && hit.until > now) return hit.value;
+    const generation = this.generation;
+    const value = await load();
+    if (this.live && generation === this.generation) {
+      if (map.size >= MAX_ENTRIES) map.delete(map.keys().next().value!);
+      map.set(id, { value, until: now + ENTRY_TTL_MS });
+    }
+    return value;
+  }
+
+  /** The key a bearer token names, if its secret matches and the key is live (ApiKeyStore.authenticate, cached). */
+  async authenticate(store: ApiKeyStore, token: string, now = new Date()): Promise<ApiKeyDoc | null> {
+    const parsed = parseToken(token);
+    if (!parsed) return null;
+    const key = await this.cached(this.apiKeys, parsed.keyId, () => store.get(parsed.keyId));
+    return key && isLiveKey(key, parsed.secret, now) ? key : null;
+  }
+
+  /** Any tenant's agent with its keys' revocations applied; the caller checks the tenant. */
+  agent(store: AgentStore, agentId: string): Promise<AgentDoc | null> {
+    return this.cached(this.agents, agentId, () => store.getAny(agentId));
+  }
+}

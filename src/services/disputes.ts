@@ -1,0 +1,57 @@
+import { assertClientJsonDepth, toStoredJson } from '../domain/client-json.ts';
+import { newId } from '../domain/crypto.ts';
+import { errors } from '../domain/errors.ts';
+import { disputeSplit } from '../domain/money.ts';
+import type { Runtime } from '../runtime.ts';
+import type { SettlementState } from '../store/settlements.ts';
+import { emitEvent } from './events.ts';
+import { applyRuling, read } from './settlement.ts';
+
+/**
+ * The payer disputes a completed settlement inside its window: the holdback is frozen. The dispute and the
+ * holdback's release at the window's end claim the same fact, so whichever is recorded first decides.
+ */
+export async function openDispute(rt: Runtime, tenantId: string, runId: string, input: { reason: string; evidence?: unknown }) {
+  const { runs, settlements } = rt.stores;
+  if (input.evidence !== undefined) assertClientJsonDepth(input.evidence, 'body.evidence');
+  const evidenceJson = input.evidence === undefined ? null : toStoredJson(input.evidence);
+  const run = await runs.get(tenantId, runId);
+  const s = run && (await settlements.byRun(run._id));
+  if (!s) throw errors.notFound('settlement');
+  const { view, facts } = await read(rt, s);
+  const now = Date.now();
+  if (view.status !== 'completed' || facts.holdback) throw errors.transitionIllegal(`a ${view.status} settlement cannot be disputed`, view.status);
+  if (!view.disputeWindowEndsAt || Date.parse(view.disputeWindowEndsAt) <= now) throw errors.transitionIllegal('the dispute window has ended', view.status);
+  const disputeId = newId('dsp');
+  const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
+  await settlements.referDispute(disputeId, s._id);
+  const { won, fact } = await settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: input.reason, evidenceJson, frozenAmount, at: new Date(now).toISOString() });
+  if (!won) {
+    throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');
+  }
+  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${disputeId}`);
+  await settlements.cacheView(s._id, (await read(rt, s)).view);
+  return { disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount };
+}
+
+/** Ops ruling on an open dispute: the frozen holdback goes to the payee, the payer, or is split. */
+export async function resolveDispute(
+  rt: Runtime,
+  disputeId: string,
+  ruling: { outcome: 'payee' | 'payer' | 'split'; payerShareBps?: number },
+): Promise<{ state: SettlementState; applied: boolean }> {
+  const { settlements } = rt.stores;
+  const { outcome, payerShareBps } = ruling;
+  if ((outcome === 'split') !== (payerShareBps !== undefined)) {
+    throw errors.validation('payerShareBps goes with outcome "split", and only with it', { errors: [{ path: 'body.payerShareBps', message: 'required for split, not allowed otherwise' }] });
+  }
+  const s = await settlements.byDispute(disputeId);
+  if (!s) throw errors.notFound('dispute');
+  const { facts, view } = await read(rt, s);
+  if (facts.holdback?.fate !== 'dispute' || facts.holdback.disputeId !== disputeId) throw errors.notFound('dispute');
+  const { toPayer, toPayee } = disputeSplit(facts.holdback.frozenAmount, outcome, payerShareBps);
+  await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
+  const { won } = await settlements.claim(s._id, 'ruling', { outcome, payerShareBps: payerShareBps ?? null, toPayer, toPayee, at: new Date().toISOString() });
+  if (!won) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
+  return applyRuling(rt, s, `dispute-${disputeId}`);
+}

@@ -1,0 +1,185 @@
+import { ArtifactBuildError, buildArtifact } from '../domain/artifact.ts';
+import { CanonicalJsonError } from '../domain/canonical-json.ts';
+import { assertClientJsonDepth } from '../domain/client-json.ts';
+import { newId, publicKeyFromRaw } from '../domain/crypto.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
+import { sameEvent, verifyEventBatch, type ChainHead, type EventEnvelope } from '../domain/event-chain.ts';
+import { termsProblems, type Terms } from '../domain/terms.ts';
+import { jobIdFor } from '../queues/index.ts';
+import type { Runtime } from '../runtime.ts';
+import type { RunDoc } from '../store/runs.ts';
+import { signingAgent } from './agents.ts';
+import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
+import { emitEvent } from './events.ts';
+
+export interface RunWithHead {
+  run: RunDoc;
+  head: ChainHead;
+}
+
+/** Starts a run of an agent under terms; with settlement terms the amount is locked in the payer's escrow first. */
+export async function createRun(rt: Runtime, tenantId: string, input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput }): Promise<RunWithHead> {
+  const { runs, agents } = rt.stores;
+  const terms: Terms = input.terms ?? {};
+  const problems = termsProblems(terms);
+  if (problems.length > 0) throw errors.validation('invalid terms', { errors: problems.map((message) => ({ path: 'body.terms', message })) });
+  const agent = await agents.get(tenantId, input.agentId);
+  if (!agent) throw errors.notFound('agent');
+  if (agent.status !== 'active') throw errors.transitionIllegal(`agent is ${agent.status}`, agent.status);
+  const runId = newId('run');
+  const settlement = input.settlement ? settlementTerms(input.settlement) : null;
+  const insert = () =>
+    runs.create({
+      _id: runId,
+      tenantId,
+      agentId: agent._id,
+      terms,
+      settlement,
+      status: 'in_progress',
+      verdict: null,
+      artifactId: null,
+      createdAt: new Date(),
+      finalizeRequestedAt: null,
+      finalHead: null,
+      finalizedAt: null,
+      finalizeError: null,
+    });
+  const run = settlement ? await withRunEscrow(rt, tenantId, runId, agent._id, settlement, insert) : await insert();
+  return { run, head: { seq: 0, chainHash: null } };
+}
+
+/** The run with its chain head (the frozen one once sealed, else the live head). */
+export async function getRun(rt: Runtime, tenantId: string, runId: string): Promise<RunWithHead> {
+  const run = await rt.stores.runs.get(tenantId, runId);
+  if (!run) throw errors.notFound('run');
+  return { run, head: run.finalHead ?? (await rt.stores.runs.repairHead(run._id)).head };
+}
+
+/**
+ * Appends agent-signed events (one batch, all or nothing). An identical resend is a no-op success; the same id with
+ * other content is a conflict. `accepted` counts the request's events now in the chain.
+ */
+export async function appendEvents(rt: Runtime, tenantId: string, runId: string, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
+  const { runs } = rt.stores;
+  incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
+  const run = await runs.get(tenantId, runId);
+  if (!run) throw errors.notFound('run');
+  if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
+  const ids = incoming.map((e) => e.id);
+  if (new Set(ids).size !== ids.length) {
+    throw errors.validation('a batch may not carry the same event id twice', { errors: [{ path: 'body.events', message: 'duplicate event id' }] });
+  }
+
+  // Only events at or below the head can already be stored (a head cache left behind surfaces as a conflict and is
+  // repaired), so the ordinary append skips this lookup.
+  let { head } = await runs.head(run._id);
+  const maybeResent = incoming.some((e) => e.seq <= head.seq);
+  const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((e) => [e.id, e]) : []);
+  for (const event of incoming) {
+    const previous = stored.get(event.id);
+    if (previous && !sameEvent(previous, event)) {
+      throw errors.conflict('CHAIN_CONFLICT', `event id ${event.id} is already used by a different event`, { head, eventId: event.id });
+    }
+  }
+  const fresh = incoming.filter((e) => !stored.has(e.id));
+  if (fresh.length === 0) return { runId: run._id, accepted: incoming.length, head };
+
+  const agent = await signingAgent(rt, tenantId, run.agentId);
+  const activeKeys = new Map(
+    Object.values(agent.keys)
+      .filter((k) => k.status === 'active')
+      .map((k) => [k.keyId, publicKeyFromRaw(Buffer.from(k.publicKey, 'base64url'))]),
+  );
+  let check = verifyEventBatch(fresh, head, activeKeys, run._id);
+  if (!check.ok && check.code === 'CHAIN_CONFLICT') {
+    // The cached head may trail an appender that stopped after storing its batch: repair, then judge again.
+    const repaired = await runs.repairHead(run._id);
+    if (repaired.sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
+    if (repaired.head.seq !== head.seq) {
+      head = repaired.head;
+      check = verifyEventBatch(fresh, head, activeKeys, run._id);
+    }
+  }
+  if (!check.ok) {
+    if (check.code === 'CHAIN_CONFLICT') {
+      throw errors.conflict('CHAIN_CONFLICT', check.message, { head, eventId: check.eventId, index: check.index });
+    }
+    throw new ServiceError(400, 'SIGNATURE_INVALID', check.message, { reason: check.reason, eventId: check.eventId, index: check.index });
+  }
+  const newHead = await runs.append(run, head, fresh);
+  return { runId: run._id, accepted: incoming.length, head: newHead };
+}
+
+/** Seals the run and makes sure its finalize job will run; repeats are harmless and return the run as it is. */
+export async function requestFinalize(rt: Runtime, tenantId: string, runId: string): Promise<RunDoc> {
+  const run = await rt.stores.runs.beginFinalize(tenantId, runId);
+  if (run.status === 'finalizing') {
+    await rt.producers.ensure('finalize', { tenantId, runId: run._id }, jobIdFor('finalize', run._id));
+  }
+  return run;
+}
+
+/** Build failures no retry can cure: the run's stored data cannot make an artifact. */
+function isPermanentBuildFailure(err: unknown): err is Error {
+  return err instanceof ArtifactBuildError || err instanceof CanonicalJsonError;
+}
+
+/**
+ * The finalize job: builds the content-addressed artifact, evaluates the terms, marks the run finalized and emits
+ * run.finalized. Every step is idempotent (the artifact id is its hash over data frozen at the seal, the run moves
+ * only from finalizing, the event id derives from the run), so a crash anywhere is repaired by a retry. A run whose
+ * data can never make an artifact is finalized with verdict `fail` and the reason, so its escrow is held by the
+ * settlement rules instead of staying locked behind a job that retries for ever; that is logged as an alert.
+ */
+export async function finalizeRun(rt: Runtime, tenantId: string, runId: string): Promise<{ artifactId: string | null; verdict: string | null } | { skipped: string }> {
+  const { runs, agents } = rt.stores;
+  let run = await runs.get(tenantId, runId);
+  if (!run || run.status === 'in_progress') return { skipped: run ? 'not finalizing' : 'no such run' };
+
+  if (run.status === 'finalizing') {
+    const finalHead = run.finalHead!;
+    const [events, agent] = await Promise.all([runs.listEvents(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
+    try {
+      if (!agent) throw new ArtifactBuildError(`agent ${run.agentId} of run ${runId} is missing`);
+      const artifact = buildArtifact(
+        {
+          runId,
+          agentId: run.agentId,
+          agentKeys: Object.values(agent.keys).map((k) => ({ keyId: k.keyId, publicKey: k.publicKey })),
+          terms: run.terms,
+          events,
+          finalizedAt: run.finalizeRequestedAt!.toISOString(),
+        },
+        rt.keys.active,
+      );
+      await runs.saveArtifact(tenantId, artifact);
+      await runs.markFinalized(runId, artifact.artifactId, artifact.evaluation.verdict);
+    } catch (err) {
+      if (!isPermanentBuildFailure(err)) throw err;
+      rt.logger.error({ alert: 'finalize_failed', runId, err: err.message }, 'run cannot be finalized into an artifact; finalized as fail');
+      await runs.markFinalizeFailed(runId, { code: 'ARTIFACT_BUILD_FAILED', message: err.message });
+    }
+    run = (await runs.get(tenantId, runId))!;
+  }
+
+  await emitEvent(
+    rt,
+    tenantId,
+    'run.finalized',
+    { runId, artifactId: run.artifactId, verdict: run.verdict, status: run.status, ...(run.finalizeError ? { error: run.finalizeError.code } : {}) },
+    `run.finalized:${runId}`,
+  );
+  return { artifactId: run.artifactId, verdict: run.verdict };
+}
+
+/** Runs left in finalizing (their job lost, failed for good, or never enqueued because Redis was down). */
+export async function sweepFinalizing(rt: Runtime, limit: number): Promise<{ checked: number; repaired: number }> {
+  const stale = await rt.stores.runs.staleFinalizing(new Date(Date.now() - rt.config.sweeper.staleAfterMs), limit);
+  let repaired = 0;
+  for (const run of stale) {
+    const outcome = await rt.producers.ensure('finalize', { tenantId: run.tenantId, runId: run._id }, jobIdFor('finalize', run._id));
+    if (outcome !== 'live') repaired++;
+  }
+  if (repaired > 0) rt.logger.warn({ repaired }, 'finalize sweeper re-enqueued runs');
+  return { checked: stale.length, repaired };
+}

@@ -1,0 +1,233 @@
+import { canonicalize } from '../domain/canonical-json.ts';
+import { errors } from '../domain/errors.ts';
+import { holdbackOf } from '../domain/money.ts';
+import { signReceipt } from '../domain/receipt.ts';
+import { entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { jobIdFor } from '../queues/index.ts';
+import type { Runtime } from '../runtime.ts';
+import type { Leg } from '../store/ledger.ts';
+import type { RunDoc } from '../store/runs.ts';
+import { readSettlement, settlementState, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
+import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
+import { emitEvent } from './events.ts';
+
+/** Fault injection for tests: called after each step that moved money or state; throwing there simulates a crash. */
+export type Failpoint = (step: string) => void;
+const noFailpoint: Failpoint = () => undefined;
+
+/** How long a settlement waiting for a person (a held one, an open dispute) goes before the sweeper looks again. */
+const AWAITING_RULING_RECHECK_MS = 60 * 60 * 1000;
+
+export function read(rt: Runtime, s: SettlementDoc): Promise<SettlementState> {
+  return readSettlement(rt.stores.settlements, rt.stores.ledger, s);
+}
+
+function settleJob(s: SettlementDoc, ...parts: string[]) {
+  return ['settle', { tenantId: s.tenantId, runId: s.runId, settlementId: s._id }, jobIdFor('settle', s._id, ...parts)] as const;
+}
+
+/**
+ * Settles a finalized run: its terms (sent now if the run had none, which locks the escrow first) become a pending
+ * settlement that the settle worker decides. Repeats return the same settlement.
+ */
+export async function settleRun(rt: Runtime, tenantId: string, runId: string, offeredInput?: SettlementTermsInput): Promise<{ run: RunDoc; settlement: SettlementDoc; state: SettlementState }> {
+  const { runs, settlements } = rt.stores;
+  let run = await runs.get(tenantId, runId);
+  if (!run) throw errors.notFound('run');
+  if (run.status !== 'finalized') throw errors.transitionIllegal('only a finalized run can be settled', run.status);
+  const offered = offeredInput ? settlementTerms(offeredInput) : null;
+  const otherTerms = (r: RunDoc) => errors.conflict('TRANSITION_ILLEGAL', 'the run already has other settlement terms', { status: r.status, settlement: r.settlement });
+  if (run.settlement && offered && canonicalize(offered) !== canonicalize(run.settlement)) throw otherTerms(run);
+  if (!run.settlement) {
+    if (!offered) throw errors.validation('this run has no settlement terms; send them as settlement', { errors: [{ path: 'body.settlement', message: 'required' }] });
+    const current = run;
+    run = await withRunEscrow(rt, tenantId, run._id, run.agentId, offered, () => runs.attachSettlement(tenantId, current._id, offered));
+    if (canonicalize(run.settlement) !== canonicalize(offered)) throw otherTerms(run);
+  }
+  const terms = run.settlement!;
+  const s = await settlements.createOrGet({
+    tenantId,
+    runId: run._id,
+    payerWalletId: terms.payerAgentId,
+    payeeWalletId: run.agentId,
+    amount: terms.amount,
+    currency: terms.currency,
+    holdbackBps: terms.holdbackBps,
+    disputeWindowSeconds: terms.disputeWindowSeconds,
+  });
+  const state = await read(rt, s);
+  if (state.view.status === 'pending') await rt.producers.ensure(...settleJob(s));
+  return { run, settlement: s, state };
+}
+
+/** The settlement of one of the tenant's runs. */
+export async function getRunSettlement(rt: Runtime, tenantId: string, runId: string): Promise<SettlementState> {
+  const run = await rt.stores.runs.get(tenantId, runId);
+  const s = run && (await rt.stores.settlements.byRun(run._id));
+  if (!s) throw errors.notFound('settlement');
+  return read(rt, s);
+}
+
+/**
+ * Applies a recorded ruling: the settle job is made sure of first (so the ruling completes even if this process
+ * dies), then the steps are run right here, which is safe beside the job because every step happens once. Returns
+ * the state and whether it is final.
+ */
+export async function applyRuling(rt: Runtime, s: SettlementDoc, ruling: string): Promise<{ state: SettlementState; applied: boolean }> {
+  await rt.producers.ensure(...settleJob(s, ruling));
+  const state = (await advanceSettlement(rt, s._id)) ?? (await read(rt, s));
+  return { state, applied: state.view.final };
+}
+
+/** Ops ruling on a held settlement: the whole escrow to the payee (`release`) or back to the payer (`refund`). */
+export async function resolveHeldSettlement(rt: Runtime, settlementId: string, outcome: 'release' | 'refund'): Promise<{ state: SettlementState; applied: boolean }> {
+  const { settlements } = rt.stores;
+  const s = await settlements.get(settlementId);
+  if (!s) throw errors.notFound('settlement');
+  const { view } = await read(rt, s);
+  if (view.status !== 'held') throw errors.transitionIllegal(`a ${view.status} settlement cannot be resolved this way`, view.status);
+  await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
+  const { won } = await settlements.claim(s._id, 'heldRuling', { outcome, at: new Date().toISOString() });
+  if (!won) throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
+  return applyRuling(rt, s, 'held-ruling');
+}
+
+/**
+ * Moves a settlement through every step that is due. Each decision is a fact recorded by unique insert (first
+ * writer wins) and each movement of money a ledger entry with a derived id, so the worker, the sweeper and an ops
+ * request may run this at once, or again after a crash anywhere, and every effect still happens exactly once.
+ */
+export async function advanceSettlement(rt: Runtime, settlementId: string, failpoint: Failpoint = noFailpoint): Promise<SettlementState | null> {
+  const { settlements, ledger, runs } = rt.stores;
+  const s = await settlements.get(settlementId);
+  if (!s) return null;
+  const facts: SettlementFacts = await settlements.factsOf(s._id);
+  const ref = { settlementId: s._id, runId: s.runId };
+  const fromEscrow = (amount: number): Leg => ({ walletId: s.payerWalletId, bucket: 'escrow', delta: -amount });
+  const toAvailable = (walletId: string, amount: number): Leg => ({ walletId, bucket: 'available', delta: amount });
+  // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
+  const applied = new Set<string>();
+  const move = async (id: string, kind: string, to: string, amount: number) => {
+    await ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs: [fromEscrow(amount), toAvailable(to, amount)], ref });
+    applied.add(id);
+  };
+
+  // 1. Decide from the verdict, once: the decision (time and signed receipt included) is a fact. A run finalized
+  //    without an artifact (its data could never make one) is a fail: its escrow is held for an ops ruling.
+  if (!facts.decision) {
+    const run = await runs.get(s.tenantId, s.runId);
+    if (!run || run.status !== 'finalized' || !run.verdict) throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
+    await ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent');
+    const pass = run.verdict === 'pass' && run.artifactId !== null;
+    const { holdback, releaseNow } = pass ? holdbackOf(s.amount, s.holdbackBps) : { holdback: 0, releaseNow: 0 };
+    const decidedAt = new Date();
+    const receipt = signReceipt(
+      {
+        schema: 'SettlementReceipt.v1',
+        settlementId: s._id,
+        runId: s.runId,
+        payerWalletId: s.payerWalletId,
+        payeeWalletId: s.payeeWalletId,
+        amount: s.amount,
+        releasedNow: releaseNow,
+        holdback,
+        currency: s.currency,
+        verdict: pass ? 'pass' : 'fail',
+        artifactId: run.artifactId,
+        artifactHash: run.artifactId?.slice('art_'.length) ?? null,
+        decidedAt: decidedAt.toISOString(),
+      },
+      rt.keys.active,
+    );
+    facts.decision = (
+      await settlements.claim(s._id, 'decision', {
+        verdict: pass ? 'pass' : 'fail',
+        reason: pass ? null : (run.finalizeError?.code ?? 'TERMS_NOT_MET'),
+        releaseNow,
+        holdback,
+        decidedAt: decidedAt.toISOString(),
+        disputeWindowEndsAt: new Date(decidedAt.getTime() + s.disputeWindowSeconds * 1000).toISOString(),
+        receipt,
+      })
+    ).fact;
+  }
+  const d = facts.decision;
+  const pass = d.verdict === 'pass';
+
+  // 2. Move what the decision releases now, then announce it (event ids derive from the settlement).
+  if (pass && d.releaseNow > 0) await move(entryIds.release(s._id), 'settlement_release', s.payeeWalletId, d.releaseNow);
+  failpoint('released');
+  if (pass) {
+    await emitEvent(rt, s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`);
+  } else {
+    await emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`);
+  }
+  failpoint('decided');
+
+  // 3. The holdback's fate: released when the window ends, unless a dispute claimed it first.
+  const windowEnds = Date.parse(d.disputeWindowEndsAt);
+  if (pass && d.holdback > 0 && !facts.holdback) {
+    if (Date.now() >= windowEnds) {
+      facts.holdback = (await settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })).fact;
+    } else {
+      await rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now());
+    }
+  }
+  if (facts.holdback?.fate === 'release') {
+    await move(entryIds.holdback(s._id), 'holdback_release', s.payeeWalletId, d.holdback);
+    failpoint('holdback-released');
+  }
+
+  // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
+  if (facts.holdback?.fate === 'dispute') {
+    const dispute = facts.holdback;
+    await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
+    const ruling = facts.ruling;
+    if (ruling) {
+      if (ruling.toPayer > 0) await move(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', s.payerWalletId, ruling.toPayer);
+      failpoint('dispute-payer-paid');
+      if (ruling.toPayee > 0) await move(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', s.payeeWalletId, ruling.toPayee);
+      failpoint('dispute-payee-paid');
+      await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`);
+    }
+  }
+
+  // 5. An ops ruling on a held settlement: the whole escrow to the payee, or back to the payer.
+  if (!pass && facts.heldRuling) {
+    const release = facts.heldRuling.outcome === 'release';
+    await move(entryIds.held(s._id, facts.heldRuling.outcome), release ? 'held_release' : 'held_refund', release ? s.payeeWalletId : s.payerWalletId, s.amount);
+    failpoint('held-resolved');
+    if (release) {
+      await emitEvent(rt, s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
+    }
+  }
+
+  const state = settlementState(s, facts, applied);
+  await settlements.cacheView(s._id, state.view);
+  const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
+  if (next) await settlements.due.mark(s._id, s.tenantId, next);
+  else await settlements.due.done(s._id);
+  return state;
+}
+
+/** When the sweeper should look again: never once final; rarely while waiting for a person; at the window's end. */
+function nextCheck({ view, facts }: SettlementState, staleAfterMs: number): Date | null {
+  if (view.final) return null;
+  const awaitingRuling = (view.status === 'held' && !facts.heldRuling) || (view.status === 'disputed' && !facts.ruling);
+  if (awaitingRuling) return new Date(Date.now() + AWAITING_RULING_RECHECK_MS);
+  if (view.holdbackState === 'held' && view.disputeWindowEndsAt) return new Date(view.disputeWindowEndsAt);
+  if (view.status === 'completed' && view.holdbackState === 'none' && view.disputeWindowEndsAt) return new Date(view.disputeWindowEndsAt);
+  return new Date(Date.now() + staleAfterMs);
+}
+
+/** Advances every settlement that is due (their job lost, or a step waiting for its time). */
+export async function sweepSettlements(rt: Runtime, limit: number): Promise<number> {
+  const now = Date.now();
+  const due = await rt.stores.settlements.due.due(new Date(now), limit);
+  for (const record of due) {
+    const advanced = await advanceSettlement(rt, record._id);
+    // A record is written just before its settlement: only one long without a settlement outlived a failed create.
+    if (!advanced && record.dueAt.getTime() < now - rt.config.sweeper.staleAfterMs) await rt.stores.settlements.due.done(record._id);
+  }
+  return due.length;
+}

@@ -1,0 +1,43 @@
+import type { RateLimitPolicy } from '../config.ts';
+import { errors } from '../domain/errors.ts';
+import type { Scope } from '../domain/scopes.ts';
+import type { Runtime } from '../runtime.ts';
+import type { ApiKeyDoc, IssuedKey } from '../store/api-keys.ts';
+import type { TenantDoc } from '../store/tenants.ts';
+
+export function createTenant(rt: Runtime, input: { name: string; rateLimit?: RateLimitPolicy | null }): Promise<TenantDoc> {
+  return rt.stores.tenants.create(input);
+}
+
+export function listTenants(rt: Runtime, limit: number): Promise<TenantDoc[]> {
+  return rt.stores.tenants.list(limit);
+}
+
+/** Issues an API key for an existing tenant; the token (secret included) is in the result only, never stored. */
+export async function issueApiKey(rt: Runtime, input: { tenantId: string; scopes: Scope[]; description?: string; expiresAt?: Date | null }): Promise<IssuedKey> {
+  if (!(await rt.stores.tenants.get(input.tenantId))) throw errors.notFound('tenant');
+  if (input.expiresAt && input.expiresAt.getTime() <= Date.now()) {
+    throw errors.validation('expiresAt must be in the future', { errors: [{ path: 'body.expiresAt', message: 'must be in the future' }] });
+  }
+  return rt.stores.apiKeys.issue(input);
+}
+
+export function listApiKeys(rt: Runtime, filter: { tenantId?: string }, limit: number): Promise<ApiKeyDoc[]> {
+  return rt.stores.apiKeys.list(filter, limit);
+}
+
+/** Issues a successor key; the old one keeps working for the grace period, then stops on every process. */
+export async function rotateApiKey(rt: Runtime, keyId: string, gracePeriodSeconds: number): Promise<{ issued: IssuedKey; old: ApiKeyDoc }> {
+  const rotated = await rt.stores.apiKeys.rotate(keyId, gracePeriodSeconds);
+  if (!rotated) throw errors.notFound('active API key');
+  await rt.credentials.invalidate('key', keyId);
+  return rotated;
+}
+
+/** Revokes a key now, on every API process within the invalidation latency. */
+export async function revokeApiKey(rt: Runtime, keyId: string): Promise<ApiKeyDoc> {
+  const key = await rt.stores.apiKeys.revoke(keyId);
+  if (!key) throw errors.notFound('API key');
+  await rt.credentials.invalidate('key', keyId);
+  return key;
+}
