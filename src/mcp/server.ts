@@ -104,6 +104,7 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
     output: O,
     handler: (args: z.infer<z.ZodObject<I>>) => Promise<ToolOutcome>,
   ): void {
+    // The SDK types the callback from the concrete shape; for a generic shape TypeScript cannot relate the two.
     server.registerTool(name, { description, inputSchema: input, outputSchema: toolOutput(output) }, (async (args: z.infer<z.ZodObject<I>>): Promise<CallToolResult> => {
       try {
         const { summary, data } = await handler(args);
