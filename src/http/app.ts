@@ -12,6 +12,7 @@ import swaggerPlugin from './plugins/swagger.ts';
 import { agentRoutes } from './routes/agents.ts';
 import { artifactRoutes } from './routes/artifacts.ts';
 import { healthRoutes } from './routes/health.ts';
+import { identityRoutes } from './routes/identity.ts';
 import { opsRoutes } from './routes/ops.ts';
 import { webhookRoutes } from './routes/webhooks.ts';
 import { runRoutes } from './routes/runs.ts';
@@ -58,6 +59,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
 
   await app.register(healthRoutes, { runtime });
   await app.register(opsRoutes, { runtime });
+  await app.register(identityRoutes);
   await app.register(agentRoutes, { runtime });
   await app.register(runRoutes, { runtime });
   await app.register(artifactRoutes, { runtime });

@@ -6,8 +6,11 @@ import { grants, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { sendError } from './errors.ts';
 
-/** What a route requires: a tenant scope, the admin credential, or nothing at all. */
-export type RouteAccess = Scope | 'admin' | 'public';
+/**
+ * What a route requires: a tenant scope, any valid tenant key whatever its scopes ('tenant', for routes that only
+ * describe the caller), the admin credential, or nothing at all.
+ */
+export type RouteAccess = Scope | 'tenant' | 'admin' | 'public';
 
 export type Principal =
   | { kind: 'admin'; credentialId: 'admin' }
@@ -87,6 +90,7 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     const key = await opts.runtime.credentials.authenticate(stores.apiKeys, credential);
     if (!key) throw errors.unauthenticated();
     request.principal = { kind: 'key', credentialId: key._id, tenantId: key.tenantId, scopes: key.scopes };
+    if (access === 'tenant') return;
     const needed: Scope = access === 'admin' ? 'ops' : access;
     if (!grants(key.scopes, needed)) throw errors.forbidden(needed);
   };
