@@ -1,13 +1,7 @@
 import type { FastifyInstance } from 'fastify';
-import { Type } from 'typebox';
 import { errors } from '../../domain/errors.ts';
-import { errorResponses } from '../schemas.ts';
-
-const WhoAmI = Type.Object({
-  tenantId: Type.String(),
-  keyId: Type.String(),
-  scopes: Type.Array(Type.String()),
-});
+import { errorResponses } from '../schemas/common.ts';
+import { WhoAmI } from '../schemas/identity.ts';
 
 export async function identityRoutes(app: FastifyInstance) {
   // Any valid tenant key may ask who it is: a client (the MCP server) proves its credentials before anything else.
