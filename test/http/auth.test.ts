@@ -1,5 +1,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { appendEvents, createRun, events, registerAgent } from '../helpers/agents.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
+
+/** Polls `check` until it holds, failing after `withinMs`. */
+async function waitUntil(check: () => Promise<boolean>, withinMs: number): Promise<void> {
+  const deadline = Date.now() + withinMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`not true within ${withinMs} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
 
 describe('authentication and scopes', () => {
   let t: TestApp;
@@ -67,6 +77,28 @@ describe('authentication and scopes', () => {
     expect((await listTenants(ops.auth)).statusCode).toBe(401);
     const listed = (await t.app.inject({ method: 'GET', url: '/ops/api-keys', headers: t.admin })).json().items;
     expect(listed.find((k: { keyId: string }) => k.keyId === ops.keyId).status).toBe('revoked');
+  });
+
+  it('makes a revocation and an agent key revocation effective on another API process within a second, with its cache warm', async () => {
+    const other = await startTestApp({ env: t.env, dropOnClose: false });
+    try {
+      const { auth } = await t.tenantWithKey(['agents:write', 'runs:write']);
+      const agent = await registerAgent(t, auth);
+      const runId = await createRun(t, auth, { agentId: agent.agentId });
+      // Warm the other process's caches: the key (authentication) and the agent (signature checks).
+      const [e1, e2] = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: 1 }, { type: 'log', payload: 2 }]);
+      expect((await appendEvents(other, auth, runId, [e1!])).statusCode).toBe(201);
+
+      const revokedKey = await t.app.inject({ method: 'POST', url: `/v1/agents/${agent.agentId}/keys/${agent.keyId}/revoke`, headers: auth });
+      expect(revokedKey.statusCode).toBe(200);
+      await waitUntil(async () => (await appendEvents(other, auth, runId, [e2!])).statusCode === 400, 1_000);
+
+      const keyId = (await other.app.inject({ method: 'GET', url: '/v1/whoami', headers: auth })).json().keyId as string;
+      expect((await t.app.inject({ method: 'POST', url: `/ops/api-keys/${keyId}/revoke`, headers: t.admin })).statusCode).toBe(200);
+      await waitUntil(async () => (await other.app.inject({ method: 'GET', url: '/v1/whoami', headers: auth })).statusCode === 401, 1_000);
+    } finally {
+      await other.close();
+    }
   });
 
   it('refuses an expired key with 401', async () => {
