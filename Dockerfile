@@ -1,11 +1,21 @@
+# Production image: the service runs as compiled JavaScript (`node dist/main.js`), not through a TypeScript loader.
+FROM node:20-slim AS build
+WORKDIR /app
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY tsconfig.json tsconfig.build.json ./
+COPY src ./src
+RUN npm run build
+
 FROM node:20-slim
 WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --omit=dev --no-audit --no-fund
-COPY src ./src
+COPY --from=build /app/dist ./dist
 COPY bin ./bin
+COPY src ./src
 COPY openapi ./openapi
 ENV NODE_ENV=production HOST=0.0.0.0 PORT=3000
 USER node
-ENTRYPOINT ["node", "--import", "tsx", "src/main.ts"]
+ENTRYPOINT ["node", "dist/main.js"]
 CMD ["api"]

@@ -64,8 +64,8 @@ export function createApiRedis(config: Config, logger: Logger): Redis {
 }
 
 /** Builds the runtime without touching the network; `connectRuntime` then opens the connections. */
-export function createRuntime(config: Config, logger: Logger): Runtime {
-  const mongo = createMongoClient(config);
+export function createRuntime(config: Config, logger: Logger, options: { monitorCommands?: boolean } = {}): Runtime {
+  const mongo = createMongoClient(config, options);
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
   const producers = new Producers(redis, config.redisPrefix);

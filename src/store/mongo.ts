@@ -1,13 +1,15 @@
 import { MongoClient, MongoServerError, type Collection, type Db, type Document, type OptionalUnlessRequiredId } from 'mongodb';
 import type { Config } from '../config.ts';
 
-export function createMongoClient(config: Config): MongoClient {
+/** `monitorCommands` lets tests observe every command the stores send (see test/store/id-lookups.test.ts). */
+export function createMongoClient(config: Config, options: { monitorCommands?: boolean } = {}): MongoClient {
   // A short server-selection timeout makes a request fail fast (503) instead of hanging while MongoDB is down.
   return new MongoClient(config.mongoUrl, {
     serverSelectionTimeoutMS: config.mongoServerSelectionTimeoutMs,
     connectTimeoutMS: 2_000,
     maxPoolSize: 50,
     appName: 'agent-settlement',
+    monitorCommands: options.monitorCommands ?? false,
   });
 }
 
