@@ -1,0 +1,43 @@
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+
+// The layers (README "Architecture"): http and workers on top, services in the middle, store and queues below,
+// domain at the bottom. These checks keep imports pointing one way.
+const root = fileURLToPath(new URL('..', import.meta.url));
+
+function files(dir: string): string[] {
+  return readdirSync(join(root, dir)).flatMap((name) => {
+    const path = join(dir, name);
+    return statSync(join(root, path)).isDirectory() ? files(path) : path.endsWith('.ts') ? [path] : [];
+  });
+}
+
+/** Project files a file imports, as paths relative to the repository root. */
+function imports(file: string): string[] {
+  const text = readFileSync(join(root, file), 'utf8');
+  const specifiers = [...text.matchAll(/^\s*(?:import|export)(?:[^'"]*?from\s+)?'(\.[^']+)'/gm)].map((m) => m[1]!);
+  return specifiers.map((s) => relative(root, join(root, file, '..', s)));
+}
+
+describe('layers', () => {
+  it('no route imports another route, and nothing outside http/app.ts imports a route', () => {
+    const offenders = [...files('src'), ...files('test')]
+      .filter((f) => f !== 'src/http/app.ts')
+      .flatMap((f) => imports(f).filter((i) => i.startsWith('src/http/routes/')).map((i) => `${f} -> ${i}`));
+    expect(offenders).toEqual([]);
+  });
+
+  it('services, stores, queues and workers never reach up into http', () => {
+    const offenders = ['src/services', 'src/store', 'src/queues', 'src/workers']
+      .flatMap(files)
+      .flatMap((f) => imports(f).filter((i) => i.startsWith('src/http/')).map((i) => `${f} -> ${i}`));
+    expect(offenders).toEqual([]);
+  });
+
+  it('domain imports nothing outside itself', () => {
+    const offenders = files('src/domain').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
+    expect(offenders).toEqual([]);
+  });
+});
