@@ -39,7 +39,7 @@ export async function settleRun(rt: Runtime, tenantId: string, runId: string, of
   const otherTerms = (r: RunDoc) => errors.conflict('TRANSITION_ILLEGAL', 'the run already has other settlement terms', { status: r.status, settlement: r.settlement });
   if (run.settlement && offered && canonicalize(offered) !== canonicalize(run.settlement)) throw otherTerms(run);
   if (!run.settlement) {
-    if (!offered) throw errors.validation('this run has no settlement terms; send them as settlement', { errors: [{ path: 'body.settlement', message: 'required' }] });
+    if (!offered) throw errors.conflict('TRANSITION_ILLEGAL', 'this run has no settlement terms; send them as settlement', { status: run.status, settlement: null });
     const current = run;
     run = await withRunEscrow(rt, tenantId, run._id, run.agentId, offered, () => runs.attachSettlement(tenantId, current._id, offered));
     if (canonicalize(run.settlement) !== canonicalize(offered)) throw otherTerms(run);

@@ -99,7 +99,7 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
 
   it('freezes the holdback on a dispute inside the window and does not release it when the window ends', async () => {
     const p = await parties(t, auth, 5_000);
-    const runId = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 2_000, disputeWindowSeconds: 2 });
+    const runId = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 2_000, disputeWindowSeconds: 5 });
     await settle(t, auth, runId);
     const s = await waitSettlement(t, auth, runId, (x) => x.status === 'completed');
     const opened = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/disputes`, headers: auth, payload: { reason: 'output was wrong', evidence: { ticket: 42 } } });
@@ -110,7 +110,7 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     const second = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/disputes`, headers: auth, payload: { reason: 'again' } });
     expect(second.statusCode).toBe(409);
 
-    await new Promise((r) => setTimeout(r, 3_000)); // the window ends; sweeps run every 500 ms
+    await new Promise((r) => setTimeout(r, 6_000)); // the window ends; sweeps run every 500 ms
     const frozen = (await t.app.inject({ method: 'GET', url: `/runs/${runId}/settlement`, headers: auth })).json();
     expect(frozen).toMatchObject({ status: 'disputed', holdbackState: 'frozen', releasedAmount: 800 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 800, escrow: 0 });
@@ -162,7 +162,9 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     await appendEvents(t, auth, runId, events(runId, { seq: 0, chainHash: null }, p.worker, [{ type: 'metric', payload: { name: 'accuracy', value: 0.95 } }]));
     await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
     await waitFinalized(t, auth, runId);
-    expect((await settle(t, auth, runId)).statusCode).toBe(400);
+    const withoutTerms = await settle(t, auth, runId);
+    expect(withoutTerms.statusCode).toBe(409); // a well-formed request the run's state refuses
+    expect(withoutTerms.json()).toMatchObject({ code: 'TRANSITION_ILLEGAL', details: { status: 'finalized', settlement: null } });
     const short = await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 401, currency: 'USD' } });
     expect(short.statusCode).toBe(402);
     const ok = await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 400, currency: 'USD' } });

@@ -5,24 +5,35 @@ import { AgentId, Timestamp } from './common.ts';
 
 const NAMESPACE = Type.String({ pattern: '^[a-z0-9][a-z0-9._-]{0,63}$' });
 const KEY_ID = Type.String({ pattern: '^key_[0-9a-f]{24}$' });
-const PublicKey = Type.String({ minLength: 43, maxLength: 2_000, description: 'Ed25519 public key: SPKI PEM, or base64url of the raw 32 bytes' });
+// 32 key bytes in base64: the last character carries 2 bits, so only these 16 end a canonical encoding.
+const KEY_BYTES_B64URL = '[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]';
+const KEY_BYTES_B64 = '[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=';
+/** The SPKI DER prefix of every Ed25519 public key (RFC 8410), in base64. */
+const ED25519_SPKI_PREFIX_B64 = 'MCowBQYDK2VwAyEA';
+const PublicKey = Type.String({
+  pattern: `^(${KEY_BYTES_B64URL}|-----BEGIN PUBLIC KEY-----\r?\n${ED25519_SPKI_PREFIX_B64}${KEY_BYTES_B64}\r?\n-----END PUBLIC KEY-----(\r?\n)?)$`,
+  description: 'Ed25519 public key: SPKI PEM, or base64url of the raw 32 bytes',
+});
 
-export const RegisterAgent = Type.Object(
-  {
-    agentId: Type.Optional(AgentId),
-    namespace: Type.Optional(NAMESPACE),
-    name: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._-]{1,128}$' })),
-    publicKey: PublicKey,
-    displayName: Type.Optional(Type.String({ maxLength: 200 })),
-    metadata: Type.Optional(
-      Type.Record(Type.String({ maxLength: 256 }), Type.Unknown(), {
-        maxProperties: 50,
-        description: 'any JSON object (at most 50 keys, nested at most 128 deep); returned exactly as sent',
-      }),
-    ),
-  },
-  { additionalProperties: false },
-);
+const agentFields = {
+  publicKey: PublicKey,
+  displayName: Type.Optional(Type.String({ maxLength: 200 })),
+  metadata: Type.Optional(
+    Type.Record(Type.String(), Type.Unknown(), {
+      propertyNames: { maxLength: 256 },
+      maxProperties: 50,
+      description: 'any JSON object (at most 50 keys, nested at most 128 deep); returned exactly as sent',
+    }),
+  ),
+};
+/** An agent id given whole, or made from namespace and name (each defaulted), never both. */
+export const RegisterAgent = Type.Union([
+  Type.Object({ agentId: AgentId, ...agentFields }, { additionalProperties: false }),
+  Type.Object(
+    { namespace: Type.Optional(NAMESPACE), name: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._-]{1,128}$' })), ...agentFields },
+    { additionalProperties: false },
+  ),
+]);
 export const Registered = Type.Object({ agentId: Type.String(), keyId: Type.String(), status: Type.Literal('active'), createdAt: Timestamp });
 export const AgentKey = Type.Object({
   keyId: Type.String(),

@@ -8,7 +8,9 @@ const Bound = Type.Union([
   Type.Object({ min: Type.Number() }, { additionalProperties: false }),
   Type.Object({ max: Type.Number() }, { additionalProperties: false }),
 ]);
-export const TermsSchema = Type.Record(Type.String({ pattern: '^[A-Za-z][A-Za-z0-9_]{0,63}$' }), Bound, {
+// The key rule goes in propertyNames: the OpenAPI writer turns a patterned key into a plain additionalProperties.
+export const TermsSchema = Type.Record(Type.String(), Bound, {
+  propertyNames: { pattern: '^[A-Za-z][A-Za-z0-9_]{0,63}$' },
   maxProperties: MAX_TERMS,
   description: 'metric name -> {min} | {max} (inclusive); e.g. {"accuracy":{"min":0.9},"latencyP95":{"max":800}}',
 });
