@@ -4,6 +4,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
 import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
+import contractPlugin from './plugins/contract.ts';
 import errorsPlugin from './plugins/errors.ts';
 import idempotencyPlugin from './plugins/idempotency.ts';
 import metricsPlugin from './plugins/metrics.ts';
@@ -40,6 +41,8 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
       return typeof sent === 'string' && SANE_REQUEST_ID.test(sent) ? sent : `req_${randomBytes(12).toString('base64url')}`;
     },
     trustProxy: false,
+    // Path parameters are bounded by their schemas (400 past the limit), not by the router (which would answer 414).
+    routerOptions: { maxParamLength: 2_000 },
     // Query strings and params are converted to their schema types; bodies never are (a string is not an amount).
   }).withTypeProvider<TypeBoxTypeProvider>();
   app.setValidatorCompiler(TypeBoxValidatorCompiler);
@@ -52,6 +55,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   });
 
   await app.register(errorsPlugin);
+  await app.register(contractPlugin);
   await app.register(swaggerPlugin);
   await app.register(metricsPlugin, { runtime });
   await app.register(authPlugin, { runtime, adminPrefixes: [BULL_BOARD_PATH] });

@@ -81,4 +81,16 @@ describe('HTTP platform', () => {
     expect(lines.join('')).not.toMatch(/SECRET/);
     expect(lines.join('')).toContain('[redacted]');
   });
+  it('answers a method the path does not have with 405 and Allow, even a bodiless QUERY, and an over-long id with 400', async () => {
+    const { auth } = await t.tenantWithKey(['runs:write']);
+    for (const method of ['DELETE', 'PUT', 'QUERY'] as const) {
+      const res = await t.app.inject({ method: method as 'DELETE', url: '/v1/runs/run_x/finalize', headers: auth });
+      expect(res.statusCode, method).toBe(405);
+      expect(res.headers.allow).toBe('POST');
+      expect(res.json()).toMatchObject({ code: 'METHOD_NOT_ALLOWED', requestId: expect.any(String) });
+    }
+    const long = await t.app.inject({ method: 'GET', url: `/v1/runs/${'r'.repeat(300)}`, headers: auth });
+    expect(long.statusCode).toBe(400);
+    expect(long.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'params.runId' }] } });
+  });
 });

@@ -1,0 +1,50 @@
+import type { FastifyInstance, RouteOptions } from 'fastify';
+import fp from 'fastify-plugin';
+import FindMyWay, { type HTTPMethod } from 'find-my-way';
+import { Type, type TSchema } from 'typebox';
+
+/**
+ * Keeps what the OpenAPI document promises and what the service does in step:
+ * - every route declares the error statuses the platform itself can answer (validation, credentials, rate limit,
+ *   idempotency, body limits, backends away), so a client generated from the document knows them all;
+ * - a path that exists under other methods answers 405 with `Allow`, not 404.
+ */
+const ErrorRef = Type.Ref('ErrorBody');
+const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH']);
+const METHODS: HTTPMethod[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'];
+
+function platformStatuses(route: RouteOptions, methods: string[]): number[] {
+  const schema = (route.schema ?? {}) as Record<string, unknown>;
+  const access = route.config?.access;
+  const statuses = new Set<number>([503]);
+  const hasBody = methods.some((m) => BODY_METHODS.has(m));
+  if (schema.params || schema.querystring || schema.headers || hasBody) statuses.add(400);
+  if (access !== 'public' && access !== undefined) [401, 403].forEach((s) => statuses.add(s));
+  if (route.config?.rateLimit !== false) statuses.add(429);
+  if (hasBody) [409, 413, 415, 422].forEach((s) => statuses.add(s)); // idempotency in progress / key reused; body rules
+  return [...statuses];
+}
+
+export default fp(async function contractPlugin(app: FastifyInstance) {
+  const router = FindMyWay({ ignoreTrailingSlash: false });
+
+  app.addHook('onRoute', (route) => {
+    const methods = ([] as string[]).concat(route.method).map((m) => m.toUpperCase());
+    for (const method of methods) {
+      if (method !== 'HEAD' || !methods.includes('GET')) router.on(method.toUpperCase() as HTTPMethod, route.url, () => undefined);
+    }
+    const schema = route.schema as { response?: Record<string, TSchema>; hide?: boolean } | undefined;
+    if (!schema?.response || schema.hide) return;
+    for (const status of platformStatuses(route, methods)) schema.response[status] ??= ErrorRef;
+  });
+
+  // Before any body handling: a method the path does not have is 405 whatever it carries.
+  app.addHook('onRequest', async (request, reply) => {
+    if (!request.is404) return;
+    const path = request.url.split('?')[0]!;
+    const allowed = METHODS.filter((m) => router.find(m, path) !== null);
+    if (allowed.length === 0) return;
+    reply.header('allow', allowed.join(', '));
+    return reply.status(405).send({ code: 'METHOD_NOT_ALLOWED', message: `${request.method} is not allowed here; use ${allowed.join(', ')}`, details: { allowed }, requestId: request.id });
+  });
+});
