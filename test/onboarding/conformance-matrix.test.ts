@@ -34,7 +34,7 @@ describe('conformance matrix', () => {
   });
   afterAll(() => t?.close());
 
-  const matrix = (tenantId: string, headers: Record<string, string>, payload: unknown = {}) =>
+  const matrix = (tenantId: string, headers: Record<string, string>, payload: Record<string, unknown> = {}) =>
     t.app.inject({ method: 'POST', url: `/v1/tenants/${tenantId}/onboarding/conformance-matrix`, headers, payload });
 
   it('budgets 12 calls per tenant and hour by default, configurable', () => {

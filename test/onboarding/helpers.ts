@@ -1,9 +1,10 @@
 import { expect } from 'vitest';
+import type { QueueName } from '../../src/queues/index.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { freePort } from '../helpers/redis-instance.ts';
 
 /** The app listening on a loopback port that config.publicBaseUrl names, as the smoke test and first paid call need. */
-export async function startListeningApp(options: { overrides?: Record<string, string>; workers?: Parameters<typeof startTestApp>[0]['workers'] } = {}): Promise<TestApp & { baseUrl: string }> {
+export async function startListeningApp(options: { overrides?: Record<string, string>; workers?: QueueName[] } = {}): Promise<TestApp & { baseUrl: string }> {
   const port = await freePort();
   const baseUrl = `http://127.0.0.1:${port}`;
   const t = await startTestApp({ workers: options.workers, overrides: { PUBLIC_BASE_URL: baseUrl, ...options.overrides } });

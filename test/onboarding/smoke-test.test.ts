@@ -26,7 +26,7 @@ describe('runtime-bootstrap smoke test', () => {
     await broken?.close();
   });
 
-  const run = (app: TestApp, tenantId: string, body: unknown, headers: Record<string, string>) =>
+  const run = (app: TestApp, tenantId: string, body: Record<string, unknown>, headers: Record<string, string>) =>
     app.app.inject({ method: 'POST', url: `/v1/tenants/${tenantId}/onboarding/runtime-bootstrap/smoke-test`, headers, payload: body });
 
   const pidOf = async (app: TestApp, smokeTestId: string) => (await app.runtime.stores.onboarding.smokeTest(smokeTestId))!.pid;
