@@ -49,6 +49,20 @@ export interface Config {
     /** Work older than this in a pending state without a live job is re-enqueued. */
     staleAfterMs: number;
   };
+  onboarding: {
+    /** 32-byte HMAC key of the buyer session cookies; also derives the first paid call's per-attempt credentials. */
+    sessionSecret: Buffer;
+    buyerSessionTtlSeconds: number;
+    /** How long the smoke test's MCP server may take for all its steps before it is killed. */
+    smokeTestTimeoutMs: number;
+    /**
+     * Tests only (refused in production): a script run as `node <script> mcp` instead of the shipped launcher, so a
+     * test can start a server that crashes or hangs.
+     */
+    smokeTestEntryForTests: string | null;
+    /** Budget of conformance-matrix calls per tenant. */
+    conformanceRateLimit: RateLimitPolicy;
+  };
 }
 
 export class ConfigError extends Error {
@@ -146,6 +160,22 @@ export function loadConfig(env: Env = process.env): Config {
     // Development only: every process derives the same key from the admin key, so they can read each other's secrets.
     webhookKey = Buffer.from(hkdfSync('sha256', adminKey, 'agent-settlement', 'webhook-secrets', 32));
   }
+  const sessionSecretRaw = env.BUYER_SESSION_SECRET;
+  if (nodeEnv === 'production' && !sessionSecretRaw) {
+    throw new ConfigError('BUYER_SESSION_SECRET', 'is required in production (32 bytes, base64)');
+  }
+  let sessionSecret: Buffer;
+  if (sessionSecretRaw) {
+    sessionSecret = Buffer.from(sessionSecretRaw, 'base64');
+    if (sessionSecret.length !== 32) throw new ConfigError('BUYER_SESSION_SECRET', 'must be 32 bytes, base64-encoded');
+  } else {
+    // Development only, as for the webhook key: every process derives the same secret from the admin key.
+    sessionSecret = Buffer.from(hkdfSync('sha256', adminKey, 'agent-settlement', 'buyer-sessions', 32));
+  }
+  const smokeTestEntryForTests = env.SMOKE_TEST_MCP_ENTRY_FOR_TESTS?.trim() || null;
+  if (nodeEnv === 'production' && smokeTestEntryForTests) {
+    throw new ConfigError('SMOKE_TEST_MCP_ENTRY_FOR_TESTS', 'is for tests only and refused in production');
+  }
   const port = int(env, 'PORT', 3000, 0, 65535);
   return {
     env: nodeEnv,
@@ -182,6 +212,16 @@ export function loadConfig(env: Env = process.env): Config {
     sweeper: {
       intervalMs: int(env, 'SWEEP_INTERVAL_MS', 30_000, 100, 3_600_000),
       staleAfterMs: int(env, 'SWEEP_STALE_AFTER_MS', 60_000, 0, 86_400_000),
+    },
+    onboarding: {
+      sessionSecret,
+      buyerSessionTtlSeconds: int(env, 'BUYER_SESSION_TTL_SECONDS', 8 * 3600, 60, 30 * 86_400),
+      smokeTestTimeoutMs: int(env, 'SMOKE_TEST_TIMEOUT_MS', 20_000, 1_000, 300_000),
+      smokeTestEntryForTests,
+      conformanceRateLimit: {
+        limit: int(env, 'CONFORMANCE_RATE_LIMIT_MAX', 12, 1, 10_000),
+        windowSeconds: int(env, 'CONFORMANCE_RATE_LIMIT_WINDOW_SECONDS', 3600, 1, 86_400),
+      },
     },
   };
 }

@@ -9,6 +9,7 @@ import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient } from './store/mongo.ts';
+import { OnboardingStore } from './store/onboarding.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
@@ -35,6 +36,7 @@ export interface Runtime {
     settlements: SettlementStore;
     webhookEndpoints: WebhookEndpointStore;
     webhookDeliveries: WebhookDeliveryStore;
+    onboarding: OnboardingStore;
   };
   keys: ServiceKeyRing;
   /** Cached API keys and agents, invalidated across processes through Redis. */
@@ -86,6 +88,7 @@ export function createRuntime(config: Config, logger: Logger, options: { monitor
       settlements: new SettlementStore(db),
       webhookEndpoints: new WebhookEndpointStore(db, config.webhooks.encryptionKey),
       webhookDeliveries: new WebhookDeliveryStore(db),
+      onboarding: new OnboardingStore(db),
     },
     keys: loadServiceKeys(config),
     credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),

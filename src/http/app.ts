@@ -14,6 +14,7 @@ import { agentRoutes } from './routes/agents.ts';
 import { artifactRoutes } from './routes/artifacts.ts';
 import { healthRoutes } from './routes/health.ts';
 import { identityRoutes } from './routes/identity.ts';
+import { onboardingRoutes } from './routes/onboarding.ts';
 import { opsRoutes } from './routes/ops.ts';
 import { webhookRoutes } from './routes/webhooks.ts';
 import { runRoutes } from './routes/runs.ts';
@@ -70,6 +71,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(walletRoutes, { runtime });
   await app.register(settlementRoutes, { runtime });
   await app.register(webhookRoutes, { runtime });
+  await app.register(onboardingRoutes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

@@ -64,8 +64,13 @@ export class ApiKeyStore {
     this.ends = db.collection<KeyEndDoc>('api_key_ends');
   }
 
-  async issue(input: { id?: string; tenantId: string; scopes: Scope[]; description?: string | null; expiresAt?: Date | null }): Promise<IssuedKey> {
-    const secret = randomBytes(32).toString('base64url');
+  /**
+   * `secret` may be given (>= 32 bytes of key material, base64url) by a caller that must be able to present the same
+   * token again after a crash without ever storing it (the first paid call derives it from the service's secret).
+   */
+  async issue(input: { id?: string; secret?: string; tenantId: string; scopes: Scope[]; description?: string | null; expiresAt?: Date | null }): Promise<IssuedKey> {
+    const secret = input.secret ?? randomBytes(32).toString('base64url');
+    if (!/^[A-Za-z0-9_-]{43,128}$/.test(secret)) throw new Error('an API key secret is 43-128 base64url characters');
     const key: ApiKeyDoc = {
       _id: input.id ?? newId('key'),
       tenantId: input.tenantId,

@@ -2,6 +2,7 @@ import type { Runtime } from '../runtime.ts';
 import { createFinalizeProcessor } from './finalize.ts';
 import type { ProcessorMap } from './runner.ts';
 import { createSettleProcessor } from './settle.ts';
+import { createSmokeTestProcessor } from './smoke-test.ts';
 import { createWebhookDispatchProcessor } from './webhook-dispatch.ts';
 
 /** The processor for each queue this codebase can work; a queue without one is not started. */
@@ -10,5 +11,6 @@ export function createProcessors(runtime: Runtime): ProcessorMap {
     finalize: createFinalizeProcessor(runtime),
     settle: createSettleProcessor(runtime),
     'webhook-dispatch': createWebhookDispatchProcessor(runtime),
+    'smoke-test': createSmokeTestProcessor(runtime),
   };
 }

@@ -1,6 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
+import { BUYER_SESSION_COOKIE, cookieValue, verifyBuyerSession } from '../../domain/buyer-session.ts';
 import { errors } from '../../domain/errors.ts';
 import { grants, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
@@ -8,13 +9,16 @@ import { sendError } from './errors.ts';
 
 /**
  * What a route requires: a tenant scope, any valid tenant key whatever its scopes ('tenant', for routes that only
- * describe the caller), the admin credential, or nothing at all.
+ * describe the caller), the onboarding credentials of the path's tenant ('onboarding', see below), the admin
+ * credential, or nothing at all.
  */
-export type RouteAccess = Scope | 'tenant' | 'admin' | 'public';
+export type RouteAccess = Scope | 'tenant' | 'onboarding' | 'admin' | 'public';
 
 export type Principal =
   | { kind: 'admin'; credentialId: 'admin' }
-  | { kind: 'key'; credentialId: string; tenantId: string; scopes: string[] };
+  | { kind: 'key'; credentialId: string; tenantId: string; scopes: string[] }
+  /** Acting for the path's tenant on an onboarding route; credentialId is 'admin', a key id or a session id. */
+  | { kind: 'onboarding'; via: 'admin' | 'api-key' | 'buyer-session'; credentialId: string; tenantId: string };
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -47,7 +51,7 @@ function presentedCredential(request: FastifyRequest): string | null {
 /** Tenant id of the principal; only reachable on routes that require a tenant scope. */
 export function tenantOf(request: FastifyRequest): string {
   const principal = request.principal;
-  if (principal?.kind !== 'key') throw errors.unauthenticated();
+  if (principal?.kind !== 'key' && principal?.kind !== 'onboarding') throw errors.unauthenticated();
   return principal.tenantId;
 }
 
@@ -72,9 +76,40 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     }
   });
 
+  /**
+   * Onboarding routes (`/v1/tenants/{tenantId}/onboarding/*`, contract section 3) take one of three credentials:
+   * header `x-api-key` with the admin key or a tenant key holding `onboarding`, or the buyer session cookie. Each is
+   * bound to the path's tenant; a credential of another tenant gets 404, so it learns nothing about this one.
+   */
+  const onboardingPrincipal = async (request: FastifyRequest): Promise<Principal> => {
+    const pathTenant = (request.params as { tenantId?: string }).tenantId;
+    if (!pathTenant) throw new Error(`onboarding route ${request.routeOptions.url} has no {tenantId} in its path`);
+    const apiKey = request.headers['x-api-key'];
+    if (typeof apiKey === 'string' && apiKey !== '') {
+      if (isAdminKey(apiKey)) return { kind: 'onboarding', via: 'admin', credentialId: 'admin', tenantId: pathTenant };
+      const key = await opts.runtime.credentials.authenticate(stores.apiKeys, apiKey);
+      if (!key) throw errors.unauthenticated();
+      if (key.tenantId !== pathTenant) throw errors.notFound('tenant');
+      if (!grants(key.scopes, 'onboarding')) throw errors.forbidden('onboarding');
+      return { kind: 'onboarding', via: 'api-key', credentialId: key._id, tenantId: pathTenant };
+    }
+    const cookie = cookieValue(request.headers.cookie, BUYER_SESSION_COOKIE);
+    if (cookie) {
+      const session = verifyBuyerSession(config.onboarding.sessionSecret, cookie);
+      if (!session) throw errors.unauthenticated('the buyer session is invalid or expired');
+      if (session.tenantId !== pathTenant) throw errors.notFound('tenant');
+      return { kind: 'onboarding', via: 'buyer-session', credentialId: session.sessionId, tenantId: pathTenant };
+    }
+    throw errors.unauthenticated();
+  };
+
   const authorize = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const access = request.routeOptions.config.access;
     if (access === undefined || access === 'public') return; // 404s carry no route config: nothing to protect.
+    if (access === 'onboarding') {
+      request.principal = await onboardingPrincipal(request);
+      return;
+    }
 
     const credential = presentedCredential(request);
     if (!credential) {

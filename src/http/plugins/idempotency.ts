@@ -68,7 +68,8 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     const key = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
     if (key === null) return;
     const principal = request.principal;
-    const owner = principal?.kind === 'key' ? `${principal.tenantId}:${principal.credentialId}` : (principal?.credentialId ?? `ip:${request.ip}`);
+    // Scoped to tenant + credential: an onboarding principal (admin key, tenant key or session) acts for its tenant.
+    const owner = principal && principal.kind !== 'admin' ? `${principal.tenantId}:${principal.credentialId}` : (principal?.credentialId ?? `ip:${request.ip}`);
     const redisKey = `${config.redisPrefix}:idem:${owner}:POST:${request.routeOptions.url}:${key}`;
     const print = fingerprint(request);
 

@@ -10,6 +10,11 @@ declare module 'fastify' {
   interface FastifyContextConfig {
     /** false exempts a route (health probes must answer even when a caller is over budget). */
     rateLimit?: boolean;
+    /**
+     * An extra budget for an expensive route, shared by every credential of the caller's tenant and counted on top
+     * of the default one; both appear in the RateLimit headers under their names.
+     */
+    tenantRateLimit?: { name: string; policy: RateLimitPolicy };
   }
 }
 
@@ -24,8 +29,9 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
   const limiters = new Map<string, RateLimiterRedis>();
   const tenantPolicies = new Map<string, { policy: RateLimitPolicy; until: number }>();
 
-  const limiterFor = (policy: RateLimitPolicy) => {
-    const id = `${policy.limit}:${policy.windowSeconds}`;
+  const limiterFor = (name: string, policy: RateLimitPolicy) => {
+    // The default budget keeps its key layout; a named route budget counts apart from it.
+    const id = name === 'default' ? `${policy.limit}:${policy.windowSeconds}` : `${name}:${policy.limit}:${policy.windowSeconds}`;
     let limiter = limiters.get(id);
     if (!limiter) {
       limiter = new RateLimiterRedis({
@@ -50,26 +56,39 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
     return policy;
   };
 
-  const consume = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
-    const principal = request.principal;
-    const policy = await policyFor(principal?.kind === 'key' ? principal.tenantId : null);
-    const subject = principal ? principal.credentialId : `ip:${request.ip}`;
-    reply.header('ratelimit-policy', `"default";q=${policy.limit};w=${policy.windowSeconds}`);
+  /** Draws one point from `policy` for `subject`; the IETF header items it contributes, or a 429 when over budget. */
+  const draw = async (name: string, policy: RateLimitPolicy, subject: string, reply: FastifyReply, policies: string[], states: string[]) => {
+    policies.push(`"${name}";q=${policy.limit};w=${policy.windowSeconds}`);
     let result: RateLimiterRes;
     try {
-      result = await limiterFor(policy).consume(subject, 1);
+      result = await limiterFor(name, policy).consume(subject, 1);
     } catch (rejection) {
       if (!(rejection instanceof RateLimiterRes)) throw rejection; // Redis unreachable: the error plugin answers 503.
       const retryAfter = Math.max(1, Math.ceil(rejection.msBeforeNext / 1000));
-      reply.header('ratelimit', `"default";r=0;t=${retryAfter}`);
+      states.push(`"${name}";r=0;t=${retryAfter}`);
+      reply.header('ratelimit-policy', policies.join(', '));
+      reply.header('ratelimit', states.join(', '));
       reply.header('retry-after', String(retryAfter));
       throw new ServiceError(429, 'RATE_LIMITED', `rate limit of ${policy.limit} requests per ${policy.windowSeconds}s exceeded`, {
+        policy: name,
         limit: policy.limit,
         windowSeconds: policy.windowSeconds,
         retryAfterSeconds: retryAfter,
       });
     }
-    reply.header('ratelimit', `"default";r=${result.remainingPoints};t=${Math.max(0, Math.ceil(result.msBeforeNext / 1000))}`);
+    states.push(`"${name}";r=${result.remainingPoints};t=${Math.max(0, Math.ceil(result.msBeforeNext / 1000))}`);
+  };
+
+  const consume = async (request: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    const principal = request.principal;
+    const tenantId = principal && principal.kind !== 'admin' ? principal.tenantId : null;
+    const policies: string[] = [];
+    const states: string[] = [];
+    await draw('default', await policyFor(tenantId), principal ? principal.credentialId : `ip:${request.ip}`, reply, policies, states);
+    const extra = request.routeOptions.config.tenantRateLimit;
+    if (extra && tenantId) await draw(extra.name, extra.policy, tenantId, reply, policies, states);
+    reply.header('ratelimit-policy', policies.join(', '));
+    reply.header('ratelimit', states.join(', '));
   };
 
   app.addHook('onRequest', async (request, reply) => {

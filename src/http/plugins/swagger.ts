@@ -19,6 +19,8 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
         securitySchemes: {
           bearer: { type: 'http', scheme: 'bearer', description: 'Tenant API key `sk_<keyId>.<secret>`, or the admin key on /ops' },
           adminBasic: { type: 'http', scheme: 'basic', description: 'Admin key as the Basic password (Bull Board in a browser)' },
+          apiKeyHeader: { type: 'apiKey', in: 'header', name: 'x-api-key', description: 'Onboarding routes: the admin key, or a tenant key with scope `onboarding`' },
+          buyerSession: { type: 'apiKey', in: 'cookie', name: 'ml_buyer_session', description: 'Onboarding routes: the buyer session cookie from POST /ops/tenants/{tenantId}/buyer-sessions' },
         },
       },
     },
@@ -31,7 +33,8 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
       const transformed = { ...(schema ?? {}) } as Record<string, unknown>;
       if (url.startsWith(BULL_BOARD_PATH)) transformed.hide = true;
       if (access && access !== 'public') {
-        transformed.security = access === 'admin' ? [{ bearer: [] }, { adminBasic: [] }] : [{ bearer: [] }];
+        transformed.security =
+          access === 'admin' ? [{ bearer: [] }, { adminBasic: [] }] : access === 'onboarding' ? [{ apiKeyHeader: [] }, { buyerSession: [] }] : [{ bearer: [] }];
         transformed['x-required-scope'] = access === 'admin' ? 'ops' : access;
       }
       return { schema: transformed, url };

@@ -2,8 +2,11 @@ import type { FastifyInstance } from 'fastify';
 import { Type, type Static } from 'typebox';
 import type { Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
+import { BUYER_SESSION_COOKIE } from '../../domain/buyer-session.ts';
+import { issueBuyerSession } from '../../services/onboarding.ts';
 import { createTenant, issueApiKey, listApiKeys, listTenants, revokeApiKey, rotateApiKey } from '../../services/tenants.ts';
 import { emptyBodyIsObject, errorResponses } from '../schemas/common.ts';
+import { BuyerSession, TenantParams } from '../schemas/onboarding.ts';
 import { ApiKey, ApiKeyParams, CreateApiKey, CreateTenant, IssuedApiKey, keyView, ListQuery, Rotate, Tenant, tenantView } from '../schemas/ops.ts';
 
 export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
@@ -54,4 +57,23 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     config: admin,
     schema: { tags, summary: 'Revoke an API key now, on every API process', params: ApiKeyParams, response: { 200: ApiKey, ...errorResponses(401, 403, 404) } },
   }, async (request) => keyView(await revokeApiKey(rt, request.params.keyId)));
+
+  app.post<{ Params: Static<typeof TenantParams> }>('/ops/tenants/:tenantId/buyer-sessions', {
+    config: admin,
+    schema: {
+      tags,
+      summary: 'Start a buyer session for the tenant\'s onboarding routes: Set-Cookie ml_buyer_session (HttpOnly, Secure, SameSite=Strict)',
+      params: TenantParams,
+      response: { 201: BuyerSession, ...errorResponses(401, 403, 404) },
+    },
+  }, async (request, reply) => {
+    const { tenantId } = request.params;
+    const { value, session } = await issueBuyerSession(rt, tenantId);
+    // Sent only to this tenant's onboarding routes; Strict keeps it off every cross-site request (these POSTs issue keys).
+    const path = `/v1/tenants/${tenantId}/onboarding`;
+    const maxAge = Math.max(0, Math.floor((session.expiresAt.getTime() - Date.now()) / 1000));
+    reply.header('set-cookie', `${BUYER_SESSION_COOKIE}=${value}; Path=${path}; Max-Age=${maxAge}; Expires=${session.expiresAt.toUTCString()}; HttpOnly; Secure; SameSite=Strict`);
+    reply.header('cache-control', 'no-store');
+    return reply.status(201).send({ tenantId, expiresAt: session.expiresAt.toISOString(), cookie: { name: BUYER_SESSION_COOKIE, path, sameSite: 'Strict' as const } });
+  });
 }

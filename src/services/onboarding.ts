@@ -1,0 +1,174 @@
+// Onboarding an agent runtime (contract section 10): a buyer session for the browser, the runtime bootstrap (a key
+// and the MCP configuration), the smoke test that starts the MCP server with that configuration, and the
+// conformance matrix that runs everything once and reports each runtime's snippet.
+import { fileURLToPath } from 'node:url';
+import { signBuyerSession, type BuyerSession } from '../domain/buyer-session.ts';
+import { decryptAtRest, encryptAtRest, newId } from '../domain/crypto.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
+import { mcpLaunch, mcpServersJson, RUNTIME_SCOPES, runtimeSnippet, type McpEnv, type McpLaunch, type RuntimeSnippet, type RuntimeTarget } from '../domain/onboarding.ts';
+import { jobIdFor } from '../queues/index.ts';
+import type { Runtime } from '../runtime.ts';
+import type { SmokeTestDoc } from '../store/onboarding.ts';
+import { paidCallAttemptId, runFirstPaidCall, type FirstPaidCallResult } from './first-paid-call.ts';
+import { probeMcpServer } from './mcp-probe.ts';
+import { issueApiKey } from './tenants.ts';
+
+/** The shipped launcher (`npx agent-settlement mcp` runs this file), from src/services or dist/services alike. */
+const MCP_LAUNCHER = fileURLToPath(new URL('../../bin/agent-settlement.js', import.meta.url));
+/** How long the API waits for a worker beyond the smoke test's own limit (queue latency, process start). */
+const SMOKE_WAIT_MARGIN_MS = 15_000;
+const SMOKE_POLL_MS = 150;
+/** The tool the smoke test calls: it reaches the API with the key and proves the tenant. */
+const SMOKE_TOOL = 'whoami';
+
+async function requireTenant(rt: Runtime, tenantId: string): Promise<void> {
+  if (!(await rt.stores.tenants.get(tenantId))) throw errors.notFound('tenant');
+}
+
+/** A signed, expiring session bound to one tenant; the caller sets it as the `ml_buyer_session` cookie. */
+export async function issueBuyerSession(rt: Runtime, tenantId: string): Promise<{ value: string; session: BuyerSession }> {
+  await requireTenant(rt, tenantId);
+  return signBuyerSession(rt.config.onboarding.sessionSecret, tenantId, rt.config.onboarding.buyerSessionTtlSeconds);
+}
+
+export interface RuntimeBootstrap {
+  tenantId: string;
+  apiKey: { keyId: string; scopes: string[] };
+  mcp: McpLaunch;
+  mcpConfigJson: string;
+}
+
+/** Issues a runtime key (shown once, in mcp.env) and the MCP configuration that carries it. */
+export async function bootstrapRuntime(rt: Runtime, tenantId: string): Promise<RuntimeBootstrap> {
+  await requireTenant(rt, tenantId);
+  const { key, token } = await issueApiKey(rt, { tenantId, scopes: RUNTIME_SCOPES, description: 'agent runtime (runtime bootstrap)' });
+  const launch = mcpLaunch({ SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token });
+  return { tenantId, apiKey: { keyId: key._id, scopes: key.scopes }, mcp: launch, mcpConfigJson: mcpServersJson(launch) };
+}
+
+/** Where a smoke test's env waits for its worker: sealed (AES-GCM, bound to this key name), expiring, deleted after use. */
+function sealedEnvKey(rt: Runtime, smokeTestId: string): string {
+  return `${rt.config.redisPrefix}:onboarding:smoke-env:${smokeTestId}`;
+}
+
+/**
+ * Starts a smoke test on the `smoke-test` queue and waits for its outcome. The job carries ids only; the env (with
+ * its API key) waits for the worker sealed in Redis, never in clear. The base URL must be this service's own: the
+ * worker would otherwise make requests wherever a caller points it.
+ */
+export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
+  await requireTenant(rt, tenantId);
+  let origin: string;
+  try {
+    origin = new URL(env.SERVICE_BASE_URL).origin;
+  } catch {
+    origin = '';
+  }
+  if (origin !== new URL(rt.config.publicBaseUrl).origin) {
+    throw errors.validation("env.SERVICE_BASE_URL must point at this service's base URL", { errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${rt.config.publicBaseUrl}` }] });
+  }
+  const smokeTestId = newId('smk');
+  const key = sealedEnvKey(rt, smokeTestId);
+  const waitMs = rt.config.onboarding.smokeTestTimeoutMs + SMOKE_WAIT_MARGIN_MS;
+  await rt.redis.set(key, encryptAtRest(rt.config.webhooks.encryptionKey, JSON.stringify(env), key), 'PX', waitMs);
+  try {
+    await rt.producers.enqueue('smoke-test', { tenantId, smokeTestId }, jobIdFor('smoke-test', smokeTestId), { attempts: 2 });
+    const deadline = Date.now() + waitMs;
+    while (Date.now() < deadline) {
+      const done = await rt.stores.onboarding.smokeTest(smokeTestId);
+      if (done) return done;
+      await new Promise((resolve) => setTimeout(resolve, SMOKE_POLL_MS));
+    }
+    throw new ServiceError(502, 'MCP_SMOKE_TEST_FAILED', 'no worker finished the smoke test in time', { step: 'timeout', smokeTestId, waitedMs: waitMs });
+  } finally {
+    await rt.redis.del(key).catch(() => undefined); // the worker deletes it too; whoever is first
+  }
+}
+
+/** The smoke test's answer for the route: the outcome, or 502 MCP_SMOKE_TEST_FAILED naming the failing step. */
+export async function smokeTest(rt: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
+  const doc = await runSmokeTest(rt, tenantId, env);
+  if (!doc.outcome.passed) {
+    throw new ServiceError(502, 'MCP_SMOKE_TEST_FAILED', `the MCP smoke test failed at ${doc.outcome.failedStep}: ${doc.outcome.error?.message ?? 'unknown'}`, {
+      step: doc.outcome.failedStep,
+      smokeTestId: doc._id,
+      ...(doc.outcome.error?.details ?? {}),
+    });
+  }
+  return doc;
+}
+
+/**
+ * The `smoke-test` job: starts the MCP server with the sealed env, and records what it saw once (a repeated job
+ * returns the first record). The env is deleted once the outcome is recorded.
+ */
+export async function smokeTestJob(rt: Runtime, payload: { tenantId: string; smokeTestId: string }): Promise<SmokeTestDoc> {
+  const store = rt.stores.onboarding;
+  const recorded = await store.smokeTest(payload.smokeTestId);
+  if (recorded) return recorded;
+  const key = sealedEnvKey(rt, payload.smokeTestId);
+  const sealed = await rt.redis.get(key);
+  const record = (outcome: SmokeTestDoc['outcome'], pid: number | null) =>
+    store.recordSmokeTest({ _id: payload.smokeTestId, tenantId: payload.tenantId, outcome, pid, createdAt: new Date() });
+  if (sealed === null) {
+    return record({ passed: false, failedStep: 'spawn', serverInfo: null, toolNames: [], call: null, error: { message: 'the smoke test expired before a worker took it', details: {} }, durationMs: 0 }, null);
+  }
+  const env = JSON.parse(decryptAtRest(rt.config.webhooks.encryptionKey, sealed, key)) as McpEnv;
+  try {
+    const { outcome, pid } = await probeMcpServer({
+      command: process.execPath,
+      args: [rt.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER, 'mcp'],
+      env: { ...env },
+      timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
+      tool: SMOKE_TOOL,
+      secrets: [env.SERVICE_API_KEY],
+    });
+    return await record(outcome, pid);
+  } finally {
+    await rt.redis.del(key).catch(() => undefined);
+  }
+}
+
+export type CheckStatus = 'passed' | 'degraded' | 'failed';
+
+export interface ConformanceMatrix {
+  tenantId: string;
+  ready: boolean;
+  apiKey: RuntimeBootstrap['apiKey'];
+  checks: {
+    bootstrap: { status: CheckStatus };
+    smokeTest: { status: CheckStatus; smokeTestId: string | null; step: string | null };
+    firstPaidCall: { status: CheckStatus; attemptId: string; step: string | null; result: FirstPaidCallResult | null };
+  };
+  targets: Array<RuntimeSnippet & { ready: boolean }>;
+}
+
+/** Runs bootstrap, smoke test and first paid call once, and reports every requested runtime's snippet with the checks. */
+export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: RuntimeTarget[]): Promise<ConformanceMatrix> {
+  const bootstrap = await bootstrapRuntime(rt, tenantId);
+  let smoke: ConformanceMatrix['checks']['smokeTest'];
+  try {
+    const doc = await runSmokeTest(rt, tenantId, bootstrap.mcp.env);
+    smoke = { status: doc.outcome.passed ? 'passed' : 'failed', smokeTestId: doc._id, step: doc.outcome.failedStep };
+  } catch (err) {
+    if (!(err instanceof ServiceError) || err.status !== 502) throw err;
+    smoke = { status: 'failed', smokeTestId: String(err.details?.smokeTestId ?? '') || null, step: String(err.details?.step ?? 'timeout') };
+  }
+  const attemptId = paidCallAttemptId(tenantId, null);
+  let paid: ConformanceMatrix['checks']['firstPaidCall'];
+  try {
+    const result = await runFirstPaidCall(rt, tenantId, { attemptId });
+    paid = { status: result.result, attemptId, step: null, result };
+  } catch (err) {
+    if (!(err instanceof ServiceError) || err.code !== 'SETTLD_API_CALL_FAILED') throw err;
+    paid = { status: 'failed', attemptId, step: String(err.details?.step ?? ''), result: null };
+  }
+  const ready = smoke.status === 'passed' && paid.status === 'passed';
+  return {
+    tenantId,
+    ready,
+    apiKey: bootstrap.apiKey,
+    checks: { bootstrap: { status: 'passed' }, smokeTest: smoke, firstPaidCall: paid },
+    targets: targets.map((target) => ({ ...runtimeSnippet(target, bootstrap.mcp), ready })),
+  };
+}
