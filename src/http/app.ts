@@ -1,4 +1,6 @@
+import { isUtf8 } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
+import { errors } from '../domain/errors.ts';
 import { TypeBoxValidatorCompiler, type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Runtime } from '../runtime.ts';
@@ -48,6 +50,14 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   app.setValidatorCompiler(TypeBoxValidatorCompiler);
   // JSON only: without Fastify's text/plain parser, any other media type gets 415.
   app.removeContentTypeParser('text/plain');
+  // Bytes that are not UTF-8 are refused, not decoded into U+FFFD: a signed payload must be what the client sent.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
+    const bytes = body as Buffer;
+    if (!isUtf8(bytes)) return done(errors.validation('the body is not valid UTF-8'), undefined);
+    return parseJson(request, bytes.toString('utf8'), done);
+  });
   app.addSchema(ErrorBody);
 
   app.addHook('onRequest', async (request, reply) => {
