@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { emitEvent } from '../../src/services/events.ts';
-import { deliveryIdFor } from '../../src/store/webhooks.ts';
+import { deliveryIdFor } from '../../src/store/webhook-deliveries.ts';
 import { deliverJobId, takeoverJobId } from '../../src/webhooks/jobs.ts';
 import { createWebhookDispatchProcessor } from '../../src/workers/webhook-dispatch.ts';
 import { DELIVERY_OVERRIDES, signatureHeaders, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
