@@ -58,7 +58,7 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
   const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = rt.stores;
   const log = rt.logger.child({ component: 'webhook-dispatch' });
   const { tenantId, _id: deliveryId } = current;
-  const endpoint = await endpoints.get(current.endpointId);
+  const [endpoint, event] = await Promise.all([endpoints.get(current.endpointId), outbox.get(current.eventId)]);
   // Deleting an endpoint does not touch its deliveries: each one is cancelled here, when its attempt comes due.
   if (!endpoint || endpoint.tenantId !== tenantId || endpoint.status === 'revoked') {
     await deliveries.transition(current, { status: 'cancelled', nextAttemptAt: null, lastError: 'endpoint deleted' });
@@ -68,7 +68,6 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
     await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `endpoint disabled: ${endpoint.disabledReason ?? ''}` });
     return { status: 'abandoned' };
   }
-  const event = await outbox.get(current.eventId);
   if (!event) {
     await deliveries.transition(current, { status: 'cancelled', nextAttemptAt: null, lastError: 'event no longer exists' });
     return { status: 'cancelled' };
@@ -88,18 +87,11 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
   const result: SendResult = headers
     ? await sendWebhook(endpoint.url, body, headers, { timeoutMs: config.webhooks.timeoutMs, allowPrivateAddresses: config.webhooks.allowPrivateAddresses, resolver: options.resolver })
     : { ok: false, statusCode: null, durationMs: 0, retryAfter: null, error: 'the endpoint secret cannot be decrypted; rotate it', refused: false };
-  const n = await deliveries.recordAttempt(current, {
-    startedAt,
-    durationMs: result.durationMs,
-    statusCode: result.statusCode,
-    error: result.ok ? null : result.error,
-    succeeded: result.ok,
-  });
-  const counted = { roundAttempts: current.roundAttempts + 1, attemptCount: n, lastStatusCode: result.statusCode };
-  const logFields = { tenantId, endpointId: endpoint._id, deliveryId, eventId: event._id, attempt: n, statusCode: result.statusCode, durationMs: result.durationMs };
+  const attempt = { startedAt, durationMs: result.durationMs, statusCode: result.statusCode, error: result.ok ? null : result.error, succeeded: result.ok };
+  const logFields = { tenantId, endpointId: endpoint._id, deliveryId, eventId: event._id, attempt: current.attemptCount + 1, statusCode: result.statusCode, durationMs: result.durationMs };
 
   if (result.ok) {
-    await deliveries.transition(current, { ...counted, status: 'succeeded', nextAttemptAt: null, lastError: null });
+    await deliveries.transition(current, { status: 'succeeded', nextAttemptAt: null, lastError: null }, attempt);
     // Health bookkeeping only when it changes something that matters (a write per delivery is costly on FerretDB).
     const now = Date.now();
     if (endpoint.failingSince || !endpoint.lastSuccessAt || now - endpoint.lastSuccessAt.getTime() > 60_000) await endpoints.markSuccess(endpoint._id, new Date(now));
@@ -108,7 +100,7 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
   }
 
   if (result.statusCode === 410) {
-    await deliveries.transition(current, { ...counted, status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` });
+    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` }, attempt);
     await disableEndpoint(rt, endpoint, 'the receiver answered 410 Gone');
     log.info(logFields, 'webhook receiver is gone');
     return { status: 'abandoned' };
@@ -119,20 +111,20 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
   const failingSince = endpoint.failingSince ?? startedAt;
   const disableAfter = DISABLE_AFTER_FAILING_MS * config.webhooks.retryScale;
   if (disableAfter > 0 && Date.now() - failingSince.getTime() >= disableAfter) {
-    await deliveries.transition(current, { ...counted, status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` });
+    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` }, attempt);
     await disableEndpoint(rt, endpoint, `every delivery failed since ${failingSince.toISOString()}`);
     log.info({ ...logFields, error: result.error }, 'webhook attempt failed');
     return { status: 'abandoned' };
   }
 
-  const retrying = counted.roundAttempts < MAX_ATTEMPTS;
-  const delayMs = retrying ? retryDelayMs(counted.roundAttempts, config.webhooks.retryScale, parseRetryAfter(result.retryAfter)) : 0;
-  const next = await deliveries.transition(current, {
-    ...counted,
-    status: retrying ? 'pending' : 'failed',
-    nextAttemptAt: retrying ? new Date(Date.now() + delayMs) : null,
-    lastError: result.error,
-  });
+  const nextIndex = current.roundAttempts + 1;
+  const retrying = nextIndex < MAX_ATTEMPTS;
+  const delayMs = retrying ? retryDelayMs(nextIndex, config.webhooks.retryScale, parseRetryAfter(result.retryAfter)) : 0;
+  const next = await deliveries.transition(
+    current,
+    { status: retrying ? 'pending' : 'failed', nextAttemptAt: retrying ? new Date(Date.now() + delayMs) : null, lastError: result.error },
+    attempt,
+  );
   log.info({ ...logFields, error: result.error, retryInMs: retrying ? delayMs : null }, 'webhook attempt failed');
   if (!endpoint.failingSince) await endpoints.markFailing(endpoint._id, startedAt);
   return { status: retrying ? 'retrying' : 'failed', ...(next && retrying ? { next: { delivery: next, delayMs } } : {}) };
@@ -167,15 +159,20 @@ export async function sweepWebhookWork(rt: Runtime, options: { batch: number; no
   for (let bucket = start; bucket <= bucketOf(now) && budget > 0; bucket++) {
     const entries = await due.read(bucket);
     let firstLive: number | null = null;
+    const done: number[] = [];
     for (const entry of entries) {
-      if (budget <= 0 || entry.dueAt.getTime() > now) {
+      // Work that fell due only just now is its job's to do; the sweeper is for work whose job was lost.
+      if (budget <= 0 || entry.dueAt.getTime() > now - rt.config.sweeper.staleAfterMs) {
         firstLive ??= entry.n;
         if (budget <= 0) break;
         continue;
       }
       budget--;
       const check = await checkDueEntry(rt, entry, bucket, now);
-      if (check === 'done') continue;
+      if (check === 'done') {
+        done.push(entry.n);
+        continue;
+      }
       firstLive ??= entry.n;
       if (check === 'enqueued') counts[entry.kind === 'fan-out' ? 'events' : 'deliveries']++;
     }
@@ -185,7 +182,7 @@ export async function sweepWebhookWork(rt: Runtime, options: { batch: number; no
       await due.clear(bucket);
       await due.moveCursor(bucket + 1);
     } else if (entries.length > 0) {
-      await due.doneBefore(bucket, firstLive ?? entries.at(-1)!.n + 1);
+      await due.remember(bucket, firstLive ?? entries.at(-1)!.n + 1, done);
     }
   }
   if (counts.events + counts.deliveries > 0) rt.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
@@ -196,8 +193,7 @@ async function checkDueEntry(rt: Runtime, entry: DueEntry, bucket: number, now: 
   if (entry.kind === 'fan-out') {
     const event = await rt.stores.outbox.get(entry.eventId);
     if (!event || event.fannedOutAt) return 'done';
-    if (event.createdAt.getTime() > now - rt.config.sweeper.staleAfterMs) return 'waiting'; // its job is on its way
-    const state = await rt.producers.ensure('webhook-dispatch', { tenantId: event.tenantId, eventId: event._id }, fanOutJobId(event._id));
+      const state = await rt.producers.ensure('webhook-dispatch', { tenantId: event.tenantId, eventId: event._id }, fanOutJobId(event._id));
     return state === 'live' ? 'waiting' : 'enqueued';
   }
   const d = await rt.stores.webhookDeliveries.get(entry.deliveryId);

@@ -44,7 +44,7 @@ export class RevisionLog<T extends Revisioned & Document> {
       doc = next.doc;
       moved = true;
     }
-    if (moved) await this.writeCache(doc);
+    if (moved) this.writeCache(doc);
     return doc;
   }
 
@@ -52,12 +52,15 @@ export class RevisionLog<T extends Revisioned & Document> {
   async commit(current: T, changes: Partial<T>): Promise<T | null> {
     const next = { ...current, ...changes, rev: current.rev + 1 } as T;
     if (!(await insertFirst(this.revisions, { _id: `${current._id}#${next.rev}`, doc: next }))) return null;
-    await this.writeCache(next);
+    this.writeCache(next);
     return next;
   }
 
-  /** Cache only: a stale write here is corrected by the next read. */
-  private async writeCache(doc: T): Promise<void> {
-    await this.docs.replaceOne({ _id: doc._id } as never, doc as never);
+  /**
+   * Cache only, so nobody waits for it: a write that is late, lost or fails is corrected by the next read, which
+   * follows the revisions from whatever revision the cache holds.
+   */
+  private writeCache(doc: T): void {
+    this.docs.replaceOne({ _id: doc._id } as never, doc as never).catch(() => undefined);
   }
 }

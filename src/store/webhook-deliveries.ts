@@ -131,14 +131,21 @@ export class WebhookDeliveryStore {
   }
 
   /**
-   * Moves the delivery from exactly `current.rev` to its next revision. Returns the new state, or null when
-   * something else (a replay, another worker) moved it first.
+   * Moves the delivery from exactly `current.rev` to its next revision, counting `attempt` if one was just made.
+   * The attempt record and the new state's index entries are written first (side by side: neither needs the
+   * other). Returns the new state, or null when something else (a replay, another worker) moved it first; the
+   * attempt stays recorded either way, as it happened.
    */
-  async transition(current: WebhookDeliveryDoc, changes: Pick<WebhookDeliveryDoc, 'status' | 'nextAttemptAt' | 'lastError'> & Partial<WebhookDeliveryDoc>): Promise<WebhookDeliveryDoc | null> {
+  async transition(
+    current: WebhookDeliveryDoc,
+    changes: Pick<WebhookDeliveryDoc, 'status' | 'nextAttemptAt' | 'lastError'> & Partial<WebhookDeliveryDoc>,
+    attempt?: AttemptResult,
+  ): Promise<WebhookDeliveryDoc | null> {
     const now = new Date();
     const next = { ...current, ...changes, updatedAt: now, ...(changes.status === 'succeeded' ? { succeededAt: now } : {}) };
-    await this.index(next);
-    return this.log.commit(current, next);
+    const [n] = await Promise.all([attempt ? this.recordAttempt(current, attempt) : null, this.index(next)]);
+    const counted = n === null ? {} : { attemptCount: n, roundAttempts: current.roundAttempts + 1, lastStatusCode: attempt!.statusCode };
+    return this.log.commit(current, { ...next, ...counted });
   }
 
   /** The index entries a delivery in this state needs, written before the state itself (see the header). */
@@ -154,7 +161,7 @@ export class WebhookDeliveryStore {
    * Records an attempt as it happened (before the delivery's state moves on, so an attempt whose worker dies right
    * after it is still listed). Returns its number: the first free one after those the delivery knows of.
    */
-  async recordAttempt(current: WebhookDeliveryDoc, result: AttemptResult): Promise<number> {
+  private async recordAttempt(current: WebhookDeliveryDoc, result: AttemptResult): Promise<number> {
     for (let n = current.attemptCount + 1; ; n++) {
       const doc = { _id: `${current._id}#${n}`, tenantId: current.tenantId, deliveryId: current._id, endpointId: current.endpointId, attempt: n, ...result };
       if (await insertFirst(this.attempts, doc)) return n;

@@ -13,8 +13,8 @@ import { Sequence, type SequenceEntry } from './sequence.ts';
  * pending at nextAttemptAt), so a crash at any point leaves either no work or work with an entry. The sweeper walks
  * the buckets from its cursor to the current one, re-checks each entry that has fallen due against the record it
  * names (stale entries are harmless), re-enqueues what has no live job, and removes a past bucket once every entry
- * in it is done, moving the cursor past it. The position of a bucket's first entry not yet done is remembered, so a
- * sweep does not re-read the done ones before it. Known limit: a writer that stalls for longer than the sweeper's grace
+ * in it is done, moving the cursor past it. Which entries are done is remembered in Redis, so a sweep reads only
+ * entries that may still be due. Known limit: a writer that stalls for longer than the sweeper's grace
  * between computing a bucket and inserting into it may land behind the cursor; its job, enqueued right after,
  * still carries the work, so only a second failure (that job lost too) leaves it to be found by hand.
  */
@@ -33,8 +33,8 @@ interface CursorDoc {
 }
 
 const CURSOR_ID = 'sweeper';
-/** A bucket's first-live-entry hint outlives any sweep of it; a bucket still swept after that reads from 1 again. */
-const FIRST_HINT_TTL_MS = 7 * 24 * 3600 * 1000;
+/** A bucket's done-entry hints outlive any sweep of it; a bucket still swept after that is read in full again. */
+const HINT_TTL_MS = 7 * 24 * 3600 * 1000;
 
 export function bucketOf(at: Date | number): number {
   return Math.floor((typeof at === 'number' ? at : at.getTime()) / DUE_BUCKET_MS);
@@ -80,20 +80,26 @@ export class WebhookDueIndex {
   }
 
   /**
-   * The bucket's entries from its first one not known to be done. That position is a hint in Redis (lost with
-   * Redis, it starts again at 1): entries before it are all done and removed, and new ones only ever come after.
+   * The bucket's entries that are not known to be done. What is known is a hint in Redis (lost with Redis, every
+   * entry is read and checked again): the position of the first entry not done (entries before it are done, and
+   * new ones only ever come after), and the positions found done after it.
    */
   async read(bucket: number): Promise<DueEntry[]> {
     const owner = String(bucket);
-    const [head, first] = await Promise.all([this.entries.head(owner), this.redis.get(this.firstKey(bucket))]);
+    const [head, first, done] = await Promise.all([this.entries.head(owner), this.redis.get(this.firstKey(bucket)), this.redis.smembers(this.doneKey(bucket))]);
     const from = Math.max(1, Number(first ?? 1));
-    const slots = await Promise.all(Array.from({ length: Math.max(0, head - from + 1) }, (_, i) => this.entries.get(owner, from + i)));
+    const skip = new Set(done.map(Number));
+    const positions = Array.from({ length: Math.max(0, head - from + 1) }, (_, i) => from + i).filter((n) => !skip.has(n));
+    const slots = await Promise.all(positions.map((n) => this.entries.get(owner, n)));
     return slots.filter((e): e is DueEntry => e !== null);
   }
 
-  /** Every entry of the bucket before position `n` is done. */
-  async doneBefore(bucket: number, n: number): Promise<void> {
-    await this.redis.set(this.firstKey(bucket), String(n), 'PX', FIRST_HINT_TTL_MS);
+  /** Remembers which entries of the bucket are done: all before `firstLive`, and `done` after it. */
+  async remember(bucket: number, firstLive: number, done: number[]): Promise<void> {
+    const pipeline = this.redis.multi().set(this.firstKey(bucket), String(firstLive), 'PX', HINT_TTL_MS);
+    const after = done.filter((n) => n > firstLive);
+    if (after.length > 0) pipeline.sadd(this.doneKey(bucket), ...after.map(String)).pexpire(this.doneKey(bucket), HINT_TTL_MS);
+    await pipeline.exec();
   }
 
   /** Removes a past bucket whose entries are all done, last entry first (an interrupted clear leaves no gap). */
@@ -101,7 +107,11 @@ export class WebhookDueIndex {
     const owner = String(bucket);
     for (let n = await this.entries.head(owner); n >= 1; n--) await this.entries.remove(owner, n);
     await this.entries.forget(owner);
-    await this.redis.del(this.firstKey(bucket));
+    await this.redis.del(this.firstKey(bucket), this.doneKey(bucket));
+  }
+
+  private doneKey(bucket: number): string {
+    return `${this.counterPrefix}:webhook-due-done:${bucket}`;
   }
 
   private firstKey(bucket: number): string {
