@@ -93,6 +93,11 @@ export class WebhookDeliveryStore {
     return this.log.get(id);
   }
 
+  /** The delivery if it is still at revision `rev` (what a job scheduled for that revision acts on), else null. */
+  getAt(id: string, rev: number): Promise<WebhookDeliveryDoc | null> {
+    return this.log.getAt(id, rev);
+  }
+
   /**
    * The delivery of this event to this endpoint, created once. A delivery to a disabled endpoint is created
    * `abandoned` (and parked), so re-enabling the endpoint replays it.

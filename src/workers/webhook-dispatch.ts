@@ -35,8 +35,8 @@ export function createWebhookDispatchProcessor(runtime: Runtime, options: Webhoo
     }
     let outcome: AttemptOutcome;
     try {
-      const current = await runtime.stores.webhookDeliveries.get(deliveryId);
-      if (!current || current.tenantId !== tenantId || current.rev !== rev || current.status !== 'pending') return { skipped: 'stale revision' };
+      const current = await runtime.stores.webhookDeliveries.getAt(deliveryId, rev);
+      if (!current || current.tenantId !== tenantId || current.status !== 'pending') return { skipped: 'stale revision' };
       outcome = await attemptDelivery(runtime, current, { resolver: options.resolver });
     } finally {
       await releaseLease(redis, key, token).catch(() => undefined);
