@@ -15,7 +15,9 @@ import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { TenantStore } from './store/tenants.ts';
-import { WebhookDeliveryStore, WebhookEndpointStore } from './store/webhooks.ts';
+import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
+import { WebhookDueIndex } from './store/webhook-due.ts';
+import { WebhookEndpointStore } from './store/webhook-endpoints.ts';
 
 /** Everything a process shares: connections, producers and stores, each built once here (main.ts or a test builds the runtime). */
 export interface Runtime {
@@ -36,6 +38,7 @@ export interface Runtime {
     settlements: SettlementStore;
     webhookEndpoints: WebhookEndpointStore;
     webhookDeliveries: WebhookDeliveryStore;
+    webhookDue: WebhookDueIndex;
     onboarding: OnboardingStore;
   };
   keys: ServiceKeyRing;
@@ -71,6 +74,7 @@ export function createRuntime(config: Config, logger: Logger, options: { monitor
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
   const producers = new Producers(redis, config.redisPrefix);
+  const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
   return {
     config,
     logger,
@@ -81,13 +85,14 @@ export function createRuntime(config: Config, logger: Logger, options: { monitor
     stores: {
       tenants: new TenantStore(db),
       apiKeys: new ApiKeyStore(db),
-      outbox: new OutboxStore(db),
+      outbox: new OutboxStore(db, webhookDue),
       agents: new AgentStore(db),
       runs: new RunStore(db),
       ledger: new LedgerStore(db),
       settlements: new SettlementStore(db),
-      webhookEndpoints: new WebhookEndpointStore(db, config.webhooks.encryptionKey),
-      webhookDeliveries: new WebhookDeliveryStore(db),
+      webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),
+      webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
+      webhookDue,
       onboarding: new OnboardingStore(db),
     },
     keys: loadServiceKeys(config),

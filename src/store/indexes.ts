@@ -5,13 +5,6 @@ export async function ensureIndexes(db: Db): Promise<void> {
   await Promise.all([
     db.collection('api_keys').createIndex({ tenantId: 1, createdAt: -1 }),
     db.collection('tenants').createIndex({ createdAt: -1 }),
-    db.collection('outbox_events').createIndex({ fannedOutAt: 1, createdAt: 1 }),
-    db.collection('webhook_endpoints').createIndex({ tenantId: 1, createdAt: -1, _id: -1 }),
-    db.collection('webhook_endpoints').createIndex({ tenantId: 1, events: 1 }),
-    db.collection('webhook_deliveries').createIndex({ tenantId: 1, endpointId: 1, createdAt: -1, _id: -1 }),
-    db.collection('webhook_deliveries').createIndex({ status: 1, nextAttemptAt: 1 }),
-    db.collection('webhook_deliveries').createIndex({ endpointId: 1, status: 1 }),
-    db.collection('webhook_attempts').createIndex({ tenantId: 1, deliveryId: 1, startedAt: 1 }),
     db.collection('agents').createIndex({ tenantId: 1, createdAt: -1 }),
     db.collection('runs').createIndex({ tenantId: 1, createdAt: -1 }),
     db.collection('runs').createIndex({ status: 1, finalizeRequestedAt: 1 }),

@@ -2,6 +2,7 @@ import type { Collection, Db } from 'mongodb';
 import { sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
 import { insertFirst } from './mongo.ts';
+import type { WebhookDueIndex } from './webhook-due.ts';
 
 /**
  * An event the service emitted, recorded durably before anything is delivered. Its id is derived from what caused
@@ -24,14 +25,21 @@ export function eventIdFor(cause: string): string {
 export class OutboxStore {
   readonly events: Collection<OutboxEventDoc>;
 
-  constructor(db: Db) {
+  constructor(
+    db: Db,
+    private readonly due: WebhookDueIndex,
+  ) {
     this.events = db.collection<OutboxEventDoc>('outbox_events');
   }
 
-  /** Records the event once: a repeat with the same cause returns the first record unchanged. */
+  /**
+   * Records the event once: a repeat with the same cause returns the first record unchanged. Its fan-out is entered
+   * in the due index first, so an event whose fan-out job is never enqueued (the emitter died) is still found.
+   */
   async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
     const event: OutboxEventDoc = { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null };
+    await this.due.add({ kind: 'fan-out', tenantId, eventId: _id, dueAt: event.createdAt });
     // A repeat loses to the first record, which stands; the id is all callers need (the dispatcher reads the record).
     await insertFirst(this.events, event);
     return event;
@@ -39,5 +47,10 @@ export class OutboxStore {
 
   get(eventId: string): Promise<OutboxEventDoc | null> {
     return this.events.findOne({ _id: eventId });
+  }
+
+  /** By `_id` alone; only the fan-out writes this field, and a repeat only moves the timestamp. */
+  async markFannedOut(eventId: string, at: Date): Promise<void> {
+    await this.events.updateOne({ _id: eventId }, { $set: { fannedOutAt: at } });
   }
 }

@@ -1,10 +1,8 @@
 // Jobs of the `webhook-dispatch` queue: the fan-out job (name `webhook-dispatch`, one per outbox event) and one
-// `deliver` job per delivery attempt. Job ids are derived from what they act on, so enqueueing the same work twice
-// adds one job.
-import type { Queue } from 'bullmq';
+// `deliver` job per delivery revision. Job ids are derived from what they act on, so enqueueing the same work twice
+// adds one job. They are enqueued through runtime.producers (schedule / ensure).
 import type { Redis } from 'ioredis';
-import { Value } from 'typebox/value';
-import { jobIdFor, QueuePayloads, type Producers } from '../queues/index.ts';
+import { jobIdFor } from '../queues/index.ts';
 
 export const DELIVER_JOB = 'deliver';
 
@@ -15,35 +13,6 @@ export function fanOutJobId(eventId: string): string {
 /** One job per revision of a delivery: a new attempt, a replay or a takeover after a crash always gets a new id. */
 export function deliverJobId(deliveryId: string, rev: number): string {
   return jobIdFor('webhook-dispatch', deliveryId, String(rev));
-}
-
-function queueOf(producers: Producers): Queue {
-  return producers.queues['webhook-dispatch'];
-}
-
-/** Enqueues the attempt of `deliveryId` at revision `rev`, after `delayMs`. */
-export async function scheduleDelivery(producers: Producers, input: { tenantId: string; deliveryId: string; rev: number }, delayMs: number): Promise<void> {
-  const payload = { kind: 'deliver' as const, tenantId: input.tenantId, deliveryId: input.deliveryId, rev: input.rev };
-  if (!Value.Check(QueuePayloads['webhook-dispatch'], payload)) throw new Error('invalid deliver job payload');
-  await queueOf(producers).add(DELIVER_JOB, payload, { jobId: deliverJobId(input.deliveryId, input.rev), delay: Math.max(0, Math.round(delayMs)) });
-}
-
-/**
- * Makes sure a job with this id is waiting, delayed or active. A job that already finished (completed, or failed
- * after its retries) would make BullMQ ignore a new add with the same id, so it is removed first. Safe to run from
- * several sweepers at once: the same id can only ever be one job.
- */
-export async function ensureLiveJob(producers: Producers, name: string, data: Record<string, unknown>, jobId: string): Promise<boolean> {
-  const queue = queueOf(producers);
-  const existing = await queue.getJob(jobId);
-  if (existing) {
-    const state = await existing.getState();
-    if (state !== 'completed' && state !== 'failed' && state !== 'unknown') return false;
-    await existing.remove().catch(() => undefined);
-  }
-  if (!Value.Check(QueuePayloads['webhook-dispatch'], data)) throw new Error(`invalid ${name} job payload`);
-  await queue.add(name, data, { jobId });
-  return true;
 }
 
 /**

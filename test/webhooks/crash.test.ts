@@ -3,7 +3,7 @@ import { fileURLToPath } from 'node:url';
 import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { emitEvent } from '../../src/services/events.ts';
-import { deliveryIdFor } from '../../src/store/webhooks.ts';
+import { deliveryIdFor } from '../../src/store/webhook-deliveries.ts';
 import { deliverJobId, takeoverJobId } from '../../src/webhooks/jobs.ts';
 import { createWebhookDispatchProcessor } from '../../src/workers/webhook-dispatch.ts';
 import { DELIVERY_OVERRIDES, signatureHeaders, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
@@ -84,7 +84,8 @@ describe('a worker killed mid-delivery', () => {
       const queue = h.runtime.producers.queues['webhook-dispatch'];
       await waitUntil(async () => (await (await queue.getJob(deliverJobId(id, pending!.rev)))?.getState()) === 'delayed', 2_000, 'the retry job');
       await (await queue.getJob(deliverJobId(id, pending!.rev)))!.remove(); // the retry's job is lost
-      await waitUntil(async () => new Date() >= pending!.nextAttemptAt, 5_000, 'the retry to fall due');
+      // Overdue by more than SWEEP_STALE_AFTER_MS: the sweeper leaves work that just fell due to its job.
+      await waitUntil(() => Date.now() >= pending!.nextAttemptAt.getTime() + Number(DELIVERY_OVERRIDES.SWEEP_STALE_AFTER_MS), 6_000, 'the retry to be overdue');
       const processor = createWebhookDispatchProcessor(h.runtime);
       await Promise.all([processor.sweep!(), processor.sweep!(), processor.sweep!()]);
       await waitUntil(() => seen.filter((x) => x === event._id).length === 2, 5_000, 'the swept retry');

@@ -1,6 +1,6 @@
 import { emitEvent } from '../../src/services/events.ts';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { deliveryIdFor } from '../../src/store/webhooks.ts';
+import { deliveryIdFor } from '../../src/store/webhook-deliveries.ts';
 import { sendWebhook, type Resolver } from '../../src/webhooks/send.ts';
 import { DELIVERY_OVERRIDES, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
 

@@ -1,0 +1,141 @@
+import { Type, type Static } from 'typebox';
+import { EVENT_TYPES } from '../../domain/events.ts';
+import { DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, type DeliveryWithAttempts } from '../../services/webhooks.ts';
+import type { WebhookEndpoint } from '../../store/webhook-endpoints.ts';
+import { Timestamp } from './common.ts';
+
+// Request and response shapes of the webhook routes (/v1/webhooks and /x402/webhooks/endpoints), and the views
+// that turn stored records into them.
+
+export const CreateEndpoint = Type.Object(
+  {
+    url: Type.String({ minLength: 1, maxLength: 2048, description: 'https URL that receives POSTed events' }),
+    events: Type.Array(Type.String({ minLength: 1, maxLength: 100 }), {
+      minItems: 1,
+      maxItems: 50,
+      description: `Event types to receive: ${EVENT_TYPES.join(', ')}. Unknown types are refused with 400.`,
+    }),
+    description: Type.Optional(Type.String({ maxLength: 500 })),
+  },
+  { additionalProperties: false },
+);
+
+export const Endpoint = Type.Object({
+  id: Type.String({ description: '`whe_…`' }),
+  url: Type.String(),
+  events: Type.Array(Type.String()),
+  description: Type.Union([Type.String(), Type.Null()]),
+  status: Type.Union([Type.Literal('active'), Type.Literal('disabled')]),
+  disabledReason: Type.Union([Type.String(), Type.Null()], { description: 'Why deliveries stopped (410 from the receiver, or failing for 5 days)' }),
+  disabledAt: Type.Union([Timestamp, Type.Null()]),
+  previousSecretExpiresAt: Type.Union([Timestamp, Type.Null()], { description: 'Until then, deliveries also carry a signature with the previous secret' }),
+  lastSuccessAt: Type.Union([Timestamp, Type.Null()]),
+  failingSince: Type.Union([Timestamp, Type.Null()]),
+  createdAt: Timestamp,
+  updatedAt: Timestamp,
+});
+export const EndpointWithSecret = Type.Intersect([
+  Endpoint,
+  Type.Object({ secret: Type.String({ description: 'Shown once: `whsec_` + base64 of 32 random bytes (Standard Webhooks)' }) }),
+]);
+export const EnabledEndpoint = Type.Intersect([
+  Endpoint,
+  Type.Object({ replayed: Type.Integer({ description: 'Failed or abandoned deliveries scheduled again' }) }),
+]);
+
+export const RotateSecret = Type.Object(
+  {
+    gracePeriodSeconds: Type.Optional(
+      Type.Integer({ minimum: 0, maximum: MAX_GRACE_SECONDS, description: `How long the previous secret keeps signing deliveries (default ${DEFAULT_GRACE_SECONDS})` }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const EndpointListQuery = Type.Object({
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 50 })),
+  cursor: Type.Optional(Type.String({ maxLength: 200, description: '`nextCursor` of the previous page' })),
+});
+export const EndpointList = Type.Object({ items: Type.Array(Endpoint), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+
+const DeliveryStatus = Type.Union(
+  [Type.Literal('pending'), Type.Literal('succeeded'), Type.Literal('failed'), Type.Literal('abandoned'), Type.Literal('cancelled')],
+  { description: 'pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted)' },
+);
+export const DeliveryListQuery = Type.Object({
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 50 })),
+  cursor: Type.Optional(Type.String({ maxLength: 200, description: '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)' })),
+  status: Type.Optional(DeliveryStatus),
+});
+const Attempt = Type.Object({
+  attempt: Type.Integer({ description: "1-based, over the delivery's whole life" }),
+  startedAt: Timestamp,
+  durationMs: Type.Integer(),
+  statusCode: Type.Union([Type.Integer(), Type.Null()], { description: 'null when no HTTP answer came (timeout, network error, refused address)' }),
+  error: Type.Union([Type.String(), Type.Null()]),
+  succeeded: Type.Boolean(),
+});
+const Delivery = Type.Object({
+  id: Type.String({ description: '`whd_…`, one per event and endpoint' }),
+  eventId: Type.String(),
+  eventType: Type.String(),
+  status: DeliveryStatus,
+  attemptCount: Type.Integer(),
+  nextAttemptAt: Type.Union([Timestamp, Type.Null()]),
+  lastError: Type.Union([Type.String(), Type.Null()]),
+  attempts: Type.Array(Attempt),
+  createdAt: Timestamp,
+  updatedAt: Timestamp,
+  succeededAt: Type.Union([Timestamp, Type.Null()]),
+});
+export const DeliveryList = Type.Object({ items: Type.Array(Delivery), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+
+/** One name for an endpoint id on every webhook route. */
+export const EndpointParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }) });
+
+const iso = (d: Date | null) => d?.toISOString() ?? null;
+
+export function endpointView(e: WebhookEndpoint, now = new Date()): Static<typeof Endpoint> {
+  const previous = e.secrets
+    .slice(1)
+    .map((s) => s.expiresAt)
+    .filter((d): d is Date => d !== null && d.getTime() > now.getTime())
+    .sort((a, b) => b.getTime() - a.getTime());
+  return {
+    id: e._id,
+    url: e.url,
+    events: e.events,
+    description: e.description,
+    status: e.status === 'disabled' ? 'disabled' : 'active',
+    disabledReason: e.disabledReason,
+    disabledAt: iso(e.disabledAt),
+    previousSecretExpiresAt: iso(previous[0] ?? null),
+    lastSuccessAt: iso(e.lastSuccessAt),
+    failingSince: iso(e.failingSince),
+    createdAt: e.createdAt.toISOString(),
+    updatedAt: e.updatedAt.toISOString(),
+  };
+}
+
+export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): Static<typeof Delivery> {
+  return {
+    id: d._id,
+    eventId: d.eventId,
+    eventType: d.eventType,
+    status: d.status,
+    attemptCount: attempts.length,
+    nextAttemptAt: d.status === 'pending' ? iso(d.nextAttemptAt) : null,
+    lastError: d.lastError,
+    attempts: attempts.map((a) => ({
+      attempt: a.attempt,
+      startedAt: a.startedAt.toISOString(),
+      durationMs: a.durationMs,
+      statusCode: a.statusCode,
+      error: a.error,
+      succeeded: a.succeeded,
+    })),
+    createdAt: d.createdAt.toISOString(),
+    updatedAt: d.updatedAt.toISOString(),
+    succeededAt: iso(d.succeededAt),
+  };
+}

@@ -1,0 +1,212 @@
+import { DISABLE_AFTER_FAILING_MS, MAX_ATTEMPTS, parseRetryAfter, retryDelayMs, signedHeaders } from '../domain/webhook-signing.ts';
+import type { Runtime } from '../runtime.ts';
+import type { WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
+import { bucketEnd, bucketOf, type DueEntry } from '../store/webhook-due.ts';
+import type { WebhookEndpoint } from '../store/webhook-endpoints.ts';
+import { DELIVER_JOB, deliverJobId, fanOutJobId, leaseKey, takeoverJobId } from '../webhooks/jobs.ts';
+import { sendWebhook, type Resolver, type SendResult } from '../webhooks/send.ts';
+
+// Delivering events to webhook endpoints; durability, step by step (a worker may be SIGKILLed at any point):
+// 1. emitEvent records the event in the outbox (its fan-out entered in the due index first), then enqueues the
+//    fan-out job. Killed in between: the sweeper finds the due entry of an event not fanned out and enqueues it.
+// 2. The fan-out creates one delivery per subscribed endpoint (deterministic id, due entry first), enqueues a
+//    `deliver` job for each (job id = delivery id + rev), then marks the event fanned out.
+// 3. A `deliver` job takes the delivery's lease in Redis, re-reads the delivery and goes on only if it is still
+//    `pending` at the rev the job was scheduled for, then POSTs. Killed mid-request: the delivery is still pending
+//    at that rev; the lease expires; the sweeper sees the due delivery's job stuck `active` with no lease and enqueues
+//    a takeover job (the receiver may see the event twice, with the same id: at-least-once).
+// 4. The attempt is recorded by insert, then the next state as revision rev+1 (its due entry first), then the next
+//    attempt's job is enqueued. Killed in between: the sweeper finds the pending delivery once it is due.
+
+/** Enqueues the attempt of a delivery at its current revision, after `delayMs`. */
+export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delayMs: number): Promise<void> {
+  const payload = { kind: 'deliver' as const, tenantId: delivery.tenantId, deliveryId: delivery._id, rev: delivery.rev };
+  return rt.producers.schedule('webhook-dispatch', payload, deliverJobId(delivery._id, delivery.rev), delayMs, DELIVER_JOB);
+}
+
+/** Creates the deliveries of an outbox event, one per endpoint subscribed when it happened, and enqueues them. */
+export async function fanOut(rt: Runtime, input: { tenantId: string; eventId: string }) {
+  const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = rt.stores;
+  const event = await outbox.get(input.eventId);
+  if (!event || event.tenantId !== input.tenantId) {
+    rt.logger.warn(input, 'webhook fan-out for an unknown event; nothing to do');
+    return { deliveries: 0 };
+  }
+  if (event.fannedOutAt) return { deliveries: 0, alreadyFannedOut: true };
+  const now = new Date();
+  // The tenant's few endpoints, read by id; subscription, status and age are decided here, not by a query.
+  const subscribers = (await endpoints.allOfTenant(event.tenantId)).filter(
+    (e) => e.status !== 'revoked' && e.events.includes(event.type) && e.createdAt.getTime() <= event.createdAt.getTime(),
+  );
+  for (const endpoint of subscribers) {
+    const delivery = await deliveries.ensure({ eventId: event._id, eventType: event.type, endpoint, now });
+    if (delivery.status === 'pending') await scheduleAttempt(rt, delivery, (delivery.nextAttemptAt?.getTime() ?? now.getTime()) - Date.now());
+  }
+  await outbox.markFannedOut(event._id, new Date());
+  return { deliveries: subscribers.length };
+}
+
+export interface AttemptOutcome {
+  status: 'succeeded' | 'retrying' | 'failed' | 'abandoned' | 'cancelled';
+  /** The revision whose attempt is due next, and when. */
+  next?: { delivery: WebhookDeliveryDoc; delayMs: number };
+}
+
+/** Makes one attempt of a pending delivery (the caller holds its lease) and records the outcome. */
+export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, options: { resolver?: Resolver } = {}): Promise<AttemptOutcome> {
+  const { config } = rt;
+  const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = rt.stores;
+  const log = rt.logger.child({ component: 'webhook-dispatch' });
+  const { tenantId, _id: deliveryId } = current;
+  const [endpoint, event] = await Promise.all([endpoints.get(current.endpointId), outbox.get(current.eventId)]);
+  // Deleting an endpoint does not touch its deliveries: each one is cancelled here, when its attempt comes due.
+  if (!endpoint || endpoint.tenantId !== tenantId || endpoint.status === 'revoked') {
+    await deliveries.transition(current, { status: 'cancelled', nextAttemptAt: null, lastError: 'endpoint deleted' });
+    return { status: 'cancelled' };
+  }
+  if (endpoint.status === 'disabled') {
+    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `endpoint disabled: ${endpoint.disabledReason ?? ''}` });
+    return { status: 'abandoned' };
+  }
+  if (!event) {
+    await deliveries.transition(current, { status: 'cancelled', nextAttemptAt: null, lastError: 'event no longer exists' });
+    return { status: 'cancelled' };
+  }
+
+  // The body is rebuilt from the stored event on every attempt, byte for byte the same; only the timestamp (and
+  // with it the signature) is new.
+  const body = JSON.stringify({ id: event._id, type: event.type, createdAt: event.createdAt.toISOString(), data: event.data });
+  const startedAt = new Date();
+  let headers: Record<string, string> | null = null;
+  try {
+    headers = { ...signedHeaders(endpoints.signingSecrets(endpoint, startedAt), event._id, Math.floor(startedAt.getTime() / 1000), body) };
+  } catch {
+    // Unreadable sealed secret (WEBHOOK_SECRET_KEY changed?): an attempt that fails without sending anything.
+    log.error({ tenantId, endpointId: endpoint._id }, 'cannot decrypt the webhook endpoint secret');
+  }
+  const result: SendResult = headers
+    ? await sendWebhook(endpoint.url, body, headers, { timeoutMs: config.webhooks.timeoutMs, allowPrivateAddresses: config.webhooks.allowPrivateAddresses, resolver: options.resolver })
+    : { ok: false, statusCode: null, durationMs: 0, retryAfter: null, error: 'the endpoint secret cannot be decrypted; rotate it', refused: false };
+  const attempt = { startedAt, durationMs: result.durationMs, statusCode: result.statusCode, error: result.ok ? null : result.error, succeeded: result.ok };
+  const logFields = { tenantId, endpointId: endpoint._id, deliveryId, eventId: event._id, attempt: current.attemptCount + 1, statusCode: result.statusCode, durationMs: result.durationMs };
+
+  if (result.ok) {
+    await deliveries.transition(current, { status: 'succeeded', nextAttemptAt: null, lastError: null }, attempt);
+    // Health bookkeeping only when it changes something that matters (a write per delivery is costly on FerretDB).
+    const now = Date.now();
+    if (endpoint.failingSince || !endpoint.lastSuccessAt || now - endpoint.lastSuccessAt.getTime() > 60_000) await endpoints.markSuccess(endpoint._id, new Date(now));
+    log.info(logFields, 'webhook delivered');
+    return { status: 'succeeded' };
+  }
+
+  if (result.statusCode === 410) {
+    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` }, attempt);
+    await disableEndpoint(rt, endpoint, 'the receiver answered 410 Gone');
+    log.info(logFields, 'webhook receiver is gone');
+    return { status: 'abandoned' };
+  }
+
+  // The outcome is recorded before the failure clock is started: a failed bookkeeping write must not make the job
+  // retry (and repeat) an attempt whose result is already known.
+  const failingSince = endpoint.failingSince ?? startedAt;
+  const disableAfter = DISABLE_AFTER_FAILING_MS * config.webhooks.retryScale;
+  if (disableAfter > 0 && Date.now() - failingSince.getTime() >= disableAfter) {
+    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` }, attempt);
+    await disableEndpoint(rt, endpoint, `every delivery failed since ${failingSince.toISOString()}`);
+    log.info({ ...logFields, error: result.error }, 'webhook attempt failed');
+    return { status: 'abandoned' };
+  }
+
+  const nextIndex = current.roundAttempts + 1;
+  const retrying = nextIndex < MAX_ATTEMPTS;
+  const delayMs = retrying ? retryDelayMs(nextIndex, config.webhooks.retryScale, parseRetryAfter(result.retryAfter)) : 0;
+  const next = await deliveries.transition(
+    current,
+    { status: retrying ? 'pending' : 'failed', nextAttemptAt: retrying ? new Date(Date.now() + delayMs) : null, lastError: result.error },
+    attempt,
+  );
+  log.info({ ...logFields, error: result.error, retryInMs: retrying ? delayMs : null }, 'webhook attempt failed');
+  if (!endpoint.failingSince) await endpoints.markFailing(endpoint._id, startedAt);
+  return { status: retrying ? 'retrying' : 'failed', ...(next && retrying ? { next: { delivery: next, delayMs } } : {}) };
+}
+
+/** Disables an active endpoint (a new revision); its pending deliveries are abandoned as their attempts come due. */
+async function disableEndpoint(rt: Runtime, endpoint: WebhookEndpoint, reason: string): Promise<void> {
+  const endpoints = rt.stores.webhookEndpoints;
+  for (let current: WebhookEndpoint | null = endpoint; current && current.status === 'active'; current = await endpoints.get(endpoint._id)) {
+    if (await endpoints.change(current, { status: 'disabled', disabledReason: reason, disabledAt: new Date() })) {
+      rt.logger.warn({ tenantId: endpoint.tenantId, endpointId: endpoint._id, reason }, 'webhook endpoint disabled');
+      return;
+    }
+  }
+}
+
+type DueCheck = 'done' | 'waiting' | 'enqueued';
+
+/**
+ * The sweeper: walks the due index (see store/webhook-due.ts) from its cursor to the current bucket, enqueues a job
+ * for due work that has none, and clears past buckets whose work is all done. Reads only what is due, by `_id`.
+ * Safe to run concurrently: job ids are derived, so overlapping sweeps enqueue one job.
+ */
+export async function sweepWebhookWork(rt: Runtime, options: { batch: number; now?: number }): Promise<{ events: number; deliveries: number }> {
+  const due = rt.stores.webhookDue;
+  const counts = { events: 0, deliveries: 0 };
+  const start = await due.cursor();
+  if (start === null) return counts;
+  const now = options.now ?? Date.now();
+  let budget = options.batch;
+  let clearing = true;
+  for (let bucket = start; bucket <= bucketOf(now) && budget > 0; bucket++) {
+    const entries = await due.read(bucket);
+    let firstLive: number | null = null;
+    const done: number[] = [];
+    for (const entry of entries) {
+      // Work that fell due only just now is its job's to do; the sweeper is for work whose job was lost.
+      if (budget <= 0 || entry.dueAt.getTime() > now - rt.config.sweeper.staleAfterMs) {
+        firstLive ??= entry.n;
+        if (budget <= 0) break;
+        continue;
+      }
+      budget--;
+      const check = await checkDueEntry(rt, entry, bucket, now);
+      if (check === 'done') {
+        done.push(entry.n);
+        continue;
+      }
+      firstLive ??= entry.n;
+      if (check === 'enqueued') counts[entry.kind === 'fan-out' ? 'events' : 'deliveries']++;
+    }
+    // A past bucket is cleared once its work is done; the cursor only moves over a cleared prefix.
+    clearing = clearing && firstLive === null && bucketEnd(bucket) <= now - rt.config.sweeper.staleAfterMs;
+    if (clearing) {
+      await due.clear(bucket);
+      await due.moveCursor(bucket + 1);
+    } else if (entries.length > 0) {
+      await due.remember(bucket, firstLive ?? entries.at(-1)!.n + 1, done);
+    }
+  }
+  if (counts.events + counts.deliveries > 0) rt.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
+  return counts;
+}
+
+async function checkDueEntry(rt: Runtime, entry: DueEntry, bucket: number, now: number): Promise<DueCheck> {
+  if (entry.kind === 'fan-out') {
+    const event = await rt.stores.outbox.get(entry.eventId);
+    if (!event || event.fannedOutAt) return 'done';
+      const state = await rt.producers.ensure('webhook-dispatch', { tenantId: event.tenantId, eventId: event._id }, fanOutJobId(event._id));
+    return state === 'live' ? 'waiting' : 'enqueued';
+  }
+  const d = await rt.stores.webhookDeliveries.get(entry.deliveryId);
+  if (!d || d.status !== 'pending' || !d.nextAttemptAt) return 'done';
+  if (d.nextAttemptAt.getTime() >= bucketEnd(bucket)) return 'done'; // rescheduled: a later bucket holds it
+  if (d.nextAttemptAt.getTime() > now) return 'waiting';
+  if (await rt.redis.exists(leaseKey(rt.config.redisPrefix, d._id))) return 'waiting'; // an attempt is running
+  const regular = deliverJobId(d._id, d.rev);
+  const regularState = await (await rt.producers.queues['webhook-dispatch'].getJob(regular))?.getState();
+  // `active` without a lease: the worker running it died mid-attempt. BullMQ would re-run it only after its lock
+  // expires; a takeover job (same rev, so at most one of them can record a result) does it now.
+  const jobId = regularState === 'active' ? takeoverJobId(d._id, d.rev) : regular;
+  const payload = { kind: 'deliver' as const, tenantId: d.tenantId, deliveryId: d._id, rev: d.rev };
+  const state = await rt.producers.ensure('webhook-dispatch', payload, jobId, DELIVER_JOB);
+  return state === 'live' ? 'waiting' : 'enqueued';
+}

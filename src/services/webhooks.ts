@@ -1,0 +1,207 @@
+import { isIP } from 'node:net';
+import type { Config } from '../config.ts';
+import { errors } from '../domain/errors.ts';
+import { EVENT_TYPES, type EventType } from '../domain/events.ts';
+import { isAddressAllowed } from '../domain/webhook-signing.ts';
+import type { Runtime } from '../runtime.ts';
+import { decodeCursor, encodeCursor } from '../store/paging.ts';
+import type { DeliveryStatus, WebhookAttemptDoc, WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
+import type { WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
+import { scheduleAttempt } from './webhook-delivery.ts';
+
+// The webhook registry's use cases. Endpoints and deliveries are read by id and checked against the tenant here
+// (another tenant's endpoint is simply not found); every change of an endpoint is a new revision decided on the
+// one just read, retried when a concurrent change got there first.
+
+export const DEFAULT_GRACE_SECONDS = 86_400;
+export const MAX_GRACE_SECONDS = 604_800;
+/** Replayed deliveries enqueued right away by an enable call; any beyond are picked up by the sweeper. */
+const REPLAY_ENQUEUE_LIMIT = 1_000;
+/** A page of deliveries examines at most this many index positions (a status filter may skip most of them). */
+const MAX_POSITIONS_PER_PAGE = 500;
+const CHANGE_ATTEMPTS = 5;
+
+export interface Page<T> {
+  items: T[];
+  nextCursor: string | null;
+}
+
+export interface DeliveryWithAttempts {
+  delivery: WebhookDeliveryDoc;
+  attempts: WebhookAttemptDoc[];
+}
+
+function fieldError(path: string, message: string, extra: Record<string, unknown> = {}) {
+  return errors.validation(message, { errors: [{ path, message }], ...extra });
+}
+
+/** An absolute https URL (http too when insecure webhooks are allowed), no credentials, no refused address literal. */
+export function checkEndpointUrl(config: Config, raw: string): string {
+  const url = raw.trim();
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    throw fieldError('body.url', 'url must be an absolute URL');
+  }
+  const insecureOk = config.webhooks.allowInsecureUrls;
+  if (parsed.protocol !== 'https:' && !(parsed.protocol === 'http:' && insecureOk)) {
+    throw fieldError('body.url', insecureOk ? 'url must use http or https' : 'url must use https');
+  }
+  if (parsed.username || parsed.password) throw fieldError('body.url', 'url must not carry credentials');
+  // Names are checked when delivering (their addresses can change); an address literal can be refused now.
+  const host = parsed.hostname.replace(/^\[|\]$/g, '');
+  if (isIP(host)) {
+    const verdict = isAddressAllowed(host, config.webhooks.allowPrivateAddresses);
+    if (!verdict.allowed) throw fieldError('body.url', `url points at a ${verdict.class} address, which deliveries may not reach`);
+  }
+  return url;
+}
+
+export function checkEventTypes(events: string[]): EventType[] {
+  const known = new Set<string>(EVENT_TYPES);
+  const unknown = [...new Set(events.filter((e) => !known.has(e)))];
+  if (unknown.length > 0) {
+    throw errors.validation(`unknown event types: ${unknown.join(', ')}`, {
+      errors: events.flatMap((e, i) => (known.has(e) ? [] : [{ path: `body.events.${i}`, message: `unknown event type "${e}"` }])),
+      unknownEventTypes: unknown,
+      allowedEventTypes: [...EVENT_TYPES],
+    });
+  }
+  return [...new Set(events)] as EventType[];
+}
+
+/** A cursor names an index position; anything else is the caller's mistake. */
+function positionOf(cursor: string | undefined): number | null {
+  if (cursor === undefined) return null;
+  const decoded = decodeCursor(cursor);
+  const position = decoded && /^\d{1,15}$/.test(decoded.id) ? Number(decoded.id) : 0;
+  if (position < 1) throw fieldError('querystring.cursor', 'is not a cursor this API returned');
+  return position;
+}
+
+function cursorAt(position: number, at: Date): string {
+  return encodeCursor({ at, id: String(position) });
+}
+
+export async function registerEndpoint(rt: Runtime, tenantId: string, input: { url: string; events: string[]; description?: string }) {
+  const url = checkEndpointUrl(rt.config, input.url);
+  const events = checkEventTypes(input.events);
+  return rt.stores.webhookEndpoints.create(tenantId, { url, events, description: input.description ?? null });
+}
+
+/** A live endpoint of this tenant, or 404 (another tenant's and deleted ones alike). */
+export async function getEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<WebhookEndpoint> {
+  const endpoint = await rt.stores.webhookEndpoints.get(endpointId);
+  if (!endpoint || endpoint.tenantId !== tenantId || endpoint.status === 'revoked') throw errors.notFound('webhook endpoint');
+  return endpoint;
+}
+
+/** The tenant's live endpoints, newest first. */
+export async function listEndpoints(rt: Runtime, tenantId: string, page: { limit: number; cursor?: string }): Promise<Page<WebhookEndpoint>> {
+  const before = positionOf(page.cursor) ?? Number.MAX_SAFE_INTEGER;
+  const live = (await rt.stores.webhookEndpoints.allOfTenant(tenantId))
+    .filter((e) => e.status !== 'revoked' && e.seq < before)
+    .sort((a, b) => b.seq - a.seq);
+  const items = live.slice(0, page.limit);
+  const last = items.at(-1);
+  return { items, nextCursor: last && live.length > items.length ? cursorAt(last.seq, last.createdAt) : null };
+}
+
+/** Decides a change on the endpoint as just read and commits it as its next revision; null from `decide` is no change. */
+async function changeEndpoint(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  decide: (current: WebhookEndpoint) => Partial<WebhookEndpointDoc> | null,
+): Promise<WebhookEndpoint> {
+  for (let attempt = 0; attempt < CHANGE_ATTEMPTS; attempt++) {
+    const current = await getEndpoint(rt, tenantId, endpointId);
+    const changes = decide(current);
+    if (!changes) return current;
+    const next = await rt.stores.webhookEndpoints.change(current, changes);
+    if (next) return { ...current, ...next };
+  }
+  throw new Error(`webhook endpoint ${endpointId}: too many concurrent changes`);
+}
+
+/** Deletes (revokes) an endpoint. Its pending deliveries are cancelled as their attempts come due, never sent. */
+export async function deleteEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<void> {
+  await changeEndpoint(rt, tenantId, endpointId, () => ({ status: 'revoked', revokedAt: new Date() }));
+}
+
+/** New current secret; the old current one keeps signing for `graceSeconds` (the secret is returned once). */
+export async function rotateSecret(rt: Runtime, tenantId: string, endpointId: string, graceSeconds: number) {
+  let secret = '';
+  const endpoint = await changeEndpoint(rt, tenantId, endpointId, (current) => {
+    const rotated = rt.stores.webhookEndpoints.rotatedSecrets(current, graceSeconds, new Date());
+    secret = rotated.secret;
+    return { secrets: rotated.secrets };
+  });
+  return { endpoint, secret };
+}
+
+/** Makes the endpoint active again (harmless on an active one) and replays its failed and abandoned deliveries. */
+export async function enableEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<{ endpoint: WebhookEndpoint; replayed: number }> {
+  const enabled = await changeEndpoint(rt, tenantId, endpointId, (current) =>
+    current.status === 'disabled' ? { status: 'active', disabledReason: null, disabledAt: null } : null,
+  );
+  await rt.stores.webhookEndpoints.clearFailing(endpointId);
+  const endpoint = { ...enabled, failingSince: null };
+  return { endpoint, replayed: await replayParked(rt, endpoint) };
+}
+
+/**
+ * Makes every parked (failed or abandoned) delivery of the endpoint due now with a fresh retry schedule. Reads the
+ * endpoint's parked index from where the last replay stopped, so the cost follows what is replayed; an entry read
+ * twice (that mark is a cache) finds its delivery no longer parked and is skipped.
+ */
+async function replayParked(rt: Runtime, endpoint: WebhookEndpoint): Promise<number> {
+  const deliveries = rt.stores.webhookDeliveries;
+  const last = await deliveries.lastParked(endpoint._id);
+  let replayed = 0;
+  for (let n = endpoint.replayedThrough + 1; n <= last; n++) {
+    const parked = await deliveries.parkedAt(endpoint._id, n);
+    if (parked && (parked.status === 'failed' || parked.status === 'abandoned')) {
+      const due = await deliveries.transition(parked, { status: 'pending', nextAttemptAt: new Date(), lastError: parked.lastError, roundAttempts: 0 });
+      if (due && replayed++ < REPLAY_ENQUEUE_LIMIT) {
+        // If Redis refuses, the sweeper finds the delivery through its due entry.
+        await scheduleAttempt(rt, due, 0).catch((err: Error) => rt.logger.warn({ deliveryId: due._id, err: err.message }, 'replayed delivery left to the sweeper'));
+      }
+    }
+  }
+  await rt.stores.webhookEndpoints.markReplayedThrough(endpoint._id, last);
+  return replayed;
+}
+
+/** The endpoint's deliveries, newest first, each with its attempts. */
+export async function listDeliveries(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  page: { limit: number; cursor?: string; status?: DeliveryStatus },
+): Promise<Page<DeliveryWithAttempts>> {
+  const endpoint = await getEndpoint(rt, tenantId, endpointId);
+  const deliveries = rt.stores.webhookDeliveries;
+  let position = positionOf(page.cursor) ?? (await deliveries.lastPosition(endpoint._id)) + 1;
+  const floor = Math.max(1, position - MAX_POSITIONS_PER_PAGE);
+  const items: WebhookDeliveryDoc[] = [];
+  let lastAt = new Date(0);
+  while (position > floor && items.length < page.limit) {
+    // A batch of positions read at once; those beyond the page's limit are read again by the next page.
+    const positions = Array.from({ length: Math.min(page.limit - items.length, position - floor) }, (_, i) => position - 1 - i);
+    const batch = await Promise.all(positions.map((n) => deliveries.atPosition(endpoint._id, n)));
+    for (const d of batch) {
+      position--;
+      if (d && (!page.status || d.status === page.status)) {
+        items.push(d);
+        lastAt = d.createdAt;
+      }
+    }
+  }
+  const attempts = await Promise.all(items.map((d) => deliveries.attemptsOf(d)));
+  return {
+    items: items.map((delivery, i) => ({ delivery, attempts: attempts[i]! })),
+    nextCursor: position > 1 ? cursorAt(position, lastAt) : null,
+  };
+}

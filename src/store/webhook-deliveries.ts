@@ -1,0 +1,216 @@
+import type { Redis } from 'ioredis';
+import type { Collection, Db } from 'mongodb';
+import { sha256Hex } from '../domain/crypto.ts';
+import type { EventType } from '../domain/events.ts';
+import { insertFirst } from './mongo.ts';
+import { RevisionLog } from './revisions.ts';
+import { Sequence } from './sequence.ts';
+import type { WebhookDueIndex } from './webhook-due.ts';
+import type { WebhookEndpointDoc } from './webhook-endpoints.ts';
+
+// Webhook deliveries: one per event x endpoint, with every attempt. Every lookup is by exact `_id`:
+// - a delivery is `webhook_deliveries/<deliveryId>` (deterministic id), a cache of its latest revision
+//   (RevisionLog): each change of scheduling state is an inserted revision, and a job carries the revision it was
+//   scheduled for, so a duplicated or stale job can never record a result;
+// - its attempts are `webhook_attempts/<deliveryId>#<n>` (n = 1, 2, … over its whole life);
+// - an endpoint's deliveries are `webhook_index/deliveries:<endpointId>#<n>` in creation order (listing pages
+//   through them newest first), and the failed or abandoned ones also `webhook_index/parked:<endpointId>#<n>`
+//   (what enabling the endpoint replays);
+// - a pending delivery has an entry in the due index (webhook-due.ts) for the sweeper.
+// Each index entry is written before the delivery write it stands for: a crash in between leaves an entry that
+// readers check against the delivery and skip.
+
+export type DeliveryStatus = 'pending' | 'succeeded' | 'failed' | 'abandoned' | 'cancelled';
+
+export interface WebhookDeliveryDoc {
+  _id: string;
+  tenantId: string;
+  endpointId: string;
+  eventId: string;
+  eventType: EventType;
+  /** Position in the endpoint's delivery index. */
+  seq: number;
+  rev: number;
+  /**
+   * pending: an attempt is due at nextAttemptAt (or running: its worker holds the delivery's lease in Redis);
+   * succeeded; failed: every scheduled attempt failed; abandoned: the endpoint is disabled (replayed when it is
+   * re-enabled); cancelled: the endpoint was deleted.
+   */
+  status: DeliveryStatus;
+  /** Attempts made in the current round (a replay starts a new round); indexes the retry schedule. */
+  roundAttempts: number;
+  /** Attempts recorded over the delivery's life. */
+  attemptCount: number;
+  lastStatusCode: number | null;
+  nextAttemptAt: Date | null;
+  lastError: string | null;
+  createdAt: Date;
+  updatedAt: Date;
+  succeededAt: Date | null;
+}
+
+/** One attempt of one delivery, recorded by insert as it happened. */
+export interface WebhookAttemptDoc {
+  _id: string;
+  tenantId: string;
+  deliveryId: string;
+  endpointId: string;
+  /** 1-based over the delivery's life (replays continue the count). */
+  attempt: number;
+  startedAt: Date;
+  durationMs: number;
+  statusCode: number | null;
+  error: string | null;
+  succeeded: boolean;
+}
+
+export type AttemptResult = Pick<WebhookAttemptDoc, 'startedAt' | 'durationMs' | 'statusCode' | 'error' | 'succeeded'>;
+
+/** Deterministic: the same event and endpoint always give the same delivery, so a repeated fan-out adds none. */
+export function deliveryIdFor(eventId: string, endpointId: string): string {
+  return `whd_${sha256Hex(`${eventId}\n${endpointId}`).slice(0, 32)}`;
+}
+
+export class WebhookDeliveryStore {
+  readonly log: RevisionLog<WebhookDeliveryDoc>;
+  readonly attempts: Collection<WebhookAttemptDoc>;
+  readonly byEndpoint: Sequence<{ deliveryId: string }>;
+  readonly parked: Sequence<{ deliveryId: string }>;
+
+  constructor(
+    db: Db,
+    redis: Redis,
+    counterPrefix: string,
+    private readonly due: WebhookDueIndex,
+  ) {
+    this.log = new RevisionLog<WebhookDeliveryDoc>(db, 'webhook_deliveries', 'webhook_delivery_revisions');
+    this.attempts = db.collection<WebhookAttemptDoc>('webhook_attempts');
+    this.byEndpoint = new Sequence<{ deliveryId: string }>(db, 'webhook_index', redis, counterPrefix);
+    this.parked = new Sequence<{ deliveryId: string }>(db, 'webhook_index', redis, counterPrefix);
+  }
+
+  get(id: string): Promise<WebhookDeliveryDoc | null> {
+    return this.log.get(id);
+  }
+
+  /** The delivery if it is still at revision `rev` (what a job scheduled for that revision acts on), else null. */
+  getAt(id: string, rev: number): Promise<WebhookDeliveryDoc | null> {
+    return this.log.getAt(id, rev);
+  }
+
+  /**
+   * The delivery of this event to this endpoint, created once. A delivery to a disabled endpoint is created
+   * `abandoned` (and parked), so re-enabling the endpoint replays it.
+   */
+  async ensure(input: { eventId: string; eventType: EventType; endpoint: WebhookEndpointDoc; now: Date }): Promise<WebhookDeliveryDoc> {
+    const _id = deliveryIdFor(input.eventId, input.endpoint._id);
+    const existing = await this.get(_id);
+    if (existing) return existing;
+    const { endpoint, now } = input;
+    const disabled = endpoint.status !== 'active';
+    const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id });
+    const doc: WebhookDeliveryDoc = {
+      _id,
+      tenantId: endpoint.tenantId,
+      endpointId: endpoint._id,
+      eventId: input.eventId,
+      eventType: input.eventType,
+      seq,
+      rev: 0,
+      status: disabled ? 'abandoned' : 'pending',
+      roundAttempts: 0,
+      attemptCount: 0,
+      lastStatusCode: null,
+      nextAttemptAt: disabled ? null : now,
+      lastError: disabled ? `endpoint disabled: ${endpoint.disabledReason ?? 'no reason given'}` : null,
+      createdAt: now,
+      updatedAt: now,
+      succeededAt: null,
+    };
+    await this.index(doc);
+    if (await this.log.create(doc)) return doc;
+    // A concurrent fan-out created it first; this call's index entries name a position the delivery does not hold.
+    const winner = await this.get(_id);
+    if (!winner) throw new Error(`delivery ${_id} vanished after a duplicate insert`);
+    return winner;
+  }
+
+  /**
+   * Moves the delivery from exactly `current.rev` to its next revision, counting `attempt` if one was just made.
+   * The attempt record and the new state's index entries are written first (side by side: neither needs the
+   * other). Returns the new state, or null when something else (a replay, another worker) moved it first; the
+   * attempt stays recorded either way, as it happened.
+   */
+  async transition(
+    current: WebhookDeliveryDoc,
+    changes: Pick<WebhookDeliveryDoc, 'status' | 'nextAttemptAt' | 'lastError'> & Partial<WebhookDeliveryDoc>,
+    attempt?: AttemptResult,
+  ): Promise<WebhookDeliveryDoc | null> {
+    const now = new Date();
+    const next = { ...current, ...changes, updatedAt: now, ...(changes.status === 'succeeded' ? { succeededAt: now } : {}) };
+    const [n] = await Promise.all([attempt ? this.recordAttempt(current, attempt) : null, this.index(next)]);
+    const counted = n === null ? {} : { attemptCount: n, roundAttempts: current.roundAttempts + 1, lastStatusCode: attempt!.statusCode };
+    return this.log.commit(current, { ...next, ...counted });
+  }
+
+  /** The index entries a delivery in this state needs, written before the state itself (see the header). */
+  private async index(d: WebhookDeliveryDoc): Promise<void> {
+    if (d.status === 'pending' && d.nextAttemptAt) {
+      await this.due.add({ kind: 'deliver', tenantId: d.tenantId, deliveryId: d._id, dueAt: d.nextAttemptAt });
+    } else if (d.status === 'failed' || d.status === 'abandoned') {
+      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id });
+    }
+  }
+
+  /**
+   * Records an attempt as it happened (before the delivery's state moves on, so an attempt whose worker dies right
+   * after it is still listed). Returns its number: the first free one after those the delivery knows of.
+   */
+  private async recordAttempt(current: WebhookDeliveryDoc, result: AttemptResult): Promise<number> {
+    for (let n = current.attemptCount + 1; ; n++) {
+      const doc = { _id: `${current._id}#${n}`, tenantId: current.tenantId, deliveryId: current._id, endpointId: current.endpointId, attempt: n, ...result };
+      if (await insertFirst(this.attempts, doc)) return n;
+    }
+  }
+
+  /** Every attempt of the delivery, oldest first. */
+  async attemptsOf(delivery: WebhookDeliveryDoc): Promise<WebhookAttemptDoc[]> {
+    const known = await Promise.all(Array.from({ length: delivery.attemptCount }, (_, i) => this.attempts.findOne({ _id: `${delivery._id}#${i + 1}` })));
+    const attempts = known.filter((a): a is WebhookAttemptDoc => a !== null);
+    // Attempts recorded by a worker that died before updating the delivery follow the known ones.
+    for (let n = delivery.attemptCount + 1; ; n++) {
+      const next = await this.attempts.findOne({ _id: `${delivery._id}#${n}` });
+      if (!next) return attempts;
+      attempts.push(next);
+    }
+  }
+
+  /** Last position in the endpoint's delivery index. */
+  lastPosition(endpointId: string): Promise<number> {
+    return this.byEndpoint.head(deliveriesOwner(endpointId));
+  }
+
+  /** The delivery at this position of the endpoint's index, if the position is really its own. */
+  async atPosition(endpointId: string, n: number): Promise<WebhookDeliveryDoc | null> {
+    const entry = await this.byEndpoint.get(deliveriesOwner(endpointId), n);
+    const delivery = entry ? await this.get(entry.deliveryId) : null;
+    return delivery && delivery.endpointId === endpointId && delivery.seq === n ? delivery : null;
+  }
+
+  lastParked(endpointId: string): Promise<number> {
+    return this.parked.head(parkedOwner(endpointId));
+  }
+
+  async parkedAt(endpointId: string, n: number): Promise<WebhookDeliveryDoc | null> {
+    const entry = await this.parked.get(parkedOwner(endpointId), n);
+    return entry ? this.get(entry.deliveryId) : null;
+  }
+}
+
+function deliveriesOwner(endpointId: string): string {
+  return `deliveries:${endpointId}`;
+}
+
+function parkedOwner(endpointId: string): string {
+  return `parked:${endpointId}`;
+}
