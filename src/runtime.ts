@@ -11,6 +11,7 @@ import { createMongoClient } from './store/mongo.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
+import { LedgerDueIndex } from './store/ledger-due.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { TenantStore } from './store/tenants.ts';
 import { WebhookDeliveryStore, WebhookEndpointStore } from './store/webhooks.ts';
@@ -79,7 +80,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       outbox: new OutboxStore(db),
       agents: new AgentStore(db),
       runs: new RunStore(db),
-      ledger: new LedgerStore(db),
+      ledger: new LedgerStore(db, new LedgerDueIndex(redis, config.redisPrefix)),
       settlements: new SettlementStore(db),
       webhookEndpoints: new WebhookEndpointStore(db, config.webhooks.encryptionKey),
       webhookDeliveries: new WebhookDeliveryStore(db),

@@ -147,21 +147,21 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
 
     /**
      * Finishes whatever a crash or a lost job left behind: ledger entries still pending, settlements with a step
-     * due, and escrow locked for a run whose creation died before the run was stored.
+     * due, and escrow locked for a run whose creation died before the run was stored. The ledger's due work comes
+     * from its due index, so a sweep costs what is due, not what is stored.
      */
     async sweep() {
       const now = new Date();
       const staleBefore = new Date(now.getTime() - runtime.config.sweeper.staleAfterMs);
-      let entries = 0;
-      for (const entry of await ledger.pendingEntries(staleBefore, SWEEP_BATCH)) {
-        await ledger.resume(entry._id).catch(() => undefined); // a debit that cannot be covered is recorded as rejected
-        entries++;
-      }
+      const audit = await ledger.auditDueIndex();
+      if (audit) runtime.logger.info(audit, 'ledger due index audited against the entries');
+      const { looked: entries, failed } = await ledger.finishStalledEntries(staleBefore, SWEEP_BATCH);
+      if (failed > 0) runtime.logger.warn({ failed }, 'ledger entries could not be finished; retrying later');
       const due = await settlements.due(now, SWEEP_BATCH);
       for (const s of due) await advanceSettlement(runtime, s._id);
 
       let unlocked = 0;
-      const locks = await ledger.unreconciledLocks(staleBefore, SWEEP_BATCH);
+      const locks = await ledger.locksToReconcile(staleBefore, SWEEP_BATCH);
       for (const lock of locks) {
         const runId = lock.ref.runId!;
         const run = await runs.getAny(runId);
@@ -177,7 +177,7 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
           });
           unlocked++;
         }
-        await ledger.markReconciled(lock._id);
+        await ledger.markReconciled(lock.entryId);
       }
       return { entries, settlements: due.length, locksChecked: locks.length, unlocked };
     },

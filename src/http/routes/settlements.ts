@@ -12,7 +12,7 @@ import { disputeSplit } from '../../domain/money.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses, Timestamp } from '../schemas.ts';
 import { AGENT_ID_PATTERN } from './agents.ts';
-import { Amount, Currency } from './wallets.ts';
+import { Amount, Currency } from '../schemas/wallets.ts';
 
 export const SettlementTermsSchema = Type.Object(
   {
