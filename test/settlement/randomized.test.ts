@@ -65,10 +65,14 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       }
     }
 
-    // Crash between the legs of ledger entries now and then, on both "processes".
+    // Crash between the legs of ledger entries now and then, and between a leg's position claim and its marker,
+    // on both "processes".
     for (const r of [rt, second]) {
       r.stores.ledger.failAfterLeg = (_entry, leg) => {
         if (leg === 0 && random() < 0.08) throw new Crash('killed between ledger legs');
+      };
+      r.stores.ledger.failAfterClaim = () => {
+        if (random() < 0.03) throw new Crash('killed between a position claim and its leg marker');
       };
     }
     const steps = ['released', 'decided', 'holdback-released', 'dispute-payer-paid', 'dispute-payee-paid', 'held-resolved'];
@@ -150,7 +154,10 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     }));
 
     // Stop crashing; let the windows of 1 s end; then the sweepers of both processes repair everything, twice.
-    for (const r of [rt, second]) r.stores.ledger.failAfterLeg = null;
+    for (const r of [rt, second]) {
+      r.stores.ledger.failAfterLeg = null;
+      r.stores.ledger.failAfterClaim = null;
+    }
     await new Promise((r) => setTimeout(r, 1_200));
     // "Afterwards" means once repair has nothing left to do: sweep (on both processes at once) until quiet.
     for (let round = 0; round < 30; round++) {
