@@ -461,12 +461,11 @@ export class LedgerStore {
   /** Balances per currency: the ends of the wallet's chains, read from their cached heads forward. */
   async balances(walletId: string): Promise<Balances> {
     const currencies = (await this.currenciesOf(walletId)).map((c) => c.currency).sort();
-    const ends = await Promise.all(currencies.map(async (currency) => ({
-      currency,
-      available: (await this.chainEnd(accountOf(walletId, currency, 'available'))).balance,
-      escrow: (await this.chainEnd(accountOf(walletId, currency, 'escrow'))).balance,
-    })));
-    return Object.fromEntries(ends.map(({ currency, available, escrow }) => [currency, { available, escrow }]));
+    const ends = await Promise.all(currencies.map(async (currency) => {
+      const [available, escrow] = await Promise.all(BUCKETS.map((bucket) => this.chainEnd(accountOf(walletId, currency, bucket))));
+      return [currency, { available: available!.balance, escrow: escrow!.balance }] as const;
+    }));
+    return Object.fromEntries(ends);
   }
 
   /**
