@@ -5,6 +5,8 @@ import { LedgerStore, type Bucket, type NewLedgerEntry, type PostingDoc } from '
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 
 class Crash extends Error {}
+/** Dozens of racing entries take seconds alone, far longer on a loaded 2-core CI machine. */
+const RACE_TIMEOUT_MS = 120_000;
 
 describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
   let t: TestApp;
@@ -60,7 +62,7 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     for (const o of outcomes.entries()) {
       expect((await ledger.getEntry(`lock:w2:${o[0]}`))!.state).toBe(o[1].status === 'fulfilled' ? 'applied' : 'rejected');
     }
-  });
+  }, RACE_TIMEOUT_MS);
 
   it('posts each leg once when two stores post the same entries at once', async () => {
     const { ledger } = t.runtime.stores;
@@ -76,7 +78,7 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect(new Set(legs).size).toBe(legs.length);
     expect(legs).toHaveLength(1 + 2 * ids.length);
     expect(await other.balances('w-race')).toEqual({ USD: { available: 10_000 - 1_200, escrow: 1_200 } });
-  });
+  }, RACE_TIMEOUT_MS);
 
   it('keeps balances exact under 40 racing credits and debits on one account from two stores', async () => {
     const { ledger } = t.runtime.stores;
@@ -100,7 +102,7 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect(await ledger.balances('w-mixed')).toEqual({ USD: { available, escrow } });
     expectSound(await chainOf('w-mixed', 'USD', 'available'));
     expectSound(await chainOf('w-mixed', 'USD', 'escrow'));
-  });
+  }, RACE_TIMEOUT_MS);
 
   it('repairs a crash between a position claim and its leg marker without posting twice', async () => {
     const { ledger } = t.runtime.stores;
@@ -204,5 +206,5 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect(seen.map((p) => p._id).sort()).toEqual(all.map((p) => p._id).sort());
     for (let i = 1; i < seen.length; i++) if (seen[i]!.account === seen[i - 1]!.account) expect(seen[i]!.seq).toBeLessThan(seen[i - 1]!.seq);
     expect(await ledger.listPostings('w7', 4, 'bm90IG91cnM')).toBeNull();
-  });
+  }, RACE_TIMEOUT_MS);
 });
