@@ -482,7 +482,9 @@ export class LedgerStore {
     const readers = await Promise.all(currencies.flatMap(({ n, currency }) => BUCKETS.map(async (bucket) => {
       const account = accountOf(walletId, currency, bucket);
       // A chain the cursor does not name began after the first page: everything on it is newer than the listing.
-      const start = from ? (from.get(`${n}${bucket[0]}`) ?? 0) : (await this.chainEnd(account)).seq;
+      // A cursor position past the chain's end is not one we issued; reading from the end keeps it harmless.
+      const end = (await this.chainEnd(account)).seq;
+      const start = from ? Math.min(from.get(`${n}${bucket[0]}`) ?? 0, end) : end;
       return new ChainReader(this.postings, n, bucket, account, start, batch);
     })));
     const newest = async (): Promise<ChainReader | null> => {
