@@ -58,8 +58,8 @@ export class LedgerDueIndex {
     });
   }
 
-  async lockApplied(entryId: string, createdAt: Date): Promise<void> {
-    await this.redis.zadd(this.locksKey, 'NX', createdAt.getTime(), entryId);
+  async lockApplied(entryId: string, appliedAt: Date): Promise<void> {
+    await this.redis.zadd(this.locksKey, 'NX', appliedAt.getTime(), entryId);
   }
 
   async lockReconciled(entryId: string): Promise<void> {

@@ -304,8 +304,9 @@ export class LedgerStore {
       }
       this.failAfterLeg?.(attempt.entryId, leg);
     }
-    // Indexed while the attempt's pending marker still stands, so a crash here cannot lose the lock's check.
-    if (attempt.kind === RECONCILED_KIND) await this.due.lockApplied(attempt.entryId, attempt.createdAt);
+    // Indexed while the attempt's pending marker still stands, so a crash here cannot lose the lock's check; scored
+    // by when it was applied, as its run is stored right after that.
+    if (attempt.kind === RECONCILED_KIND) await this.due.lockApplied(attempt.entryId, new Date());
     const settledAt = new Date();
     await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'applied', settledAt } });
     return { ...attempt, state: 'applied', settledAt };
@@ -538,18 +539,15 @@ export class LedgerStore {
     return { looked: started.length, failed };
   }
 
-  /** Applied escrow locks not yet checked against their run (see the settle sweeper), oldest first. */
+  /** Escrow locks applied before `appliedBefore` and not yet checked against their run (see the settle sweeper). */
   async locksToReconcile(appliedBefore: Date, limit: number): Promise<LedgerEntryDoc[]> {
     const locks: LedgerEntryDoc[] = [];
     for (const entryId of await this.due.locksAppliedBefore(appliedBefore, limit)) {
       const latest = await this.latestAttempt(entryId);
-      // Indexed only once posted, so the entry's state can only be a cache that trails: finish() catches it up.
-      const lock = latest && (await this.finish(latest).catch((err: unknown) => {
-        if (isInsufficientFunds(err)) return null;
-        throw err;
-      }));
-      if (lock) locks.push(lock);
-      else await this.due.lockReconciled(entryId);
+      // Still being applied: its request (or finishStalledEntries, as its pending marker stands) finishes it first.
+      if (latest?.state === 'pending') continue;
+      if (latest?.state === 'applied') locks.push(latest);
+      else await this.due.lockReconciled(entryId); // refused: nothing was locked
     }
     return locks;
   }
