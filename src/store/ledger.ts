@@ -113,6 +113,11 @@ export interface LedgerEntryDoc extends NewLedgerEntry {
 const RECONCILED_KIND = 'escrow_lock';
 const MAX_POST_ATTEMPTS = 200;
 const CHAIN_READ_BATCH = 32;
+/**
+ * The least time between a lock's application and the sweeper concluding that its run will never be stored: the
+ * locking request stores the run right after (a sweeper set to act at once raced it under load).
+ */
+export const RUN_GRACE_MS = 2_000;
 /** apply() records its due marker just before its entry: a marker without an entry this old will never get one. */
 const ORPHAN_GRACE_MS = 60_000;
 /** How long a sweep leaves an entry alone after finishing it failed (say, a wallet that does not exist). */
@@ -539,10 +544,14 @@ export class LedgerStore {
     return { looked: started.length, failed };
   }
 
-  /** Escrow locks applied before `appliedBefore` and not yet checked against their run (see the settle sweeper). */
+  /**
+   * Escrow locks not yet checked against their run (see the settle sweeper): applied before `appliedBefore` and at
+   * least RUN_GRACE_MS ago, whatever the sweeper's staleness setting, as the locking request stores the run next.
+   */
   async locksToReconcile(appliedBefore: Date, limit: number): Promise<LedgerEntryDoc[]> {
+    const before = new Date(Math.min(appliedBefore.getTime(), Date.now() - RUN_GRACE_MS));
     const locks: LedgerEntryDoc[] = [];
-    for (const entryId of await this.due.locksAppliedBefore(appliedBefore, limit)) {
+    for (const entryId of await this.due.locksAppliedBefore(before, limit)) {
       const latest = await this.latestAttempt(entryId);
       // Still being applied: its request (or finishStalledEntries, as its pending marker stands) finishes it first.
       if (latest?.state === 'pending') continue;

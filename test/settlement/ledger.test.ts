@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ServiceError } from '../../src/domain/errors.ts';
 import { LedgerDueIndex } from '../../src/store/ledger-due.ts';
-import { LedgerStore, type Bucket, type NewLedgerEntry, type PostingDoc } from '../../src/store/ledger.ts';
+import { LedgerStore, RUN_GRACE_MS, type Bucket, type NewLedgerEntry, type PostingDoc } from '../../src/store/ledger.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 
 class Crash extends Error {}
@@ -147,7 +147,8 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect(await ledger.balances('w4')).toEqual({ USD: { available: 60, escrow: 40 } });
     expect((await ledger.getEntry('lock:w4'))!.state).toBe('applied');
     expect(await ledger.finishStalledEntries(new Date(), 100)).toEqual({ looked: 0, failed: 0 });
-    // The finished lock waits for its run check until markReconciled.
+    // The finished lock waits for its run check (once its request had time to store the run) until markReconciled.
+    await new Promise((resolve) => setTimeout(resolve, RUN_GRACE_MS + 100));
     const lockIds = async () => (await ledger.locksToReconcile(new Date(), 1_000)).map((l) => l.entryId);
     expect(await lockIds()).toContain('lock:w4');
     await ledger.markReconciled('lock:w4');

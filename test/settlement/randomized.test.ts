@@ -5,6 +5,7 @@ import { ServiceError } from '../../src/domain/errors.ts';
 import { escrowLockId, lockEscrow, settlementTerms } from '../../src/http/routes/settlements.ts';
 import { createLogger } from '../../src/logger.ts';
 import { connectRuntime, createRuntime, type Runtime } from '../../src/runtime.ts';
+import { RUN_GRACE_MS } from '../../src/store/ledger.ts';
 import { readSettlement } from '../../src/store/settlements.ts';
 import { disputeSplit } from '../../src/domain/money.ts';
 import { advanceSettlement, createSettleProcessor } from '../../src/workers/settle.ts';
@@ -160,9 +161,13 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     }
     await new Promise((r) => setTimeout(r, 1_200));
     // "Afterwards" means once repair has nothing left to do: sweep (on both processes at once) until quiet.
-    for (let round = 0; round < 30; round++) {
+    // A lock the sweep itself finished is checked against its run RUN_GRACE_MS later, so quiet must last that long.
+    let busyAt = Date.now();
+    for (let round = 0; round < 60; round++) {
       const outcomes = (await Promise.all([createSettleProcessor(rt).sweep!(), createSettleProcessor(second).sweep!()])) as Array<Record<string, number>>;
-      if (outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0)) break;
+      if (!outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0)) busyAt = Date.now();
+      else if (Date.now() - busyAt > RUN_GRACE_MS) break;
+      await new Promise((r) => setTimeout(r, 250));
     }
 
     // 1. Every chain is gapless and never negative, and every currency balances: credited = available + escrow
