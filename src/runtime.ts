@@ -13,6 +13,7 @@ import { OnboardingStore } from './store/onboarding.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
+import { LedgerDueIndex } from './store/ledger-due.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { TenantStore } from './store/tenants.ts';
 import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
@@ -88,7 +89,7 @@ export function createRuntime(config: Config, logger: Logger, options: { monitor
       outbox: new OutboxStore(db, webhookDue),
       agents: new AgentStore(db),
       runs: new RunStore(db),
-      ledger: new LedgerStore(db),
+      ledger: new LedgerStore(db, new LedgerDueIndex(redis, config.redisPrefix)),
       settlements: new SettlementStore(db),
       webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),

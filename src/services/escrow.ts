@@ -58,7 +58,7 @@ export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: str
     throw errors.conflict('TRANSITION_ILLEGAL', 'escrow for this run is already locked under other terms', { status: 'locked' });
   }
   const attached = await attach();
-  await ledger.markReconciled(lock._id); // the lock has its run: nothing for the sweeper to return
+  await ledger.markReconciled(lock.entryId); // the lock has its run: nothing for the sweeper to return
   return attached;
 }
 
@@ -79,6 +79,6 @@ export async function returnOrphanedLock(rt: Runtime, lock: LedgerEntryDoc): Pro
     });
     returned = true;
   }
-  await rt.stores.ledger.markReconciled(lock._id);
+  await rt.stores.ledger.markReconciled(lock.entryId);
   return returned;
 }

@@ -14,10 +14,6 @@ export async function ensureIndexes(db: Db): Promise<void> {
     // indexes over array fields, so there only resends at or below the head are checked (by the append route).
     db.collection('run_batches').createIndex({ runId: 1, 'events.id': 1 }, { unique: true }),
     db.collection('artifacts').createIndex({ runId: 1 }, { unique: true }),
-    // One posting per chain position (a leg can be posted once by its id entryId#leg).
-    db.collection('ledger_postings').createIndex({ account: 1, seq: 1 }, { unique: true }),
-    db.collection('ledger_postings').createIndex({ walletId: 1, at: -1 }),
-    db.collection('ledger_entries').createIndex({ state: 1, createdAt: 1 }),
     db.collection('settlements').createIndex({ runId: 1 }, { unique: true }),
     db.collection('settlements').createIndex({ nextCheckAt: 1 }),
     db.collection('settlement_facts').createIndex({ kind: 1, 'data.disputeId': 1 }),

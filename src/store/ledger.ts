@@ -1,8 +1,27 @@
 import type { Collection, Db } from 'mongodb';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { insertFirst } from './mongo.ts';
+import type { LedgerDueIndex } from './ledger-due.ts';
+import { insertFirst, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts';
+
+// The ledger without transactions, and with every read and write of a growing collection by exact `_id` (on
+// FerretDB nothing else uses an index). What makes it correct is unique inserts only; updated documents (account
+// heads, entry states) are caches that may trail or lose an update and are repaired from the inserted records.
+//
+// - A posting's `_id` is its position `<account>#<seq>`: claiming a position is a unique insert, so one posting
+//   holds each position, chains have no gaps (position n+1 is claimed only by one who read n), and walking a chain
+//   is by `_id`. Balances are the chains' ends: the cached head, walked forward to the first missing position.
+// - A leg of an entry is resolved at most once: before claiming position p for it, a poster checks every position
+//   since the entry's floor (the account's cached head read before the entry was recorded, never above any later
+//   posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
+//   later one sees the earlier one's posting; a crash after the claim is found the same way. The leg marker
+//   `<attemptId>#<leg>` records the result so that later looks are one read.
+// - Only the first leg may debit. A debit the chain's end cannot cover claims its position as a refusal (delta 0),
+//   so "refused" and "posted" are decided by the same unique insert and two posters can never disagree.
+// - A refused entry moved nothing and may be retried under the same id: each retry is a new attempt document
+//   `<entryId>~<n>`, claimed by unique insert; attempts are never deleted, so no poster's work can vanish.
 
 export type Bucket = 'available' | 'escrow';
+const BUCKETS: readonly Bucket[] = ['available', 'escrow'];
 
 export interface AccountHead {
   seq: number;
@@ -16,26 +35,23 @@ export interface WalletDoc {
   createdAt: Date;
 }
 
-/**
- * The head of one account's postings chain (wallet x currency x bucket): a cache of its last posting. It lives in
- * its own document so that writers of different accounts never touch the same document, and it is repaired from
- * the postings whenever it trails them.
- */
+/** A cache of one account's chain end (wallet x currency x bucket); it may trail the chain, never lead it. */
 export interface AccountDoc {
   _id: string;
-  walletId: string;
-  currency: string;
-  bucket: Bucket;
   seq: number;
   balance: number;
 }
 
+/** The n-th currency a wallet has ever held (`<walletId>#cur#<n>`, n claimed by unique insert, never removed). */
+export interface WalletCurrencyDoc {
+  _id: string;
+  walletId: string;
+  currency: string;
+}
+
 export type Balances = Record<string, { available: number; escrow: number }>;
 
-/**
- * One change to one account. Its id is `entryId#leg`, so a leg can be posted once whatever happens; the unique
- * index on (account, seq) lets exactly one posting hold each position of the account's chain.
- */
+/** One position of an account's chain: a leg of an entry, or the refusal of a debit (delta 0). */
 export interface PostingDoc {
   _id: string;
   account: string;
@@ -44,11 +60,21 @@ export interface PostingDoc {
   bucket: Bucket;
   seq: number;
   entryId: string;
+  attempt: number;
   leg: number;
   delta: number;
   balanceAfter: number;
+  refused: boolean;
   kind: string;
   at: Date;
+}
+
+/** Where a leg of an attempt was resolved (`<attemptId>#<leg>`). */
+export interface LegMarkDoc {
+  _id: string;
+  posting: string;
+  refused: boolean;
+  balanceAfter: number;
 }
 
 export interface Leg {
@@ -57,30 +83,70 @@ export interface Leg {
   delta: number;
 }
 
-/**
- * A balance change, recorded before it is applied: a crash leaves it `pending` and the sweeper finishes it. Only the
- * first leg may debit, so an entry is refused whole (insufficient funds) or applies whole.
- */
-export interface LedgerEntryDoc {
+/** An entry as its callers state it: `_id` is the entry id they derive from the work. */
+export interface NewLedgerEntry {
   _id: string;
   tenantId: string;
   kind: string;
   currency: string;
   legs: Leg[];
-  state: 'pending' | 'applied' | 'rejected';
   ref: Record<string, string>;
-  createdAt: Date;
-  settledAt: Date | null;
 }
 
-const MAX_POST_ATTEMPTS = 200;
+/**
+ * One attempt at a balance change, recorded before it is applied: `_id` is the entry id for the first attempt,
+ * `<entryId>~<n>` for the n-th (after n-1 refusals). `state` and `settledAt` are a cache of what its leg markers say.
+ */
+export interface LedgerEntryDoc extends NewLedgerEntry {
+  entryId: string;
+  attempt: number;
+  /** Per leg, its account's cached head read before this attempt was recorded: no posting of it lies at or below. */
+  floors: number[];
+  state: 'pending' | 'applied' | 'rejected';
+  createdAt: Date;
+  settledAt: Date | null;
+  /** An escrow lock whose run was found: a hint that spares the due-index audit, not a fact anything relies on. */
+  reconciled?: boolean;
+}
 
-function legId(entryId: string, leg: number): string {
-  return `${entryId}#${leg}`;
+/** Escrow locks are checked against their run by the settle sweeper (a lock whose run was never stored is returned). */
+const RECONCILED_KIND = 'escrow_lock';
+const MAX_POST_ATTEMPTS = 200;
+const CHAIN_READ_BATCH = 32;
+/**
+ * The least time between a lock's application and the sweeper concluding that its run will never be stored: the
+ * locking request stores the run right after (a sweeper set to act at once raced it under load).
+ */
+export const RUN_GRACE_MS = 2_000;
+/** apply() records its due marker just before its entry: a marker without an entry this old will never get one. */
+const ORPHAN_GRACE_MS = 60_000;
+/** How long a sweep leaves an entry alone after finishing it failed (say, a wallet that does not exist). */
+const RETRY_FAILED_AFTER_MS = 60_000;
+/** At most this often (all processes together) is the due index rebuilt from a scan of the entries. */
+const AUDIT_EVERY_MS = 6 * 3_600_000;
+const AUDIT_LIMIT = 10_000;
+/** In-process memo of facts that never change (wallets exist, a wallet holds a currency); reset when this large. */
+const MEMO_LIMIT = 100_000;
+
+function attemptId(entryId: string, attempt: number): string {
+  return attempt === 1 ? entryId : `${entryId}~${attempt}`;
 }
 
 function accountOf(walletId: string, currency: string, bucket: Bucket): string {
   return `${walletId}|${currency}|${bucket}`;
+}
+
+function positionId(account: string, seq: number): string {
+  return `${account}#${seq}`;
+}
+
+function currencyRecordId(walletId: string, n: number): string {
+  return `${walletId}#cur#${n}`;
+}
+
+function remember(memo: Set<string>, key: string): void {
+  if (memo.size >= MEMO_LIMIT) memo.clear();
+  memo.add(key);
 }
 
 function insufficientFunds(walletId: string, currency: string, needed: number, available: number) {
@@ -92,22 +158,83 @@ function insufficientFunds(walletId: string, currency: string, needed: number, a
   });
 }
 
-/**
- * The ledger without transactions: every leg of an entry is a posting on its account's chain, at most once (unique
- * entryId+leg), in order (unique account+seq). Balances are the running balance of each chain's last posting.
- */
+function isInsufficientFunds(err: unknown): boolean {
+  return err instanceof ServiceError && err.code === 'INSUFFICIENT_FUNDS';
+}
+
+/** The wallet-entries cursor: per account (currency number + a|e), the highest position not yet listed. */
+function encodeEntriesCursor(remaining: Array<{ n: number; bucket: Bucket; seq: number }>): string {
+  return Buffer.from(remaining.map((r) => `${r.n}${r.bucket[0]}${r.seq}`).join('.'), 'utf8').toString('base64url');
+}
+
+function decodeEntriesCursor(token: string): Map<string, number> | null {
+  const text = Buffer.from(token, 'base64url').toString('utf8');
+  if (!/^\d{1,4}[ae]\d{1,16}(\.\d{1,4}[ae]\d{1,16})*$/.test(text)) return null;
+  const positions = new Map<string, number>();
+  for (const part of text.split('.')) {
+    const [, n, b, seq] = /^(\d+)([ae])(\d+)$/.exec(part)!;
+    const key = `${Number(n)}${b}`;
+    if (positions.has(key) || !Number.isSafeInteger(Number(seq))) return null;
+    positions.set(key, Number(seq));
+  }
+  return positions;
+}
+
+/** Reads one account's chain backwards from a position, a batch of `_id` lookups at a time. */
+class ChainReader {
+  private buffer: PostingDoc[] = [];
+  constructor(
+    private readonly postings: Collection<PostingDoc>,
+    readonly n: number,
+    readonly bucket: Bucket,
+    private readonly account: string,
+    private next: number,
+    private readonly batch: number,
+  ) {}
+
+  /** The highest position not yet taken from this reader (0 when it is done). */
+  get remaining(): number {
+    return this.buffer[0]?.seq ?? this.next;
+  }
+
+  async peek(): Promise<PostingDoc | null> {
+    if (this.buffer.length === 0 && this.next > 0) {
+      const seqs = Array.from({ length: Math.min(this.batch, this.next) }, (_, i) => this.next - i);
+      const docs = await Promise.all(seqs.map((seq) => this.postings.findOne({ _id: positionId(this.account, seq) })));
+      // Chains have no gaps (position n+1 is claimed only by one who read n), so a hole means a broken store.
+      if (docs.some((d) => !d)) throw new Error(`ledger chain ${this.account} has a gap below ${this.next}`);
+      this.buffer = docs as PostingDoc[];
+      this.next -= seqs.length;
+    }
+    return this.buffer[0] ?? null;
+  }
+
+  take(): PostingDoc {
+    return this.buffer.shift()!;
+  }
+}
+
 export class LedgerStore {
   /** Fault injection for tests: called after each leg is posted; throwing there simulates a crash between legs. */
   failAfterLeg: ((entryId: string, leg: number) => void) | null = null;
+  /** Fault injection for tests: called after a leg's position is claimed, before its marker is written. */
+  failAfterClaim: ((entryId: string, leg: number) => void) | null = null;
   readonly wallets: Collection<WalletDoc>;
+  readonly walletCurrencies: Collection<WalletCurrencyDoc>;
   readonly accounts: Collection<AccountDoc>;
   readonly postings: Collection<PostingDoc>;
+  readonly legMarks: Collection<LegMarkDoc>;
   readonly entries: Collection<LedgerEntryDoc>;
 
-  constructor(db: Db) {
+  constructor(
+    db: Db,
+    private readonly due: LedgerDueIndex,
+  ) {
     this.wallets = db.collection<WalletDoc>('wallets');
+    this.walletCurrencies = db.collection<WalletCurrencyDoc>('wallet_currencies');
     this.accounts = db.collection<AccountDoc>('ledger_accounts');
     this.postings = db.collection<PostingDoc>('ledger_postings');
+    this.legMarks = db.collection<LegMarkDoc>('ledger_legs');
     this.entries = db.collection<LedgerEntryDoc>('ledger_entries');
   }
 
@@ -122,9 +249,10 @@ export class LedgerStore {
 
   /**
    * Records and applies an entry once; a repeat (or a retry after a crash) finishes what is missing and returns
-   * the same outcome. Throws 402 INSUFFICIENT_FUNDS when its debit cannot be covered (and records the refusal).
+   * the same outcome. Throws 402 INSUFFICIENT_FUNDS when its debit cannot be covered (and records the refusal; a
+   * later apply under the same id tries again). An applied entry costs one read.
    */
-  async apply(entry: Omit<LedgerEntryDoc, 'state' | 'createdAt' | 'settledAt'>): Promise<LedgerEntryDoc> {
+  async apply(entry: NewLedgerEntry): Promise<LedgerEntryDoc> {
     for (const [i, leg] of entry.legs.entries()) {
       if (!Number.isSafeInteger(leg.delta) || leg.delta === 0) throw new Error(`entry ${entry._id} leg ${i}: delta must be a non-zero integer`);
       if (i > 0 && leg.delta < 0) throw new Error(`entry ${entry._id}: only the first leg may debit`);
@@ -132,56 +260,196 @@ export class LedgerStore {
     if (entry.legs.reduce((sum, l) => sum + l.delta, 0) !== 0 && entry.kind !== 'credit') {
       throw new Error(`entry ${entry._id} does not balance`);
     }
-    const existing = await this.entries.findOne({ _id: entry._id });
-    if (existing?.state === 'applied') return existing; // the common repeat: one read
-    // A refused entry moved nothing, so a later attempt under the same id (say, after a top-up) may replace it.
-    if (existing?.state === 'rejected') await this.entries.deleteOne({ _id: entry._id, state: 'rejected' });
-    if (!existing || existing.state === 'rejected') {
-      // Losing means a concurrent attempt recorded it first: finish that one.
-      await insertFirst(this.entries, { ...entry, state: 'pending', createdAt: new Date(), settledAt: null });
+    const latest = await this.latestAttempt(entry._id);
+    if (latest && latest.state !== 'rejected') return this.finish(latest);
+
+    // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first.
+    const attempt = (latest?.attempt ?? 0) + 1;
+    const marker = await this.due.entryStarted(entry._id);
+    const floors = await Promise.all(entry.legs.map(async (l) => (await this.cachedHead(accountOf(l.walletId, entry.currency, l.bucket))).seq));
+    const doc: LedgerEntryDoc = { ...entry, _id: attemptId(entry._id, attempt), entryId: entry._id, attempt, floors, state: 'pending', createdAt: new Date(), settledAt: null };
+    // Losing means a concurrent attempt recorded it first: finish that one.
+    const recorded = (await insertFirst(this.entries, doc)) ? doc : await this.entries.findOne({ _id: doc._id });
+    if (!recorded) throw new Error(`ledger entry ${doc._id} vanished`); // attempts are never deleted
+    try {
+      const applied = await this.finish(recorded);
+      await this.due.entryDone(marker);
+      return applied;
+    } catch (err) {
+      if (isInsufficientFunds(err)) await this.due.entryDone(marker); // refused is finished too
+      throw err;
     }
-    return this.resume(entry._id);
   }
 
-  /** Finishes a recorded entry (what apply does after recording it; the sweeper calls it for pending entries). */
+  /** Finishes an entry's latest attempt (what apply does after recording it). */
   async resume(entryId: string): Promise<LedgerEntryDoc> {
-    const entry = await this.entries.findOne({ _id: entryId });
-    if (!entry) throw new Error(`ledger entry ${entryId} not found`);
-    if (entry.state === 'rejected') {
-      const debit = entry.legs[0]!;
-      const head = await this.head(accountOf(debit.walletId, entry.currency, debit.bucket));
-      throw insufficientFunds(debit.walletId, entry.currency, -debit.delta, head.balance);
-    }
-    if (entry.state === 'applied') return entry;
-    for (const [leg, spec] of entry.legs.entries()) {
-      try {
-        await this.post(entry, leg, spec);
-        this.failAfterLeg?.(entryId, leg);
-      } catch (err) {
-        if (leg === 0 && err instanceof ServiceError && err.code === 'INSUFFICIENT_FUNDS') {
-          await this.entries.updateOne({ _id: entryId, state: 'pending' }, { $set: { state: 'rejected', settledAt: new Date() } });
-          throw err;
-        }
-        throw err;
-      }
-    }
-    const settledAt = new Date();
-    await this.entries.updateOne({ _id: entryId, state: 'pending' }, { $set: { state: 'applied', settledAt } });
-    return { ...entry, state: 'applied', settledAt };
+    const latest = await this.latestAttempt(entryId);
+    if (!latest) throw new Error(`ledger entry ${entryId} not found`);
+    return this.finish(latest);
   }
 
-  private async head(account: string): Promise<AccountHead> {
+  /** The entry's latest attempt: later attempts exist only after a refusal, so this is one read unless refused. */
+  private async latestAttempt(entryId: string): Promise<LedgerEntryDoc | null> {
+    let doc = await this.entries.findOne({ _id: entryId });
+    while (doc?.state === 'rejected') {
+      const next = await this.entries.findOne({ _id: attemptId(entryId, doc.attempt + 1) });
+      if (!next) return doc;
+      doc = next;
+    }
+    return doc;
+  }
+
+  private async finish(attempt: LedgerEntryDoc): Promise<LedgerEntryDoc> {
+    if (attempt.state === 'applied') return attempt;
+    for (const [leg, spec] of attempt.legs.entries()) {
+      const mark = await this.resolveLeg(attempt, leg, spec);
+      if (mark.refused) {
+        if (attempt.state !== 'rejected') await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'rejected', settledAt: new Date() } });
+        throw insufficientFunds(spec.walletId, attempt.currency, -spec.delta, mark.balanceAfter);
+      }
+      this.failAfterLeg?.(attempt.entryId, leg);
+    }
+    // Indexed while the attempt's pending marker still stands, so a crash here cannot lose the lock's check; scored
+    // by when it was applied, as its run is stored right after that.
+    if (attempt.kind === RECONCILED_KIND) await this.due.lockApplied(attempt.entryId, new Date());
+    const settledAt = new Date();
+    await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'applied', settledAt } });
+    return { ...attempt, state: 'applied', settledAt };
+  }
+
+  /** The leg's marker, resolving the leg first (posting it, or refusing its debit) if no one has yet. */
+  private async resolveLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg): Promise<LegMarkDoc> {
+    const known = await this.legMarks.findOne({ _id: `${attempt._id}#${leg}` });
+    if (known) return known;
+    const account = accountOf(spec.walletId, attempt.currency, spec.bucket);
+    return this.serialized(account, () => this.claimLeg(attempt, leg, spec, account));
+  }
+
+  private async claimLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string): Promise<LegMarkDoc> {
+    await this.requireWallet(spec.walletId);
+    const seen = new Map<number, PostingDoc>();
+    const cached = await this.cachedHead(account);
+    let end = await this.walkForward(account, cached, seen);
+    let checkedUpTo = attempt.floors[leg]!;
+    for (let round = 0; round < MAX_POST_ATTEMPTS; round++) {
+      const earlier = await this.findLegPosting(account, attempt, leg, checkedUpTo + 1, end.seq, seen);
+      if (earlier) return this.markLeg(attempt, leg, earlier, account, cached);
+      checkedUpTo = Math.max(checkedUpTo, end.seq);
+
+      const balanceAfter = end.balance + spec.delta;
+      if (!Number.isSafeInteger(balanceAfter)) throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
+      const refused = balanceAfter < 0;
+      if (end.seq === 0) await this.ensureCurrency(spec.walletId, attempt.currency); // before the chain can exist
+      const posting: PostingDoc = {
+        _id: positionId(account, end.seq + 1),
+        account,
+        walletId: spec.walletId,
+        currency: attempt.currency,
+        bucket: spec.bucket,
+        seq: end.seq + 1,
+        entryId: attempt.entryId,
+        attempt: attempt.attempt,
+        leg,
+        delta: refused ? 0 : spec.delta,
+        balanceAfter: refused ? end.balance : balanceAfter,
+        refused,
+        kind: attempt.kind,
+        at: new Date(),
+      };
+      if (await insertFirst(this.postings, posting)) {
+        this.failAfterClaim?.(attempt.entryId, leg);
+        return this.markLeg(attempt, leg, posting, account, cached);
+      }
+      // Someone else took this position (maybe a poster of this very leg): read on and check what they wrote.
+      end = await this.walkForward(account, end, seen);
+      await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(50, round * 5)));
+    }
+    throw errors.unavailable(`account ${account} is too contended; retry`);
+  }
+
+  /** A posting of this attempt's leg at positions from..to, if any (at most one can exist). */
+  private async findLegPosting(account: string, attempt: LedgerEntryDoc, leg: number, from: number, to: number, seen: Map<number, PostingDoc>): Promise<PostingDoc | null> {
+    for (let low = from; low <= to; low += CHAIN_READ_BATCH) {
+      const seqs = Array.from({ length: Math.min(CHAIN_READ_BATCH, to - low + 1) }, (_, i) => low + i);
+      const docs = await Promise.all(seqs.map((seq) => seen.get(seq) ?? this.postings.findOne({ _id: positionId(account, seq) })));
+      const found = docs.find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);
+      if (found) return found;
+    }
+    return null;
+  }
+
+  private async markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, cached: AccountHead): Promise<LegMarkDoc> {
+    const mark: LegMarkDoc = { _id: `${attempt._id}#${leg}`, posting: posting._id, refused: posting.refused, balanceAfter: posting.balanceAfter };
+    await insertFirst(this.legMarks, mark); // a loser's marker names the same posting: there is only one
+    if (posting.seq > cached.seq) await this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter });
+    return mark;
+  }
+
+  private async cachedHead(account: string): Promise<AccountHead> {
     const doc = await this.accounts.findOne({ _id: account });
     return doc ? { seq: doc.seq, balance: doc.balance } : { seq: 0, balance: 0 };
   }
 
-  /** Moves an account head from `from` to `to` if it still stands at `from` (creating it at the first posting). */
-  private async moveHead(account: string, spec: { walletId: string; currency: string; bucket: Bucket }, from: AccountHead, to: AccountHead): Promise<void> {
-    if (from.seq === 0 && (await insertFirst(this.accounts, { _id: account, ...spec, seq: to.seq, balance: to.balance }))) return;
-    await this.accounts.updateOne({ _id: account, seq: from.seq }, { $set: { seq: to.seq, balance: to.balance } });
+  /** Writes the head cache; a concurrent write may win or be lost, which only makes the next reader walk further. */
+  private async cacheHead(account: string, head: AccountHead): Promise<void> {
+    try {
+      await this.accounts.updateOne({ _id: account }, { $set: { seq: head.seq, balance: head.balance } }, { upsert: true });
+    } catch (err) {
+      if (!isDuplicateKey(err)) throw err; // two first upserts: either one is a valid cache
+    }
   }
 
+  /** The chain's true end from a position known to exist: the first missing position is the next one to claim. */
+  private async walkForward(account: string, from: AccountHead, seen: Map<number, PostingDoc>): Promise<AccountHead> {
+    let end = from;
+    for (;;) {
+      const next = await this.postings.findOne({ _id: positionId(account, end.seq + 1) });
+      if (!next) return end;
+      seen.set(next.seq, next);
+      end = { seq: next.seq, balance: next.balanceAfter };
+    }
+  }
+
+  /** An account's balance: its cached head walked forward to the chain's end (the cache repaired when it trailed). */
+  private async chainEnd(account: string): Promise<AccountHead> {
+    const cached = await this.cachedHead(account);
+    const end = await this.walkForward(account, cached, new Map());
+    if (end.seq !== cached.seq) await this.cacheHead(account, end);
+    return end;
+  }
+
+  // Postings on a wallet that does not exist would belong to nobody: wallets are created before money moves.
   private readonly knownWallets = new Set<string>();
+  private async requireWallet(walletId: string): Promise<void> {
+    if (this.knownWallets.has(walletId)) return;
+    if (!(await this.wallets.findOne({ _id: walletId }))) throw new Error(`wallet ${walletId} does not exist`);
+    remember(this.knownWallets, walletId);
+  }
+
+  /** Records that the wallet holds this currency, before its first posting in it, so balances can find every chain. */
+  private readonly knownCurrencies = new Set<string>();
+  private async ensureCurrency(walletId: string, currency: string): Promise<void> {
+    const key = `${walletId}|${currency}`;
+    if (this.knownCurrencies.has(key)) return;
+    for (let n = 1; ; n++) {
+      const _id = currencyRecordId(walletId, n);
+      const record = await this.walletCurrencies.findOne({ _id });
+      if (record?.currency === currency) break;
+      if (!record && (await insertFirst(this.walletCurrencies, { _id, walletId, currency }))) break;
+      if (!record && (await this.walletCurrencies.findOne({ _id }))?.currency === currency) break; // a twin won n
+    }
+    remember(this.knownCurrencies, key);
+  }
+
+  /** The wallet's currencies in the order it first held them, with their numbers (read until one is missing). */
+  private async currenciesOf(walletId: string): Promise<Array<{ n: number; currency: string }>> {
+    const found: Array<{ n: number; currency: string }> = [];
+    for (let n = 1; ; n++) {
+      const record = await this.walletCurrencies.findOne({ _id: currencyRecordId(walletId, n) });
+      if (!record) return found;
+      if (!found.some((f) => f.currency === record.currency)) found.push({ n, currency: record.currency });
+    }
+  }
 
   /** One writer per account at a time within this process; other processes are kept apart by the chain itself. */
   private readonly accountQueues = new Map<string, Promise<unknown>>();
@@ -196,104 +464,132 @@ export class LedgerStore {
     return run;
   }
 
-  /** Puts one leg on its account's chain exactly once. */
-  private async post(entry: LedgerEntryDoc, leg: number, spec: Leg): Promise<void> {
-    const { currency } = entry;
-    const account = accountOf(spec.walletId, currency, spec.bucket);
-    const where = { walletId: spec.walletId, currency, bucket: spec.bucket };
-    await this.serialized(account, async (): Promise<void> => {
-      // Postings on a wallet that does not exist would belong to nobody: wallets are created before money moves.
-      // Wallets are never deleted, so one that was seen once need not be looked up again.
-      if (!this.knownWallets.has(spec.walletId)) {
-        if (!(await this.wallets.findOne({ _id: spec.walletId }))) throw new Error(`wallet ${spec.walletId} does not exist`);
-        this.knownWallets.add(spec.walletId);
+  /** Balances per currency: the ends of the wallet's chains, read from their cached heads forward. */
+  async balances(walletId: string): Promise<Balances> {
+    const currencies = (await this.currenciesOf(walletId)).map((c) => c.currency).sort();
+    const ends = await Promise.all(currencies.map(async (currency) => {
+      const [available, escrow] = await Promise.all(BUCKETS.map((bucket) => this.chainEnd(accountOf(walletId, currency, bucket))));
+      return [currency, { available: available!.balance, escrow: escrow!.balance }] as const;
+    }));
+    return Object.fromEntries(ends);
+  }
+
+  /**
+   * A page of the wallet's postings, newest first: its chains merged backwards from their ends (or from the
+   * cursor's positions) by time. Refusals moved nothing and are left out. Null when the cursor is not one of ours.
+   * The cursor holds a position per chain, so every posting is listed once across pages, whatever is posted meanwhile.
+   */
+  async listPostings(walletId: string, limit: number, cursor?: string): Promise<{ items: PostingDoc[]; nextCursor: string | null } | null> {
+    const currencies = await this.currenciesOf(walletId);
+    const from = cursor === undefined ? null : decodeEntriesCursor(cursor);
+    if (from && [...from.keys()].some((key) => !currencies.some((c) => key === `${c.n}a` || key === `${c.n}e`))) return null;
+    if (cursor !== undefined && !from) return null;
+    const batch = Math.ceil((limit + 1) / Math.max(1, currencies.length * BUCKETS.length)) + 1;
+    const readers = await Promise.all(currencies.flatMap(({ n, currency }) => BUCKETS.map(async (bucket) => {
+      const account = accountOf(walletId, currency, bucket);
+      // A chain the cursor does not name began after the first page: everything on it is newer than the listing.
+      // A cursor position past the chain's end is not one we issued; reading from the end keeps it harmless.
+      const end = (await this.chainEnd(account)).seq;
+      const start = from ? Math.min(from.get(`${n}${bucket[0]}`) ?? 0, end) : end;
+      return new ChainReader(this.postings, n, bucket, account, start, batch);
+    })));
+    const newest = async (): Promise<ChainReader | null> => {
+      const heads = await Promise.all(readers.map(async (r) => ({ r, p: await r.peek() })));
+      let best: { r: ChainReader; p: PostingDoc } | null = null;
+      for (const h of heads) {
+        if (h.p && (!best || h.p.at.getTime() > best.p.at.getTime() || (h.p.at.getTime() === best.p.at.getTime() && h.p._id > best.p._id))) best = { r: h.r, p: h.p };
       }
-      for (let attempt = 0; attempt < MAX_POST_ATTEMPTS; attempt++) {
-        const head = await this.head(account);
-        const balanceAfter = head.balance + spec.delta;
-        if (balanceAfter < 0 || !Number.isSafeInteger(balanceAfter)) {
-          if (await this.postings.findOne({ _id: legId(entry._id, leg) })) {
-            await this.repairHead(account, where);
-            return;
-          }
-          // The cached head may trail a crashed writer's credit: repair, and refuse only on the true balance.
-          const truth = await this.repairHead(account, where);
-          if (truth.seq !== head.seq) continue;
-          if (balanceAfter < 0) throw insufficientFunds(spec.walletId, currency, -spec.delta, head.balance);
-          throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
-        }
-        const seq = head.seq + 1;
-        const posted = await insertFirst(this.postings, { _id: legId(entry._id, leg), account, ...where, seq, entryId: entry._id, leg, delta: spec.delta, balanceAfter, kind: entry.kind, at: new Date() });
-        if (!posted) {
-          // Either this leg is already on the chain, or another entry took this position first.
-          if (await this.postings.findOne({ _id: legId(entry._id, leg) })) {
-            await this.repairHead(account, where);
-            return;
-          }
-          await this.repairHead(account, where);
-          await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(50, attempt * 5)));
+      return best?.r ?? null;
+    };
+    const items: PostingDoc[] = [];
+    for (let reader = await newest(); reader; reader = await newest()) {
+      const posting = reader.take();
+      if (posting.refused) continue;
+      if (items.length === limit) {
+        // One more real posting exists: the next page starts with it.
+        const remaining = readers.map((r) => ({ n: r.n, bucket: r.bucket, seq: r === reader ? posting.seq : r.remaining }));
+        return { items, nextCursor: encodeEntriesCursor(remaining.filter((r) => r.seq > 0)) };
+      }
+      items.push(posting);
+    }
+    return { items, nextCursor: null };
+  }
+
+  /**
+   * The sweeper's first duty: finishes entries whose apply() died (or is slower than `startedBefore`), oldest first;
+   * a refused one counts as finished. Each is looked up by its id. Returns how many it looked at and how many failed.
+   */
+  async finishStalledEntries(startedBefore: Date, limit: number): Promise<{ looked: number; failed: number }> {
+    const started = await this.due.startedBefore(startedBefore, limit);
+    let failed = 0;
+    for (const { member, entryId, startedAt } of started) {
+      const latest = await this.latestAttempt(entryId);
+      if (!latest) {
+        // Its apply() may be about to insert it; one that has not after the grace period died before it could.
+        if (Date.now() - startedAt < ORPHAN_GRACE_MS) await this.due.postpone(member, startedAt + ORPHAN_GRACE_MS);
+        else await this.due.entryDone(member);
+        continue;
+      }
+      try {
+        await this.finish(latest);
+      } catch (err) {
+        if (!isInsufficientFunds(err)) {
+          failed++;
+          await this.due.postpone(member, Date.now() + RETRY_FAILED_AFTER_MS);
           continue;
         }
-        // If this loses, a repair already moved the head over this posting.
-        await this.moveHead(account, where, head, { seq, balance: balanceAfter });
-        return;
       }
-      throw errors.unavailable(`account ${account} is too contended; retry`);
-    });
-  }
-
-  /** Moves a cached head forward over postings it trails (a writer that died, or a lost cache write). */
-  async repairHead(account: string, where: { walletId: string; currency: string; bucket: Bucket }): Promise<AccountHead> {
-    for (;;) {
-      const head = await this.head(account);
-      const next = await this.postings.findOne({ account, seq: head.seq + 1 });
-      if (!next) return head;
-      await this.moveHead(account, where, head, { seq: next.seq, balance: next.balanceAfter });
+      await this.due.entryDone(member);
     }
+    return { looked: started.length, failed };
   }
 
-  /** Balances per currency, every account head repaired first, so what is shown is what the postings say. */
-  async balances(walletId: string): Promise<Balances> {
-    const accounts = await this.postings.distinct('account', { walletId });
-    const balances: Balances = {};
-    for (const account of accounts.sort()) {
-      const [, currency, bucket] = account.split('|') as [string, string, Bucket];
-      const head = await this.repairHead(account, { walletId, currency, bucket });
-      balances[currency] ??= { available: 0, escrow: 0 };
-      balances[currency][bucket] = head.balance;
+  /**
+   * Escrow locks not yet checked against their run (see the settle sweeper): applied before `appliedBefore` and at
+   * least RUN_GRACE_MS ago, whatever the sweeper's staleness setting, as the locking request stores the run next.
+   */
+  async locksToReconcile(appliedBefore: Date, limit: number): Promise<LedgerEntryDoc[]> {
+    const before = new Date(Math.min(appliedBefore.getTime(), Date.now() - RUN_GRACE_MS));
+    const locks: LedgerEntryDoc[] = [];
+    for (const entryId of await this.due.locksAppliedBefore(before, limit)) {
+      const latest = await this.latestAttempt(entryId);
+      // Still being applied: its request (or finishStalledEntries, as its pending marker stands) finishes it first.
+      if (latest?.state === 'pending') continue;
+      if (latest?.state === 'applied') locks.push(latest);
+      else await this.due.lockReconciled(entryId); // refused: nothing was locked
     }
-    return balances;
+    return locks;
   }
 
-  /** Postings of a wallet, newest first, paged by a cursor of "<at ms>:<posting id>". */
-  async listPostings(walletId: string, limit: number, cursor?: { at: Date; id: string }): Promise<PostingDoc[]> {
-    const filter = cursor
-      ? { walletId, $or: [{ at: { $lt: cursor.at } }, { at: cursor.at, _id: { $lt: cursor.id } }] }
-      : { walletId };
-    return this.postings.find(filter).sort({ at: -1, _id: -1 }).limit(limit).toArray();
-  }
-
-  pendingEntries(olderThan: Date, limit: number): Promise<LedgerEntryDoc[]> {
-    return this.entries.find({ state: 'pending', createdAt: { $lt: olderThan } }).limit(limit).toArray();
-  }
-
-  /** Applied escrow locks not yet checked against their run (see the settle sweeper). */
-  unreconciledLocks(olderThan: Date, limit: number): Promise<LedgerEntryDoc[]> {
-    return this.entries.find({ kind: 'escrow_lock', state: 'applied', reconciled: { $ne: true }, createdAt: { $lt: olderThan } } as never).limit(limit).toArray();
-  }
-
+  /** The lock's run exists: nothing for the sweeper to return. */
   async markReconciled(entryId: string): Promise<void> {
-    await this.entries.updateOne({ _id: entryId }, { $set: { reconciled: true } as never });
+    const lock = await this.latestAttempt(entryId);
+    if (lock) await this.entries.updateOne({ _id: lock._id }, { $set: { reconciled: true } });
+    await this.due.lockReconciled(entryId);
+  }
+
+  /**
+   * Rebuilds the due index from the entries in case Redis lost writes: scans ledger_entries (the one scan in the
+   * ledger), so it runs at most once per AUDIT_EVERY_MS across all processes and reads at most AUDIT_LIMIT of each
+   * kind. Null when another process audited recently; else what it put back (already indexed items are kept).
+   */
+  async auditDueIndex(): Promise<{ pending: number; locks: number } | null> {
+    if (!(await this.due.claimAudit(AUDIT_EVERY_MS))) return null;
+    const projection = { entryId: 1, createdAt: 1 };
+    const pending = await this.entries.find({ state: 'pending' }, { projection, comment: RECONCILIATION_COMMENT }).limit(AUDIT_LIMIT).toArray();
+    const locks = await this.entries.find({ kind: RECONCILED_KIND, state: 'applied', reconciled: { $ne: true } }, { projection, comment: RECONCILIATION_COMMENT }).limit(AUDIT_LIMIT).toArray();
+    await this.due.restore(pending, locks);
+    return { pending: pending.length, locks: locks.length };
   }
 
   /** Which of these entries have been applied in full. */
   async appliedAmong(entryIds: string[]): Promise<Set<string>> {
-    // One lookup by id each: on FerretDB an id lookup is far cheaper than any other filter.
-    const docs = await Promise.all(entryIds.map((_id) => this.entries.findOne({ _id }, { projection: { state: 1 } })));
-    return new Set(docs.filter((d) => d?.state === 'applied').map((d) => d!._id));
+    const latest = await Promise.all(entryIds.map((id) => this.latestAttempt(id)));
+    return new Set(latest.filter((d) => d?.state === 'applied').map((d) => d!.entryId));
   }
 
+  /** The entry's latest attempt. */
   getEntry(entryId: string): Promise<LedgerEntryDoc | null> {
-    return this.entries.findOne({ _id: entryId });
+    return this.latestAttempt(entryId);
   }
 }

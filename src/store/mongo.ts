@@ -40,3 +40,9 @@ export async function pingMongo(db: Db, timeoutMs: number): Promise<boolean> {
     return false;
   }
 }
+
+/**
+ * The comment on the only queries allowed to read a growing collection whole: a due index's rare reconciliation
+ * pass (bounded and logged), never a request or job path. test/store/id-lookups.test.ts lets exactly these through.
+ */
+export const RECONCILIATION_COMMENT = 'due-index-reconciliation';

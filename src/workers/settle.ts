@@ -20,14 +20,13 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
      */
     async sweep() {
       const staleBefore = new Date(Date.now() - runtime.config.sweeper.staleAfterMs);
-      let entries = 0;
-      for (const entry of await ledger.pendingEntries(staleBefore, SWEEP_BATCH)) {
-        await ledger.resume(entry._id).catch(() => undefined); // a debit that cannot be covered is recorded as rejected
-        entries++;
-      }
+      const audit = await ledger.auditDueIndex();
+      if (audit) runtime.logger.info(audit, 'ledger due index audited against the entries');
+      const { looked: entries, failed } = await ledger.finishStalledEntries(staleBefore, SWEEP_BATCH);
+      if (failed > 0) runtime.logger.warn({ failed }, 'ledger entries could not be finished; retrying later');
       const settlements = await sweepSettlements(runtime, SWEEP_BATCH);
       let unlocked = 0;
-      const locks = await ledger.unreconciledLocks(staleBefore, SWEEP_BATCH);
+      const locks = await ledger.locksToReconcile(staleBefore, SWEEP_BATCH);
       for (const lock of locks) if (await returnOrphanedLock(runtime, lock)) unlocked++;
       return { entries, settlements, locksChecked: locks.length, unlocked };
     },

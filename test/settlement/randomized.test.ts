@@ -5,6 +5,7 @@ import { ServiceError } from '../../src/domain/errors.ts';
 import { settlementTerms, withRunEscrow } from '../../src/services/escrow.ts';
 import { createLogger } from '../../src/logger.ts';
 import { connectRuntime, createRuntime, type Runtime } from '../../src/runtime.ts';
+import { RUN_GRACE_MS } from '../../src/store/ledger.ts';
 import { readSettlement } from '../../src/store/settlements.ts';
 import { disputeSplit } from '../../src/domain/money.ts';
 import { advanceSettlement } from '../../src/services/settlement.ts';
@@ -66,10 +67,14 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       }
     }
 
-    // Crash between the legs of ledger entries now and then, on both "processes".
+    // Crash between the legs of ledger entries now and then, and between a leg's position claim and its marker,
+    // on both "processes".
     for (const r of [rt, second]) {
       r.stores.ledger.failAfterLeg = (_entry, leg) => {
         if (leg === 0 && random() < 0.08) throw new Crash('killed between ledger legs');
+      };
+      r.stores.ledger.failAfterClaim = () => {
+        if (random() < 0.03) throw new Crash('killed between a position claim and its leg marker');
       };
     }
     const steps = ['released', 'decided', 'holdback-released', 'dispute-payer-paid', 'dispute-payee-paid', 'held-resolved'];
@@ -151,12 +156,19 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     }));
 
     // Stop crashing; let the windows of 1 s end; then the sweepers of both processes repair everything, twice.
-    for (const r of [rt, second]) r.stores.ledger.failAfterLeg = null;
+    for (const r of [rt, second]) {
+      r.stores.ledger.failAfterLeg = null;
+      r.stores.ledger.failAfterClaim = null;
+    }
     await new Promise((r) => setTimeout(r, 1_200));
     // "Afterwards" means once repair has nothing left to do: sweep (on both processes at once) until quiet.
-    for (let round = 0; round < 30; round++) {
+    // A lock the sweep itself finished is checked against its run RUN_GRACE_MS later, so quiet must last that long.
+    let busyAt = Date.now();
+    for (let round = 0; round < 60; round++) {
       const outcomes = (await Promise.all([createSettleProcessor(rt).sweep!(), createSettleProcessor(second).sweep!()])) as Array<Record<string, number>>;
-      if (outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0)) break;
+      if (!outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0)) busyAt = Date.now();
+      else if (Date.now() - busyAt > RUN_GRACE_MS) break;
+      await new Promise((r) => setTimeout(r, 250));
     }
 
     // 1. Every chain is gapless and never negative, and every currency balances: credited = available + escrow

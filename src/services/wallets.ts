@@ -1,0 +1,63 @@
+import { newId } from '../domain/crypto.ts';
+import { errors } from '../domain/errors.ts';
+import type { Runtime } from '../runtime.ts';
+import type { Balances, PostingDoc, WalletDoc } from '../store/ledger.ts';
+
+export interface WalletState {
+  wallet: WalletDoc;
+  balances: Balances;
+}
+
+export interface CreditInput {
+  walletId: string;
+  amount: number;
+  currency: string;
+  /** Owner of a new sponsor wallet; an agent's wallet always belongs to the agent's tenant. */
+  tenantId?: string;
+  /** External reference: crediting the same reference twice credits once. */
+  reference?: string;
+}
+
+/**
+ * Ops funding: credits a wallet, creating it first if needed (an agent id names the agent's wallet; any other id a
+ * sponsor wallet of an existing tenant). The entry id derives from the reference, so a repeat credits once; the
+ * same reference with another amount or currency is refused.
+ */
+export async function creditWallet(rt: Runtime, input: CreditInput): Promise<WalletState & { entryId: string }> {
+  const { agents, ledger, tenants } = rt.stores;
+  const { walletId, amount, currency, reference } = input;
+  const agent = await agents.getAny(walletId);
+  let wallet = await ledger.getWallet(walletId);
+  if (!wallet) {
+    const tenantId = agent?.tenantId ?? input.tenantId;
+    if (!tenantId) throw errors.validation('a new sponsor wallet needs tenantId', { errors: [{ path: 'body.tenantId', message: 'required for a new sponsor wallet' }] });
+    if (!agent && !(await tenants.get(tenantId))) throw errors.notFound('tenant');
+    wallet = await ledger.ensureWallet(walletId, tenantId, agent ? 'agent' : 'sponsor');
+  }
+  const entryId = `credit:${walletId}:${reference ?? newId('crd')}`;
+  const entry = await ledger.apply({ _id: entryId, tenantId: wallet.tenantId, kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: { walletId } });
+  if (entry.legs[0]!.delta !== amount || entry.currency !== currency) {
+    throw errors.conflict('TRANSITION_ILLEGAL', `reference ${reference} was already used for another credit`, { status: 'applied' });
+  }
+  return { wallet, balances: await ledger.balances(walletId), entryId };
+}
+
+/** The wallet of this tenant; another tenant's wallet is not found, like one that does not exist. */
+async function walletOf(rt: Runtime, tenantId: string, walletId: string): Promise<WalletDoc> {
+  const wallet = await rt.stores.ledger.getWallet(walletId);
+  if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
+  return wallet;
+}
+
+export async function getWallet(rt: Runtime, tenantId: string, walletId: string): Promise<WalletState> {
+  const wallet = await walletOf(rt, tenantId, walletId);
+  return { wallet, balances: await rt.stores.ledger.balances(wallet._id) };
+}
+
+/** A page of the wallet's balance changes, newest first; `cursor` is the previous page's `nextCursor`. */
+export async function listWalletEntries(rt: Runtime, tenantId: string, walletId: string, page: { limit: number; cursor?: string }): Promise<{ items: PostingDoc[]; nextCursor: string | null }> {
+  const wallet = await walletOf(rt, tenantId, walletId);
+  const listed = await rt.stores.ledger.listPostings(wallet._id, page.limit, page.cursor);
+  if (!listed) throw errors.validation('cursor is not one this API issued', { errors: [{ path: 'querystring.cursor', message: 'invalid' }] });
+  return listed;
+}

@@ -1,0 +1,88 @@
+import type { Redis } from 'ioredis';
+
+/** An entry whose apply() is under way (or died): `member` is what to remove once it is finished. */
+export interface StartedEntry {
+  member: string;
+  entryId: string;
+  startedAt: number;
+}
+
+const AUDIT_KEY_VALUE = '1';
+
+/**
+ * The ledger's due work, indexed in Redis sorted sets scored by time, so the settle sweeper finds it in time
+ * proportional to what is due (on FerretDB any MongoDB filter but an exact `_id` reads the whole collection).
+ *
+ * - `pending`: one member `<entryId>@<ms>` per apply() that records an attempt, added BEFORE the attempt is
+ *   inserted and removed after it is applied or refused, so a crash anywhere in between leaves it findable.
+ * - `locks`: escrow locks to check against their run, added once the lock's legs are posted and BEFORE the entry
+ *   is marked applied (while its `pending` member still stands), removed by markReconciled.
+ *
+ * Redis keeps these with AOF like the queues themselves; `claimAudit` lets one process now and then rebuild them
+ * from MongoDB in case Redis lost writes.
+ */
+export class LedgerDueIndex {
+  private readonly pendingKey: string;
+  private readonly locksKey: string;
+  private readonly auditKey: string;
+
+  constructor(
+    private readonly redis: Redis,
+    prefix: string,
+  ) {
+    this.pendingKey = `${prefix}:ledger:pending`;
+    this.locksKey = `${prefix}:ledger:locks`;
+    this.auditKey = `${prefix}:ledger:audit`;
+  }
+
+  async entryStarted(entryId: string, now = Date.now()): Promise<string> {
+    const member = `${entryId}@${now}`;
+    await this.redis.zadd(this.pendingKey, now, member);
+    return member;
+  }
+
+  async entryDone(member: string): Promise<void> {
+    await this.redis.zrem(this.pendingKey, member);
+  }
+
+  /** Looks at a started entry again at `at` instead of at once. */
+  async postpone(member: string, at: number): Promise<void> {
+    await this.redis.zadd(this.pendingKey, 'XX', at, member);
+  }
+
+  async startedBefore(before: Date, limit: number): Promise<StartedEntry[]> {
+    const members = await this.redis.zrangebyscore(this.pendingKey, '-inf', before.getTime(), 'LIMIT', 0, limit);
+    return members.map((member) => {
+      const at = member.lastIndexOf('@');
+      return { member, entryId: member.slice(0, at), startedAt: Number(member.slice(at + 1)) };
+    });
+  }
+
+  async lockApplied(entryId: string, appliedAt: Date): Promise<void> {
+    await this.redis.zadd(this.locksKey, 'NX', appliedAt.getTime(), entryId);
+  }
+
+  async lockReconciled(entryId: string): Promise<void> {
+    await this.redis.zrem(this.locksKey, entryId);
+  }
+
+  locksAppliedBefore(before: Date, limit: number): Promise<string[]> {
+    return this.redis.zrangebyscore(this.locksKey, '-inf', before.getTime(), 'LIMIT', 0, limit);
+  }
+
+  /** Puts back what an audit found (existing members keep their scores). */
+  async restore(pending: Array<{ entryId: string; createdAt: Date }>, locks: Array<{ entryId: string; createdAt: Date }>): Promise<void> {
+    const pipeline = this.redis.pipeline();
+    for (const e of pending) pipeline.zadd(this.pendingKey, 'NX', e.createdAt.getTime(), `${e.entryId}@${e.createdAt.getTime()}`);
+    for (const l of locks) pipeline.zadd(this.locksKey, 'NX', l.createdAt.getTime(), l.entryId);
+    await pipeline.exec();
+  }
+
+  /**
+   * True for the one caller that may audit now: the claim lasts `everyMs`, so all processes together audit at most
+   * that often, and at once after Redis lost its data (the claim went with it).
+   */
+  async claimAudit(everyMs: number): Promise<boolean> {
+    return (await this.redis.set(this.auditKey, AUDIT_KEY_VALUE, 'PX', everyMs, 'NX')) === 'OK';
+  }
+}
