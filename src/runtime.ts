@@ -14,6 +14,7 @@ import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { TenantStore } from './store/tenants.ts';
+import { X402Store } from './store/x402.ts';
 
 /** Everything a process shares: connections, producers and stores. Built once in main.ts (or a test). */
 export interface Runtime {
@@ -32,6 +33,7 @@ export interface Runtime {
     runs: RunStore;
     ledger: LedgerStore;
     settlements: SettlementStore;
+    x402: X402Store;
   };
   keys: ServiceKeyRing;
   /** Records an event in the outbox and enqueues its dispatch; both are idempotent by the event's cause. */
@@ -82,6 +84,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       runs: new RunStore(db),
       ledger: new LedgerStore(db),
       settlements: new SettlementStore(db),
+      x402: new X402Store(db),
     },
     keys: loadServiceKeys(config),
     async emit(tenantId, type, data, cause) {

@@ -17,6 +17,7 @@ import { webhookRoutes } from './routes/webhooks.ts';
 import { runRoutes } from './routes/runs.ts';
 import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
+import { x402Routes } from './routes/x402.ts';
 import { ErrorBody } from './schemas.ts';
 
 const BODY_LIMIT = 1024 * 1024;
@@ -64,6 +65,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(walletRoutes, { runtime });
   await app.register(settlementRoutes, { runtime });
   await app.register(webhookRoutes, { runtime });
+  await app.register(x402Routes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;
