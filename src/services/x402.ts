@@ -245,6 +245,12 @@ export class X402Service {
     return { gate, status, funded, commitment, verification, quote, settlement };
   }
 
+  /** X402_GATE_TERMINAL naming the gate's exact state (read in full: refusals are off the hot path). */
+  private async terminal(gate: GateDoc, what: string): Promise<ServiceError> {
+    const { status } = await this.gateState(gate, true);
+    return x402Error('X402_GATE_TERMINAL', `a ${status} gate ${what}`, { status });
+  }
+
   async getGate(tenantId: string, gateId: string): Promise<GateState> {
     return this.gateState(await this.requireGate(tenantId, gateId), true);
   }
@@ -256,7 +262,7 @@ export class X402Service {
     const gate = await this.requireGate(tenantId, input.gateId);
     await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
     const state = await this.gateState(gate);
-    if (isTerminal(state.status)) throw x402Error('X402_GATE_TERMINAL', `a ${state.status} gate takes no quotes`, { status: state.status });
+    if (isTerminal(state.status)) throw await this.terminal(gate, 'takes no quotes');
     const ttlSeconds = input.ttlSeconds ?? DEFAULT_QUOTE_TTL_SECONDS;
     let live: QuoteDoc | null = null;
     let created = false;
@@ -365,7 +371,7 @@ export class X402Service {
     const [, gate] = await Promise.all([this.requireWallet(tenantId, walletId), this.requireGate(tenantId, input.gateId)]);
     await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
     const state = await this.gateState(gate);
-    if (state.status !== 'held') throw x402Error('X402_GATE_TERMINAL', `a ${state.status} gate takes no wallet decision`, { status: state.status });
+    if (state.status !== 'held') throw await this.terminal(gate, 'takes no wallet decision');
     if (gate.sponsorWalletId !== walletId) {
       throw this.policyViolation({ rule: 'sponsorWallet', message: 'this wallet does not sponsor the gate' }, walletId);
     }
@@ -432,9 +438,7 @@ export class X402Service {
   ): Promise<PaymentAuthorization> {
     const gate = await this.requireGate(tenantId, input.gateId);
     const [, state] = await Promise.all([this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]), this.gateState(gate)]);
-    if (state.status !== 'held' && state.status !== 'authorized') {
-      throw x402Error('X402_GATE_TERMINAL', `a ${state.status} gate cannot be authorized`, { status: state.status });
-    }
+    if (state.status !== 'held' && state.status !== 'authorized') throw await this.terminal(gate, 'cannot be authorized');
     const now = new Date();
     const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
 
@@ -669,7 +673,8 @@ export class X402Service {
       await this.awaitJob(await this.enqueueVerify(gate), VERIFY_WAIT_MS);
     }
     state = await this.gateState(gate, true);
-    return { state, decided: Boolean(state.settlement?.facts.decision) };
+    // Decided means the money has moved as decided (a decision whose release is still applying is not yet).
+    return { state, decided: state.status === 'released' || state.status === 'refunded' };
   }
 
   private async enqueueVerify(gate: GateDoc): Promise<Job | undefined> {
@@ -702,7 +707,10 @@ export class X402Service {
     const [verification, commitment] = await Promise.all([this.store.verifications.findOne({ _id: gateId }), this.store.commitments.findOne({ _id: gateId })]);
     if (!verification) return { skipped: 'nothing reported' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
-    const s = await settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate));
+    const [s] = await Promise.all([
+      settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
+      this.runtime.stores.ledger.ensureWallet(gate.payeeAgentId, tenantId, 'agent'), // the release credits it
+    ]);
     let decision = (await settlements.factsOf(s._id)).decision;
     if (!decision) {
       const authorization = commitment.kind === 'authorization' ? commitment : null;
