@@ -1,11 +1,12 @@
 // The x402 payment gate's use cases (contract section 8). Every ledger entry id and every event of the gate is
 // decided here; routes and the x402-verify worker call these and nothing else.
-import { QueueEvents, type Job } from 'bullmq';
+import { QueueEvents } from 'bullmq';
 import { createLocalJWKSet, jwtVerify, SignJWT, type JWTPayload } from 'jose';
 import { newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { holdbackOf } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
+import type { DecisionFact, SettlementView } from '../domain/settlement.ts';
 import {
   DEFAULT_QUOTE_TTL_SECONDS,
   escalationIdFor,
@@ -102,12 +103,29 @@ export interface PaymentAuthorization {
 
 type AuthorizationDoc = Extract<CommitmentDoc, { kind: 'authorization' }>;
 
+/** What the x402-verify job answers (through its completion event) to the request waiting for it. */
+export interface VerifyOutcome {
+  decision: DecisionFact;
+  view: SettlementView;
+}
+
 function isTerminal(status: GateStatus): boolean {
   return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'unfunded';
 }
 
+const MEMO_LIMIT = 100_000;
+function remember(set: Set<string>, id: string) {
+  if (set.size > MEMO_LIMIT) set.clear();
+  set.add(id);
+}
+
 export class X402Service {
   private queueEvents: QueueEvents | null = null;
+  /** Facts that never change back once true, remembered to save a read on the hot path. */
+  private readonly fundedGates = new Set<string>();
+  private readonly knownWallets = new Set<string>();
+  /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
+  private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
   private readonly jwks;
 
   constructor(private readonly runtime: Runtime) {
@@ -151,7 +169,7 @@ export class X402Service {
       const sponsor = await ledger.getWallet(input.sponsorWalletId);
       if (!sponsor || sponsor.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
     } else {
-      await ledger.ensureWallet(input.payerAgentId, tenantId, 'agent');
+      await this.ensureAgentWallet(input.payerAgentId, tenantId);
     }
     const gate: GateDoc = {
       _id: newId('gate'),
@@ -166,7 +184,6 @@ export class X402Service {
       holdbackBps: input.holdbackBps ?? 0,
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
       createdAt: new Date(),
-      fundedAt: null,
     };
     // The gate and its place in both agents' indexes first, so a wind-down can always find a gate that holds money.
     await Promise.all([
@@ -191,17 +208,20 @@ export class X402Service {
       await this.store.gates.deleteOne({ _id: gate._id });
       throw err;
     }
-    gate.fundedAt = new Date();
-    const [, racedWindDown] = await Promise.all([
-      this.store.gates.updateOne({ _id: gate._id }, { $set: { fundedAt: gate.fundedAt } }),
-      this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]),
-    ]);
+    const racedWindDown = await this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
     if (racedWindDown) {
       // A wind-down ran while this gate was being funded and may not have seen it: unwind it here.
       await this.cancelGate(gate, racedWindDown);
       throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${racedWindDown} is wound down`, { agentId: racedWindDown, status: 'wound_down' });
     }
     return { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null };
+  }
+
+  /** Wallets are never deleted, so one opened once need not be looked up again by this process. */
+  private async ensureAgentWallet(agentId: string, tenantId: string): Promise<void> {
+    if (this.knownWallets.has(agentId)) return;
+    await this.runtime.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
+    remember(this.knownWallets, agentId);
   }
 
   private async anyWoundDown(agentIds: string[]): Promise<string | null> {
@@ -215,9 +235,12 @@ export class X402Service {
     return gate;
   }
 
+  /** Funded means its escrow lock was applied (the ledger is the truth; a crash can leave a gate without one). */
   private async isFunded(gate: GateDoc): Promise<boolean> {
-    if (gate.fundedAt) return true;
-    return (await this.runtime.stores.ledger.getEntry(x402EntryIds.lock(gate._id)))?.state === 'applied';
+    if (this.fundedGates.has(gate._id)) return true;
+    const funded = (await this.runtime.stores.ledger.entries.findOne({ _id: x402EntryIds.lock(gate._id) }, { projection: { state: 1 } }))?.state === 'applied';
+    if (funded) remember(this.fundedGates, gate._id);
+    return funded;
   }
 
   /** The gate's state from its facts; `full` adds the current quote and the settlement (for reads, not checks). */
@@ -237,10 +260,7 @@ export class X402Service {
     }
     let status: GateStatus;
     if (commitment?.kind === 'cancellation') status = 'cancelled';
-    else if (verification) {
-      const decided = settlement?.facts.decision ? settlement.view.status : null;
-      status = decided === 'completed' ? 'released' : decided === 'refunded' ? 'refunded' : 'settling';
-    } else if (commitment?.kind === 'authorization') status = 'authorized';
+    else if (verification) status = settlement ? settledStatus(settlement) : 'settling'; else if (commitment?.kind === 'authorization') status = 'authorized';
     else status = funded ? 'held' : 'unfunded';
     return { gate, status, funded, commitment, verification, quote, settlement };
   }
@@ -647,52 +667,97 @@ export class X402Service {
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
-    let state = await this.gateState(gate);
-    if (state.status === 'cancelled' || state.status === 'unfunded') throw x402Error('X402_GATE_TERMINAL', `a ${state.status} gate cannot be verified`, { status: state.status });
-    if (!state.verification) {
-      if (status === 'verified' && state.commitment?.kind !== 'authorization') {
-        throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: state.status });
-      }
-      if (!state.commitment) {
-        // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded.
-        await insertFirst(this.store.commitments, { _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
-        const winner = await this.store.commitments.findOne({ _id: gate._id });
-        if (winner?.kind === 'cancellation') throw x402Error('X402_GATE_TERMINAL', 'a cancelled gate cannot be verified', { status: 'cancelled' });
-      }
-      await insertFirst(this.store.verifications, {
-        _id: gate._id,
-        tenantId,
-        verificationStatus: status,
-        evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
-        at: new Date(),
-      });
+    const [state, current] = await Promise.all([this.gateState(gate), this.store.currentQuote(gate._id)]);
+    if (state.status === 'cancelled' || state.status === 'unfunded') throw await this.terminal(gate, 'cannot be verified');
+    if (state.verification) {
+      // A repeat: the first report stands; answer the decision, or make sure a job is on it and wait.
+      const settled = await this.gateState(gate, true);
+      if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
+      await this.runVerifyJob(gate, false);
+      const after = await this.gateState(gate, true);
+      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
     }
-    const { settlements } = this.runtime.stores;
-    const s = await settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate));
-    if (!(await settlements.facts.findOne({ _id: `${s._id}:decision` }, { projection: { _id: 1 } }))) {
-      await this.awaitJob(await this.enqueueVerify(gate), VERIFY_WAIT_MS);
+    if (status === 'verified' && state.commitment?.kind !== 'authorization') {
+      throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: state.status });
     }
-    state = await this.gateState(gate, true);
-    // Decided means the money has moved as decided (a decision whose release is still applying is not yet).
-    return { state, decided: state.status === 'released' || state.status === 'refunded' };
+    let commitment = state.commitment;
+    if (!commitment) {
+      // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded.
+      await insertFirst(this.store.commitments, { _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
+      commitment = await this.store.commitments.findOne({ _id: gate._id });
+      if (commitment?.kind === 'cancellation') throw x402Error('X402_GATE_TERMINAL', 'a cancelled gate cannot be verified', { status: 'cancelled' });
+    }
+    const verification: VerificationDoc = {
+      _id: gate._id,
+      tenantId,
+      verificationStatus: status,
+      evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
+      at: new Date(),
+    };
+    const [won, settlement] = await Promise.all([
+      insertFirst(this.store.verifications, verification),
+      this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
+    ]);
+    const outcome = await this.runVerifyJob(gate, won);
+    if (!won || !outcome) {
+      const after = await this.gateState(gate, true);
+      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
+    }
+    // The worker's answer carries the settlement as it left it: no need to read it all back.
+    const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
+    const gateStatus = settledStatus(settled);
+    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote: current.quote, settlement: settled }, decided: gateStatus !== 'settling' };
   }
 
-  private async enqueueVerify(gate: GateDoc): Promise<Job | undefined> {
-    // Listening before the job exists, so its completion cannot pass unseen.
-    if (!this.queueEvents) {
-      this.queueEvents = new QueueEvents('x402-verify', { connection: { url: this.runtime.config.redisUrl }, prefix: bullPrefix(this.runtime.config.redisPrefix) });
-      this.queueEvents.on('error', () => undefined); // it reconnects by itself; a missed event only means a 202
-    }
-    await this.queueEvents.waitUntilReady();
+  private ensureQueueEvents(): QueueEvents {
+    if (this.queueEvents) return this.queueEvents;
+    const events = new QueueEvents('x402-verify', { connection: { url: this.runtime.config.redisUrl }, prefix: bullPrefix(this.runtime.config.redisPrefix) });
+    events.on('error', () => undefined); // it reconnects by itself; a missed event only means a 202
+    const settle = (jobId: string, outcome: VerifyOutcome | null) => {
+      const waiters = this.verifyWaiters.get(jobId);
+      this.verifyWaiters.delete(jobId);
+      for (const resolve of waiters ?? []) resolve(outcome);
+    };
+    events.on('completed', ({ jobId, returnvalue }) => {
+      const value: unknown = typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue;
+      settle(jobId, value && typeof value === 'object' && 'decision' in value ? (value as VerifyOutcome) : null);
+    });
+    events.on('failed', ({ jobId }) => settle(jobId, null));
+    this.queueEvents = events;
+    return events;
+  }
+
+  /**
+   * Enqueues the gate's verify job (or makes sure one runs, on a repeat) and waits for its completion event, at
+   * most VERIFY_WAIT_MS; null when it did not finish in time. Listening starts before the job exists.
+   */
+  private async runVerifyJob(gate: GateDoc, first: boolean): Promise<VerifyOutcome | null> {
+    await this.ensureQueueEvents().waitUntilReady();
     const jobId = jobIdFor('x402-verify', gate._id);
-    await this.runtime.producers.ensure('x402-verify', { tenantId: gate.tenantId, gateId: gate._id }, jobId);
-    return this.runtime.producers.queues['x402-verify'].getJob(jobId);
-  }
-
-  /** Waits on the job's completion event (not by polling the database); gives up quietly after `ms`. */
-  private async awaitJob(job: Job | undefined, ms: number): Promise<void> {
-    if (!job || !this.queueEvents) return;
-    await job.waitUntilFinished(this.queueEvents, ms).catch(() => undefined);
+    let timer: NodeJS.Timeout | undefined;
+    const done = new Promise<VerifyOutcome | null>((resolve) => {
+      const waiter = (outcome: VerifyOutcome | null) => {
+        clearTimeout(timer);
+        resolve(outcome);
+      };
+      this.verifyWaiters.set(jobId, [...(this.verifyWaiters.get(jobId) ?? []), waiter]);
+      timer = setTimeout(() => {
+        const rest = (this.verifyWaiters.get(jobId) ?? []).filter((w) => w !== waiter);
+        if (rest.length > 0) this.verifyWaiters.set(jobId, rest);
+        else this.verifyWaiters.delete(jobId);
+        resolve(null);
+      }, VERIFY_WAIT_MS);
+    });
+    const payload = { tenantId: gate.tenantId, gateId: gate._id };
+    try {
+      if (first) await this.runtime.producers.enqueue('x402-verify', payload, jobId);
+      else await this.runtime.producers.ensure('x402-verify', payload, jobId);
+    } catch (err) {
+      clearTimeout(timer);
+      this.verifyWaiters.delete(jobId);
+      throw err;
+    }
+    return done;
   }
 
   /**
@@ -700,7 +765,7 @@ export class X402Service {
    * settlement's fact, then lets the settlement machinery move the money. A refund is ruled with the decision.
    * Run twice, by two workers at once, it moves the money once: facts by unique insert, ledger ids derived.
    */
-  async processVerify(tenantId: string, gateId: string): Promise<{ verdict: 'pass' | 'fail' } | { skipped: string }> {
+  async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
     const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
     if (!gate) return { skipped: 'no such gate' };
     const { settlements } = this.runtime.stores;
@@ -709,7 +774,7 @@ export class X402Service {
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
     const [s] = await Promise.all([
       settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
-      this.runtime.stores.ledger.ensureWallet(gate.payeeAgentId, tenantId, 'agent'), // the release credits it
+      this.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
     ]);
     let decision = (await settlements.factsOf(s._id)).decision;
     if (!decision) {
@@ -752,8 +817,9 @@ export class X402Service {
     }
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
     if (decision.verdict === 'fail') await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt });
-    await advanceSettlement(this.runtime, s._id);
-    return { verdict: decision.verdict };
+    const settled = await advanceSettlement(this.runtime, s._id);
+    if (!settled) throw new Error(`settlement ${s._id} vanished`);
+    return { decision, view: settled.view };
   }
 
   // ---------------------------------------------------------------------------------------------------------------
@@ -854,6 +920,12 @@ export class X402Service {
     await this.queueEvents?.close().catch(() => undefined);
     this.queueEvents = null;
   }
+}
+
+/** A verified gate's status from its settlement: paid out, refunded, or still on its way. */
+function settledStatus(s: SettlementState): GateStatus {
+  if (!s.facts.decision) return 'settling';
+  return s.view.status === 'completed' ? 'released' : s.view.status === 'refunded' ? 'refunded' : 'settling';
 }
 
 export function escalationStatus(e: EscalationState): 'pending' | 'approved' | 'denied' {

@@ -3,7 +3,7 @@ import type { PolicyBreach, VerificationStatus, WalletPolicy } from '../domain/x
 import { insertFirst } from './mongo.ts';
 
 // The x402 gate's records. Every one is found by `_id` (on FerretDB nothing else uses an index), and every fact is
-// recorded by a unique insert; the few updated fields (gate `fundedAt`, chain heads) are caches.
+// recorded by a unique insert; the one kind of updated document (chain heads) is a cache.
 
 export interface GateDoc {
   _id: string;
@@ -19,8 +19,6 @@ export interface GateDoc {
   holdbackBps: number;
   disputeWindowSeconds: number;
   createdAt: Date;
-  /** Cache of "the escrow lock was applied"; the ledger entry is the truth. */
-  fundedAt: Date | null;
 }
 
 export interface QuoteDoc {
@@ -158,6 +156,7 @@ export interface OverrideUseDoc {
 export class OtherKeyTaken extends Error {}
 
 const HEAD_CACHE_LIMIT = 50_000;
+const HEAD_WRITE_EVERY = 16;
 
 /**
  * A chain of positions `<key>#1, <key>#2, …`, each claimed by a unique insert: two writers of one position never
@@ -215,7 +214,8 @@ export class SlotChain<T extends Document & { _id: string }> {
    */
   append(key: string, build: (seq: number, previous: T | null) => Promise<Omit<T, '_id'> | null> | Omit<T, '_id'> | null): Promise<T | null> {
     return this.serialized(key, async () => {
-      let seq = await this.head(key);
+      // A remembered head is tried as is: when another process moved it on, the insert says so and we probe on.
+      let seq = this.headCache.get(key) ?? (await this.head(key));
       for (;;) {
         const previous = seq > 0 ? await this.get(key, seq) : null;
         const body = await build(seq + 1, previous);
@@ -224,8 +224,8 @@ export class SlotChain<T extends Document & { _id: string }> {
         if (await insertFirst(this.records, doc as OptionalUnlessRequiredId<T>)) {
           this.noteHead(key, seq + 1);
           this.remember(doc._id, doc);
-          if (this.heads) {
-            // A cache for cold starts; losing it only means probing a little further next time.
+          if (this.heads && (seq + 1) % HEAD_WRITE_EVERY === 0) {
+            // A cache for cold starts, written every few positions; it only shortens the probe of a cold process.
             await this.heads.updateOne({ _id: `${this.headPrefix}:${key}` }, { $max: { seq: seq + 1 } }, { upsert: true }).catch(() => undefined);
           }
           return doc;
