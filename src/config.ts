@@ -1,4 +1,5 @@
 import { hkdfSync } from 'node:crypto';
+import { DEFAULT_X402_NETWORK, X402_NETWORK_PATTERN } from './domain/x402.ts';
 
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
 // bad value stops the process with a message naming the variable.
@@ -43,6 +44,10 @@ export interface Config {
     /** Multiplies the retry schedule (tests use a small fraction). */
     retryScale: number;
     timeoutMs: number;
+  };
+  x402: {
+    /** CAIP-2 style network id this deployment's x402 payment requirements name. */
+    network: `${string}:${string}`;
   };
   sweeper: {
     intervalMs: number;
@@ -177,6 +182,10 @@ export function loadConfig(env: Env = process.env): Config {
     throw new ConfigError('SMOKE_TEST_MCP_ENTRY_FOR_TESTS', 'is for tests only and refused in production');
   }
   const port = int(env, 'PORT', 3000, 0, 65535);
+  const x402Network = str(env, 'X402_NETWORK', DEFAULT_X402_NETWORK);
+  if (!new RegExp(X402_NETWORK_PATTERN).test(x402Network)) {
+    throw new ConfigError('X402_NETWORK', 'must be a CAIP-2 style id such as agent-settlement:prod');
+  }
   return {
     env: nodeEnv,
     host: str(env, 'HOST', '127.0.0.1'),
@@ -209,6 +218,7 @@ export function loadConfig(env: Env = process.env): Config {
       retryScale: num(env, 'WEBHOOK_RETRY_SCALE', 1, 0, 100),
       timeoutMs: int(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
     },
+    x402: { network: x402Network as `${string}:${string}` },
     sweeper: {
       intervalMs: int(env, 'SWEEP_INTERVAL_MS', 30_000, 100, 3_600_000),
       staleAfterMs: int(env, 'SWEEP_STALE_AFTER_MS', 60_000, 0, 86_400_000),

@@ -19,6 +19,7 @@ import { TenantStore } from './store/tenants.ts';
 import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
 import { WebhookDueIndex } from './store/webhook-due.ts';
 import { WebhookEndpointStore } from './store/webhook-endpoints.ts';
+import { X402Store } from './store/x402.ts';
 
 /** Everything a process shares: connections, producers and stores, each built once here (main.ts or a test builds the runtime). */
 export interface Runtime {
@@ -41,6 +42,7 @@ export interface Runtime {
     webhookDeliveries: WebhookDeliveryStore;
     webhookDue: WebhookDueIndex;
     onboarding: OnboardingStore;
+    x402: X402Store;
   };
   keys: ServiceKeyRing;
   /** Cached API keys and agents, invalidated across processes through Redis. */
@@ -95,6 +97,7 @@ export function createRuntime(config: Config, logger: Logger, options: { monitor
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
       webhookDue,
       onboarding: new OnboardingStore(db),
+      x402: new X402Store(db),
     },
     keys: loadServiceKeys(config),
     credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),

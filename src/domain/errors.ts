@@ -27,3 +27,26 @@ export const errors = {
   unavailable: (message = 'a backing service is unavailable; retry shortly') =>
     new ServiceError(503, 'UNAVAILABLE', message),
 };
+
+/** The x402 gate's codes (contract section 8) and their one status each: 409, except a wound-down agent (410). */
+export const X402_ERROR_STATUS = {
+  X402_GATE_TERMINAL: 409,
+  X402_QUOTE_NOT_FOUND: 409,
+  X402_QUOTE_EXPIRED: 409,
+  X402_QUOTE_MISMATCH: 409,
+  X402_REQUEST_BINDING_MISMATCH: 409,
+  X402_WALLET_DECISION_REQUIRED: 409,
+  X402_WALLET_POLICY_VIOLATION: 409,
+  X402_AUTHORIZATION_ESCALATION_REQUIRED: 409,
+  X402_ESCALATION_TERMINAL: 409,
+  X402_OVERRIDE_INVALID: 409,
+  X402_OVERRIDE_REPLAYED: 409,
+  X402_PAYMENT_NOT_AUTHORIZED: 409,
+  X402_AGENT_WOUND_DOWN: 410,
+} as const;
+
+export type X402ErrorCode = keyof typeof X402_ERROR_STATUS;
+
+export function x402Error(code: X402ErrorCode, message: string, details?: ErrorDetails): ServiceError {
+  return new ServiceError(X402_ERROR_STATUS[code], code, message, details);
+}

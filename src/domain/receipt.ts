@@ -20,13 +20,33 @@ export interface SettlementReceiptBody {
   decidedAt: string;
 }
 
+/** The same receipt for an x402 gate: it commits to the gate, its authorization and the provider's evidence. */
+export interface GateSettlementReceiptBody {
+  schema: 'SettlementReceipt.v1';
+  settlementId: string;
+  gateId: string;
+  authorizationRef: string | null;
+  quoteId: string | null;
+  requestSha256: string | null;
+  responseSha256: string;
+  verificationStatus: 'verified' | 'failed';
+  payerWalletId: string;
+  payeeWalletId: string;
+  amount: number;
+  releasedNow: number;
+  holdback: number;
+  currency: string;
+  verdict: 'pass' | 'fail';
+  decidedAt: string;
+}
+
 export interface SignedReceipt {
-  body: SettlementReceiptBody;
+  body: SettlementReceiptBody | GateSettlementReceiptBody;
   receiptHash: string;
   signature: { alg: 'Ed25519'; keyId: string; value: string };
 }
 
-export function signReceipt(body: SettlementReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
+export function signReceipt(body: SettlementReceiptBody | GateSettlementReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
   const receiptHash = sha256Hex(canonicalize(body));
   return { body, receiptHash, signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, receiptHash) } };
 }

@@ -22,6 +22,7 @@ import { webhookRoutes } from './routes/webhooks.ts';
 import { runRoutes } from './routes/runs.ts';
 import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
+import { x402Routes } from './routes/x402.ts';
 import { ErrorBody } from './schemas/common.ts';
 
 const BODY_LIMIT = 1024 * 1024;
@@ -82,6 +83,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(settlementRoutes, { runtime });
   await app.register(webhookRoutes, { runtime });
   await app.register(onboardingRoutes, { runtime });
+  await app.register(x402Routes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

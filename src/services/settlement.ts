@@ -103,6 +103,8 @@ export async function advanceSettlement(rt: Runtime, settlementId: string, failp
   if (!s) return null;
   const facts: SettlementFacts = await settlements.factsOf(s._id);
   const ref = { settlementId: s._id, runId: s.runId };
+  // What events name as the settled thing: the run, or the x402 gate.
+  const subject = s.gateId ? { gateId: s.gateId } : { runId: s.runId };
   const fromEscrow = (amount: number): Leg => ({ walletId: s.payerWalletId, bucket: 'escrow', delta: -amount });
   const toAvailable = (walletId: string, amount: number): Leg => ({ walletId, bucket: 'available', delta: amount });
   // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
@@ -158,8 +160,9 @@ export async function advanceSettlement(rt: Runtime, settlementId: string, failp
   if (pass && d.releaseNow > 0) await move(entryIds.release(s._id), 'settlement_release', s.payeeWalletId, d.releaseNow);
   failpoint('released');
   if (pass) {
-    await emitEvent(rt, s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`);
-  } else {
+    await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`);
+  } else if (!s.gateId) {
+    // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
     await emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`);
   }
   failpoint('decided');
@@ -181,14 +184,14 @@ export async function advanceSettlement(rt: Runtime, settlementId: string, failp
   // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
   if (facts.holdback?.fate === 'dispute') {
     const dispute = facts.holdback;
-    await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
+    await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, ...subject, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
     const ruling = facts.ruling;
     if (ruling) {
       if (ruling.toPayer > 0) await move(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', s.payerWalletId, ruling.toPayer);
       failpoint('dispute-payer-paid');
       if (ruling.toPayee > 0) await move(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', s.payeeWalletId, ruling.toPayee);
       failpoint('dispute-payee-paid');
-      await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, runId: s.runId, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`);
+      await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, ...subject, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`);
     }
   }
 
@@ -198,7 +201,7 @@ export async function advanceSettlement(rt: Runtime, settlementId: string, failp
     await move(entryIds.held(s._id, facts.heldRuling.outcome), release ? 'held_release' : 'held_refund', release ? s.payeeWalletId : s.payerWalletId, s.amount);
     failpoint('held-resolved');
     if (release) {
-      await emitEvent(rt, s.tenantId, 'settlement.completed', { runId: s.runId, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
+      await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
     }
   }
 

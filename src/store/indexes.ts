@@ -17,5 +17,7 @@ export async function ensureIndexes(db: Db): Promise<void> {
     db.collection('settlements').createIndex({ runId: 1 }, { unique: true }),
     db.collection('settlements').createIndex({ nextCheckAt: 1 }),
     db.collection('settlement_facts').createIndex({ kind: 1, 'data.disputeId': 1 }),
+    // One spend per x402 wallet decision, whatever position of the day's chain it would take.
+    db.collection('x402_daily_spends').createIndex({ decisionKey: 1 }, { unique: true }),
   ]);
 }

@@ -21,6 +21,11 @@ import { insertFirst } from './mongo.ts';
 export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
   _id: string;
   tenantId: string;
+  /**
+   * Set when the settlement pays for an x402 gate instead of a run; `runId` then holds the gate id too, so the
+   * unique index on runId keeps one settlement per subject. Its decision is claimed by the x402-verify worker.
+   */
+  gateId?: string;
   createdAt: Date;
   view: SettlementView;
 }
@@ -72,6 +77,21 @@ export class SettlementStore {
     };
     await this.due.mark(_id, input.tenantId, new Date()); // due before it exists: a crash leaves it findable
     return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(_id))!;
+  }
+
+  /**
+   * The settlement of an x402 gate, under an id derived from the gate (found by `_id`, never by a scan). It is not
+   * due for the sweeper until its decision is recorded: advanceSettlement schedules it from then on.
+   */
+  async createForGate(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view' | 'runId'> & { gateId: string }): Promise<SettlementDoc> {
+    const doc: SettlementDoc = {
+      ...input,
+      _id: settlementId,
+      runId: input.gateId,
+      createdAt: new Date(),
+      view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
+    };
+    return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
   }
 
   get(settlementId: string): Promise<SettlementDoc | null> {

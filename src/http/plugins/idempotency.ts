@@ -54,7 +54,7 @@ function fingerprint(request: FastifyRequest): string {
 }
 
 /**
- * Idempotency-Key for every POST (contract section 4), kept in Redis so every API process sees it. The key is
+ * Idempotency-Key for every POST and PUT (contract section 4), kept in Redis so every API process sees it. The key is
  * claimed after schema validation, so a request that fails validation stores nothing; 5xx and 429 answers release
  * the claim so the caller's retry can run.
  */
@@ -64,13 +64,13 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
   app.decorateRequest('idempotencyClaim', null);
 
   app.addHook('preHandler', async (request, reply) => {
-    if (request.method !== 'POST') return;
+    if (request.method !== 'POST' && request.method !== 'PUT') return;
     const key = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
     if (key === null) return;
     const principal = request.principal;
     // Scoped to tenant + credential: an onboarding principal (admin key, tenant key or session) acts for its tenant.
     const owner = principal && principal.kind !== 'admin' ? `${principal.tenantId}:${principal.credentialId}` : (principal?.credentialId ?? `ip:${request.ip}`);
-    const redisKey = `${config.redisPrefix}:idem:${owner}:POST:${request.routeOptions.url}:${key}`;
+    const redisKey = `${config.redisPrefix}:idem:${owner}:${request.method}:${request.routeOptions.url}:${key}`;
     const print = fingerprint(request);
 
     const claimed = await redis.set(

@@ -1,0 +1,141 @@
+// Latency of the x402 hot path over real HTTP: create, quote, authorize-payment and verify, with 1 and with 50
+// concurrent clients, beside two ceilings measured in the same run at the same concurrency: a bare Fastify route
+// and a raw driver findOne({_id}). Prints JSON (also written to bench/results/x402.json).
+// `node --import tsx bench/x402.ts [--ops N] [--seed-gates N]`: --seed-gates stores N gates first (through the same
+// service the API uses) to show that cost follows the work, not the data. Needs the local services; stops by itself.
+import { randomBytes, createHash } from 'node:crypto';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import Fastify from 'fastify';
+import { loadConfig } from '../src/config.ts';
+import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
+import { buildApp } from '../src/http/app.ts';
+import { createLogger } from '../src/logger.ts';
+import { connectRuntime, createRuntime } from '../src/runtime.ts';
+import { X402Service } from '../src/services/x402.ts';
+import { createProcessors } from '../src/workers/index.ts';
+import { startWorkers } from '../src/workers/runner.ts';
+
+const arg = (name: string, fallback: number) => {
+  const i = process.argv.indexOf(name);
+  return i >= 0 ? Number(process.argv[i + 1]) : fallback;
+};
+const OPS = arg('--ops', 300);
+const SEED_GATES = arg('--seed-gates', 0);
+const CONCURRENCY = [1, 50];
+
+const suffix = randomBytes(4).toString('hex');
+const adminKey = randomBytes(32).toString('base64url');
+const config = loadConfig({
+  ...process.env,
+  NODE_ENV: 'test',
+  LOG_LEVEL: 'warn',
+  MONGO_URL: process.env.MONGO_URL ?? `mongodb://127.0.0.1:27027/bench_${suffix}`,
+  MONGO_DB: `bench_${suffix}`,
+  REDIS_PREFIX: `bench${suffix}`,
+  SERVICE_ADMIN_KEY: adminKey,
+  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
+  RATE_LIMIT_MAX: '10000000',
+});
+const runtime = createRuntime(config, createLogger(config, 'bench'));
+await connectRuntime(runtime);
+const app = await buildApp(runtime, { logger: false, bullBoard: false });
+await app.listen({ host: '127.0.0.1', port: 0 });
+const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+const workers = startWorkers(config, runtime.logger, createProcessors(runtime), ['x402-verify', 'settle']);
+const bare = Fastify({ logger: false });
+bare.get('/ping', async () => ({ ok: true }));
+await bare.listen({ host: '127.0.0.1', port: 0 });
+const bareBase = `http://127.0.0.1:${(bare.server.address() as { port: number }).port}`;
+
+async function call(method: string, path: string, token: string, body?: unknown, expect = [200, 201]) {
+  const res = await fetch(base + path, {
+    method,
+    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const text = await res.text();
+  if (!expect.includes(res.status)) throw new Error(`${method} ${path} -> ${res.status} ${text.slice(0, 300)}`);
+  return JSON.parse(text);
+}
+
+function percentiles(samples: number[]) {
+  const sorted = [...samples].sort((a, b) => a - b);
+  const at = (p: number) => Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
+  return { n: sorted.length, p50: at(50), p95: at(95), p99: at(99) };
+}
+
+/** Runs `ops` calls of `work(i)` with `clients` callers at once; the latency of each call in ms. */
+async function measure(clients: number, ops: number, work: (i: number) => Promise<unknown>) {
+  const samples: number[] = [];
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: clients }, async () => {
+      for (let i = next++; i < ops; i = next++) {
+        const started = performance.now();
+        await work(i);
+        samples.push(performance.now() - started);
+      }
+    }),
+  );
+  return percentiles(samples);
+}
+
+const requestSha = (i: number) => createHash('sha256').update(`bench request ${i}`).digest('hex');
+
+try {
+  const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'bench' });
+  const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token;
+  // One payer and one payee per client, as independent agents paying for their own calls would be.
+  const pairs = await Promise.all(
+    Array.from({ length: Math.max(...CONCURRENCY) }, async (_, i) => {
+      const agent = async (name: string) => (await call('POST', '/v1/agents', token, { name: `${name}${i}`, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
+      const payer = await agent('payer');
+      const payee = await agent('payee');
+      await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, { amount: 1_000_000_000, currency: 'USD' });
+      return { payer, payee };
+    }),
+  );
+
+  if (SEED_GATES > 0) {
+    const service = new X402Service(runtime);
+    for (let done = 0; done < SEED_GATES; done += 50) {
+      await Promise.all(pairs.map((p) => service.createGate(tenant.tenantId, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' })));
+    }
+  }
+
+  const probe = runtime.db.collection<{ _id: string }>('bench_probe');
+  await probe.insertOne({ _id: 'probe' });
+  const results: Record<string, unknown> = {};
+  for (const clients of CONCURRENCY) {
+    const ops = clients === 1 ? Math.ceil(OPS / 2) : OPS;
+    const gates: string[] = [];
+    const quotes: Array<{ quoteId: string; requestSha256: string }> = [];
+    const pairOf = (i: number) => pairs[i % clients]!;
+    const create = await measure(clients, ops, async (i) => {
+      const p = pairOf(i);
+      gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
+    });
+    const quote = await measure(clients, ops, async (i) => {
+      quotes[i] = await call('POST', '/x402/gate/quote', token, { gateId: gates[i], requestSha256: requestSha(i) });
+    });
+    const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }));
+    let undecided = 0;
+    const verify = await measure(clients, ops, async (i) => {
+      const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
+      if (res.decision === null) undecided++;
+    });
+    const bareRoute = await measure(clients, ops, async () => (await fetch(`${bareBase}/ping`)).text());
+    const findById = await measure(clients, ops, () => probe.findOne({ _id: 'probe' }));
+    results[`clients_${clients}`] = { ops, create, quote, authorizePayment: authorize, verify: { ...verify, answered202: undecided }, ceiling: { bareFastifyRoute: bareRoute, driverFindOneById: findById } };
+  }
+  const out = { benchmark: 'x402-hot-path', at: new Date().toISOString(), node: process.version, seededGates: SEED_GATES, latencyMs: results };
+  mkdirSync('bench/results', { recursive: true });
+  writeFileSync('bench/results/x402.json', `${JSON.stringify(out, null, 2)}\n`);
+  console.log(JSON.stringify(out, null, 2));
+} finally {
+  await workers.close();
+  await app.close();
+  await bare.close();
+  await runtime.db.dropDatabase().catch(() => undefined);
+  await runtime.close();
+}

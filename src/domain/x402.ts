@@ -1,0 +1,168 @@
+// The x402 payment gate's pure rules: how a quote binds a request, how a sponsor wallet's policy is evaluated, what
+// a payment token claims, and the x402 v2 PaymentRequirements a provider puts in its PAYMENT-REQUIRED header.
+import { canonicalize } from './canonical-json.ts';
+import { sha256Hex } from './crypto.ts';
+
+/** The x402 scheme this service settles: the payer's money sits in a gate's escrow until the call is verified. */
+export const X402_SCHEME = 'escrow-gate';
+export const X402_VERSION = 2;
+/** CAIP-2 style network id (`namespace:reference`); the reference names the deployment (config X402_NETWORK). */
+export const DEFAULT_X402_NETWORK = 'agent-settlement:default';
+// CAIP-2 allows 3-8 characters of namespace; ours is longer, so the id is CAIP-2 in shape (namespace:reference).
+export const X402_NETWORK_PATTERN = '^[-a-z0-9]{3,32}:[-_a-zA-Z0-9]{1,32}$';
+export const DEFAULT_QUOTE_TTL_SECONDS = 300;
+export const MAX_QUOTE_TTL_SECONDS = 3600;
+/** A wallet decision is presented to authorize-payment right after it is made; it never outlives its quote. */
+export const WALLET_DECISION_TTL_SECONDS = 300;
+export const OVERRIDE_TTL_SECONDS = 3600;
+
+/** JWT audiences keep the service's three token kinds apart: none can be presented as another. */
+export const TOKEN_AUDIENCE = {
+  walletDecision: 'x402:wallet-decision',
+  escalationOverride: 'x402:escalation-override',
+} as const;
+
+export type GateStatus = 'unfunded' | 'held' | 'authorized' | 'settling' | 'released' | 'refunded' | 'cancelled';
+
+/** PaymentRequirements of x402 v2 (field names as in @x402/core's types). */
+export interface PaymentRequirementsV2 {
+  scheme: string;
+  network: `${string}:${string}`;
+  asset: string;
+  amount: string;
+  payTo: string;
+  maxTimeoutSeconds: number;
+  extra: Record<string, unknown>;
+}
+
+export interface PaymentRequiredV2 {
+  x402Version: 2;
+  resource: { url: string; description?: string };
+  accepts: PaymentRequirementsV2[];
+}
+
+export interface QuoteTerms {
+  gateId: string;
+  quoteId: string;
+  requestSha256: string;
+  amount: number;
+  currency: string;
+  payeeAgentId: string;
+  expiresAt: string;
+}
+
+/** What a quote commits to, hashed: a client can check the quote it was given has not been altered. */
+export function quoteSha256(q: QuoteTerms): string {
+  return sha256Hex(canonicalize({ ...q }));
+}
+
+export function paymentRequirements(q: QuoteTerms, network: `${string}:${string}`, ttlSeconds: number): PaymentRequirementsV2 {
+  return {
+    scheme: X402_SCHEME,
+    network,
+    asset: q.currency,
+    amount: String(q.amount),
+    payTo: q.payeeAgentId,
+    maxTimeoutSeconds: ttlSeconds,
+    extra: { gateId: q.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 },
+  };
+}
+
+/** Base64 of the PaymentRequired JSON, usable verbatim as a provider's PAYMENT-REQUIRED header. */
+export function paymentRequiredHeader(requirements: PaymentRequirementsV2, resource: PaymentRequiredV2['resource']): string {
+  const body: PaymentRequiredV2 = { x402Version: X402_VERSION, resource, accepts: [requirements] };
+  return Buffer.from(JSON.stringify(body), 'utf8').toString('base64');
+}
+
+export interface WalletPolicy {
+  currency: string;
+  perCallLimit: number | null;
+  dailyLimit: number | null;
+  allowedPayeeAgentIds: string[] | null;
+  allowedToolIds: string[] | null;
+}
+
+export interface PolicyCall {
+  amount: number;
+  currency: string;
+  payeeAgentId: string;
+  toolId: string | null;
+}
+
+export type PolicyRule = 'policy' | 'sponsorWallet' | 'currency' | 'perCallLimit' | 'dailyLimit' | 'allowedPayeeAgentIds' | 'allowedToolIds';
+
+export interface PolicyBreach {
+  rule: PolicyRule;
+  message: string;
+  limit?: number;
+  amount?: number;
+  spentToday?: number;
+}
+
+/**
+ * The rules a single call can break on its own (everything but the daily total). Fails closed: a call without a
+ * tool id breaks an allow-list of tools, and a list that is present but empty allows nothing.
+ */
+export function evaluateStaticPolicy(policy: WalletPolicy, call: PolicyCall): PolicyBreach | null {
+  if (policy.currency !== call.currency) {
+    return { rule: 'currency', message: `the policy covers ${policy.currency}, the call is in ${call.currency}` };
+  }
+  if (policy.perCallLimit !== null && call.amount > policy.perCallLimit) {
+    return { rule: 'perCallLimit', message: `${call.amount} exceeds the per-call limit of ${policy.perCallLimit}`, limit: policy.perCallLimit, amount: call.amount };
+  }
+  if (policy.allowedPayeeAgentIds !== null && !policy.allowedPayeeAgentIds.includes(call.payeeAgentId)) {
+    return { rule: 'allowedPayeeAgentIds', message: `payee ${call.payeeAgentId} is not allowed by the policy` };
+  }
+  if (policy.allowedToolIds !== null && (call.toolId === null || !policy.allowedToolIds.includes(call.toolId))) {
+    return { rule: 'allowedToolIds', message: call.toolId === null ? 'the gate names no tool and the policy allows only listed tools' : `tool ${call.toolId} is not allowed by the policy` };
+  }
+  return null;
+}
+
+/** The daily rule, given what is already authorized today: the new total may reach the limit, not pass it. */
+export function evaluateDailyLimit(policy: WalletPolicy, spentToday: number, amount: number): PolicyBreach | null {
+  if (policy.dailyLimit === null || spentToday + amount <= policy.dailyLimit) return null;
+  return { rule: 'dailyLimit', message: `${amount} on top of ${spentToday} authorized today exceeds the daily limit of ${policy.dailyLimit}`, limit: policy.dailyLimit, amount, spentToday };
+}
+
+/** The UTC day a spend counts against, e.g. "2025-01-31". */
+export function utcDay(at: Date): string {
+  return at.toISOString().slice(0, 10);
+}
+
+/**
+ * One escalation per gate and quote: a repeated breach finds the same escalation. Derived by hashing ids that are
+ * themselves random, so it is not guessable.
+ */
+export function escalationIdFor(gateId: string, quoteId: string): string {
+  return `esc_${sha256Hex(`${gateId}\n${quoteId}`).slice(0, 32)}`;
+}
+
+/** Claims of the payment token (a compact JWS, EdDSA); `exp`, `iat`, `jti`, `iss`, `sub`, `aud` are set beside. */
+export interface PaymentTokenClaims {
+  authorizationRef: string;
+  gateId: string;
+  quoteId: string;
+  requestSha256: string;
+  amount: number;
+  currency: string;
+  payee: string;
+  payer: string;
+  scheme: typeof X402_SCHEME;
+  network: string;
+}
+
+export function paymentTokenClaims(input: Omit<PaymentTokenClaims, 'scheme'>): PaymentTokenClaims {
+  return { ...input, scheme: X402_SCHEME };
+}
+
+export type VerificationStatus = 'verified' | 'failed';
+
+/**
+ * The verify rule: the payee is paid (minus holdback) only for an authorized gate whose call was not reported as
+ * failed; a failed call is refunded in full, authorized or not. A success report for a gate nobody authorized is
+ * refused (X402_PAYMENT_NOT_AUTHORIZED) before anything is recorded.
+ */
+export function verifyVerdict(authorized: boolean, status: VerificationStatus): 'pass' | 'fail' {
+  return authorized && status !== 'failed' ? 'pass' : 'fail';
+}

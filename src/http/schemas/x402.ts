@@ -1,0 +1,307 @@
+// Request and response schemas of the x402 payment gate (contract section 8), and the views that fill them.
+import { Type, type Static } from 'typebox';
+import { MAX_QUOTE_TTL_SECONDS } from '../../domain/x402.ts';
+import type { EscalationState, GateState, PaymentAuthorization, QuoteResult } from '../../services/x402.ts';
+import { escalationStatus } from '../../services/x402.ts';
+import type { PolicyVersionDoc, WindDownSummary as WindDownSummaryDoc } from '../../store/x402.ts';
+import { AgentId, Amount, Currency, Timestamp } from './common.ts';
+
+const Sha256 = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase hex SHA-256' });
+const ToolId = Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$' });
+const WalletId = Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:-]{2,200}$' });
+const Id = Type.String({ maxLength: 128 });
+
+export const GateParams = Type.Object({ gateId: Id });
+export const WalletParams = Type.Object({ walletId: WalletId });
+export const EscalationParams = Type.Object({ escalationId: Id });
+export const AgentParams = Type.Object({ agentId: AgentId });
+
+export const CreateGateBody = Type.Object(
+  {
+    payerAgentId: AgentId,
+    payeeAgentId: AgentId,
+    amount: Amount,
+    currency: Currency,
+    holdbackBps: Type.Optional(Type.Integer({ minimum: 0, maximum: 10_000, default: 0 })),
+    disputeWindowSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 2_592_000, default: 86_400 })),
+    toolId: Type.Optional(ToolId),
+    sponsorWalletId: Type.Optional(Type.String({ ...WalletId, description: 'a sponsor wallet of the tenant: it pays, so its escrow is locked instead of the payer\'s' })),
+  },
+  { additionalProperties: false },
+);
+
+export const QuoteBody = Type.Object(
+  {
+    gateId: Id,
+    requestSha256: Sha256,
+    ttlSeconds: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_QUOTE_TTL_SECONDS, default: 300 })),
+  },
+  { additionalProperties: false },
+);
+
+export const PolicyBody = Type.Object(
+  {
+    currency: Currency,
+    perCallLimit: Type.Optional(Amount),
+    dailyLimit: Type.Optional(Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER, description: 'authorized minor units per UTC day' })),
+    allowedPayeeAgentIds: Type.Optional(Type.Array(AgentId, { maxItems: 1000, uniqueItems: true })),
+    allowedToolIds: Type.Optional(Type.Array(ToolId, { maxItems: 1000, uniqueItems: true })),
+  },
+  { additionalProperties: false },
+);
+
+export const WalletAuthorizeBody = Type.Object({ gateId: Id, quoteId: Id, requestSha256: Sha256 }, { additionalProperties: false });
+
+export const AuthorizePaymentBody = Type.Object(
+  {
+    gateId: Id,
+    quoteId: Id,
+    requestSha256: Sha256,
+    walletDecisionToken: Type.Optional(Type.String({ maxLength: 4096 })),
+    escalationOverrideToken: Type.Optional(Type.String({ maxLength: 4096 })),
+  },
+  { additionalProperties: false },
+);
+
+export const VerifyBody = Type.Object(
+  {
+    gateId: Id,
+    evidence: Type.Object(
+      { responseSha256: Sha256, providerSignature: Type.Optional(Type.String({ maxLength: 4096 })) },
+      { additionalProperties: false },
+    ),
+    verificationStatus: Type.Optional(Type.Union([Type.Literal('verified'), Type.Literal('failed')], { description: 'default verified; failed refunds the payer' })),
+  },
+  { additionalProperties: false },
+);
+
+export const EscalationQuery = Type.Object({
+  status: Type.Optional(Type.Union([Type.Literal('pending'), Type.Literal('approved'), Type.Literal('denied')])),
+  gateId: Type.Optional(Id),
+  agentId: Type.Optional(AgentId),
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 200, default: 50 })),
+  cursor: Type.Optional(Type.String({ pattern: '^[0-9]{1,15}$' })),
+});
+
+export const ResolveBody = Type.Object(
+  { action: Type.Union([Type.Literal('approve'), Type.Literal('deny')]), reason: Type.Optional(Type.String({ maxLength: 2000 })) },
+  { additionalProperties: false },
+);
+
+export const WindDownBody = Type.Object(
+  { reasonCode: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,64}$' })), reasonMessage: Type.Optional(Type.String({ maxLength: 2000 })) },
+  { additionalProperties: false },
+);
+
+const PaymentRequirements = Type.Object({
+  scheme: Type.String(),
+  network: Type.String({ description: 'CAIP-2 style network id' }),
+  amount: Type.String({ description: 'integer minor units, as a decimal string' }),
+  asset: Type.String({ description: 'the currency' }),
+  payTo: Type.String({ description: 'the payee agent id' }),
+  maxTimeoutSeconds: Type.Integer(),
+  extra: Type.Record(Type.String(), Type.Unknown()),
+});
+
+export const Quote = Type.Object({
+  quoteId: Type.String(),
+  gateId: Type.String(),
+  quoteSha256: Type.String(),
+  requestSha256: Type.String(),
+  amount: Type.Integer(),
+  currency: Type.String(),
+  expiresAt: Timestamp,
+  paymentRequirements: PaymentRequirements,
+  paymentRequired: Type.String({ description: 'base64 of {x402Version:2, resource, accepts:[paymentRequirements]}: a PAYMENT-REQUIRED header value' }),
+});
+
+const Reserve = Type.Object({ amount: Type.Integer(), currency: Type.String(), status: Type.Literal('reserved') });
+
+export const Authorization = Type.Object({
+  authorizationRef: Type.String(),
+  token: Type.String({ description: 'compact JWS (EdDSA); verify with /.well-known/jwks.json' }),
+  tokenKid: Type.String(),
+  expiresAt: Timestamp,
+  reserve: Reserve,
+});
+
+const Receipt = Type.Object({
+  receiptHash: Type.String(),
+  signature: Type.Object({ alg: Type.String(), keyId: Type.String(), value: Type.String() }),
+  body: Type.Record(Type.String(), Type.Unknown(), { description: 'SettlementReceipt.v1; receiptHash = sha256hex(JCS(body))' }),
+});
+
+const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T) => Type.Union([schema, Type.Null()]);
+
+export const Gate = Type.Object({
+  gateId: Type.String(),
+  status: Type.String({ description: 'held | authorized | settling | released | refunded | cancelled | unfunded' }),
+  payerAgentId: Type.String(),
+  payeeAgentId: Type.String(),
+  escrowWalletId: Type.String(),
+  sponsorWalletId: Nullable(Type.String()),
+  toolId: Nullable(Type.String()),
+  amount: Type.Integer(),
+  currency: Type.String(),
+  holdbackBps: Type.Integer(),
+  disputeWindowSeconds: Type.Integer(),
+  createdAt: Timestamp,
+  quote: Nullable(Type.Object({ quoteId: Type.String(), requestSha256: Type.String(), quoteSha256: Type.String(), expiresAt: Timestamp, status: Type.String({ description: 'live | expired | used | cancelled' }) })),
+  authorization: Nullable(Type.Object({ authorizationRef: Type.String(), quoteId: Type.String(), requestSha256: Type.String(), tokenKid: Type.String(), expiresAt: Timestamp, reserve: Reserve })),
+  verification: Nullable(Type.Object({ verificationStatus: Type.String(), responseSha256: Type.String(), at: Timestamp })),
+  settlement: Nullable(
+    Type.Object({
+      settlementId: Type.String(),
+      status: Type.String(),
+      releasedAmount: Type.Integer(),
+      refundedAmount: Type.Integer(),
+      holdback: Type.Integer(),
+      holdbackState: Type.String(),
+      disputeWindowEndsAt: Nullable(Timestamp),
+    }),
+  ),
+  decision: Nullable(Type.Object({ verdict: Type.String(), reason: Nullable(Type.String()), decidedAt: Timestamp })),
+  receipt: Nullable(Receipt),
+});
+
+export const VerifyResult = Type.Intersect([Gate, Type.Object({ statusUrl: Type.String() })]);
+
+export const Policy = Type.Object({
+  walletId: Type.String(),
+  version: Type.Integer(),
+  currency: Type.String(),
+  perCallLimit: Nullable(Type.Integer()),
+  dailyLimit: Nullable(Type.Integer()),
+  allowedPayeeAgentIds: Nullable(Type.Array(Type.String())),
+  allowedToolIds: Nullable(Type.Array(Type.String())),
+  updatedAt: Timestamp,
+});
+
+export const WalletDecision = Type.Object({ walletDecisionToken: Type.String(), expiresAt: Timestamp });
+
+export const Escalation = Type.Object({
+  escalationId: Type.String(),
+  status: Type.Union([Type.Literal('pending'), Type.Literal('approved'), Type.Literal('denied')]),
+  gateId: Type.String(),
+  quoteId: Type.String(),
+  requestSha256: Type.String(),
+  walletId: Type.String(),
+  payerAgentId: Type.String(),
+  payeeAgentId: Type.String(),
+  amount: Type.Integer(),
+  currency: Type.String(),
+  rule: Type.String(),
+  details: Type.Record(Type.String(), Type.Unknown()),
+  createdAt: Timestamp,
+  resolution: Nullable(Type.Object({ action: Type.String(), reason: Nullable(Type.String()), by: Type.String(), at: Timestamp })),
+});
+
+export const EscalationPage = Type.Object({ items: Type.Array(Escalation), nextCursor: Nullable(Type.String()) });
+
+export const Resolved = Type.Intersect([
+  Escalation,
+  Type.Object({
+    escalationOverrideToken: Nullable(Type.String({ description: 'approve only: present it once to authorize-payment' })),
+    overrideExpiresAt: Nullable(Timestamp),
+  }),
+]);
+
+export const WindDownSummary = Type.Object({
+  agentId: Type.String(),
+  status: Type.Literal('wound_down'),
+  reasonCode: Nullable(Type.String()),
+  reasonMessage: Nullable(Type.String()),
+  woundDownAt: Timestamp,
+  gatesCancelled: Type.Array(Type.String()),
+  gatesLeftReserved: Type.Array(Type.String({ description: 'authorized gates: they settle on verification' })),
+  quotesCancelled: Type.Array(Type.String()),
+  escalationsDenied: Type.Array(Type.String()),
+  escrowReturned: Type.Array(Type.Object({ walletId: Type.String(), currency: Type.String(), amount: Type.Integer() })),
+});
+
+export function gateView(st: GateState, now = new Date()): Static<typeof Gate> {
+  const { gate: g, commitment, verification, quote, settlement } = st;
+  const authorization = commitment?.kind === 'authorization' ? commitment : null;
+  const decision = settlement?.facts.decision ?? null;
+  const quoteStatus = (q: NonNullable<typeof quote>) =>
+    st.status === 'cancelled' ? 'cancelled' : authorization?.quoteId === q._id ? 'used' : q.expiresAt > now ? 'live' : 'expired';
+  return {
+    gateId: g._id,
+    status: st.status,
+    payerAgentId: g.payerAgentId,
+    payeeAgentId: g.payeeAgentId,
+    escrowWalletId: g.escrowWalletId,
+    sponsorWalletId: g.sponsorWalletId,
+    toolId: g.toolId,
+    amount: g.amount,
+    currency: g.currency,
+    holdbackBps: g.holdbackBps,
+    disputeWindowSeconds: g.disputeWindowSeconds,
+    createdAt: g.createdAt.toISOString(),
+    quote: quote ? { quoteId: quote._id, requestSha256: quote.requestSha256, quoteSha256: quote.quoteSha256, expiresAt: quote.expiresAt.toISOString(), status: quoteStatus(quote) } : null,
+    authorization: authorization
+      ? { authorizationRef: authorization.authorizationRef, quoteId: authorization.quoteId, requestSha256: authorization.requestSha256, tokenKid: authorization.tokenKid, expiresAt: authorization.expiresAt.toISOString(), reserve: { amount: g.amount, currency: g.currency, status: 'reserved' as const } }
+      : null,
+    verification: verification ? { verificationStatus: verification.verificationStatus, responseSha256: verification.evidence.responseSha256, at: verification.at.toISOString() } : null,
+    settlement: settlement
+      ? {
+          settlementId: settlement.doc._id,
+          status: settlement.view.status,
+          releasedAmount: settlement.view.releasedAmount,
+          refundedAmount: settlement.view.refundedAmount,
+          holdback: settlement.view.holdback,
+          holdbackState: settlement.view.holdbackState,
+          disputeWindowEndsAt: settlement.view.disputeWindowEndsAt,
+        }
+      : null,
+    decision: decision ? { verdict: decision.verdict, reason: decision.reason, decidedAt: decision.decidedAt } : null,
+    receipt: decision ? { receiptHash: decision.receipt.receiptHash, signature: decision.receipt.signature, body: decision.receipt.body as unknown as Record<string, unknown> } : null,
+  };
+}
+
+export function quoteView(r: QuoteResult): Static<typeof Quote> {
+  return {
+    quoteId: r.quote._id,
+    gateId: r.gate._id,
+    quoteSha256: r.quote.quoteSha256,
+    requestSha256: r.quote.requestSha256,
+    amount: r.gate.amount,
+    currency: r.gate.currency,
+    expiresAt: r.quote.expiresAt.toISOString(),
+    paymentRequirements: r.paymentRequirements,
+    paymentRequired: r.paymentRequired,
+  };
+}
+
+export function authorizationView(a: PaymentAuthorization): Static<typeof Authorization> {
+  return { ...a, expiresAt: a.expiresAt.toISOString() };
+}
+
+export function policyView(p: PolicyVersionDoc): Static<typeof Policy> {
+  return { walletId: p.walletId, version: p.version, ...p.policy, updatedAt: p.at.toISOString() };
+}
+
+export function escalationView(e: EscalationState): Static<typeof Escalation> {
+  const { escalation: x, resolution: r } = e;
+  const { rule, ...details } = x.breach;
+  return {
+    escalationId: x._id,
+    status: escalationStatus(e),
+    gateId: x.gateId,
+    quoteId: x.quoteId,
+    requestSha256: x.requestSha256,
+    walletId: x.walletId,
+    payerAgentId: x.payerAgentId,
+    payeeAgentId: x.payeeAgentId,
+    amount: x.amount,
+    currency: x.currency,
+    rule,
+    details,
+    createdAt: x.createdAt.toISOString(),
+    resolution: r ? { action: r.action, reason: r.reason, by: r.by.kind === 'tenant' ? 'tenant' : `wind-down:${r.by.agentId}`, at: r.at.toISOString() } : null,
+  };
+}
+
+export function windDownView(s: WindDownSummaryDoc): Static<typeof WindDownSummary> {
+  return s;
+}

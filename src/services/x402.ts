@@ -1,0 +1,949 @@
+// The x402 payment gate's use cases (contract section 8). Every ledger entry id and every event of the gate is
+// decided here; routes and the x402-verify worker call these and nothing else.
+import { QueueEvents } from 'bullmq';
+import { createLocalJWKSet, jwtVerify, SignJWT, type JWTPayload } from 'jose';
+import { newId } from '../domain/crypto.ts';
+import { errors, ServiceError, x402Error } from '../domain/errors.ts';
+import { holdbackOf } from '../domain/money.ts';
+import { signReceipt } from '../domain/receipt.ts';
+import type { DecisionFact, SettlementView } from '../domain/settlement.ts';
+import {
+  DEFAULT_QUOTE_TTL_SECONDS,
+  escalationIdFor,
+  evaluateDailyLimit,
+  evaluateStaticPolicy,
+  OVERRIDE_TTL_SECONDS,
+  paymentRequiredHeader,
+  paymentRequirements,
+  paymentTokenClaims,
+  quoteSha256,
+  TOKEN_AUDIENCE,
+  utcDay,
+  verifyVerdict,
+  WALLET_DECISION_TTL_SECONDS,
+  type GateStatus,
+  type PaymentRequirementsV2,
+  type PolicyBreach,
+  type VerificationStatus,
+  type WalletPolicy,
+} from '../domain/x402.ts';
+import { bullPrefix, jobIdFor } from '../queues/index.ts';
+import type { Runtime } from '../runtime.ts';
+import type { AgentDoc } from '../store/agents.ts';
+import { insertFirst } from '../store/mongo.ts';
+import { readSettlement, type SettlementState } from '../store/settlements.ts';
+import {
+  OtherKeyTaken,
+  type CommitmentDoc,
+  type EscalationDoc,
+  type GateDoc,
+  type PolicyVersionDoc,
+  type QuoteDoc,
+  type ResolutionDoc,
+  type VerificationDoc,
+  type WindDownSummary,
+} from '../store/x402.ts';
+import { emitEvent } from './events.ts';
+import { advanceSettlement } from './settlement.ts';
+
+/** How long verify waits for its job before answering 202 with the status URL. */
+const VERIFY_WAIT_MS = 2_000;
+/** Index records one escalation page may read past filtered-out ones before it hands back a cursor. */
+const ESCALATION_SCAN_BUDGET = 500;
+
+export const x402EntryIds = {
+  lock: (gateId: string) => `x402:${gateId}:lock`,
+  unlock: (gateId: string) => `x402:${gateId}:unlock`,
+};
+
+/** The settlement of a gate lives under an id derived from the gate, so it is found by `_id`. */
+export function gateSettlementId(gateId: string): string {
+  return `stl_${gateId.slice('gate_'.length)}`;
+}
+
+export interface CreateGateInput {
+  payerAgentId: string;
+  payeeAgentId: string;
+  amount: number;
+  currency: string;
+  holdbackBps?: number;
+  disputeWindowSeconds?: number;
+  toolId?: string;
+  sponsorWalletId?: string;
+}
+
+export interface QuoteResult {
+  quote: QuoteDoc;
+  gate: GateDoc;
+  paymentRequirements: PaymentRequirementsV2;
+  paymentRequired: string;
+}
+
+export interface GateState {
+  gate: GateDoc;
+  status: GateStatus;
+  funded: boolean;
+  commitment: CommitmentDoc | null;
+  verification: VerificationDoc | null;
+  quote: QuoteDoc | null;
+  settlement: SettlementState | null;
+}
+
+export interface EscalationState {
+  escalation: EscalationDoc;
+  resolution: ResolutionDoc | null;
+}
+
+export interface PaymentAuthorization {
+  authorizationRef: string;
+  token: string;
+  tokenKid: string;
+  expiresAt: Date;
+  reserve: { amount: number; currency: string; status: 'reserved' };
+}
+
+type AuthorizationDoc = Extract<CommitmentDoc, { kind: 'authorization' }>;
+
+/** What the x402-verify job answers (through its completion event) to the request waiting for it. */
+export interface VerifyOutcome {
+  decision: DecisionFact;
+  view: SettlementView;
+}
+
+function isTerminal(status: GateStatus): boolean {
+  return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'unfunded';
+}
+
+const MEMO_LIMIT = 100_000;
+function remember(set: Set<string>, id: string) {
+  if (set.size > MEMO_LIMIT) set.clear();
+  set.add(id);
+}
+
+export class X402Service {
+  private queueEvents: QueueEvents | null = null;
+  /** Facts that never change back once true, remembered to save a read on the hot path. */
+  private readonly fundedGates = new Set<string>();
+  private readonly knownWallets = new Set<string>();
+  /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
+  private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
+  private readonly jwks;
+
+  constructor(private readonly runtime: Runtime) {
+    this.jwks = createLocalJWKSet(runtime.keys.jwks as never);
+  }
+
+  private get store() {
+    return this.runtime.stores.x402;
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Agents' lifecycle
+
+  /** 410 when an agent is wound down (the wind-down record is the truth) or frozen; 404 when not the tenant's. */
+  private async requireLiveAgents(tenantId: string, agentIds: string[]): Promise<AgentDoc[]> {
+    const { agents } = this.runtime.stores;
+    const found = await Promise.all(
+      agentIds.map(async (id) => {
+        const [agent, windDown] = await Promise.all([agents.agents.findOne({ _id: id }), this.store.windDowns.findOne({ _id: id })]);
+        return { id, agent, windDown };
+      }),
+    );
+    for (const { id, agent } of found) if (!agent || agent.tenantId !== tenantId) throw errors.notFound(`agent ${id}`);
+    for (const { id, agent, windDown } of found) {
+      if (windDown) throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${id} is wound down`, { agentId: id, status: 'wound_down' });
+      if (agent!.status === 'frozen') throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${id} is frozen`, { agentId: id, status: 'frozen' });
+    }
+    return found.map((f) => f.agent!);
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Gates
+
+  async createGate(tenantId: string, input: CreateGateInput): Promise<GateState> {
+    const { ledger } = this.runtime.stores;
+    if (input.payerAgentId === input.payeeAgentId) {
+      throw errors.validation('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
+    }
+    await this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]);
+    if (input.sponsorWalletId) {
+      const sponsor = await ledger.getWallet(input.sponsorWalletId);
+      if (!sponsor || sponsor.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
+    } else {
+      await this.ensureAgentWallet(input.payerAgentId, tenantId);
+    }
+    const gate: GateDoc = {
+      _id: newId('gate'),
+      tenantId,
+      payerAgentId: input.payerAgentId,
+      payeeAgentId: input.payeeAgentId,
+      escrowWalletId: input.sponsorWalletId ?? input.payerAgentId,
+      sponsorWalletId: input.sponsorWalletId ?? null,
+      toolId: input.toolId ?? null,
+      amount: input.amount,
+      currency: input.currency,
+      holdbackBps: input.holdbackBps ?? 0,
+      disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
+      createdAt: new Date(),
+    };
+    // The gate and its place in both agents' indexes first, so a wind-down can always find a gate that holds money.
+    await Promise.all([
+      this.store.gates.insertOne(gate),
+      this.store.agentGates.append(gate.payerAgentId, () => ({ ref: gate._id })),
+      this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
+    ]);
+    try {
+      await ledger.apply({
+        _id: x402EntryIds.lock(gate._id),
+        tenantId,
+        kind: 'x402_escrow_lock',
+        currency: gate.currency,
+        legs: [
+          { walletId: gate.escrowWalletId, bucket: 'available', delta: -gate.amount },
+          { walletId: gate.escrowWalletId, bucket: 'escrow', delta: gate.amount },
+        ],
+        ref: { gateId: gate._id },
+      });
+    } catch (err) {
+      // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
+      await this.store.gates.deleteOne({ _id: gate._id });
+      throw err;
+    }
+    const racedWindDown = await this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+    if (racedWindDown) {
+      // A wind-down ran while this gate was being funded and may not have seen it: unwind it here.
+      await this.cancelGate(gate, racedWindDown);
+      throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${racedWindDown} is wound down`, { agentId: racedWindDown, status: 'wound_down' });
+    }
+    return { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null };
+  }
+
+  /** Wallets are never deleted, so one opened once need not be looked up again by this process. */
+  private async ensureAgentWallet(agentId: string, tenantId: string): Promise<void> {
+    if (this.knownWallets.has(agentId)) return;
+    await this.runtime.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
+    remember(this.knownWallets, agentId);
+  }
+
+  private async anyWoundDown(agentIds: string[]): Promise<string | null> {
+    const docs = await Promise.all(agentIds.map((_id) => this.store.windDowns.findOne({ _id }, { projection: { _id: 1 } })));
+    return docs.find((d) => d !== null)?._id ?? null;
+  }
+
+  async requireGate(tenantId: string, gateId: string): Promise<GateDoc> {
+    const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
+    if (!gate) throw errors.notFound('gate');
+    return gate;
+  }
+
+  /** Funded means its escrow lock was applied (the ledger is the truth; a crash can leave a gate without one). */
+  private async isFunded(gate: GateDoc): Promise<boolean> {
+    if (this.fundedGates.has(gate._id)) return true;
+    const funded = (await this.runtime.stores.ledger.entries.findOne({ _id: x402EntryIds.lock(gate._id) }, { projection: { state: 1 } }))?.state === 'applied';
+    if (funded) remember(this.fundedGates, gate._id);
+    return funded;
+  }
+
+  /** The gate's state from its facts; `full` adds the current quote and the settlement (for reads, not checks). */
+  async gateState(gate: GateDoc, full = false): Promise<GateState> {
+    const [funded, commitment, verification] = await Promise.all([
+      this.isFunded(gate),
+      this.store.commitments.findOne({ _id: gate._id }),
+      this.store.verifications.findOne({ _id: gate._id }),
+    ]);
+    let settlement: SettlementState | null = null;
+    let quote: QuoteDoc | null = null;
+    if (full) {
+      const { settlements, ledger } = this.runtime.stores;
+      const [s, current] = await Promise.all([settlements.get(gateSettlementId(gate._id)), this.store.currentQuote(gate._id)]);
+      settlement = s && (await readSettlement(settlements, ledger, s));
+      quote = current.quote;
+    }
+    let status: GateStatus;
+    if (commitment?.kind === 'cancellation') status = 'cancelled';
+    else if (verification) status = settlement ? settledStatus(settlement) : 'settling'; else if (commitment?.kind === 'authorization') status = 'authorized';
+    else status = funded ? 'held' : 'unfunded';
+    return { gate, status, funded, commitment, verification, quote, settlement };
+  }
+
+  /** X402_GATE_TERMINAL naming the gate's exact state (read in full: refusals are off the hot path). */
+  private async terminal(gate: GateDoc, what: string): Promise<ServiceError> {
+    const { status } = await this.gateState(gate, true);
+    return x402Error('X402_GATE_TERMINAL', `a ${status} gate ${what}`, { status });
+  }
+
+  async getGate(tenantId: string, gateId: string): Promise<GateState> {
+    return this.gateState(await this.requireGate(tenantId, gateId), true);
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Quotes
+
+  async quote(tenantId: string, input: { gateId: string; requestSha256: string; ttlSeconds?: number }): Promise<QuoteResult> {
+    const gate = await this.requireGate(tenantId, input.gateId);
+    await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
+    const state = await this.gateState(gate);
+    if (isTerminal(state.status)) throw await this.terminal(gate, 'takes no quotes');
+    const ttlSeconds = input.ttlSeconds ?? DEFAULT_QUOTE_TTL_SECONDS;
+    let live: QuoteDoc | null = null;
+    let created = false;
+    const now = new Date();
+    // Within the gate's chain (queued per gate): a live quote for the same request is the answer, unchanged.
+    await this.store.quoteSlots.append(gate._id, async (slot, previous) => {
+      const prior = previous && (await this.store.quotes.findOne({ _id: previous.ref }));
+      if (prior && prior.requestSha256 === input.requestSha256 && prior.expiresAt > now) {
+        live = prior;
+        return null;
+      }
+      if (state.status === 'authorized') return null; // an authorized gate is past quoting other requests
+      created = true;
+      const quoteId = newId('quo');
+      const expiresAt = new Date(now.getTime() + ttlSeconds * 1000);
+      live = {
+        _id: quoteId,
+        tenantId,
+        gateId: gate._id,
+        slot,
+        requestSha256: input.requestSha256,
+        quoteSha256: quoteSha256({ gateId: gate._id, quoteId, requestSha256: input.requestSha256, amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, expiresAt: expiresAt.toISOString() }),
+        ttlSeconds,
+        createdAt: now,
+        expiresAt,
+      };
+      return { ref: quoteId };
+    });
+    const quote = live as QuoteDoc | null;
+    if (!quote) throw x402Error('X402_GATE_TERMINAL', 'the gate is already authorized for another request', { status: 'authorized' });
+    // The slot names the quote before the quote exists; a crash in between leaves a slot the next quote supersedes.
+    if (created) await this.store.quotes.insertOne(quote);
+    return this.quoteResult(gate, quote);
+  }
+
+  quoteResult(gate: GateDoc, quote: QuoteDoc): QuoteResult {
+    const requirements = paymentRequirements(
+      { gateId: gate._id, quoteId: quote._id, requestSha256: quote.requestSha256, amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, expiresAt: quote.expiresAt.toISOString() },
+      this.runtime.config.x402.network,
+      quote.ttlSeconds,
+    );
+    const resource = { url: `${this.runtime.config.publicBaseUrl}/x402/gate/${gate._id}`, description: gate.toolId ? `tool ${gate.toolId}` : 'x402 payment gate' };
+    return { quote, gate, paymentRequirements: requirements, paymentRequired: paymentRequiredHeader(requirements, resource) };
+  }
+
+  /** Quote checks in the contract's order: found (this tenant), of this gate and current, live, bound to the request. */
+  private async checkQuote(gate: GateDoc, quoteId: string, requestSha256: string, now: Date): Promise<QuoteDoc> {
+    const [quote, head] = await Promise.all([this.store.ofTenant(this.store.quotes, quoteId, gate.tenantId), this.store.quoteSlots.head(gate._id)]);
+    if (!quote) throw x402Error('X402_QUOTE_NOT_FOUND', 'no such quote', { quoteId });
+    if (quote.gateId !== gate._id) throw x402Error('X402_QUOTE_MISMATCH', 'the quote belongs to another gate', { quoteId, gateId: gate._id });
+    if (quote.slot !== head) throw x402Error('X402_QUOTE_MISMATCH', 'a newer quote has replaced this one', { quoteId, gateId: gate._id });
+    if (quote.expiresAt <= now) throw x402Error('X402_QUOTE_EXPIRED', 'the quote has expired; ask for a new one', { quoteId, expiredAt: quote.expiresAt.toISOString() });
+    if (quote.requestSha256 !== requestSha256) throw x402Error('X402_REQUEST_BINDING_MISMATCH', 'requestSha256 is not the request this quote was made for', { quoteId });
+    return quote;
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Wallet policies and decisions
+
+  private async requireWallet(tenantId: string, walletId: string) {
+    const wallet = await this.runtime.stores.ledger.getWallet(walletId);
+    if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
+    return wallet;
+  }
+
+  /** A new policy version, by insert: concurrent updates each get a version and the last one is in force. */
+  async putPolicy(tenantId: string, walletId: string, policy: WalletPolicy): Promise<PolicyVersionDoc> {
+    await this.requireWallet(tenantId, walletId);
+    const doc = await this.store.policies.append(walletId, (version) => ({ tenantId, walletId, version, policy, at: new Date() }));
+    return doc!;
+  }
+
+  async getPolicy(tenantId: string, walletId: string): Promise<PolicyVersionDoc> {
+    await this.requireWallet(tenantId, walletId);
+    const policy = await this.store.policyOf(walletId);
+    if (!policy) throw errors.notFound('policy');
+    return policy;
+  }
+
+  /**
+   * Counts `amount` against the wallet's UTC day, once per decision key, unless it would pass the daily limit
+   * (`enforce` false records it anyway: an approved escalation). The day's spends are a chain of inserted records
+   * with running totals, so concurrent callers can never both take the last of the limit.
+   */
+  private async spendDaily(walletId: string, policy: WalletPolicy, decisionKey: string, amount: number, now: Date, enforce: boolean): Promise<PolicyBreach | null> {
+    if (policy.dailyLimit === null && enforce) return null;
+    let breach: PolicyBreach | null = null;
+    try {
+      await this.store.spends.append(`${walletId}#${utcDay(now)}`, (_seq, previous) => {
+        const spent = previous?.total ?? 0;
+        breach = enforce ? evaluateDailyLimit(policy, spent, amount) : null;
+        return breach ? null : { ref: walletId, decisionKey, amount, total: spent + amount, at: now };
+      });
+    } catch (err) {
+      if (err instanceof OtherKeyTaken) return null; // this decision was already counted (a concurrent repeat)
+      throw err;
+    }
+    return breach;
+  }
+
+  private policyViolation(breach: PolicyBreach, walletId: string): ServiceError {
+    return x402Error('X402_WALLET_POLICY_VIOLATION', breach.message, { walletId, ...breach });
+  }
+
+  async authorizeWallet(tenantId: string, walletId: string, input: { gateId: string; quoteId: string; requestSha256: string }): Promise<{ walletDecisionToken: string; expiresAt: Date }> {
+    const [, gate] = await Promise.all([this.requireWallet(tenantId, walletId), this.requireGate(tenantId, input.gateId)]);
+    await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
+    const state = await this.gateState(gate);
+    if (state.status !== 'held') throw await this.terminal(gate, 'takes no wallet decision');
+    if (gate.sponsorWalletId !== walletId) {
+      throw this.policyViolation({ rule: 'sponsorWallet', message: 'this wallet does not sponsor the gate' }, walletId);
+    }
+    const now = new Date();
+    const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
+    const decisionId = `${walletId}#${gate._id}#${quote._id}`;
+    const existing = await this.store.walletDecisions.findOne({ _id: decisionId });
+    if (existing && existing.expiresAt > now) return { walletDecisionToken: existing.token, expiresAt: existing.expiresAt };
+
+    const version = await this.store.policyOf(walletId);
+    if (!version) throw this.policyViolation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' }, walletId);
+    const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
+    const breach = evaluateStaticPolicy(version.policy, call) ?? (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
+    if (breach) throw this.policyViolation(breach, walletId);
+
+    const expiresAt = new Date(Math.min(now.getTime() + WALLET_DECISION_TTL_SECONDS * 1000, quote.expiresAt.getTime()));
+    const token = await this.sign({ walletId, gateId: gate._id, quoteId: quote._id, requestSha256: quote.requestSha256, policyVersion: version.version }, TOKEN_AUDIENCE.walletDecision, walletId, expiresAt);
+    const decision = { _id: decisionId, tenantId, token, expiresAt, at: now };
+    if (existing) await this.store.walletDecisions.deleteOne({ _id: decisionId }); // expired: a fresh decision replaces it
+    if (!(await insertFirst(this.store.walletDecisions, decision))) {
+      const winner = await this.store.walletDecisions.findOne({ _id: decisionId });
+      if (winner) return { walletDecisionToken: winner.token, expiresAt: winner.expiresAt };
+    }
+    return { walletDecisionToken: token, expiresAt };
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Payment authorization
+
+  private async sign(claims: Record<string, unknown>, audience: string, subject: string, expiresAt: Date, jti = newId('jti')): Promise<string> {
+    const { keyId, privateKey } = this.runtime.keys.active;
+    return new SignJWT(claims)
+      .setProtectedHeader({ alg: 'EdDSA', kid: keyId, typ: 'JWT' })
+      .setIssuer(this.runtime.config.publicBaseUrl)
+      .setSubject(subject)
+      .setAudience(audience)
+      .setIssuedAt()
+      .setExpirationTime(Math.floor(expiresAt.getTime() / 1000))
+      .setJti(jti)
+      .sign(privateKey);
+  }
+
+  /** A token this service signed for `audience`, or null (bad signature, other audience, expired, malformed). */
+  private async verifyOwnToken(token: string, audience: string): Promise<JWTPayload | null> {
+    try {
+      const { payload } = await jwtVerify(token, this.jwks, { issuer: this.runtime.config.publicBaseUrl, audience, algorithms: ['EdDSA'] });
+      return payload;
+    } catch {
+      return null;
+    }
+  }
+
+  private authorizationOf(gate: GateDoc, a: AuthorizationDoc): PaymentAuthorization {
+    return { authorizationRef: a.authorizationRef, token: a.token, tokenKid: a.tokenKid, expiresAt: a.expiresAt, reserve: { amount: gate.amount, currency: gate.currency, status: 'reserved' } };
+  }
+
+  /**
+   * Checks in the contract's order: agent lifecycle, gate state, quote match and expiry, request binding, wallet
+   * decision, policy limits; then claims the gate's one commitment. Every failure refuses (fails closed).
+   */
+  async authorizePayment(
+    tenantId: string,
+    input: { gateId: string; quoteId: string; requestSha256: string; walletDecisionToken?: string; escalationOverrideToken?: string },
+  ): Promise<PaymentAuthorization> {
+    const gate = await this.requireGate(tenantId, input.gateId);
+    const [, state] = await Promise.all([this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]), this.gateState(gate)]);
+    if (state.status !== 'held' && state.status !== 'authorized') throw await this.terminal(gate, 'cannot be authorized');
+    const now = new Date();
+    const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
+
+    if (gate.sponsorWalletId) {
+      const claims = input.walletDecisionToken ? await this.verifyOwnToken(input.walletDecisionToken, TOKEN_AUDIENCE.walletDecision) : null;
+      if (!claims) throw x402Error('X402_WALLET_DECISION_REQUIRED', input.walletDecisionToken ? 'the wallet decision token is invalid or expired' : 'this gate is sponsored: authorize with the sponsor wallet first', { walletId: gate.sponsorWalletId, reason: input.walletDecisionToken ? 'invalid' : 'missing' });
+      if (claims.walletId !== gate.sponsorWalletId || claims.gateId !== gate._id || claims.quoteId !== quote._id || claims.requestSha256 !== quote.requestSha256) {
+        throw x402Error('X402_WALLET_DECISION_REQUIRED', 'the wallet decision was made for another gate, quote or request', { walletId: gate.sponsorWalletId, reason: 'mismatch' });
+      }
+    }
+
+    let escalationId: string | null = null;
+    if (input.escalationOverrideToken) escalationId = await this.checkOverride(gate, quote, input.escalationOverrideToken);
+
+    const existing = state.commitment;
+    if (existing?.kind === 'authorization') return this.repeatAuthorization(gate, existing, quote);
+
+    if (!escalationId) {
+      const breach = await this.policyBreach(gate, quote, now);
+      if (breach) {
+        const escalation = await this.escalate(gate, quote, breach.walletId, breach.breach);
+        throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
+      }
+    } else {
+      if (!(await insertFirst(this.store.overrideUses, { _id: escalationId, gateId: gate._id, at: now }))) {
+        throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
+      }
+      const walletId = gate.escrowWalletId;
+      const policy = (await this.store.policyOf(walletId))?.policy;
+      if (policy) await this.spendDaily(walletId, policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
+    }
+
+    const authorizationRef = newId('azn');
+    const jti = newId('jti');
+    const expiresAt = quote.expiresAt;
+    const token = await this.sign(
+      { ...paymentTokenClaims({ authorizationRef, gateId: gate._id, quoteId: quote._id, requestSha256: quote.requestSha256, amount: gate.amount, currency: gate.currency, payee: gate.payeeAgentId, payer: gate.payerAgentId, network: this.runtime.config.x402.network }) },
+      gate.payeeAgentId,
+      gate.payerAgentId,
+      expiresAt,
+      jti,
+    );
+    const doc: AuthorizationDoc = { _id: gate._id, tenantId, at: now, kind: 'authorization', authorizationRef, quoteId: quote._id, requestSha256: quote.requestSha256, token, tokenKid: this.runtime.keys.active.keyId, jti, expiresAt, escalationId };
+    if (await insertFirst(this.store.commitments, doc)) return this.authorizationOf(gate, doc);
+    const winner = await this.store.commitments.findOne({ _id: gate._id });
+    if (winner?.kind === 'authorization') return this.repeatAuthorization(gate, winner, quote);
+    throw x402Error('X402_GATE_TERMINAL', 'the gate was closed while authorizing', { status: winner?.kind === 'cancellation' ? 'cancelled' : 'settling' });
+  }
+
+  /** A repeat while live gets the same token; the gate's one authorization is for one quote and request. */
+  private repeatAuthorization(gate: GateDoc, a: AuthorizationDoc, quote: QuoteDoc): PaymentAuthorization {
+    if (a.quoteId !== quote._id) throw x402Error('X402_QUOTE_MISMATCH', 'the gate is authorized under another quote', { quoteId: quote._id });
+    return this.authorizationOf(gate, a);
+  }
+
+  /** The escrow wallet's policy limits (a payer's own wallet may have none: then nothing limits it). */
+  private async policyBreach(gate: GateDoc, quote: QuoteDoc, now: Date): Promise<{ walletId: string; breach: PolicyBreach } | null> {
+    const walletId = gate.escrowWalletId;
+    const version = await this.store.policyOf(walletId);
+    if (!version) return gate.sponsorWalletId ? { walletId, breach: { rule: 'policy', message: 'the sponsor wallet has no policy' } } : null;
+    const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
+    const staticBreach = evaluateStaticPolicy(version.policy, call);
+    if (staticBreach) return { walletId, breach: staticBreach };
+    // A sponsored call's day was counted by its wallet decision (same key, so never twice); a payer's is counted here.
+    const daily = await this.spendDaily(walletId, version.policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, true);
+    return daily ? { walletId, breach: daily } : null;
+  }
+
+  private async checkOverride(gate: GateDoc, quote: QuoteDoc, token: string): Promise<string> {
+    const claims = await this.verifyOwnToken(token, TOKEN_AUDIENCE.escalationOverride);
+    const invalid = (why: string) => x402Error('X402_OVERRIDE_INVALID', `the escalation override token is not valid here: ${why}`);
+    if (!claims || typeof claims.sub !== 'string') throw invalid('bad signature, audience or expiry');
+    if (claims.gateId !== gate._id || claims.quoteId !== quote._id) throw invalid('it was issued for another gate or quote');
+    const escalationId = claims.sub;
+    const [resolution, used] = await Promise.all([this.store.resolutions.findOne({ _id: escalationId }), this.store.overrideUses.findOne({ _id: escalationId })]);
+    if (resolution?.action !== 'approve') throw invalid('the escalation is not approved');
+    if (used) throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
+    return escalationId;
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Escalations
+
+  private async escalate(gate: GateDoc, quote: QuoteDoc, walletId: string, breach: PolicyBreach): Promise<EscalationState> {
+    const _id = escalationIdFor(gate._id, quote._id);
+    const doc: EscalationDoc = {
+      _id,
+      tenantId: gate.tenantId,
+      gateId: gate._id,
+      quoteId: quote._id,
+      requestSha256: quote.requestSha256,
+      walletId,
+      payerAgentId: gate.payerAgentId,
+      payeeAgentId: gate.payeeAgentId,
+      amount: gate.amount,
+      currency: gate.currency,
+      breach,
+      createdAt: new Date(),
+    };
+    if (await insertFirst(this.store.escalations, doc)) {
+      await this.store.tenantEscalations.append(gate.tenantId, () => ({ ref: _id }));
+    }
+    const state = await this.escalationState(_id);
+    await emitEvent(this.runtime, gate.tenantId, 'x402.escalation.created', escalationEvent(state.escalation), `x402.escalation.created:${_id}`);
+    return state;
+  }
+
+  private async escalationState(escalationId: string): Promise<EscalationState> {
+    const [escalation, resolution] = await Promise.all([this.store.escalations.findOne({ _id: escalationId }), this.store.resolutions.findOne({ _id: escalationId })]);
+    if (!escalation) throw errors.notFound('escalation');
+    return { escalation, resolution };
+  }
+
+  async getEscalation(tenantId: string, escalationId: string): Promise<EscalationState> {
+    const escalation = await this.store.ofTenant(this.store.escalations, escalationId, tenantId);
+    if (!escalation) throw errors.notFound('escalation');
+    return { escalation, resolution: await this.store.resolutions.findOne({ _id: escalationId }) };
+  }
+
+  /** Ids of the escalations a gate can have: one per quote it issued (derived, so read by `_id`). */
+  private async gateEscalationIds(gateId: string): Promise<string[]> {
+    const head = await this.store.quoteSlots.head(gateId);
+    const slots = await Promise.all(Array.from({ length: head }, (_, i) => this.store.quoteSlots.get(gateId, i + 1)));
+    return slots.filter((s) => s !== null).map((s) => escalationIdFor(gateId, s!.ref));
+  }
+
+  async listEscalations(
+    tenantId: string,
+    query: { status?: 'pending' | 'approved' | 'denied'; gateId?: string; agentId?: string; limit?: number; cursor?: number },
+  ): Promise<{ items: EscalationState[]; nextCursor: number | null }> {
+    const limit = query.limit ?? 50;
+    const matches = (e: EscalationState) =>
+      (!query.status || escalationStatus(e) === query.status) &&
+      (!query.gateId || e.escalation.gateId === query.gateId) &&
+      (!query.agentId || e.escalation.payerAgentId === query.agentId || e.escalation.payeeAgentId === query.agentId);
+    const load = async (ids: string[]) =>
+      (await Promise.all(ids.map((id) => this.getEscalation(tenantId, id).catch(() => null)))).filter((e): e is EscalationState => e !== null);
+
+    if (query.gateId) {
+      // A gate's escalations are derived from its quotes: no index needed, and at most a handful.
+      const gate = await this.store.ofTenant(this.store.gates, query.gateId, tenantId);
+      const all = gate ? (await load(await this.gateEscalationIds(gate._id))).filter(matches).reverse() : [];
+      const start = query.cursor ?? 0;
+      return { items: all.slice(start, start + limit), nextCursor: all.length > start + limit ? start + limit : null };
+    }
+    // Newest first down the tenant's index, one page of `_id` reads at a time.
+    let seq = query.cursor ?? (await this.store.tenantEscalations.head(tenantId));
+    const items: EscalationState[] = [];
+    let scanned = 0;
+    while (seq > 0 && items.length < limit && scanned < ESCALATION_SCAN_BUDGET) {
+      const batch = Array.from({ length: Math.min(limit, seq, ESCALATION_SCAN_BUDGET - scanned) }, (_, i) => seq - i);
+      const slots = await Promise.all(batch.map((s) => this.store.tenantEscalations.get(tenantId, s)));
+      const loaded = await load(slots.filter((s) => s !== null).map((s) => s!.ref));
+      for (const e of loaded) if (matches(e) && items.length < limit) items.push(e);
+      // Stop exactly after the last record used, so the next page starts where this one ended.
+      const lastUsed = items.length >= limit ? batch[slots.findIndex((s) => s?.ref === items.at(-1)!.escalation._id)]! : batch.at(-1)!;
+      scanned += batch.length;
+      seq = lastUsed - 1;
+    }
+    return { items, nextCursor: seq > 0 ? seq : null };
+  }
+
+  async resolveEscalation(
+    tenantId: string,
+    escalationId: string,
+    input: { action: 'approve' | 'deny'; reason?: string },
+  ): Promise<EscalationState & { escalationOverrideToken: string | null; overrideExpiresAt: Date | null }> {
+    const { escalation } = await this.getEscalation(tenantId, escalationId);
+    const resolution: ResolutionDoc = { _id: escalationId, action: input.action, reason: input.reason ?? null, by: { kind: 'tenant' }, at: new Date() };
+    if (!(await insertFirst(this.store.resolutions, resolution))) {
+      const winner = await this.store.resolutions.findOne({ _id: escalationId });
+      throw x402Error('X402_ESCALATION_TERMINAL', 'the escalation has already been resolved', { status: winner?.action === 'approve' ? 'approved' : 'denied' });
+    }
+    const state = { escalation, resolution };
+    const type = input.action === 'approve' ? 'x402.escalation.approved' : 'x402.escalation.denied';
+    await emitEvent(this.runtime, tenantId, type, escalationEvent(escalation, resolution), `${type}:${escalationId}`);
+    if (input.action === 'deny') return { ...state, escalationOverrideToken: null, overrideExpiresAt: null };
+    const overrideExpiresAt = new Date(resolution.at.getTime() + OVERRIDE_TTL_SECONDS * 1000);
+    const escalationOverrideToken = await this.sign({ gateId: escalation.gateId, quoteId: escalation.quoteId }, TOKEN_AUDIENCE.escalationOverride, escalationId, overrideExpiresAt);
+    return { ...state, escalationOverrideToken, overrideExpiresAt };
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Verify
+
+  private settlementInput(gate: GateDoc) {
+    return {
+      tenantId: gate.tenantId,
+      gateId: gate._id,
+      payerWalletId: gate.escrowWalletId,
+      payeeWalletId: gate.payeeAgentId,
+      amount: gate.amount,
+      currency: gate.currency,
+      holdbackBps: gate.holdbackBps,
+      disputeWindowSeconds: gate.disputeWindowSeconds,
+    };
+  }
+
+  /**
+   * Records the provider's report (first report wins) and has the x402-verify worker decide; waits briefly for it.
+   * `decided` false means the worker is still on it: the caller answers 202 with the status URL.
+   */
+  async verify(
+    tenantId: string,
+    input: { gateId: string; evidence: { responseSha256: string; providerSignature?: string }; verificationStatus?: VerificationStatus },
+  ): Promise<{ state: GateState; decided: boolean }> {
+    const gate = await this.requireGate(tenantId, input.gateId);
+    const status = input.verificationStatus ?? 'verified';
+    const [state, current] = await Promise.all([this.gateState(gate), this.store.currentQuote(gate._id)]);
+    if (state.status === 'cancelled' || state.status === 'unfunded') throw await this.terminal(gate, 'cannot be verified');
+    if (state.verification) {
+      // A repeat: the first report stands; answer the decision, or make sure a job is on it and wait.
+      const settled = await this.gateState(gate, true);
+      if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
+      await this.runVerifyJob(gate, false);
+      const after = await this.gateState(gate, true);
+      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
+    }
+    if (status === 'verified' && state.commitment?.kind !== 'authorization') {
+      throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: state.status });
+    }
+    let commitment = state.commitment;
+    if (!commitment) {
+      // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded.
+      await insertFirst(this.store.commitments, { _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
+      commitment = await this.store.commitments.findOne({ _id: gate._id });
+      if (commitment?.kind === 'cancellation') throw x402Error('X402_GATE_TERMINAL', 'a cancelled gate cannot be verified', { status: 'cancelled' });
+    }
+    const verification: VerificationDoc = {
+      _id: gate._id,
+      tenantId,
+      verificationStatus: status,
+      evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
+      at: new Date(),
+    };
+    const [won, settlement] = await Promise.all([
+      insertFirst(this.store.verifications, verification),
+      this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
+    ]);
+    const outcome = await this.runVerifyJob(gate, won);
+    if (!won || !outcome) {
+      const after = await this.gateState(gate, true);
+      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
+    }
+    // The worker's answer carries the settlement as it left it: no need to read it all back.
+    const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
+    const gateStatus = settledStatus(settled);
+    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote: current.quote, settlement: settled }, decided: gateStatus !== 'settling' };
+  }
+
+  private ensureQueueEvents(): QueueEvents {
+    if (this.queueEvents) return this.queueEvents;
+    const events = new QueueEvents('x402-verify', { connection: { url: this.runtime.config.redisUrl }, prefix: bullPrefix(this.runtime.config.redisPrefix) });
+    events.on('error', () => undefined); // it reconnects by itself; a missed event only means a 202
+    const settle = (jobId: string, outcome: VerifyOutcome | null) => {
+      const waiters = this.verifyWaiters.get(jobId);
+      this.verifyWaiters.delete(jobId);
+      for (const resolve of waiters ?? []) resolve(outcome);
+    };
+    events.on('completed', ({ jobId, returnvalue }) => {
+      const value: unknown = typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue;
+      settle(jobId, value && typeof value === 'object' && 'decision' in value ? (value as VerifyOutcome) : null);
+    });
+    events.on('failed', ({ jobId }) => settle(jobId, null));
+    this.queueEvents = events;
+    return events;
+  }
+
+  /**
+   * Enqueues the gate's verify job (or makes sure one runs, on a repeat) and waits for its completion event, at
+   * most VERIFY_WAIT_MS; null when it did not finish in time. Listening starts before the job exists.
+   */
+  private async runVerifyJob(gate: GateDoc, first: boolean): Promise<VerifyOutcome | null> {
+    await this.ensureQueueEvents().waitUntilReady();
+    const jobId = jobIdFor('x402-verify', gate._id);
+    let timer: NodeJS.Timeout | undefined;
+    const done = new Promise<VerifyOutcome | null>((resolve) => {
+      const waiter = (outcome: VerifyOutcome | null) => {
+        clearTimeout(timer);
+        resolve(outcome);
+      };
+      this.verifyWaiters.set(jobId, [...(this.verifyWaiters.get(jobId) ?? []), waiter]);
+      timer = setTimeout(() => {
+        const rest = (this.verifyWaiters.get(jobId) ?? []).filter((w) => w !== waiter);
+        if (rest.length > 0) this.verifyWaiters.set(jobId, rest);
+        else this.verifyWaiters.delete(jobId);
+        resolve(null);
+      }, VERIFY_WAIT_MS);
+    });
+    const payload = { tenantId: gate.tenantId, gateId: gate._id };
+    try {
+      if (first) await this.runtime.producers.enqueue('x402-verify', payload, jobId);
+      else await this.runtime.producers.ensure('x402-verify', payload, jobId);
+    } catch (err) {
+      clearTimeout(timer);
+      this.verifyWaiters.delete(jobId);
+      throw err;
+    }
+    return done;
+  }
+
+  /**
+   * The x402-verify job: decides from the gate's facts and records the decision (with its signed receipt) as the
+   * settlement's fact, then lets the settlement machinery move the money. A refund is ruled with the decision.
+   * Run twice, by two workers at once, it moves the money once: facts by unique insert, ledger ids derived.
+   */
+  async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
+    const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
+    if (!gate) return { skipped: 'no such gate' };
+    const { settlements } = this.runtime.stores;
+    const [verification, commitment] = await Promise.all([this.store.verifications.findOne({ _id: gateId }), this.store.commitments.findOne({ _id: gateId })]);
+    if (!verification) return { skipped: 'nothing reported' };
+    if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
+    const [s] = await Promise.all([
+      settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
+      this.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
+    ]);
+    let decision = (await settlements.factsOf(s._id)).decision;
+    if (!decision) {
+      const authorization = commitment.kind === 'authorization' ? commitment : null;
+      const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
+      const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(gate.amount, gate.holdbackBps) : { holdback: 0, releaseNow: 0 };
+      const decidedAt = new Date();
+      const receipt = signReceipt(
+        {
+          schema: 'SettlementReceipt.v1',
+          settlementId: s._id,
+          gateId,
+          authorizationRef: authorization?.authorizationRef ?? null,
+          quoteId: authorization?.quoteId ?? null,
+          requestSha256: authorization?.requestSha256 ?? null,
+          responseSha256: verification.evidence.responseSha256,
+          verificationStatus: verification.verificationStatus,
+          payerWalletId: s.payerWalletId,
+          payeeWalletId: s.payeeWalletId,
+          amount: gate.amount,
+          releasedNow: releaseNow,
+          holdback,
+          currency: gate.currency,
+          verdict,
+          decidedAt: decidedAt.toISOString(),
+        },
+        this.runtime.keys.active,
+      );
+      decision = (
+        await settlements.claim(s._id, 'decision', {
+          verdict,
+          reason: verdict === 'pass' ? null : authorization ? 'VERIFICATION_FAILED' : 'NOT_AUTHORIZED',
+          releaseNow,
+          holdback,
+          decidedAt: decidedAt.toISOString(),
+          disputeWindowEndsAt: new Date(decidedAt.getTime() + gate.disputeWindowSeconds * 1000).toISOString(),
+          receipt,
+        })
+      ).fact;
+    }
+    // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
+    if (decision.verdict === 'fail') await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt });
+    const settled = await advanceSettlement(this.runtime, s._id);
+    if (!settled) throw new Error(`settlement ${s._id} vanished`);
+    return { decision, view: settled.view };
+  }
+
+  // ---------------------------------------------------------------------------------------------------------------
+  // Wind-down
+
+  /** Cancels a gate nobody authorized and returns its escrow; true when this wind-down is what cancelled it. */
+  private async cancelGate(gate: GateDoc, agentId: string): Promise<CommitmentDoc | null> {
+    const { ledger } = this.runtime.stores;
+    await insertFirst(this.store.commitments, { _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf: agentId });
+    const commitment = await this.store.commitments.findOne({ _id: gate._id });
+    if (commitment?.kind !== 'cancellation') return commitment;
+    const lock = await ledger.getEntry(x402EntryIds.lock(gate._id));
+    // A lock left pending by a crash would be finished by the ledger sweeper: finish it now, then return it.
+    if (lock?.state === 'pending') await ledger.resume(lock._id).catch(() => undefined);
+    if ((await ledger.getEntry(x402EntryIds.lock(gate._id)))?.state === 'applied') {
+      await ledger.apply({
+        _id: x402EntryIds.unlock(gate._id),
+        tenantId: gate.tenantId,
+        kind: 'x402_escrow_unlock',
+        currency: gate.currency,
+        legs: [
+          { walletId: gate.escrowWalletId, bucket: 'escrow', delta: -gate.amount },
+          { walletId: gate.escrowWalletId, bucket: 'available', delta: gate.amount },
+        ],
+        ref: { gateId: gate._id },
+      });
+    }
+    return commitment;
+  }
+
+  /**
+   * Winds an agent down: the wind-down is a fact (first call wins); every gate of the agent that nobody authorized
+   * is cancelled and its escrow returned, its live quotes die with it, pending escalations are denied. Authorized
+   * gates stay reserved for their verification. The summary is recorded once, so a repeat answers it unchanged.
+   */
+  async windDown(tenantId: string, agentId: string, input: { reasonCode?: string; reasonMessage?: string }): Promise<WindDownSummary> {
+    const { agents } = this.runtime.stores;
+    const agent = await agents.agents.findOne({ _id: agentId });
+    if (!agent || agent.tenantId !== tenantId) throw errors.notFound('agent');
+    const recorded = await this.store.windDownSummaries.findOne({ _id: agentId });
+    if (recorded) return recorded.summary;
+    await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
+    const fact = (await this.store.windDowns.findOne({ _id: agentId }))!;
+    await agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }); // a cache of the fact
+
+    const summary: WindDownSummary = {
+      agentId,
+      status: 'wound_down',
+      reasonCode: fact.reasonCode,
+      reasonMessage: fact.reasonMessage,
+      woundDownAt: fact.at.toISOString(),
+      gatesCancelled: [],
+      gatesLeftReserved: [],
+      quotesCancelled: [],
+      escalationsDenied: [],
+      escrowReturned: [],
+    };
+    const returned = new Map<string, { walletId: string; currency: string; amount: number }>();
+    const head = await this.store.agentGates.head(agentId);
+    for (let seq = 1; seq <= head; seq++) {
+      const slot = await this.store.agentGates.get(agentId, seq);
+      const gate = slot && (await this.store.gates.findOne({ _id: slot.ref }));
+      if (!gate) continue; // a gate whose funding was refused
+      const [existing, verification] = await Promise.all([this.store.commitments.findOne({ _id: gate._id }), this.store.verifications.findOne({ _id: gate._id })]);
+      const commitment = existing ?? (verification ? null : await this.cancelGate(gate, agentId));
+      if (commitment?.kind === 'cancellation' && commitment.windDownOf === agentId) {
+        if (existing) await this.cancelGate(gate, agentId); // finish a return a crash may have left undone
+        summary.gatesCancelled.push(gate._id);
+        const key = `${gate.escrowWalletId}|${gate.currency}`;
+        const entry = returned.get(key) ?? { walletId: gate.escrowWalletId, currency: gate.currency, amount: 0 };
+        entry.amount += gate.amount;
+        returned.set(key, entry);
+        const { quote } = await this.store.currentQuote(gate._id);
+        if (quote && quote.expiresAt > commitment.at) summary.quotesCancelled.push(quote._id);
+      } else if (commitment?.kind === 'authorization' && !verification) {
+        summary.gatesLeftReserved.push(gate._id);
+      }
+      for (const escalationId of await this.gateEscalationIds(gate._id)) {
+        const escalation = await this.store.escalations.findOne({ _id: escalationId });
+        if (!escalation) continue;
+        const deny: ResolutionDoc = { _id: escalationId, action: 'deny', reason: 'agent wound down', by: { kind: 'wind-down', agentId }, at: new Date() };
+        await insertFirst(this.store.resolutions, deny);
+        const resolution = await this.store.resolutions.findOne({ _id: escalationId });
+        if (resolution?.by.kind === 'wind-down' && resolution.by.agentId === agentId) {
+          summary.escalationsDenied.push(escalationId);
+          await emitEvent(this.runtime, tenantId, 'x402.escalation.denied', escalationEvent(escalation, resolution), `x402.escalation.denied:${escalationId}`);
+        }
+      }
+    }
+    summary.escrowReturned = [...returned.values()];
+    await insertFirst(this.store.windDownSummaries, { _id: agentId, summary });
+    const final = (await this.store.windDownSummaries.findOne({ _id: agentId }))!.summary;
+    await emitEvent(this.runtime, tenantId, 'x402.agent.wound_down', { ...final }, `x402.agent.wound_down:${agentId}`);
+    return final;
+  }
+
+  async close(): Promise<void> {
+    await this.queueEvents?.close().catch(() => undefined);
+    this.queueEvents = null;
+  }
+}
+
+/** A verified gate's status from its settlement: paid out, refunded, or still on its way. */
+function settledStatus(s: SettlementState): GateStatus {
+  if (!s.facts.decision) return 'settling';
+  return s.view.status === 'completed' ? 'released' : s.view.status === 'refunded' ? 'refunded' : 'settling';
+}
+
+export function escalationStatus(e: EscalationState): 'pending' | 'approved' | 'denied' {
+  return !e.resolution ? 'pending' : e.resolution.action === 'approve' ? 'approved' : 'denied';
+}
+
+function escalationEvent(e: EscalationDoc, resolution?: ResolutionDoc): Record<string, unknown> {
+  return {
+    escalationId: e._id,
+    gateId: e.gateId,
+    quoteId: e.quoteId,
+    walletId: e.walletId,
+    payerAgentId: e.payerAgentId,
+    payeeAgentId: e.payeeAgentId,
+    amount: e.amount,
+    currency: e.currency,
+    rule: e.breach.rule,
+    ...(resolution ? { reason: resolution.reason } : {}),
+  };
+}

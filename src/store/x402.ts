@@ -1,0 +1,311 @@
+import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb';
+import type { PolicyBreach, VerificationStatus, WalletPolicy } from '../domain/x402.ts';
+import { insertFirst } from './mongo.ts';
+
+// The x402 gate's records. Every one is found by `_id` (on FerretDB nothing else uses an index), and every fact is
+// recorded by a unique insert; the one kind of updated document (chain heads) is a cache.
+
+export interface GateDoc {
+  _id: string;
+  tenantId: string;
+  payerAgentId: string;
+  payeeAgentId: string;
+  /** Whose escrow holds the amount: the sponsor wallet when there is one (the sponsor pays), else the payer's. */
+  escrowWalletId: string;
+  sponsorWalletId: string | null;
+  toolId: string | null;
+  amount: number;
+  currency: string;
+  holdbackBps: number;
+  disputeWindowSeconds: number;
+  createdAt: Date;
+}
+
+export interface QuoteDoc {
+  _id: string;
+  tenantId: string;
+  gateId: string;
+  /** Its position in the gate's quote chain; only the last position is current. */
+  slot: number;
+  requestSha256: string;
+  quoteSha256: string;
+  ttlSeconds: number;
+  createdAt: Date;
+  expiresAt: Date;
+}
+
+/** A position in a chain `<key>#<seq>`: the gate's quotes, an agent's gates, a tenant's escalations. */
+export interface SlotDoc extends Document {
+  _id: string;
+  ref: string;
+}
+
+/**
+ * What a gate's escrow is committed to, first writer wins (`_id` = gateId): a payment authorization, a
+ * cancellation by wind-down, or voiding by a failed verification. So a wind-down and an authorization racing on
+ * one gate can never both happen.
+ */
+export type CommitmentDoc = {
+  _id: string;
+  tenantId: string;
+  at: Date;
+} & (
+  | {
+      kind: 'authorization';
+      authorizationRef: string;
+      quoteId: string;
+      requestSha256: string;
+      token: string;
+      tokenKid: string;
+      jti: string;
+      expiresAt: Date;
+      escalationId: string | null;
+    }
+  | { kind: 'cancellation'; windDownOf: string }
+  | { kind: 'voided' }
+);
+
+export interface VerificationDoc {
+  _id: string;
+  tenantId: string;
+  verificationStatus: VerificationStatus;
+  evidence: { responseSha256: string; providerSignature: string | null };
+  at: Date;
+}
+
+export interface WindDownDoc {
+  _id: string;
+  tenantId: string;
+  reasonCode: string | null;
+  reasonMessage: string | null;
+  at: Date;
+}
+
+export interface WindDownSummary {
+  agentId: string;
+  status: 'wound_down';
+  reasonCode: string | null;
+  reasonMessage: string | null;
+  woundDownAt: string;
+  gatesCancelled: string[];
+  gatesLeftReserved: string[];
+  quotesCancelled: string[];
+  escalationsDenied: string[];
+  escrowReturned: Array<{ walletId: string; currency: string; amount: number }>;
+}
+
+export interface PolicyVersionDoc {
+  _id: string;
+  tenantId: string;
+  walletId: string;
+  version: number;
+  policy: WalletPolicy;
+  at: Date;
+}
+
+/** One authorized spend on a wallet's UTC day: position `<wallet>#<day>#<seq>`, carrying the day's running total. */
+export interface SpendDoc extends Document {
+  _id: string;
+  ref: string;
+  /** wallet#gate#quote: unique, so one decision is counted once whatever races happen. */
+  decisionKey: string;
+  amount: number;
+  total: number;
+  at: Date;
+}
+
+export interface WalletDecisionDoc {
+  _id: string;
+  tenantId: string;
+  token: string;
+  expiresAt: Date;
+  at: Date;
+}
+
+export interface EscalationDoc {
+  _id: string;
+  tenantId: string;
+  gateId: string;
+  quoteId: string;
+  requestSha256: string;
+  walletId: string;
+  payerAgentId: string;
+  payeeAgentId: string;
+  amount: number;
+  currency: string;
+  breach: PolicyBreach;
+  createdAt: Date;
+}
+
+export interface ResolutionDoc {
+  _id: string;
+  action: 'approve' | 'deny';
+  reason: string | null;
+  /** Who resolved it: the tenant, or the wind-down of this agent. */
+  by: { kind: 'tenant' } | { kind: 'wind-down'; agentId: string };
+  at: Date;
+}
+
+export interface OverrideUseDoc {
+  _id: string;
+  gateId: string;
+  at: Date;
+}
+
+/** Thrown by `SlotChain.append` when the insert collided on a unique key other than the position. */
+export class OtherKeyTaken extends Error {}
+
+const HEAD_CACHE_LIMIT = 50_000;
+const HEAD_WRITE_EVERY = 16;
+
+/**
+ * A chain of positions `<key>#1, <key>#2, …`, each claimed by a unique insert: two writers of one position never
+ * both win, and every record is read by `_id`. Appends are queued per key within the process (which removes most
+ * contention); other processes are kept apart by the unique insert itself. The head (highest position) is cached in
+ * memory and, for chains that grow long, in a heads document that is only a starting point for probing forward.
+ */
+export class SlotChain<T extends Document & { _id: string }> {
+  private readonly headCache = new Map<string, number>();
+  private readonly recordCache = new Map<string, T>();
+  private readonly queues = new Map<string, Promise<unknown>>();
+
+  constructor(
+    readonly records: Collection<T>,
+    private readonly heads: Collection<{ _id: string; seq: number }> | null,
+    private readonly headPrefix: string,
+  ) {}
+
+  id(key: string, seq: number): string {
+    return `${key}#${seq}`;
+  }
+
+  /** Records are immutable once inserted, so a record read once can be served from memory afterwards. */
+  async get(key: string, seq: number): Promise<T | null> {
+    const id = this.id(key, seq);
+    const cached = this.recordCache.get(id);
+    if (cached) return cached;
+    const doc = (await this.records.findOne({ _id: id } as never)) as T | null;
+    if (doc) this.remember(id, doc);
+    return doc;
+  }
+
+  private remember(id: string, doc: T) {
+    if (this.recordCache.size > HEAD_CACHE_LIMIT) this.recordCache.clear();
+    this.recordCache.set(id, doc);
+  }
+
+  /** The highest position taken (0 for an empty chain). */
+  async head(key: string): Promise<number> {
+    let seq = this.headCache.get(key);
+    if (seq === undefined) seq = (this.heads && (await this.heads.findOne({ _id: `${this.headPrefix}:${key}` }))?.seq) || 0;
+    while (await this.records.findOne({ _id: this.id(key, seq + 1) } as never, { projection: { _id: 1 } })) seq++;
+    this.noteHead(key, seq);
+    return seq;
+  }
+
+  private noteHead(key: string, seq: number) {
+    if (this.headCache.size > HEAD_CACHE_LIMIT) this.headCache.clear();
+    if ((this.headCache.get(key) ?? 0) < seq) this.headCache.set(key, seq);
+  }
+
+  /**
+   * Appends at the next free position. `build` sees the position and the record before it and returns the record,
+   * or null to refuse (nothing is written). Throws OtherKeyTaken when the insert lost on another unique key.
+   */
+  append(key: string, build: (seq: number, previous: T | null) => Promise<Omit<T, '_id'> | null> | Omit<T, '_id'> | null): Promise<T | null> {
+    return this.serialized(key, async () => {
+      // A remembered head is tried as is: when another process moved it on, the insert says so and we probe on.
+      let seq = this.headCache.get(key) ?? (await this.head(key));
+      for (;;) {
+        const previous = seq > 0 ? await this.get(key, seq) : null;
+        const body = await build(seq + 1, previous);
+        if (!body) return null;
+        const doc = { ...body, _id: this.id(key, seq + 1) } as unknown as T;
+        if (await insertFirst(this.records, doc as OptionalUnlessRequiredId<T>)) {
+          this.noteHead(key, seq + 1);
+          this.remember(doc._id, doc);
+          if (this.heads && (seq + 1) % HEAD_WRITE_EVERY === 0) {
+            // A cache for cold starts, written every few positions; it only shortens the probe of a cold process.
+            await this.heads.updateOne({ _id: `${this.headPrefix}:${key}` }, { $max: { seq: seq + 1 } }, { upsert: true }).catch(() => undefined);
+          }
+          return doc;
+        }
+        if (!(await this.records.findOne({ _id: doc._id } as never, { projection: { _id: 1 } }))) throw new OtherKeyTaken(doc._id);
+        seq++; // another writer took this position: build on theirs
+      }
+    });
+  }
+
+  private serialized<R>(key: string, work: () => Promise<R>): Promise<R> {
+    const previous = this.queues.get(key) ?? Promise.resolve();
+    const run = previous.then(work, work);
+    const tail = run.catch(() => undefined);
+    this.queues.set(key, tail);
+    void tail.then(() => {
+      if (this.queues.get(key) === tail) this.queues.delete(key);
+    });
+    return run;
+  }
+}
+
+export class X402Store {
+  readonly gates: Collection<GateDoc>;
+  readonly quotes: Collection<QuoteDoc>;
+  readonly commitments: Collection<CommitmentDoc>;
+  readonly verifications: Collection<VerificationDoc>;
+  readonly windDowns: Collection<WindDownDoc>;
+  readonly windDownSummaries: Collection<{ _id: string; summary: WindDownSummary }>;
+  readonly walletDecisions: Collection<WalletDecisionDoc>;
+  readonly escalations: Collection<EscalationDoc>;
+  readonly resolutions: Collection<ResolutionDoc>;
+  readonly overrideUses: Collection<OverrideUseDoc>;
+  /** `<gateId>#<n>` -> quoteId: the gate's quotes in order; the last one is current. */
+  readonly quoteSlots: SlotChain<SlotDoc>;
+  /** `<agentId>#<n>` -> gateId: every gate an agent pays or is paid by (what a wind-down walks). */
+  readonly agentGates: SlotChain<SlotDoc>;
+  /** `<tenantId>#<n>` -> escalationId: what the escalation list pages through, newest first. */
+  readonly tenantEscalations: SlotChain<SlotDoc>;
+  /** `<walletId>#<n>`: policy versions; the last one is in force. */
+  readonly policies: SlotChain<PolicyVersionDoc & Document>;
+  /** `<walletId>#<day>#<n>`: authorized spends with the day's running total. */
+  readonly spends: SlotChain<SpendDoc>;
+
+  constructor(db: Db) {
+    this.gates = db.collection('x402_gates');
+    this.quotes = db.collection('x402_quotes');
+    this.commitments = db.collection('x402_gate_commitments');
+    this.verifications = db.collection('x402_verifications');
+    this.windDowns = db.collection('x402_wind_downs');
+    this.windDownSummaries = db.collection('x402_wind_down_summaries');
+    this.walletDecisions = db.collection('x402_wallet_decisions');
+    this.escalations = db.collection('x402_escalations');
+    this.resolutions = db.collection('x402_escalation_resolutions');
+    this.overrideUses = db.collection('x402_override_uses');
+    const heads = db.collection<{ _id: string; seq: number }>('x402_chain_heads');
+    this.quoteSlots = new SlotChain(db.collection('x402_quote_slots'), null, 'quotes');
+    this.agentGates = new SlotChain(db.collection('x402_agent_gates'), heads, 'agent-gates');
+    this.tenantEscalations = new SlotChain(db.collection('x402_tenant_escalations'), heads, 'tenant-escalations');
+    this.policies = new SlotChain(db.collection('x402_wallet_policies'), null, 'policies');
+    this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends');
+  }
+
+  /** A record of the tenant, or null: another tenant's record is not found (404), never revealed. */
+  async ofTenant<T extends { tenantId: string }>(collection: Collection<T & Document>, id: string, tenantId: string): Promise<T | null> {
+    const doc = (await collection.findOne({ _id: id } as never)) as T | null;
+    return doc && doc.tenantId === tenantId ? doc : null;
+  }
+
+  /** The gate's current quote: the last of its quote chain. */
+  async currentQuote(gateId: string): Promise<{ slot: number; quote: QuoteDoc | null }> {
+    const slot = await this.quoteSlots.head(gateId);
+    if (slot === 0) return { slot, quote: null };
+    const ref = await this.quoteSlots.get(gateId, slot);
+    return { slot, quote: ref ? await this.quotes.findOne({ _id: ref.ref }) : null };
+  }
+
+  /** The policy in force for a wallet (its last version), or null. */
+  async policyOf(walletId: string): Promise<PolicyVersionDoc | null> {
+    const version = await this.policies.head(walletId);
+    return version === 0 ? null : this.policies.get(walletId, version);
+  }
+}

@@ -1,0 +1,61 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { expect } from 'vitest';
+import type { TestApp } from '../helpers/context.ts';
+import { registerAgent } from '../helpers/agents.ts';
+import { credit } from '../helpers/money.ts';
+
+export const X402_SCOPES = ['agents:write', 'x402:write', 'wallets:write'] as const;
+
+export function requestHash(label = randomBytes(8).toString('hex')): string {
+  return createHash('sha256').update(`GET /tools/search?q=${label}`).digest('hex');
+}
+
+export async function post(t: TestApp, auth: Record<string, string>, url: string, payload: unknown, headers: Record<string, string> = {}) {
+  return t.app.inject({ method: 'POST', url, headers: { ...auth, ...headers }, payload: payload as Record<string, unknown> });
+}
+
+export async function get(t: TestApp, auth: Record<string, string>, url: string) {
+  return t.app.inject({ method: 'GET', url, headers: auth });
+}
+
+/** A payer funded with `funds` USD and a payee, both agents of the key's tenant. */
+export async function gateParties(t: TestApp, auth: Record<string, string>, funds: number) {
+  const payer = await registerAgent(t, auth);
+  const payee = await registerAgent(t, auth);
+  if (funds > 0) await credit(t, payer.agentId, funds);
+  return { payer: payer.agentId, payee: payee.agentId };
+}
+
+export async function createGate(t: TestApp, auth: Record<string, string>, body: Record<string, unknown>) {
+  const res = await post(t, auth, '/x402/gate/create', { currency: 'USD', ...body });
+  expect(res.statusCode, res.body).toBe(201);
+  return res.json() as { gateId: string; status: string; escrowWalletId: string };
+}
+
+export async function quote(t: TestApp, auth: Record<string, string>, gateId: string, requestSha256 = requestHash(), ttlSeconds?: number) {
+  const res = await post(t, auth, '/x402/gate/quote', { gateId, requestSha256, ...(ttlSeconds ? { ttlSeconds } : {}) });
+  expect(res.statusCode, res.body).toBe(200);
+  return { ...(res.json() as { quoteId: string; expiresAt: string; paymentRequirements: Record<string, unknown>; paymentRequired: string; quoteSha256: string }), requestSha256 };
+}
+
+/** A sponsor wallet of the tenant, funded. */
+export async function sponsorWallet(t: TestApp, tenantId: string, funds: number, walletId = `sponsor-${randomBytes(6).toString('hex')}`) {
+  const res = await t.app.inject({ method: 'POST', url: `/ops/wallets/${walletId}/credit`, headers: t.admin, payload: { amount: funds, currency: 'USD', tenantId } });
+  expect(res.statusCode, res.body).toBe(201);
+  return walletId;
+}
+
+/** Every currency balances: credits = available + escrow over every wallet (no payouts leave this system). */
+export async function expectLedgerBalances(t: TestApp) {
+  const postings = t.runtime.stores.ledger.postings;
+  const credits = await t.runtime.stores.ledger.entries.find({ kind: 'credit', state: 'applied' }).toArray();
+  const credited: Record<string, number> = {};
+  for (const c of credits) credited[c.currency] = (credited[c.currency] ?? 0) + c.legs[0]!.delta;
+  const held: Record<string, number> = {};
+  for (const account of await postings.distinct('account')) {
+    const [walletId, currency, bucket] = account.split('|') as [string, string, 'available' | 'escrow'];
+    const balance = await t.runtime.stores.ledger.balances(walletId);
+    held[currency] = (held[currency] ?? 0) + (balance[currency]?.[bucket] ?? 0);
+  }
+  expect(held).toEqual(credited);
+}
