@@ -16,7 +16,18 @@ export class HttpClient {
     private readonly timeoutMs = 60_000,
   ) {}
 
-  request(method: string, path: string, options: { token?: string; body?: unknown } = {}): Promise<Reply> {
+  async request(method: string, path: string, options: { token?: string; body?: unknown } = {}): Promise<Reply> {
+    try {
+      return await this.once(method, path, options);
+    } catch (err) {
+      // A kept-alive socket the server closed just as it was reused: the request never reached the server (Node's
+      // documented case for one retry).
+      if ((err as { reusedSocket?: boolean }).reusedSocket && (err as NodeJS.ErrnoException).code === 'ECONNRESET') return this.once(method, path, options);
+      throw err;
+    }
+  }
+
+  private once(method: string, path: string, options: { token?: string; body?: unknown }): Promise<Reply> {
     const payload = options.body === undefined ? undefined : JSON.stringify(options.body);
     const headers: Record<string, string> = {};
     if (options.token) headers.authorization = `Bearer ${options.token}`;
@@ -33,7 +44,7 @@ export class HttpClient {
         res.on('error', reject);
       });
       req.on('timeout', () => req.destroy(new Error(`${method} ${path} timed out after ${this.timeoutMs} ms`)));
-      req.on('error', reject);
+      req.on('error', (err) => reject(Object.assign(err, { reusedSocket: req.reusedSocket })));
       req.end(payload);
     });
   }
