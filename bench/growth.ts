@@ -26,7 +26,7 @@ import { EMPTY_HEAD, signEvents, type ChainHead, type EventEnvelope } from '../s
 import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { concurrently, HttpClient, summarize, type LatencySummary } from './growth/http-client.ts';
-import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, memoryMiB, pidOfServer, startChild, stopChild, waitHealthy, withPeakRss, type Child } from './growth/processes.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, machineBusyPercent, machineJiffies, memoryMiB, pidOfServer, startChild, stopChild, waitHealthy, withPeakRss, type Child } from './growth/processes.ts';
 import { seedDatabase, type SeedReport } from './growth/seed.ts';
 import { WebhookReceiver } from './growth/webhook-receiver.ts';
 
@@ -168,7 +168,10 @@ function sampleEvents(runId: string, head: ChainHead, count: number, agent: Clie
 type ByConcurrency = Record<`c${Concurrency}`, LatencySummary & { eventsPerSecond?: number }>;
 
 interface PhaseResult {
-  idleCpu: { seconds: number; percentOfOneCore: Record<string, number>; ticks: Record<string, number> };
+  idleCpu: { seconds: number; percentOfOneCore: Record<string, number>; ticks: Record<string, number>; machineBusyPercent: number };
+  /** How busy the whole machine was (all cores) while this phase ran: other users' work shows here. */
+  machineBusyPercent: number;
+  loadAverageAtEnd: number[];
   operations: Record<string, ByConcurrency>;
   ceilings: Record<string, ByConcurrency>;
   finalize10k: { events: number; samplesMs: number[]; p50Ms: number; appendEventsPerSecondSequential: number };
@@ -182,12 +185,13 @@ const mb = (mib: number) => round(mib * 1.048576, 1);
 async function measureIdle(pids: Record<string, number | null>, seconds: number): Promise<PhaseResult['idleCpu']> {
   const known = Object.entries(pids).filter((e): e is [string, number] => e[1] !== null);
   const before = Object.fromEntries(known.map(([name, pid]) => [name, cpuTicks(pid)]));
+  const machineBefore = machineJiffies();
   const started = performance.now();
   await sleep(seconds * 1000);
   const elapsed = (performance.now() - started) / 1000;
   const ticks = Object.fromEntries(known.map(([name, pid]) => [name, cpuTicks(pid) - before[name]!]));
   const percentOfOneCore = Object.fromEntries(Object.entries(ticks).map(([name, t]) => [name, round((t / CLOCK_TICKS_PER_SECOND / elapsed) * 100, 3)]));
-  return { seconds: round(elapsed, 1), percentOfOneCore, ticks };
+  return { seconds: round(elapsed, 1), percentOfOneCore, ticks, machineBusyPercent: machineBusyPercent(machineBefore, machineJiffies()) };
 }
 
 async function runPhase(
@@ -195,6 +199,7 @@ async function runPhase(
   ctx: { receiver: WebhookReceiver; receiverPort: number; bare: HttpClient; mongo: MongoClient; backendPids: Record<string, number | null>; seededRunIds: string[] },
 ): Promise<PhaseResult> {
   log(`${phase}: starting API and worker`);
+  const machineAtStart = machineJiffies();
   const services = await startServices(phase);
   const { http, api, worker } = services;
   try {
@@ -340,6 +345,8 @@ async function runPhase(
       verifyColdMs,
       peakRssUnder16ClientsMB: { api: mb(peakUnderLoad.api!), worker: mb(peakUnderLoad.worker!) },
       peakRssWholePhaseMB: { api: mb(hwm.api), worker: mb(hwm.worker) },
+      machineBusyPercent: machineBusyPercent(machineAtStart, machineJiffies()),
+      loadAverageAtEnd: loadavg().map((x) => round(x)),
     };
   } finally {
     await Promise.all([stopChild(api), stopChild(worker)]);
@@ -507,6 +514,7 @@ async function main(): Promise<void> {
     console.log(`\n${table(empty, seeded, verdicts.p50Ratios)}\n`);
     console.log(`seeding: ${seed.runs} runs, ${seed.events} events in ${seed.seconds} s`);
     console.log(`idle CPU % of one core over ${IDLE_SECONDS} s: empty ${JSON.stringify(empty.idleCpu.percentOfOneCore)}; seeded ${JSON.stringify(seeded.idleCpu.percentOfOneCore)}`);
+    console.log(`machine busy (all cores): empty phase ${empty.machineBusyPercent}% (idle window ${empty.idleCpu.machineBusyPercent}%), seeded phase ${seeded.machineBusyPercent}% (idle window ${seeded.idleCpu.machineBusyPercent}%)`);
     for (const t of verdicts.targets) console.log(`${t.met ? 'MET   ' : 'MISSED'} ${t.name} ${t.target}: ${JSON.stringify(t.values)}`);
     console.log(`written to ${out}`);
   } finally {

@@ -114,3 +114,16 @@ export async function withPeakRss<T>(pids: Record<string, number>, work: () => P
     clearInterval(timer);
   }
 }
+
+/** Busy and total jiffies of the whole machine (first line of /proc/stat): how much else was running. */
+export function machineJiffies(): { busy: number; total: number } {
+  const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1).map(Number);
+  const total = fields.reduce((a, b) => a + b, 0);
+  const idle = (fields[3] ?? 0) + (fields[4] ?? 0); // idle + iowait
+  return { busy: total - idle, total };
+}
+
+/** Percent of all cores busy between two readings of machineJiffies. */
+export function machineBusyPercent(before: { busy: number; total: number }, after: { busy: number; total: number }): number {
+  return Number((((after.busy - before.busy) / Math.max(1, after.total - before.total)) * 100).toFixed(1));
+}
