@@ -50,9 +50,10 @@ export async function createRun(rt: Runtime, tenantId: string, input: { agentId:
 
 /** The run with its chain head (the frozen one once sealed, else the live head). */
 export async function getRun(rt: Runtime, tenantId: string, runId: string): Promise<RunWithHead> {
-  const run = await rt.stores.runs.get(tenantId, runId);
+  // The run and its cached head are read at once; the head is then checked against the next position.
+  const [run, cached] = await Promise.all([rt.stores.runs.get(tenantId, runId), rt.stores.runs.head(runId)]);
   if (!run) throw errors.notFound('run');
-  return { run, head: run.finalHead ?? (await rt.stores.runs.repairHead(run._id)).head };
+  return { run, head: run.finalHead ?? (await rt.stores.runs.repairHead(run._id, cached)).head };
 }
 
 /**
@@ -62,7 +63,7 @@ export async function getRun(rt: Runtime, tenantId: string, runId: string): Prom
 export async function appendEvents(rt: Runtime, tenantId: string, runId: string, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
-  const run = await runs.get(tenantId, runId);
+  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.head(runId)]);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
   const ids = incoming.map((e) => e.id);
@@ -72,7 +73,7 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
 
   // Only events at or below the head can already be stored (a head cache left behind surfaces as a conflict and is
   // repaired), so the ordinary append skips this lookup.
-  let { head } = await runs.head(run._id);
+  let { head } = cached;
   const maybeResent = incoming.some((e) => e.seq <= head.seq);
   const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((e) => [e.id, e]) : []);
   for (const event of incoming) {

@@ -160,8 +160,8 @@ export class RunStore {
   }
 
   /** Walks the stored batches forward from the cached head: the true head, and whether a seal ends the chain. */
-  async repairHead(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
-    const cached = await this.head(runId);
+  async repairHead(runId: string, known?: { head: ChainHead; sealed: boolean }): Promise<{ head: ChainHead; sealed: boolean }> {
+    const cached = known ?? (await this.head(runId));
     let { head, sealed } = cached;
     while (!sealed) {
       const next = await this.batches.findOne({ _id: positionId(runId, head.seq + 1) });
