@@ -47,7 +47,8 @@ class StepFailed extends Error {
 }
 
 interface Caller {
-  call(step: string, method: 'GET' | 'POST', path: string, options?: { body?: unknown; idempotencyKey?: string; accept?: number[] }): Promise<{ status: number; body: Record<string, any> }>;
+  /** `acceptCodes`: error codes this step counts as done (an earlier run of the attempt already did it). */
+  call(step: string, method: 'GET' | 'POST', path: string, options?: { body?: unknown; idempotencyKey?: string; acceptCodes?: string[] }): Promise<{ status: number; body: Record<string, any> }>;
 }
 
 function caller(baseUrl: string, bearer: string): Caller {
@@ -66,7 +67,7 @@ function caller(baseUrl: string, bearer: string): Caller {
         const cause = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name;
         throw new StepFailed(step, null, 'SERVICE_UNREACHABLE', `${method} ${path} got no answer (${cause})`);
       }
-      if ((res.status >= 200 && res.status < 300) || options.accept?.includes(res.status)) return { status: res.status, body };
+      if ((res.status >= 200 && res.status < 300) || (typeof body.code === 'string' && options.acceptCodes?.includes(body.code))) return { status: res.status, body };
       throw new StepFailed(step, res.status, typeof body.code === 'string' ? body.code : `HTTP_${res.status}`, `${method} ${path} answered ${res.status}${typeof body.message === 'string' ? `: ${body.message}` : ''}`);
     },
   };
@@ -149,7 +150,7 @@ export async function runFirstPaidCall(
         const agentId = `onboarding:agent:${attemptId}-${role}`;
         const publicKey = publicKeyOf(parsePrivateKey(derive(rt, `agent-${role}`, attemptId).toString('base64url'))).raw.toString('base64url');
         // The agent id is the attempt's own, so AGENT_EXISTS means an earlier run of this attempt registered it.
-        await api.call(`register-${role}`, 'POST', '/v1/agents', { body: { agentId, publicKey, displayName: `first paid call ${role}` }, idempotencyKey: idem(`register-${role}`), accept: [409] });
+        await api.call(`register-${role}`, 'POST', '/v1/agents', { body: { agentId, publicKey, displayName: `first paid call ${role}` }, idempotencyKey: idem(`register-${role}`), acceptCodes: ['AGENT_EXISTS'] });
         return agentId;
       });
     const payerAgentId = await register('payer');
@@ -188,13 +189,20 @@ export async function runFirstPaidCall(
       return (await api.call('authorize-payment', 'POST', '/x402/gate/authorize-payment', { body, idempotencyKey: idem('authorize-payment') })).body;
     });
 
-    // The provider: checks the payment token against the service's published keys, serves, and hashes its answer.
+    // The provider: checks the payment token against the service's published keys (issued by this service, addressed
+    // to the payee, for exactly this gate, quote, request and price), serves, and hashes its answer.
     const served = await step('provider-serve', async () => {
       const jwks = (await api.call('provider-serve', 'GET', '/.well-known/jwks.json')).body as JSONWebKeySet;
       let accepted = false;
       try {
-        const { payload } = await jwtVerify(String(authorization.token), createLocalJWKSet(jwks));
-        accepted = payload.gateId === gateId && payload.quoteId === quoteId && payload.requestSha256 === requestSha256;
+        const { payload } = await jwtVerify(String(authorization.token), createLocalJWKSet(jwks), { issuer: base, audience: payeeAgentId, algorithms: ['EdDSA'] });
+        accepted =
+          payload.gateId === gateId &&
+          payload.quoteId === quoteId &&
+          payload.requestSha256 === requestSha256 &&
+          payload.amount === AMOUNT &&
+          payload.currency === CURRENCY &&
+          payload.payee === payeeAgentId;
       } catch {
         accepted = false;
       }

@@ -100,7 +100,8 @@ export async function smokeTest(rt: Runtime, tenantId: string, env: McpEnv): Pro
 
 /**
  * The `smoke-test` job: starts the MCP server with the sealed env, and records what it saw once (a repeated job
- * returns the first record). The env is deleted once the outcome is recorded.
+ * returns the first record). The env is deleted once the outcome is recorded, not before: a job that fails
+ * unexpectedly is retried and needs it again (else it expires, and the waiting request deletes it when it ends).
  */
 export async function smokeTestJob(rt: Runtime, payload: { tenantId: string; smokeTestId: string }): Promise<SmokeTestDoc> {
   const store = rt.stores.onboarding;
@@ -114,19 +115,17 @@ export async function smokeTestJob(rt: Runtime, payload: { tenantId: string; smo
     return record({ passed: false, failedStep: 'spawn', serverInfo: null, toolNames: [], call: null, error: { message: 'the smoke test expired before a worker took it', details: {} }, durationMs: 0 }, null);
   }
   const env = JSON.parse(decryptAtRest(rt.config.webhooks.encryptionKey, sealed, key)) as McpEnv;
-  try {
-    const { outcome, pid } = await probeMcpServer({
-      command: process.execPath,
-      args: [rt.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER, 'mcp'],
-      env: { ...env },
-      timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
-      tool: SMOKE_TOOL,
-      secrets: [env.SERVICE_API_KEY],
-    });
-    return await record(outcome, pid);
-  } finally {
-    await rt.redis.del(key).catch(() => undefined);
-  }
+  const { outcome, pid } = await probeMcpServer({
+    command: process.execPath,
+    args: [rt.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER, 'mcp'],
+    env: { ...env },
+    timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
+    tool: SMOKE_TOOL,
+    secrets: [env.SERVICE_API_KEY],
+  });
+  const doc = await record(outcome, pid);
+  await rt.redis.del(key).catch(() => undefined);
+  return doc;
 }
 
 export type CheckStatus = 'passed' | 'degraded' | 'failed';

@@ -58,6 +58,24 @@ describe('runtime bootstrap', () => {
     expect(body.tenantId).toBe(a.tenantId);
   });
 
+  it('a session replayed by Idempotency-Key sets the same cookie again, sealed in Redis meanwhile', async () => {
+    const post = () => t.app.inject({ method: 'POST', url: `/ops/tenants/${a.tenantId}/buyer-sessions`, headers: { ...t.admin, 'idempotency-key': 'session-1' } });
+    const first = await post();
+    const replay = await post();
+    expect(first.statusCode, first.body).toBe(201);
+    expect(replay.statusCode, replay.body).toBe(201);
+    expect(replay.headers['idempotent-replayed']).toBe('true');
+    expect(replay.headers['set-cookie']).toEqual(first.headers['set-cookie']);
+    expect(replay.json()).toEqual(first.json());
+    const stored = await t.runtime.redis.keys(`${t.env.redisPrefix}:idem:*session-1`);
+    expect(stored).toHaveLength(1);
+    const raw = (await t.runtime.redis.get(stored[0]!))!;
+    expect(raw).toContain('sealedSetCookie');
+    expect(raw).not.toContain(cookieOf(String(first.headers['set-cookie'])).split('=')[1]!);
+    // The replayed cookie works.
+    expect((await bootstrap(t, a.tenantId, { cookie: cookieOf(String(replay.headers['set-cookie'])) })).tenantId).toBe(a.tenantId);
+  });
+
   it('no credential is 401; another tenant\'s key or session is 404; a key without `onboarding` is 403', async () => {
     const post = (tenantId: string, headers: Record<string, string>) => t.app.inject({ method: 'POST', url: url(tenantId), headers });
     expect((await post(a.tenantId, {})).statusCode).toBe(401);

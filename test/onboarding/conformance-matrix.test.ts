@@ -1,5 +1,6 @@
 // The conformance matrix runs bootstrap, smoke test and first paid call once and hands out each runtime's snippet;
 // it has its own per-tenant budget (default 12 an hour) in the one rate limiter.
+import { resolve } from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.ts';
@@ -7,6 +8,8 @@ import { testEnv, type TestApp } from '../helpers/context.ts';
 import { onboardingTenant, startListeningApp } from './helpers.ts';
 
 type Env = Record<string, string>;
+
+const FIXTURE = resolve(import.meta.dirname, '../fixtures/mcp-misbehaving.mjs');
 
 /** The env of each runtime's snippet, read back in that runtime's own format. */
 function envOf(target: string, content: string): Env {
@@ -30,7 +33,7 @@ describe('conformance matrix', () => {
   let t: TestApp & { baseUrl: string };
 
   beforeAll(async () => {
-    t = await startListeningApp({ workers: ['smoke-test'] });
+    t = await startListeningApp({ workers: ['smoke-test', 'x402-verify', 'settle'] });
   });
   afterAll(() => t?.close());
 
@@ -79,8 +82,26 @@ describe('conformance matrix', () => {
     // The smoke test ran that very key through the real MCP server.
     expect(body.checks.bootstrap.status).toBe('passed');
     expect(body.checks.smokeTest).toMatchObject({ status: 'passed', step: null, smokeTestId: expect.stringMatching(/^smk_/) });
-    expect(body.ready).toBe(body.checks.firstPaidCall.status === 'passed');
-    for (const target of body.targets) expect(target.ready).toBe(body.ready);
+    expect(body.checks.firstPaidCall).toMatchObject({ status: 'passed', step: null, result: { result: 'passed', ids: { gateId: expect.stringMatching(/^gate_/) } } });
+    expect(body.ready).toBe(true);
+    for (const target of body.targets) expect(target.ready).toBe(true);
+  });
+
+  it('is not ready when one check fails, even with the first paid call passed', { timeout: 120_000 }, async () => {
+    // The same service, but the smoke test starts a fixture that exits at once in place of the MCP server.
+    const broken = await startListeningApp({ workers: ['smoke-test', 'x402-verify', 'settle'], overrides: { SMOKE_TEST_MCP_ENTRY_FOR_TESTS: FIXTURE, SMOKE_TEST_TIMEOUT_MS: '3000' } });
+    try {
+      const tenant = await onboardingTenant(broken);
+      const res = await broken.app.inject({ method: 'POST', url: `/v1/tenants/${tenant.tenantId}/onboarding/conformance-matrix`, headers: tenant.headers, payload: { targets: ['claude'] } });
+      expect(res.statusCode, res.body).toBe(200);
+      const body = res.json();
+      expect(body.checks.smokeTest).toMatchObject({ status: 'failed', step: 'spawn' });
+      expect(body.checks.firstPaidCall.status).toBe('passed');
+      expect(body.ready).toBe(false);
+      expect(body.targets).toEqual([expect.objectContaining({ target: 'claude', ready: false })]);
+    } finally {
+      await broken.close();
+    }
   });
 
   it('reports only the targets asked for', { timeout: 120_000 }, async () => {

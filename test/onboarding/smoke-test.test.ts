@@ -1,6 +1,6 @@
 // The smoke test starts the real MCP server (node bin/agent-settlement.js mcp) on a worker of the smoke-test queue,
 // against the real API listening on loopback, and reports what it saw or the step that failed.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { resolve } from 'node:path';
 import type { TestApp } from '../helpers/context.ts';
 import { bootstrap, isAlive, onboardingTenant, startListeningApp } from './helpers.ts';
@@ -55,6 +55,21 @@ describe('runtime-bootstrap smoke test', () => {
       expect(dump ?? '', key).not.toContain(secret);
     }
     expect(keys.filter((k) => k.includes(':onboarding:smoke-env:'))).toEqual([]);
+  });
+
+  it('a job that fails unexpectedly is retried with the env still sealed, and passes', { timeout: 60_000 }, async () => {
+    const store = t.runtime.stores.onboarding;
+    // The first run's recording fails (as if its worker lost MongoDB); the queue retries the job.
+    const recordOnce = vi.spyOn(store, 'recordSmokeTest').mockRejectedValueOnce(new Error('lost the database'));
+    try {
+      const res = await run(t, tenant.tenantId, { env }, tenant.headers);
+      expect(res.statusCode, res.body).toBe(200);
+      expect(res.json()).toMatchObject({ passed: true, call: { tool: 'whoami', isError: false } });
+      expect(recordOnce).toHaveBeenCalledTimes(2);
+    } finally {
+      recordOnce.mockRestore();
+    }
+    expect(await t.runtime.redis.keys(`${t.env.redisPrefix}:onboarding:smoke-env:*`)).toEqual([]);
   });
 
   it('a wrong API key fails at tools/call with UNAUTHENTICATED, and leaves no process', { timeout: 60_000 }, async () => {

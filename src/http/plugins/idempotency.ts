@@ -17,7 +17,12 @@ interface StoredEntry {
   contentType?: string;
   /** The response body, encrypted: responses can carry secrets shown once (API tokens, webhook secrets). */
   sealedBody?: string;
+  /** The Set-Cookie header (JSON: a string or an array), encrypted: a session cookie is a credential, and a replay must carry it too. */
+  sealedSetCookie?: string;
 }
+
+/** Additional data binding a sealed Set-Cookie to its record, apart from the body sealed under the same key. */
+const setCookieAad = (redisKey: string) => `${redisKey}\nset-cookie`;
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -97,6 +102,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     }
     reply.header('idempotent-replayed', 'true');
     if (entry.contentType) reply.type(entry.contentType);
+    if (entry.sealedSetCookie) reply.header('set-cookie', JSON.parse(decryptAtRest(atRestKey, entry.sealedSetCookie, setCookieAad(redisKey))) as string | string[]);
     return reply.status(entry.status!).send(decryptAtRest(atRestKey, entry.sealedBody!, redisKey));
   });
 
@@ -110,12 +116,14 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
       if (status >= 500 || status === 429) {
         await redis.del(redisKey);
       } else {
+        const setCookie = reply.getHeader('set-cookie');
         const entry: StoredEntry = {
           state: 'done',
           fingerprint: claim.fingerprint,
           status,
           contentType: String(reply.getHeader('content-type') ?? 'application/json; charset=utf-8'),
           sealedBody: encryptAtRest(atRestKey, typeof payload === 'string' ? payload : payload == null ? '' : String(payload), redisKey),
+          ...(setCookie === undefined ? {} : { sealedSetCookie: encryptAtRest(atRestKey, JSON.stringify(Array.isArray(setCookie) ? setCookie.map(String) : String(setCookie)), setCookieAad(redisKey)) }),
         };
         await redis.set(redisKey, JSON.stringify(entry), 'EX', config.idempotencyTtlSeconds);
       }
