@@ -17,7 +17,14 @@ export interface Config {
   mongoDb: string;
   /** How long a MongoDB operation may wait for a server before the API answers 503. */
   mongoServerSelectionTimeoutMs: number;
+  /**
+   * How long a request may wait on a stalled backend: at this point, a request still unanswered while MongoDB has a
+   * command pending for more than half of it (or is unreachable), or Redis is unreachable, answers 503.
+   */
+  requestDeadlineMs: number;
   redisUrl: string;
+  /** Bound on each Redis command of the API connection, so a hung Redis makes a request answer 503, not hang. */
+  redisCommandTimeoutMs: number;
   /** Prefix for every Redis key (queues, idempotency, rate limits); lets several deployments share one Redis. */
   redisPrefix: string;
   adminKey: string;
@@ -155,6 +162,8 @@ export function loadConfig(env: Env = process.env): Config {
     mongoUrl,
     mongoDb: str(env, 'MONGO_DB', dbFromUrl || 'agent_settlement'),
     mongoServerSelectionTimeoutMs: int(env, 'MONGO_SERVER_SELECTION_TIMEOUT_MS', 800, 100, 60_000),
+    requestDeadlineMs: int(env, 'REQUEST_DEADLINE_MS', 800, 100, 60_000),
+    redisCommandTimeoutMs: int(env, 'REDIS_COMMAND_TIMEOUT_MS', 400, 50, 60_000),
     redisUrl: url(env, 'REDIS_URL', 'redis://127.0.0.1:6390', ['redis:', 'rediss:']),
     redisPrefix,
     adminKey,

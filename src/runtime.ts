@@ -8,7 +8,7 @@ import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
-import { createMongoClient } from './store/mongo.ts';
+import { createMongoClient, MongoHealthWatch } from './store/mongo.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
@@ -21,6 +21,8 @@ export interface Runtime {
   config: Config;
   logger: Logger;
   mongo: MongoClient;
+  /** Whether MongoDB is reachable and how long its oldest command in flight has waited (the request deadline reads it). */
+  mongoWatch: MongoHealthWatch;
   db: Db;
   /** Commands fail at once while Redis is unreachable, so HTTP requests answer 503 instead of hanging. */
   redis: Redis;
@@ -47,6 +49,8 @@ export function createApiRedis(config: Config, logger: Logger): Redis {
     lazyConnect: true,
     enableOfflineQueue: false,
     maxRetriesPerRequest: 1,
+    // A hung Redis (the socket open, nothing answering) fails each command instead of leaving it waiting for ever.
+    commandTimeout: config.redisCommandTimeoutMs,
     connectTimeout: 2_000,
     // Keep trying to reconnect for ever: the API recovers by itself when Redis returns.
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
@@ -63,9 +67,12 @@ export function createApiRedis(config: Config, logger: Logger): Redis {
   return redis;
 }
 
-/** Builds the runtime without touching the network; `connectRuntime` then opens the connections. */
-export function createRuntime(config: Config, logger: Logger, options: { monitorCommands?: boolean } = {}): Runtime {
-  const mongo = createMongoClient(config, options);
+/**
+ * Builds the runtime without touching the network; `connectRuntime` then opens the connections. (`monitorCommands`
+ * is kept for callers that ask for it; command monitoring is always on now, see createMongoClient.)
+ */
+export function createRuntime(config: Config, logger: Logger, _options: { monitorCommands?: boolean } = {}): Runtime {
+  const mongo = createMongoClient(config);
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
   const producers = new Producers(redis, config.redisPrefix);
@@ -73,6 +80,7 @@ export function createRuntime(config: Config, logger: Logger, options: { monitor
     config,
     logger,
     mongo,
+    mongoWatch: new MongoHealthWatch(mongo),
     db,
     redis,
     producers,

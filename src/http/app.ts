@@ -4,6 +4,7 @@ import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
 import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
+import deadlinePlugin from './plugins/deadline.ts';
 import errorsPlugin from './plugins/errors.ts';
 import idempotencyPlugin from './plugins/idempotency.ts';
 import metricsPlugin from './plugins/metrics.ts';
@@ -51,6 +52,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   });
 
   await app.register(errorsPlugin);
+  await app.register(deadlinePlugin, { runtime });
   await app.register(swaggerPlugin);
   await app.register(metricsPlugin, { runtime });
   await app.register(authPlugin, { runtime, adminPrefixes: [BULL_BOARD_PATH] });

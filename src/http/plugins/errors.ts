@@ -29,7 +29,7 @@ export function isBackendUnavailable(err: unknown): boolean {
   if (!(err instanceof Error)) return false;
   return (
     err.name === 'MaxRetriesPerRequestError' ||
-    /enableOfflineQueue|Connection is closed|ECONNREFUSED|ECONNRESET|ETIMEDOUT|Stream isn't writeable/.test(err.message)
+    /enableOfflineQueue|Connection is closed|Command timed out|ECONNREFUSED|ECONNRESET|ETIMEDOUT|Stream isn't writeable/.test(err.message)
   );
 }
 
@@ -91,6 +91,8 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
 
 /** Sends an error in the contract's shape; hooks use it directly so a plugin's own error handler cannot reshape it. */
 export function sendError(request: FastifyRequest, reply: FastifyReply, err: unknown) {
+  // Already answered (the request deadline sent 503 while the handler was still waiting): nothing more to send.
+  if (reply.sent) return reply;
   const { status, body } = toErrorBody(err, request.id);
   if (status >= 500) {
     request.log.error({ err }, 'request failed');
