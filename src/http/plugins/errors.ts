@@ -103,6 +103,34 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   return reply.status(status).send(body);
 }
 
+/**
+ * The raw HTTP answer to a request Node's parser refused before Fastify saw it (see app.ts clientErrorHandler):
+ * 414 when the request line alone is too long, 431 when the headers are, 408 on a client timeout, else 400; always
+ * the contract's body with a fresh request id, and the connection closed.
+ */
+export function clientErrorAnswer(err: Error & { code?: string; rawPacket?: Buffer }, requestId: string, maxUrlLength: number): string {
+  let status: number;
+  let body: ErrorBody;
+  if (err.code === 'HPE_HEADER_OVERFLOW') {
+    const packet = err.rawPacket?.toString('latin1') ?? '';
+    const lineEnd = packet.indexOf('\r\n');
+    const requestLineTooLong = lineEnd === -1 ? packet.length > maxUrlLength : lineEnd > maxUrlLength;
+    status = requestLineTooLong ? 414 : 431;
+    body = requestLineTooLong
+      ? { code: 'URI_TOO_LONG', message: `the URL exceeds ${maxUrlLength} bytes`, requestId }
+      : { code: 'HEADERS_TOO_LARGE', message: 'the request headers exceed 16 KiB', requestId };
+  } else if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+    status = 408;
+    body = { code: 'REQUEST_TIMEOUT', message: 'the request was not received in time', requestId };
+  } else {
+    status = 400;
+    body = { code: 'BAD_REQUEST', message: 'the request is not valid HTTP', requestId };
+  }
+  const json = JSON.stringify(body);
+  const reason = { 400: 'Bad Request', 408: 'Request Timeout', 414: 'URI Too Long', 431: 'Request Header Fields Too Large' }[status];
+  return `HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(json)}\r\nx-request-id: ${requestId}\r\nConnection: close\r\n\r\n${json}`;
+}
+
 /** One error handler for the whole app: every error leaves in the contract's body, without internals. */
 export default fp(async function errorsPlugin(app: FastifyInstance) {
   app.setErrorHandler((err, request, reply) => sendError(request, reply, err));
