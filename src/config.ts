@@ -1,4 +1,5 @@
 import { hkdfSync } from 'node:crypto';
+import { clusterNodes, isClusterUrl } from './redis.ts';
 
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
 // bad value stops the process with a message naming the variable.
@@ -120,6 +121,16 @@ function url(env: Env, name: string, fallback: string, protocols: string[]): str
   return value;
 }
 
+/** One server (`redis://`, `rediss://`) or a cluster by some of its nodes (`redis+cluster://host:port,host:port`). */
+function redisUrl(env: Env): string {
+  const value = str(env, 'REDIS_URL', 'redis://127.0.0.1:6390');
+  if (isClusterUrl(value)) {
+    if (!clusterNodes(value)) throw new ConfigError('REDIS_URL', 'must list cluster nodes as redis+cluster://host:port,host:port');
+    return value;
+  }
+  return url(env, 'REDIS_URL', 'redis://127.0.0.1:6390', ['redis:', 'rediss:', 'redis+cluster:']);
+}
+
 export function loadConfig(env: Env = process.env): Config {
   const nodeEnv = str(env, 'NODE_ENV', 'development');
   if (nodeEnv !== 'development' && nodeEnv !== 'test' && nodeEnv !== 'production') {
@@ -164,7 +175,7 @@ export function loadConfig(env: Env = process.env): Config {
     mongoServerSelectionTimeoutMs: int(env, 'MONGO_SERVER_SELECTION_TIMEOUT_MS', 800, 100, 60_000),
     requestDeadlineMs: int(env, 'REQUEST_DEADLINE_MS', 800, 100, 60_000),
     redisCommandTimeoutMs: int(env, 'REDIS_COMMAND_TIMEOUT_MS', 400, 50, 60_000),
-    redisUrl: url(env, 'REDIS_URL', 'redis://127.0.0.1:6390', ['redis:', 'rediss:']),
+    redisUrl: redisUrl(env),
     redisPrefix,
     adminKey,
     idempotencyTtlSeconds: int(env, 'IDEMPOTENCY_TTL_SECONDS', 86_400, 60, 30 * 86_400),

@@ -1,8 +1,8 @@
-import { Redis } from 'ioredis';
 import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { Producers } from './queues/index.ts';
+import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
 import { CredentialCache } from './services/credentials.ts';
 import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
@@ -25,7 +25,7 @@ export interface Runtime {
   mongoWatch: MongoHealthWatch;
   db: Db;
   /** Commands fail at once while Redis is unreachable, so HTTP requests answer 503 instead of hanging. */
-  redis: Redis;
+  redis: RedisClient;
   producers: Producers;
   stores: {
     tenants: TenantStore;
@@ -44,8 +44,8 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
-export function createApiRedis(config: Config, logger: Logger): Redis {
-  const redis = new Redis(config.redisUrl, {
+export function createApiRedis(config: Config, logger: Logger): RedisClient {
+  const redis = createRedisClient(config.redisUrl, {
     lazyConnect: true,
     enableOfflineQueue: false,
     maxRetriesPerRequest: 1,
@@ -75,7 +75,7 @@ export function createRuntime(config: Config, logger: Logger, _options: { monito
   const mongo = createMongoClient(config);
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
-  const producers = new Producers(redis, config.redisPrefix);
+  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl));
   return {
     config,
     logger,

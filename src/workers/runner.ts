@@ -1,9 +1,9 @@
 import { Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
-import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Value } from 'typebox/value';
 import type { Config } from '../config.ts';
 import { jobsFailedForGood } from '../metrics.ts';
+import { createRedisClient, isClusterUrl } from '../redis.ts';
 import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
 export interface QueueProcessor<Q extends QueueName = QueueName> {
@@ -35,14 +35,15 @@ export function startWorkers(
   processors: ProcessorMap,
   queues: QueueName[],
 ): RunningWorkers {
-  const connection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  const connection = createRedisClient(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  const prefix = bullPrefix(config.redisPrefix, isClusterUrl(config.redisUrl));
   connection.on('error', () => undefined); // BullMQ reconnects by itself; the worker logs the gap below.
   const schedulerQueues: Queue[] = [];
   const workers = queues.map((queue) => {
     const processor = processors[queue] as QueueProcessor | undefined;
     if (!processor) throw new Error(`no processor for queue ${queue}`);
     if (processor.sweep) {
-      const scheduler = new Queue(queue, { connection, prefix: bullPrefix(config.redisPrefix) });
+      const scheduler = new Queue(queue, { connection, prefix });
       schedulerQueues.push(scheduler);
       // Upserting the same scheduler id from every worker process keeps exactly one schedule.
       void scheduler
@@ -63,7 +64,7 @@ export function startWorkers(
         }
         return processor.process(job.data as QueuePayload<typeof queue>, job);
       },
-      { connection, prefix: bullPrefix(config.redisPrefix), concurrency: config.workerConcurrency, autorun: true },
+      { connection, prefix, concurrency: config.workerConcurrency, autorun: true },
     );
     const log = logger.child({ queue });
     worker.on('failed', (job, err) => {
