@@ -36,8 +36,10 @@ export function createRedisClient(url: string, options: RedisOptions): RedisClie
     ...(enableOfflineQueue !== undefined ? { enableOfflineQueue } : {}),
     ...(lazyConnect !== undefined ? { lazyConnect } : {}),
     ...(retryStrategy ? { clusterRetryStrategy: (attempts: number) => retryStrategy(attempts) } : {}),
-    // After a failover the slots move: ask the cluster again soon rather than failing commands for long.
-    slotsRefreshTimeout: 2_000,
+    // After a failover the slots move. A command timeout (the API's) fails a command sent to the dead master before
+    // ioredis sees the error that would make it ask the cluster again, so it asks every second regardless.
+    slotsRefreshInterval: 1_000,
+    slotsRefreshTimeout: 1_000,
     retryDelayOnFailover: 200,
     retryDelayOnClusterDown: 200,
   };

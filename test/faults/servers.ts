@@ -157,8 +157,9 @@ export class RedisCluster {
     const nodes: RedisServer[] = [];
     try {
       for (let i = 0; i < 6; i++) {
-        // cluster-node-timeout is what failover waits for; 1 s keeps the test short.
-        const node = new RedisServer(await freePort(), ['--cluster-enabled', 'yes', '--cluster-node-timeout', '1000', '--cluster-config-file', 'nodes.conf']);
+        // cluster-node-timeout is what failover waits for (1 s keeps the test short); no delay before a replica's
+        // first sync, which a replica needs before it may take over.
+        const node = new RedisServer(await freePort(), ['--cluster-enabled', 'yes', '--cluster-node-timeout', '1000', '--cluster-config-file', 'nodes.conf', '--repl-diskless-sync-delay', '0']);
         nodes.push(node);
         await node.up();
       }
@@ -194,7 +195,13 @@ export class RedisCluster {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
       const alive = this.nodes.filter((n) => n.pid !== undefined);
-      const states = await Promise.all(alive.map((n) => this.cli(n.port, 'cluster', 'info').then((s) => /cluster_state:ok/.test(s)).catch(() => false)));
+      // Healthy: every node sees the cluster ok, and every replica has synced with its master (a replica that never
+      // did cannot be promoted, and killing its master then leaves the cluster down).
+      const states = await Promise.all(alive.map(async (n) => {
+        const info = await this.cli(n.port, 'cluster', 'info').catch(() => '');
+        const replication = await this.cli(n.port, 'info', 'replication').catch(() => '');
+        return /cluster_state:ok/.test(info) && (!/role:slave/.test(replication) || /master_link_status:up/.test(replication));
+      }));
       if (states.every(Boolean)) return;
       if (Date.now() > deadline) throw new Error('the cluster did not become healthy');
       await new Promise((r) => setTimeout(r, 200));

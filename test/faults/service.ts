@@ -115,13 +115,15 @@ export async function call(base: string, method: string, path: string, options: 
 /** A call that must answer `expected`; retried on 503 (a loaded machine) a few times, bounded. */
 export async function must(base: string, method: string, path: string, expected: number, options: { body?: unknown; headers?: Record<string, string> } = {}): Promise<any> {
   let last: Answer | null = null;
+  const seen: string[] = [];
   for (let attempt = 1; attempt <= 8; attempt++) {
     last = await call(base, method, path, options);
     if (last.status === expected) return last.body;
+    seen.push(`${last.status} ${last.body?.code ?? ''} ${Math.round(last.ms)}ms`);
     if (last.status !== 503 && last.status !== 0 && last.status !== 409) break;
     await new Promise((r) => setTimeout(r, 250 * attempt));
   }
-  throw new Error(`${method} ${path}: expected ${expected}, got ${last?.status} ${JSON.stringify(last?.body)}`);
+  throw new Error(`${method} ${path}: expected ${expected}, got ${last?.status} ${JSON.stringify(last?.body)} (attempts: ${seen.join('; ')})`);
 }
 
 export interface Agent {
