@@ -1,16 +1,22 @@
-// Prints `N passed, N failed` from vitest's JSON report. A file that failed before running any test (an import or
-// hook error) counts as one failure, so a broken file can never look green.
+// Prints `N passed, N failed` summed over vitest JSON reports (the main suite and the fault tests). A file that
+// failed before running any test (an import or hook error) counts as one failure, and a missing report counts as
+// one failure, so a broken file or a run that never wrote its report can never look green.
 import { existsSync, readFileSync } from 'node:fs';
 
-const path = process.argv[2];
-if (!path || !existsSync(path)) {
-  console.log('0 passed, 1 failed');
-  process.exit(1);
+const paths = process.argv.slice(2);
+let passed = 0;
+let failed = paths.length === 0 ? 1 : 0;
+let skipped = 0;
+for (const path of paths) {
+  if (!existsSync(path)) {
+    failed += 1;
+    continue;
+  }
+  const report = JSON.parse(readFileSync(path, 'utf8'));
+  const brokenFiles = report.testResults.filter((file) => file.status === 'failed' && file.assertionResults.every((a) => a.status !== 'failed')).length;
+  passed += report.numPassedTests;
+  failed += report.numFailedTests + brokenFiles;
+  skipped += report.numPendingTests + report.numTodoTests;
 }
-const report = JSON.parse(readFileSync(path, 'utf8'));
-const brokenFiles = report.testResults.filter((file) => file.status === 'failed' && file.assertionResults.every((a) => a.status !== 'failed')).length;
-const passed = report.numPassedTests;
-const failed = report.numFailedTests + brokenFiles;
-const skipped = report.numPendingTests + report.numTodoTests;
 console.log(`${passed} passed, ${failed} failed${skipped ? `, ${skipped} skipped` : ''}`);
 process.exit(failed > 0 ? 1 : 0);

@@ -1,5 +1,6 @@
 import { hkdfSync } from 'node:crypto';
 import { DEFAULT_X402_NETWORK, X402_NETWORK_PATTERN } from './domain/x402.ts';
+import { clusterNodes, isClusterUrl } from './redis.ts';
 
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
 // bad value stops the process with a message naming the variable.
@@ -18,7 +19,14 @@ export interface Config {
   mongoDb: string;
   /** How long a MongoDB operation may wait for a server before the API answers 503. */
   mongoServerSelectionTimeoutMs: number;
+  /**
+   * How long a request may wait on a stalled backend: at this point, a request still unanswered while MongoDB has a
+   * command pending for more than half of it (or is unreachable), or Redis is unreachable, answers 503.
+   */
+  requestDeadlineMs: number;
   redisUrl: string;
+  /** Bound on each Redis command of the API connection, so a hung Redis makes a request answer 503, not hang. */
+  redisCommandTimeoutMs: number;
   /** Prefix for every Redis key (queues, idempotency, rate limits); lets several deployments share one Redis. */
   redisPrefix: string;
   adminKey: string;
@@ -132,6 +140,16 @@ function url(env: Env, name: string, fallback: string, protocols: string[]): str
   return value;
 }
 
+/** One server (`redis://`, `rediss://`) or a cluster by some of its nodes (`redis+cluster://host:port,host:port`). */
+function redisUrl(env: Env): string {
+  const value = str(env, 'REDIS_URL', 'redis://127.0.0.1:6390');
+  if (isClusterUrl(value)) {
+    if (!clusterNodes(value)) throw new ConfigError('REDIS_URL', 'must list cluster nodes as redis+cluster://host:port,host:port');
+    return value;
+  }
+  return url(env, 'REDIS_URL', 'redis://127.0.0.1:6390', ['redis:', 'rediss:', 'redis+cluster:']);
+}
+
 export function loadConfig(env: Env = process.env): Config {
   const nodeEnv = str(env, 'NODE_ENV', 'development');
   if (nodeEnv !== 'development' && nodeEnv !== 'test' && nodeEnv !== 'production') {
@@ -194,7 +212,9 @@ export function loadConfig(env: Env = process.env): Config {
     mongoUrl,
     mongoDb: str(env, 'MONGO_DB', dbFromUrl || 'agent_settlement'),
     mongoServerSelectionTimeoutMs: int(env, 'MONGO_SERVER_SELECTION_TIMEOUT_MS', 800, 100, 60_000),
-    redisUrl: url(env, 'REDIS_URL', 'redis://127.0.0.1:6390', ['redis:', 'rediss:']),
+    requestDeadlineMs: int(env, 'REQUEST_DEADLINE_MS', 800, 100, 60_000),
+    redisCommandTimeoutMs: int(env, 'REDIS_COMMAND_TIMEOUT_MS', 400, 50, 60_000),
+    redisUrl: redisUrl(env),
     redisPrefix,
     adminKey,
     idempotencyTtlSeconds: int(env, 'IDEMPOTENCY_TTL_SECONDS', 86_400, 60, 30 * 86_400),

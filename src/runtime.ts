@@ -1,14 +1,14 @@
-import { Redis } from 'ioredis';
 import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { Producers } from './queues/index.ts';
+import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
 import { CredentialCache } from './services/credentials.ts';
 import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
-import { createMongoClient } from './store/mongo.ts';
+import { createMongoClient, MongoHealthWatch } from './store/mongo.ts';
 import { OnboardingStore } from './store/onboarding.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
@@ -26,9 +26,11 @@ export interface Runtime {
   config: Config;
   logger: Logger;
   mongo: MongoClient;
+  /** Whether MongoDB is reachable and how long its oldest command in flight has waited (the request deadline reads it). */
+  mongoWatch: MongoHealthWatch;
   db: Db;
   /** Commands fail at once while Redis is unreachable, so HTTP requests answer 503 instead of hanging. */
-  redis: Redis;
+  redis: RedisClient;
   producers: Producers;
   stores: {
     tenants: TenantStore;
@@ -50,11 +52,13 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
-export function createApiRedis(config: Config, logger: Logger): Redis {
-  const redis = new Redis(config.redisUrl, {
+export function createApiRedis(config: Config, logger: Logger): RedisClient {
+  const redis = createRedisClient(config.redisUrl, {
     lazyConnect: true,
     enableOfflineQueue: false,
     maxRetriesPerRequest: 1,
+    // A hung Redis (the socket open, nothing answering) fails each command instead of leaving it waiting for ever.
+    commandTimeout: config.redisCommandTimeoutMs,
     connectTimeout: 2_000,
     // Keep trying to reconnect for ever: the API recovers by itself when Redis returns.
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
@@ -72,16 +76,17 @@ export function createApiRedis(config: Config, logger: Logger): Redis {
 }
 
 /** Builds the runtime without touching the network; `connectRuntime` then opens the connections. */
-export function createRuntime(config: Config, logger: Logger, options: { monitorCommands?: boolean } = {}): Runtime {
-  const mongo = createMongoClient(config, options);
+export function createRuntime(config: Config, logger: Logger): Runtime {
+  const mongo = createMongoClient(config);
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
-  const producers = new Producers(redis, config.redisPrefix);
+  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
   return {
     config,
     logger,
     mongo,
+    mongoWatch: new MongoHealthWatch(mongo),
     db,
     redis,
     producers,

@@ -25,7 +25,7 @@ const config = loadConfig({
   SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
   RATE_LIMIT_MAX: '1000000',
 });
-const runtime = createRuntime(config, createLogger(config, 'bench-rt'), { monitorCommands: true });
+const runtime = createRuntime(config, createLogger(config, 'bench-rt')); // command monitoring is always on
 await connectRuntime(runtime);
 const app = await buildApp(runtime, { logger: false, bullBoard: false });
 let seen: string[] = [];

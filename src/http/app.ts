@@ -7,7 +7,8 @@ import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
 import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
 import contractPlugin from './plugins/contract.ts';
-import errorsPlugin from './plugins/errors.ts';
+import deadlinePlugin from './plugins/deadline.ts';
+import errorsPlugin, { clientErrorAnswer, sendError } from './plugins/errors.ts';
 import idempotencyPlugin from './plugins/idempotency.ts';
 import metricsPlugin from './plugins/metrics.ts';
 import rateLimitPlugin from './plugins/rate-limit.ts';
@@ -24,9 +25,16 @@ import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
 import { x402Routes } from './routes/x402.ts';
 import { ErrorBody } from './schemas/common.ts';
+import { ServiceError } from '../domain/errors.ts';
 
 const BODY_LIMIT = 1024 * 1024;
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
+/** Longer URLs answer 414; Node's 16 KiB header limit (request line included) answers 431 beyond that. */
+export const MAX_URL_LENGTH = 8 * 1024;
+
+function newRequestId(): string {
+  return `req_${randomBytes(12).toString('base64url')}`;
+}
 
 export interface AppOptions {
   /** Bull Board needs live queues; the OpenAPI writer builds the app without it. */
@@ -41,7 +49,27 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     ...(options.logger === false ? { logger: false } : { loggerInstance: runtime.logger as FastifyBaseLogger }),
     genReqId: (req) => {
       const sent = req.headers['x-request-id'];
-      return typeof sent === 'string' && SANE_REQUEST_ID.test(sent) ? sent : `req_${randomBytes(12).toString('base64url')}`;
+      return typeof sent === 'string' && SANE_REQUEST_ID.test(sent) ? sent : newRequestId();
+    },
+    // Errors raised before routing still leave in the contract's shape, with a request id.
+    frameworkErrors: (err, request, reply) => {
+      reply.header('x-request-id', request.id);
+      if ((request.raw.url?.length ?? 0) > MAX_URL_LENGTH) {
+        return sendError(request, reply, new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`));
+      }
+      if (err.code === 'FST_ERR_BAD_URL') {
+        return sendError(request, reply, new ServiceError(400, 'VALIDATION_FAILED', 'the URL is not valid percent-encoding', { errors: [{ path: 'url', message: 'malformed percent-encoding' }] }));
+      }
+      if (err.code === 'FST_ERR_MAX_PARAM_LENGTH') {
+        return sendError(request, reply, new ServiceError(404, 'NOT_FOUND', 'no such resource'));
+      }
+      return sendError(request, reply, err);
+    },
+    // Requests Node's parser refuses (headers over 16 KiB, a broken request line) never reach Fastify's handlers.
+    clientErrorHandler: (err, socket) => {
+      if ((err as NodeJS.ErrnoException).code === 'ECONNRESET' || socket.destroyed) return;
+      if (socket.writable) socket.write(clientErrorAnswer(err as unknown as Error & { code?: string; rawPacket?: Buffer }, newRequestId(), MAX_URL_LENGTH));
+      socket.destroy();
     },
     trustProxy: false,
     // Path parameters are bounded by their schemas (400 past the limit), not by the router (which would answer 414).
@@ -63,10 +91,14 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
 
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id);
+    if (request.raw.url && request.raw.url.length > MAX_URL_LENGTH) {
+      return sendError(request, reply, new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`));
+    }
   });
 
   await app.register(errorsPlugin);
   await app.register(contractPlugin);
+  await app.register(deadlinePlugin, { runtime });
   await app.register(swaggerPlugin);
   await app.register(metricsPlugin, { runtime });
   await app.register(authPlugin, { runtime, adminPrefixes: [BULL_BOARD_PATH] });

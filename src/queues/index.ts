@@ -39,8 +39,12 @@ export const DEFAULT_JOB_OPTIONS: JobsOptions = {
   removeOnFail: { age: 7 * 24 * 3600, count: 20_000 },
 };
 
-export function bullPrefix(redisPrefix: string): string {
-  return `${redisPrefix}:bull`;
+/**
+ * BullMQ's key prefix. On a Redis Cluster it is a hash tag (`{as:bull}`), so every key of the queues lives in one
+ * slot and BullMQ's multi-key scripts can run; on one server the key names stay as they always were (`as:bull`).
+ */
+export function bullPrefix(redisPrefix: string, cluster = false): string {
+  return cluster ? `{${redisPrefix}:bull}` : `${redisPrefix}:bull`;
 }
 
 /** BullMQ job ids may not contain ':'; derived ids make a duplicate enqueue of the same work a no-op. */
@@ -53,8 +57,8 @@ const ENQUEUE_TIMEOUT_MS = 1_000;
 export class Producers {
   readonly queues: Record<QueueName, Queue>;
 
-  constructor(connection: ConnectionOptions, redisPrefix: string) {
-    const prefix = bullPrefix(redisPrefix);
+  constructor(connection: ConnectionOptions, redisPrefix: string, cluster = false) {
+    const prefix = bullPrefix(redisPrefix, cluster);
     this.queues = Object.fromEntries(
       QUEUE_NAMES.map((name) => [name, new Queue(name, { connection, prefix, defaultJobOptions: DEFAULT_JOB_OPTIONS })]),
     ) as Record<QueueName, Queue>;

@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis';
+import { createRedisClient, type RedisClient } from '../redis.ts';
 import type { Logger } from 'pino';
 import type { AgentDoc, AgentStore } from '../store/agents.ts';
 import { isLiveKey, parseToken, type ApiKeyDoc, type ApiKeyStore } from '../store/api-keys.ts';
@@ -22,14 +22,14 @@ interface Entry<T> {
 export class CredentialCache {
   private readonly apiKeys = new Map<string, Entry<ApiKeyDoc | null>>();
   private readonly agents = new Map<string, Entry<AgentDoc | null>>();
-  private subscriber: Redis | null = null;
+  private subscriber: RedisClient | null = null;
   private live = false;
   /** Bumped by every drop: a load that started before an invalidation must not be cached after it. */
   private generation = 0;
   private readonly channel: string;
 
   constructor(
-    private readonly publisher: Redis,
+    private readonly publisher: RedisClient,
     private readonly redisUrl: string,
     redisPrefix: string,
     private readonly logger: Logger,
@@ -39,7 +39,7 @@ export class CredentialCache {
 
   /** Subscribes to invalidations; until this succeeds the cache stays bypassed. */
   async start(): Promise<void> {
-    const subscriber = new Redis(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: null, retryStrategy: (n) => Math.min(n * 200, 2_000) });
+    const subscriber = createRedisClient(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: null, retryStrategy: (n) => Math.min(n * 200, 2_000) });
     this.subscriber = subscriber;
     subscriber.on('error', () => undefined); // the 'close' handler below is what matters
     subscriber.on('close', () => this.goDark());

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../redis.ts';
 
 /** An entry whose apply() is under way (or died): `member` is what to remove once it is finished. */
 export interface StartedEntry {
@@ -27,12 +27,13 @@ export class LedgerDueIndex {
   private readonly auditKey: string;
 
   constructor(
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     prefix: string,
   ) {
-    this.pendingKey = `${prefix}:ledger:pending`;
-    this.locksKey = `${prefix}:ledger:locks`;
-    this.auditKey = `${prefix}:ledger:audit`;
+    // One hash tag for all three: a pipeline touching two of them stays in one Redis Cluster slot.
+    this.pendingKey = `${prefix}:{ledger}:pending`;
+    this.locksKey = `${prefix}:{ledger}:locks`;
+    this.auditKey = `${prefix}:{ledger}:audit`;
   }
 
   async entryStarted(entryId: string, now = Date.now()): Promise<string> {

@@ -1,15 +1,16 @@
 import { MongoClient, MongoServerError, type Collection, type Db, type Document, type OptionalUnlessRequiredId } from 'mongodb';
 import type { Config } from '../config.ts';
 
-/** `monitorCommands` lets tests observe every command the stores send (see test/store/id-lookups.test.ts). */
-export function createMongoClient(config: Config, options: { monitorCommands?: boolean } = {}): MongoClient {
+/** Command monitoring is always on: MongoHealthWatch needs it, and tests observe every command the stores send. */
+export function createMongoClient(config: Config): MongoClient {
   // A short server-selection timeout makes a request fail fast (503) instead of hanging while MongoDB is down.
   return new MongoClient(config.mongoUrl, {
     serverSelectionTimeoutMS: config.mongoServerSelectionTimeoutMs,
     connectTimeoutMS: 2_000,
     maxPoolSize: 50,
     appName: 'agent-settlement',
-    monitorCommands: options.monitorCommands ?? false,
+    // Command events feed MongoHealthWatch (a request answers 503 when MongoDB stalls); tests observe them too.
+    monitorCommands: true,
   });
 }
 
@@ -33,11 +34,57 @@ export function isDuplicateKey(err: unknown): boolean {
 }
 
 export async function pingMongo(db: Db, timeoutMs: number): Promise<boolean> {
+  // The driver (v7) ignores timeoutMS, and a hung server never answers: the bound is ours.
+  let timer: NodeJS.Timeout | undefined;
   try {
-    await db.command({ ping: 1 }, { timeoutMS: timeoutMs });
+    await Promise.race([
+      db.command({ ping: 1 }),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new Error('timeout')), timeoutMs);
+      }),
+    ]);
     return true;
   } catch {
     return false;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * What this process knows about MongoDB without asking it: whether any data-bearing server is known, and how long
+ * the oldest command in flight has been waiting. A hung server (socket open, no answer) shows as a command that
+ * never completes; neither the driver's server selection nor its socket (no timeout by default) notices for
+ * seconds, so the request deadline (http/plugins/deadline.ts) reads this instead.
+ */
+export class MongoHealthWatch {
+  /** Commands in flight by connection and request id, in start order, so the first entry is the oldest. */
+  private readonly pending = new Map<string, number>();
+  private reachable = true;
+
+  constructor(client: MongoClient) {
+    const key = (e: { address: string; connectionId?: string | number; requestId: number }) => `${e.address}#${e.connectionId}#${e.requestId}`;
+    client.on('commandStarted', (e) => this.pending.set(key(e), performance.now()));
+    client.on('commandSucceeded', (e) => this.pending.delete(key(e)));
+    client.on('commandFailed', (e) => this.pending.delete(key(e)));
+    // A command whose connection is closed never reports back; forget it with its connection.
+    client.on('connectionClosed', (e) => {
+      const prefix = `${e.address}#${e.connectionId}#`;
+      for (const k of this.pending.keys()) if (k.startsWith(prefix)) this.pending.delete(k);
+    });
+    client.on('topologyDescriptionChanged', (e) => {
+      this.reachable = e.newDescription.hasDataBearingServers;
+    });
+  }
+
+  get serverReachable(): boolean {
+    return this.reachable;
+  }
+
+  /** How long the oldest command in flight has waited (0 when none is). */
+  oldestPendingMs(now = performance.now()): number {
+    for (const started of this.pending.values()) return now - started;
+    return 0;
   }
 }
 

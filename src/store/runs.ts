@@ -254,9 +254,13 @@ export class RunStore {
       receivedAt: now,
     });
     if (!stored) {
+      const existing = await this.batches.findOne({ _id: batchId });
+      // The same batch stored by an earlier try whose answer was lost (the head cache had not caught up): a resend.
+      const sameBatch = existing !== null && !existing.seal && existing.events.length === events.length && existing.events.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
       const { head, sealed } = await this.repairHead(run._id);
+      if (sameBatch) return { seq: last.seq, chainHash: last.chainHash };
       if (sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
-      const positionTaken = (await this.batches.findOne({ _id: positionId(run._id, first.seq) })) !== null;
+      const positionTaken = existing !== null;
       throw errors.conflict(
         'CHAIN_CONFLICT',
         positionTaken ? 'prevChainHash is not the run head; another event took this position' : 'an event id of this batch is already used in the run',

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../redis.ts';
 import type { Collection, Db, Document } from 'mongodb';
 import { insertFirst } from './mongo.ts';
 
@@ -24,7 +24,7 @@ export class Sequence<T extends Document> {
   constructor(
     db: Db,
     collectionName: string,
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     private readonly counterPrefix: string,
   ) {
     this.collection = db.collection<SequenceEntry<T>>(collectionName);

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../redis.ts';
 import type { Collection, Db } from 'mongodb';
 import { sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
@@ -79,7 +79,7 @@ export class WebhookDeliveryStore {
 
   constructor(
     db: Db,
-    redis: Redis,
+    redis: RedisClient,
     counterPrefix: string,
     private readonly due: WebhookDueIndex,
   ) {

@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../redis.ts';
 import type { Collection, Db } from 'mongodb';
 import { insertFirst } from './mongo.ts';
 import { Sequence, type SequenceEntry } from './sequence.ts';
@@ -51,7 +51,7 @@ export class WebhookDueIndex {
 
   constructor(
     db: Db,
-    private readonly redis: Redis,
+    private readonly redis: RedisClient,
     private readonly counterPrefix: string,
   ) {
     this.entries = new Sequence<DueWork>(db, 'webhook_due', redis, counterPrefix);
@@ -110,11 +110,12 @@ export class WebhookDueIndex {
     await this.redis.del(this.firstKey(bucket), this.doneKey(bucket));
   }
 
+  // A bucket's two keys share a hash tag, so MULTI and DEL over both stay in one Redis Cluster slot.
   private doneKey(bucket: number): string {
-    return `${this.counterPrefix}:webhook-due-done:${bucket}`;
+    return `${this.counterPrefix}:webhook-due:{${bucket}}:done`;
   }
 
   private firstKey(bucket: number): string {
-    return `${this.counterPrefix}:webhook-due-first:${bucket}`;
+    return `${this.counterPrefix}:webhook-due:{${bucket}}:first`;
   }
 }

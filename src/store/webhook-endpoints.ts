@@ -1,4 +1,4 @@
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../redis.ts';
 import type { Collection, Db } from 'mongodb';
 import { decryptAtRest, encryptAtRest, newId } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
@@ -65,7 +65,7 @@ export class WebhookEndpointStore {
 
   constructor(
     db: Db,
-    redis: Redis,
+    redis: RedisClient,
     counterPrefix: string,
     private readonly encryptionKey: Buffer,
   ) {

@@ -1,7 +1,7 @@
 // Jobs of the `webhook-dispatch` queue: the fan-out job (name `webhook-dispatch`, one per outbox event) and one
 // `deliver` job per delivery revision. Job ids are derived from what they act on, so enqueueing the same work twice
 // adds one job. They are enqueued through runtime.producers (schedule / ensure).
-import type { Redis } from 'ioredis';
+import type { RedisClient } from '../redis.ts';
 import { jobIdFor } from '../queues/index.ts';
 
 export const DELIVER_JOB = 'deliver';
@@ -29,12 +29,12 @@ export function leaseKey(redisPrefix: string, deliveryId: string): string {
   return `${redisPrefix}:webhook-lease:${deliveryId}`;
 }
 
-export async function acquireLease(redis: Redis, key: string, token: string, ms: number): Promise<boolean> {
+export async function acquireLease(redis: RedisClient, key: string, token: string, ms: number): Promise<boolean> {
   return (await redis.set(key, token, 'PX', ms, 'NX')) === 'OK';
 }
 
 const RELEASE_IF_OWNER = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
-export async function releaseLease(redis: Redis, key: string, token: string): Promise<void> {
+export async function releaseLease(redis: RedisClient, key: string, token: string): Promise<void> {
   await redis.eval(RELEASE_IF_OWNER, 1, key, token);
 }

@@ -1,9 +1,9 @@
 import { Queue, UnrecoverableError, Worker, type Job } from 'bullmq';
-import { Redis } from 'ioredis';
 import type { Logger } from 'pino';
 import { Value } from 'typebox/value';
 import type { Config } from '../config.ts';
 import { jobsFailedForGood } from '../metrics.ts';
+import { createRedisClient, isClusterUrl } from '../redis.ts';
 import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
 export interface QueueProcessor<Q extends QueueName = QueueName> {
@@ -15,6 +15,9 @@ export interface QueueProcessor<Q extends QueueName = QueueName> {
   sweep?(): Promise<unknown>;
 }
 export type ProcessorMap = { [Q in QueueName]?: QueueProcessor<Q> };
+
+/** How often each worker checks that it is not idle while its queue has waiting jobs. */
+const WATCHDOG_INTERVAL_MS = 5_000;
 
 /** Job name of scheduled sweeps; every other job on a queue is that queue's own work. */
 export const SWEEP_JOB = 'sweep';
@@ -35,14 +38,17 @@ export function startWorkers(
   processors: ProcessorMap,
   queues: QueueName[],
 ): RunningWorkers {
-  const connection = new Redis(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  const connection = createRedisClient(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  const prefix = bullPrefix(config.redisPrefix, isClusterUrl(config.redisUrl));
   connection.on('error', () => undefined); // BullMQ reconnects by itself; the worker logs the gap below.
   const schedulerQueues: Queue[] = [];
-  const workers = queues.map((queue) => {
+  const watchdogs: NodeJS.Timeout[] = [];
+  let closing = false;
+  const slots = queues.map((queue) => {
     const processor = processors[queue] as QueueProcessor | undefined;
     if (!processor) throw new Error(`no processor for queue ${queue}`);
     if (processor.sweep) {
-      const scheduler = new Queue(queue, { connection, prefix: bullPrefix(config.redisPrefix) });
+      const scheduler = new Queue(queue, { connection, prefix });
       schedulerQueues.push(scheduler);
       // Upserting the same scheduler id from every worker process keeps exactly one schedule.
       void scheduler
@@ -53,37 +59,66 @@ export function startWorkers(
         })
         .catch((err) => logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper'));
     }
-    const worker = new Worker(
-      queue,
-      async (job: Job) => {
-        if (job.name === SWEEP_JOB) return processor.sweep?.();
-        // A payload that does not match its schema will never succeed; fail it without retries.
-        if (!Value.Check(QueuePayloads[queue], job.data)) {
-          throw new UnrecoverableError(`invalid ${queue} payload`);
-        }
-        return processor.process(job.data as QueuePayload<typeof queue>, job);
-      },
-      { connection, prefix: bullPrefix(config.redisPrefix), concurrency: config.workerConcurrency, autorun: true },
-    );
+    const watchQueue = new Queue(queue, { connection, prefix });
+    schedulerQueues.push(watchQueue);
     const log = logger.child({ queue });
-    worker.on('failed', (job, err) => {
-      const final = job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1);
-      if (final && job.name !== SWEEP_JOB) {
-        // Out of retries: the sweepers will try again, but a person should look (logs and the metric below).
-        jobsFailedForGood.inc({ queue });
-        log.error({ alert: 'job_failed_for_good', jobId: job.id, attempts: job.attemptsMade, err: err.message }, 'job failed after its last retry');
-      } else {
-        log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed');
-      }
-    });
-    worker.on('error', (err) => log.error({ err: err.message }, 'worker error'));
-    return worker;
+    let inFlight = 0;
+    const startWorker = () => {
+      inFlight = 0;
+      const worker = new Worker(
+        queue,
+        async (job: Job) => {
+          if (job.name === SWEEP_JOB) return processor.sweep?.();
+          // A payload that does not match its schema will never succeed; fail it without retries.
+          if (!Value.Check(QueuePayloads[queue], job.data)) {
+            throw new UnrecoverableError(`invalid ${queue} payload`);
+          }
+          return processor.process(job.data as QueuePayload<typeof queue>, job);
+        },
+        { connection, prefix, concurrency: config.workerConcurrency, autorun: true },
+      );
+      worker.on('active', () => inFlight++);
+      worker.on('completed', () => (inFlight = Math.max(0, inFlight - 1)));
+      worker.on('failed', (job, err) => {
+        inFlight = Math.max(0, inFlight - 1);
+        const final = job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1);
+        if (final && job.name !== SWEEP_JOB) {
+          // Out of retries: the sweepers will try again, but a person should look (logs and the metric below).
+          jobsFailedForGood.inc({ queue });
+          log.error({ alert: 'job_failed_for_good', jobId: job.id, attempts: job.attemptsMade, err: err.message }, 'job failed after its last retry');
+        } else {
+          log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed');
+        }
+      });
+      worker.on('error', (err) => log.error({ err: err.message }, 'worker error'));
+      return worker;
+    };
+    const slot = { worker: startWorker() };
+    // BullMQ's worker can stay blocked on a connection that a failover or restart left behind, idle while jobs
+    // wait (taskforcesh/bullmq#3088, #2964); its maintainers advise replacing it. One that takes nothing for two
+    // checks in a row while its queue has waiting jobs is replaced (jobs it held are none: it was idle).
+    let idleChecks = 0;
+    watchdogs.push(setInterval(() => {
+      void watchQueue.getJobCounts('wait', 'prioritized').then((counts) => {
+        idleChecks = (counts.wait ?? 0) + (counts.prioritized ?? 0) > 0 && inFlight === 0 ? idleChecks + 1 : 0;
+        if (idleChecks < 2 || closing) return;
+        idleChecks = 0;
+        log.warn({ waiting: counts.wait }, 'worker idle while jobs wait; replacing it');
+        const stuck = slot.worker;
+        slot.worker = startWorker();
+        void stuck.close(true).catch(() => undefined);
+      }, () => undefined);
+    }, WATCHDOG_INTERVAL_MS));
+    return slot;
   });
   logger.info({ queues }, 'workers started');
 
   return {
     queues,
     async close() {
+      closing = true;
+      for (const w of watchdogs) clearInterval(w);
+      const workers = slots.map((slot) => slot.worker);
       let timer: NodeJS.Timeout | undefined;
       const bounded = new Promise<void>((resolve) => {
         timer = setTimeout(() => {

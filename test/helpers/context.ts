@@ -57,11 +57,11 @@ export interface TestApp {
 }
 
 export async function startTestApp(
-  options: { env?: TestEnv; overrides?: Record<string, string>; dropOnClose?: boolean; workers?: QueueName[]; monitorCommands?: boolean } = {},
+  options: { env?: TestEnv; overrides?: Record<string, string>; dropOnClose?: boolean; workers?: QueueName[] } = {},
 ): Promise<TestApp> {
   const env = options.env ?? testEnv(options.overrides);
   const config = loadConfig(env.vars);
-  const runtime = createRuntime(config, createLogger(config, 'test'), { monitorCommands: options.monitorCommands });
+  const runtime = createRuntime(config, createLogger(config, 'test'));
   await connectRuntime(runtime, 10_000);
   const app = await buildApp(runtime, { logger: false });
   await app.ready();

@@ -133,6 +133,17 @@ describe('runs and signed events', () => {
     expect(await storedEvents(runId)).toBe(2);
   });
 
+  it('treats a resend as a success when the first try stored the batch but the head cache never caught up', async () => {
+    const runId = await createRun(t, auth, { agentId: agent.agentId });
+    const batch = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: { a: 1 } }, { type: 'log', payload: { a: 2 } }]);
+    expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
+    await t.runtime.stores.runs.heads.deleteOne({ _id: runId }); // the answer and the head cache write were lost
+    const resend = await appendEvents(t, auth, runId, batch);
+    expect(resend.statusCode, resend.body).toBe(201);
+    expect(resend.json()).toEqual({ runId, accepted: 2, head: { seq: 2, chainHash: batch[1]!.chainHash } });
+    expect(await storedEvents(runId)).toBe(2);
+  });
+
   it('lets exactly one of two racing clients win each seq (two API processes)', async () => {
     const runId = await createRun(t, auth, { agentId: agent.agentId });
     let head = { seq: 0, chainHash: null as string | null };

@@ -59,7 +59,7 @@ describe('every request and job path looks records up by exact _id', () => {
   let receiver: Receiver;
   const commands: CommandStartedEvent[] = [];
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['finalize', 'settle', 'webhook-dispatch'], monitorCommands: true, overrides: DELIVERY_OVERRIDES });
+    t = await startTestApp({ workers: ['finalize', 'settle', 'webhook-dispatch'], overrides: DELIVERY_OVERRIDES });
     receiver = await startReceiver();
   });
   afterAll(async () => {

@@ -38,7 +38,7 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(options: { overrides?: Record<string, string>; workers?: boolean; monitorCommands?: boolean } = {}): Promise<Harness> {
+export async function startHarness(options: { overrides?: Record<string, string>; workers?: boolean } = {}): Promise<Harness> {
   const env = testEnv({ LOG_LEVEL: 'debug', ...options.overrides });
   const config = loadConfig(env.vars);
   let captured = '';
@@ -51,7 +51,6 @@ export async function startHarness(options: { overrides?: Record<string, string>
   const logger = pino({ level: 'debug', redact: { paths: REDACT_PATHS, censor: '[redacted]' } }, sink);
   const runtime = createRuntime(config, logger);
   // Before connecting: the driver's connections emit commandStarted/commandSucceeded only when created with it.
-  if (options.monitorCommands) runtime.mongo.options.monitorCommands = true;
   await connectRuntime(runtime, 10_000);
   const app = await buildApp(runtime, { bullBoard: false });
   await app.ready();

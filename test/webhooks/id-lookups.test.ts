@@ -43,7 +43,7 @@ describe('webhook paths touch the webhook collections by exact _id only', () => 
   let r: Receiver;
   const seen: Array<{ command: string; collection: string; filter: unknown }> = [];
   beforeAll(async () => {
-    h = await startHarness({ overrides: DELIVERY_OVERRIDES, workers: true, monitorCommands: true });
+    h = await startHarness({ overrides: DELIVERY_OVERRIDES, workers: true });
     const tried = new Set<string>();
     // /gone answers 410; /hook fails each event's first attempt, so every delivery there is retried once.
     r = await startReceiver((req) => {

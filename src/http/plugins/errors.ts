@@ -29,7 +29,7 @@ export function isBackendUnavailable(err: unknown): boolean {
   if (!(err instanceof Error)) return false;
   return (
     err.name === 'MaxRetriesPerRequestError' ||
-    /enableOfflineQueue|Connection is closed|ECONNREFUSED|ECONNRESET|ETIMEDOUT|Stream isn't writeable/.test(err.message)
+    /enableOfflineQueue|Connection is closed|Command timed out|ECONNREFUSED|ECONNRESET|ETIMEDOUT|Stream isn't writeable/.test(err.message)
   );
 }
 
@@ -91,6 +91,8 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
 
 /** Sends an error in the contract's shape; hooks use it directly so a plugin's own error handler cannot reshape it. */
 export function sendError(request: FastifyRequest, reply: FastifyReply, err: unknown) {
+  // Already answered (the request deadline sent 503 while the handler was still waiting): nothing more to send.
+  if (reply.sent) return reply;
   const { status, body } = toErrorBody(err, request.id);
   if (status >= 500) {
     request.log.error({ err }, 'request failed');
@@ -99,6 +101,34 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   }
   if (status === 503) reply.header('retry-after', '1');
   return reply.status(status).send(body);
+}
+
+/**
+ * The raw HTTP answer to a request Node's parser refused before Fastify saw it (see app.ts clientErrorHandler):
+ * 414 when the request line alone is too long, 431 when the headers are, 408 on a client timeout, else 400; always
+ * the contract's body with a fresh request id, and the connection closed.
+ */
+export function clientErrorAnswer(err: Error & { code?: string; rawPacket?: Buffer }, requestId: string, maxUrlLength: number): string {
+  let status: number;
+  let body: ErrorBody;
+  if (err.code === 'HPE_HEADER_OVERFLOW') {
+    const packet = err.rawPacket?.toString('latin1') ?? '';
+    const lineEnd = packet.indexOf('\r\n');
+    const requestLineTooLong = lineEnd === -1 ? packet.length > maxUrlLength : lineEnd > maxUrlLength;
+    status = requestLineTooLong ? 414 : 431;
+    body = requestLineTooLong
+      ? { code: 'URI_TOO_LONG', message: `the URL exceeds ${maxUrlLength} bytes`, requestId }
+      : { code: 'HEADERS_TOO_LARGE', message: 'the request headers exceed 16 KiB', requestId };
+  } else if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
+    status = 408;
+    body = { code: 'REQUEST_TIMEOUT', message: 'the request was not received in time', requestId };
+  } else {
+    status = 400;
+    body = { code: 'BAD_REQUEST', message: 'the request is not valid HTTP', requestId };
+  }
+  const json = JSON.stringify(body);
+  const reason = { 400: 'Bad Request', 408: 'Request Timeout', 414: 'URI Too Long', 431: 'Request Header Fields Too Large' }[status];
+  return `HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(json)}\r\nx-request-id: ${requestId}\r\nConnection: close\r\n\r\n${json}`;
 }
 
 /** One error handler for the whole app: every error leaves in the contract's body, without internals. */

@@ -61,7 +61,7 @@ function fingerprint(request: FastifyRequest): string {
 /**
  * Idempotency-Key for every POST and PUT (contract section 4), kept in Redis so every API process sees it. The key is
  * claimed after schema validation, so a request that fails validation stores nothing; 5xx and 429 answers release
- * the claim so the caller's retry can run.
+ * the claim so the caller's retry can run, except a 503 the request deadline gave while the handler still runs.
  */
 export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
   const { config, redis } = opts.runtime;
@@ -113,7 +113,10 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     const { redisKey } = claim;
     const status = reply.statusCode;
     try {
-      if (status >= 500 || status === 429) {
+      if (request.answeredByDeadline) {
+        // The handler may still be running and may yet succeed: the key stays in progress (a retry gets 409) until
+        // the claim expires, rather than letting a retry run the same request a second time beside it.
+      } else if (status >= 500 || status === 429) {
         await redis.del(redisKey);
       } else {
         const setCookie = reply.getHeader('set-cookie');

@@ -1,0 +1,57 @@
+import type { FastifyInstance } from 'fastify';
+import fp from 'fastify-plugin';
+import { errors } from '../../domain/errors.ts';
+import type { Runtime } from '../../runtime.ts';
+import { sendError } from './errors.ts';
+
+/** After the deadline, how often a request still running looks again (a long artifact read may stall later). */
+const RECHECK_MS = 100;
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    deadlineTimer: NodeJS.Timeout | null;
+    /** The deadline answered 503 while the handler may still be running (see the idempotency plugin). */
+    answeredByDeadline: boolean;
+  }
+}
+
+/**
+ * The request deadline (contract section 2: 503 fast, never hang). Fastify has none, and the drivers wait on a hung
+ * server for seconds (MongoDB's socket has no timeout; its heartbeat notices after up to 10 s). A request still
+ * unanswered at REQUEST_DEADLINE_MS answers 503 UNAVAILABLE when a backend is stalled: Redis not connected, no
+ * MongoDB server known, or a MongoDB command waiting longer than half the deadline. A request that is merely long
+ * (an artifact of many batches, each read answering promptly) keeps running.
+ */
+export default fp(async function deadlinePlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
+  const { config, redis, mongoWatch } = opts.runtime;
+  const stallMs = config.requestDeadlineMs / 2;
+  const stalledBackend = (): string | null => {
+    if (redis.status !== 'ready') return 'redis';
+    if (!mongoWatch.serverReachable || mongoWatch.oldestPendingMs() > stallMs) return 'mongodb';
+    return null;
+  };
+  app.decorateRequest('deadlineTimer', null);
+  app.decorateRequest('answeredByDeadline', false);
+
+  app.addHook('onRequest', async (request, reply) => {
+    const check = () => {
+      request.deadlineTimer = null;
+      if (reply.sent) return;
+      const backend = stalledBackend();
+      if (backend) {
+        request.log.warn({ backend, deadlineMs: config.requestDeadlineMs }, 'request deadline passed while a backend stalls; answering 503');
+        request.answeredByDeadline = true;
+        void sendError(request, reply, errors.unavailable('a backing service is unavailable; retry shortly'));
+        return;
+      }
+      request.deadlineTimer = setTimeout(check, RECHECK_MS);
+    };
+    request.deadlineTimer = setTimeout(check, config.requestDeadlineMs);
+  });
+  const clear = async (request: { deadlineTimer: NodeJS.Timeout | null }) => {
+    if (request.deadlineTimer) clearTimeout(request.deadlineTimer);
+    request.deadlineTimer = null;
+  };
+  app.addHook('onResponse', clear);
+  app.addHook('onRequestAbort', clear);
+});
