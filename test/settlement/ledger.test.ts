@@ -139,7 +139,7 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect(await ledger.balances('w4')).toEqual({ USD: { available: 60, escrow: 0 } });
 
     // Redis forgot everything due (and the audit claim): the audit finds the entry again, the sweep finishes it.
-    await t.runtime.redis.del(`${t.config.redisPrefix}:ledger:pending`, `${t.config.redisPrefix}:ledger:locks`, `${t.config.redisPrefix}:ledger:audit`);
+    await t.runtime.redis.del(`${t.config.redisPrefix}:{ledger}:pending`, `${t.config.redisPrefix}:{ledger}:locks`, `${t.config.redisPrefix}:{ledger}:audit`);
     expect(await ledger.finishStalledEntries(new Date(), 100)).toEqual({ looked: 0, failed: 0 });
     expect(await ledger.auditDueIndex()).toMatchObject({ pending: 1 });
     expect(await ledger.auditDueIndex()).toBeNull(); // one audit per period, whoever asks
