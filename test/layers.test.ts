@@ -40,4 +40,9 @@ describe('layers', () => {
     const offenders = files('src/domain').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
     expect(offenders).toEqual([]);
   });
+
+  it('the x402 scheme packages (run in other processes) import only pure domain modules', () => {
+    const offenders = files('src/x402').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
+    expect(offenders).toEqual([]);
+  });
 });

@@ -166,3 +166,35 @@ export type VerificationStatus = 'verified' | 'failed';
 export function verifyVerdict(authorized: boolean, status: VerificationStatus): 'pass' | 'fail' {
   return authorized && status !== 'failed' ? 'pass' : 'fail';
 }
+
+/**
+ * What an `escrow-gate` payment made through x402 HTTP binds: the method and the resource URL of the request the
+ * provider serves. The provider's server scheme writes both into the requirement's `extra` (from the request it
+ * is answering), the payer hashes them into the quote, and the facilitator recomputes the hash from the
+ * requirements the provider forwards, so a token bought for one request cannot pay for another.
+ */
+export interface X402RequestBinding {
+  method: string;
+  resource: string;
+}
+
+export function x402RequestSha256(binding: X402RequestBinding): string {
+  return sha256Hex(canonicalize({ method: binding.method.toUpperCase(), resource: binding.resource }));
+}
+
+/** The binding a requirement's `extra` names, or null when it names none (then nothing can be bound). */
+export function requestBindingOf(extra: Record<string, unknown> | undefined): X402RequestBinding | null {
+  const method = extra?.method;
+  const resource = extra?.resource;
+  return typeof method === 'string' && method !== '' && typeof resource === 'string' && resource !== '' ? { method, resource } : null;
+}
+
+/** USD in minor units (cents): the asset "$1.23"-style prices name, and a default asset for x402 spend controls. */
+export const X402_USD_ASSET = { asset: 'USD', decimals: 2, symbol: 'USD' } as const;
+
+/** "$1.23", "1.23", "1" or 1.5 as integer cents, exactly (no float arithmetic); null for anything else. */
+export function usdToMinorUnits(price: string | number): number | null {
+  const match = /^\$?([0-9]{1,13})(?:\.([0-9]{1,2}))?$/.exec(String(price).trim());
+  if (!match) return null;
+  return Number(match[1]) * 100 + Number((match[2] ?? '').padEnd(2, '0'));
+}

@@ -24,6 +24,7 @@ import { runRoutes } from './routes/runs.ts';
 import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
 import { x402Routes } from './routes/x402.ts';
+import { x402FacilitatorRoutes } from './routes/x402-facilitator.ts';
 import { ErrorBody } from './schemas/common.ts';
 import { ServiceError } from '../domain/errors.ts';
 
@@ -116,6 +117,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(webhookRoutes, { runtime });
   await app.register(onboardingRoutes, { runtime });
   await app.register(x402Routes, { runtime });
+  await app.register(x402FacilitatorRoutes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

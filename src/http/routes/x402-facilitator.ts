@@ -1,0 +1,29 @@
+import type { FastifyInstance } from 'fastify';
+import type { Static } from 'typebox';
+import type { Runtime } from '../../runtime.ts';
+import { X402FacilitatorService } from '../../services/x402-facilitator.ts';
+import { tenantOf } from '../plugins/auth.ts';
+import { errorResponses } from '../schemas/common.ts';
+import { FacilitatorBody, SettleResponse, SupportedResponse, VerifyResponse } from '../schemas/x402-facilitator.ts';
+
+/** The x402 v2 facilitator API: a refused payment is a 200 with the protocol's reason, as stock clients expect. */
+export async function x402FacilitatorRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
+  const service = new X402FacilitatorService(opts.runtime);
+  app.addHook('onClose', () => service.close());
+  const tags = ['x402 facilitator'];
+
+  app.post<{ Body: Static<typeof FacilitatorBody> }>('/x402/facilitator/verify', {
+    config: { access: 'x402:write' },
+    schema: { tags, summary: 'Verify an escrow-gate payment before serving: the token offline against the key ring, its bindings, the gate', body: FacilitatorBody, response: { 200: VerifyResponse, ...errorResponses(400, 401, 403) } },
+  }, async (request) => service.verify(tenantOf(request), request.body));
+
+  app.post<{ Body: Static<typeof FacilitatorBody> }>('/x402/facilitator/settle', {
+    config: { access: 'x402:write' },
+    schema: { tags, summary: 'Settle a served escrow-gate payment through the gate\'s verify; a repeat answers the same settlement', body: FacilitatorBody, response: { 200: SettleResponse, ...errorResponses(400, 401, 403) } },
+  }, async (request) => service.settle(tenantOf(request), request.body));
+
+  app.get('/x402/facilitator/supported', {
+    config: { access: 'x402:read' },
+    schema: { tags, summary: 'The payment kinds this facilitator settles: x402 v2, scheme escrow-gate, this deployment\'s network', response: { 200: SupportedResponse, ...errorResponses(401, 403) } },
+  }, async () => service.supported());
+}

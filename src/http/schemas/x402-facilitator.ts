@@ -1,0 +1,59 @@
+// Request and response schemas of the x402 v2 facilitator API (`/x402/facilitator/*`), as stock x402 clients send
+// and read them. Fields the protocol may grow are let through (no additionalProperties: false on its objects).
+import { Type } from 'typebox';
+
+const PaymentRequirements = Type.Object({
+  scheme: Type.String({ maxLength: 64 }),
+  network: Type.String({ maxLength: 80, description: 'CAIP-2 style network id' }),
+  asset: Type.String({ maxLength: 64, description: 'the currency' }),
+  amount: Type.String({ pattern: '^[0-9]{1,16}$', description: 'integer minor units, as a decimal string' }),
+  payTo: Type.String({ maxLength: 256, description: 'the payee agent id' }),
+  maxTimeoutSeconds: Type.Integer({ minimum: 0 }),
+  extra: Type.Record(Type.String(), Type.Unknown(), { description: 'escrow-gate: method and resource (the request binding), holdbackBps, disputeWindowSeconds' }),
+});
+
+const PaymentPayload = Type.Object({
+  x402Version: Type.Integer(),
+  resource: Type.Optional(Type.Object({ url: Type.String({ maxLength: 4096 }) })),
+  accepted: PaymentRequirements,
+  payload: Type.Record(Type.String(), Type.Unknown(), { description: 'escrow-gate: {token, gateId, quoteId, requestSha256, responseSha256?}' }),
+  extensions: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+});
+
+export const FacilitatorBody = Type.Object({
+  x402Version: Type.Integer(),
+  paymentPayload: PaymentPayload,
+  paymentRequirements: PaymentRequirements,
+});
+
+export const VerifyResponse = Type.Object({
+  isValid: Type.Boolean(),
+  invalidReason: Type.Optional(Type.String({ description: 'snake_case, e.g. payment_already_settled, invalid_signature, payee_mismatch, amount_mismatch, request_binding_mismatch, quote_expired, unsupported_scheme' })),
+  invalidMessage: Type.Optional(Type.String()),
+  payer: Type.Optional(Type.String()),
+});
+
+export const SettleResponse = Type.Object({
+  success: Type.Boolean(),
+  errorReason: Type.Optional(Type.String()),
+  errorMessage: Type.Optional(Type.String()),
+  payer: Type.Optional(Type.String()),
+  transaction: Type.String({ description: 'the settlement id (empty when nothing was settled)' }),
+  network: Type.String(),
+  amount: Type.Optional(Type.String()),
+  extra: Type.Optional(
+    Type.Object({
+      gateId: Type.String(),
+      status: Type.String({ description: 'released, or settling while the decision is being recorded' }),
+      releasedNow: Type.Union([Type.Integer(), Type.Null()]),
+      holdback: Type.Union([Type.Integer(), Type.Null()]),
+      receiptHash: Type.Union([Type.String(), Type.Null()]),
+    }),
+  ),
+});
+
+export const SupportedResponse = Type.Object({
+  kinds: Type.Array(Type.Object({ x402Version: Type.Integer(), scheme: Type.String(), network: Type.String() })),
+  extensions: Type.Array(Type.String()),
+  signers: Type.Record(Type.String(), Type.Array(Type.String())),
+});

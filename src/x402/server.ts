@@ -1,0 +1,88 @@
+// The provider's side of the `escrow-gate` x402 scheme, for the stock x402 v2 resource server and its middleware:
+//
+//   const server = new x402ResourceServer(escrowGateFacilitator({ serviceUrl, apiKey })).register(network, new EscrowGateServerScheme());
+//   app.use(paymentMiddleware({ 'GET /search': { accepts: { scheme: 'escrow-gate', network, payTo: payeeAgentId, price: '$0.10' } } }, server));
+//
+// Flow "authorization": the facilitator verifies the payment before the handler runs and settles it after the
+// handler answered. The requirement names the request it pays for (extra.method, extra.resource, written from the
+// request being answered) and carries a nonce per 402, so each payment is its own gate. Settling sends the
+// sha256 of the response served as the gate's evidence. Runs in the provider's process: pure domain imports only.
+import type {
+  AssetAmount,
+  Network,
+  PaymentFlowConfig,
+  PaymentRequirements,
+  Price,
+  SchemeNetworkServer,
+  SchemePaymentRequiredContext,
+  SettleContext,
+} from '@x402/core/types';
+import { randomBytes } from 'node:crypto';
+import { sha256Hex } from '../domain/crypto.ts';
+import { CURRENCY_PATTERN } from '../domain/money.ts';
+import { X402_SCHEME, X402_USD_ASSET, usdToMinorUnits } from '../domain/x402.ts';
+
+export interface EscrowGateServerOptions {
+  /** Share of each payment held back for the dispute window, in basis points (default 0). */
+  holdbackBps?: number;
+  /** How long the payer may dispute the held-back part (default 86400). */
+  disputeWindowSeconds?: number;
+  /** Names the tool in the gate, for sponsor wallets whose policy allows only listed tools. */
+  toolId?: string;
+}
+
+const AMOUNT = /^[1-9][0-9]{0,15}$/;
+
+export class EscrowGateServerScheme implements SchemeNetworkServer {
+  readonly scheme = X402_SCHEME;
+  /** No asset transfer methods: the money moves inside the service's ledger. */
+  readonly defaultAssetTransferMethod = 'default';
+  readonly paymentFlows: Readonly<Record<string, PaymentFlowConfig>> = { default: { supported: ['authorization'], default: 'authorization' } };
+  /** A fresh nonce per 402 answer: the paid request's requirement matches the payer's whatever nonce it drew. */
+  readonly dynamicExtraFields = ['paymentNonce'];
+  private readonly terms: Record<string, unknown>;
+
+  constructor(options: EscrowGateServerOptions = {}) {
+    this.terms = {
+      holdbackBps: options.holdbackBps ?? 0,
+      disputeWindowSeconds: options.disputeWindowSeconds ?? 86_400,
+      ...(options.toolId ? { toolId: options.toolId } : {}),
+    };
+  }
+
+  /** `{amount, asset}` in minor units as it is; "$1.23", "1.23" or a number as USD cents. */
+  async parsePrice(price: Price, network: Network): Promise<AssetAmount> {
+    if (typeof price === 'object') {
+      if (!AMOUNT.test(price.amount) || !Number.isSafeInteger(Number(price.amount))) throw new Error(`escrow-gate amounts are integer minor units, got ${price.amount}`);
+      if (!new RegExp(CURRENCY_PATTERN).test(price.asset)) throw new Error(`escrow-gate assets are currencies like USD, got ${price.asset}`);
+      return { amount: price.amount, asset: price.asset, ...(price.extra ? { extra: price.extra } : {}) };
+    }
+    const cents = usdToMinorUnits(price);
+    if (cents === null || cents < 1) throw new Error(`cannot price ${String(price)} on ${network}: use "$1.23" or {amount, asset}`);
+    return { amount: String(cents), asset: X402_USD_ASSET.asset };
+  }
+
+  getAssetDecimals(asset: string): number | undefined {
+    return asset === X402_USD_ASSET.asset ? X402_USD_ASSET.decimals : undefined;
+  }
+
+  async enhancePaymentRequirements(requirements: PaymentRequirements): Promise<PaymentRequirements> {
+    return { ...requirements, extra: { ...requirements.extra, ...this.terms } };
+  }
+
+  /** Binds each of our requirements to the request being answered, and gives it its nonce (once). */
+  async enrichPaymentRequiredResponse(context: SchemePaymentRequiredContext): Promise<PaymentRequirements[]> {
+    const method = (context.transportContext as { request?: { method?: string } } | undefined)?.request?.method ?? 'GET';
+    return context.requirements.map((r) =>
+      r.scheme !== X402_SCHEME || r.extra.paymentNonce !== undefined
+        ? r
+        : { ...r, extra: { ...r.extra, method: method.toUpperCase(), resource: context.resourceInfo.url, paymentNonce: randomBytes(16).toString('hex') } },
+    );
+  }
+
+  /** The served response's sha256, the gate's evidence. */
+  async enrichSettlementPayload(context: SettleContext): Promise<Record<string, unknown>> {
+    const body = (context.transportContext as { responseBody?: Uint8Array } | undefined)?.responseBody;
+    return { responseSha256: sha256Hex(body ?? new Uint8Array()) };
+  }
+}
