@@ -170,10 +170,12 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
     { runId, artifactId: run.artifactId, verdict: run.verdict, status: run.status, ...(run.finalizeError ? { error: run.finalizeError.code } : {}) },
     `run.finalized:${runId}`,
   );
+  // Only now is nothing owed: a failure before this line (Redis away at the emit, say) leaves the run findable.
+  await runs.finalizeDue.done(runId);
   return { artifactId: run.artifactId, verdict: run.verdict };
 }
 
-/** Runs left in finalizing (their job lost, failed for good, or never enqueued because Redis was down). */
+/** Runs whose finalize is owed: left in finalizing, or finalized before run.finalized was recorded (job lost or failed). */
 export async function sweepFinalizing(rt: Runtime, limit: number): Promise<{ checked: number; repaired: number }> {
   const stale = await rt.stores.runs.staleFinalizing(new Date(Date.now() - rt.config.sweeper.staleAfterMs), limit);
   let repaired = 0;

@@ -342,7 +342,7 @@ export class RunStore {
   private async moveToFinalized(runId: string, outcome: Pick<RunDoc, 'artifactId' | 'verdict' | 'finalizeError'>, now: Date): Promise<void> {
     const run = await this.runs.findOne({ _id: runId });
     if (run?.status === 'finalizing') await this.runs.updateOne({ _id: runId }, { $set: { status: 'finalized', finalizedAt: now, ...outcome } });
-    await this.finalizeDue.done(runId);
+    // The due record stays until run.finalized is recorded too (services/runs.ts finalizeRun removes it).
   }
 
   getArtifactDoc(artifactId: string): Promise<ArtifactDoc | null> {
@@ -367,14 +367,15 @@ export class RunStore {
     const runs = await Promise.all(due.map((d) => this.runs.findOne({ _id: d._id })));
     const stale: RunDoc[] = [];
     for (const [i, run] of runs.entries()) {
-      if (run?.status === 'finalizing') stale.push(run);
+      // Finalizing, or finalized without its run.finalized event recorded yet: the finalize job finishes either.
+      if (run?.status === 'finalizing' || run?.status === 'finalized') stale.push(run);
       else if (run?.status === 'in_progress' && !(await this.repairHead(run._id)).sealed) {
         // The request died before its seal: nothing was frozen, so nothing is owed (a new request marks it again).
         await this.finalizeDue.done(due[i]!._id);
       } else if (run?.status === 'in_progress') {
         stale.push(await this.beginFinalize(run.tenantId, run._id)); // sealed, but the run never heard of it
       } else {
-        await this.finalizeDue.done(due[i]!._id); // finalized (or gone): the record outlived its work
+        await this.finalizeDue.done(due[i]!._id); // gone: the record outlived its work
       }
     }
     return stale;

@@ -210,4 +210,20 @@ describe('finalize, artifacts and verification', () => {
     expect(outcome).toMatchObject({ repaired: 1 });
     expect((await waitFinalized(t, auth, runId)).status).toBe('finalized');
   });
+  it('the sweeper records run.finalized for a run finalized while its event could not be recorded', async () => {
+    const runId = await runWithEvidence({});
+    await finalize(runId);
+    await waitFinalized(t, auth, runId);
+    const tenantId = (await t.runtime.stores.runs.getAny(runId))!.tenantId;
+    // The state a failed emit leaves: run finalized, no run.finalized in the outbox, the due record still there.
+    await t.runtime.stores.outbox.events.deleteOne({ type: 'run.finalized', 'data.runId': runId } as never);
+    await t.runtime.stores.runs.finalizeDue.mark(runId, tenantId, new Date(0));
+    expect(await createFinalizeProcessor(t.runtime).sweep!()).toMatchObject({ checked: 1, repaired: 1 });
+    const deadline = Date.now() + 10_000;
+    while (!(await t.runtime.stores.outbox.events.findOne({ type: 'run.finalized', 'data.runId': runId } as never))) {
+      if (Date.now() > deadline) throw new Error('run.finalized was not recorded');
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(await t.runtime.stores.runs.finalizeDue.records.findOne({ _id: runId })).toBeNull();
+  });
 });
