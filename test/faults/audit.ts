@@ -88,3 +88,20 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
     await client.close();
   }
 }
+
+/** Waits until every run's run.finalized is in the outbox: one whose emit failed in the outage is owed by the sweeper. */
+export async function eventuallyAnnounced(mongoUrl: string, runIds: string[], timeoutMs: number): Promise<void> {
+  const client = new MongoClient(mongoUrl, { serverSelectionTimeoutMS: 10_000 });
+  try {
+    const outbox = client.db().collection<any>('outbox_events');
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const announced = new Set((await outbox.find({ type: 'run.finalized' }).toArray()).map((e) => e.data.runId));
+      if (runIds.every((id) => announced.has(id))) return;
+      if (Date.now() > deadline) return; // the audit names what is missing
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  } finally {
+    await client.close();
+  }
+}

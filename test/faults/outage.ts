@@ -7,7 +7,7 @@
 //   3. it restarts: requests succeed again within 5 s, the worker resumes by itself, every run finalizes and settles,
 //      and the database audit finds each effect once and every currency balanced.
 import { expect } from 'vitest';
-import { auditDatabase } from './audit.ts';
+import { auditDatabase, eventuallyAnnounced } from './audit.ts';
 import { call, createRunWithEvidence, createTenant, credit, eventually, expectErrorShape, must, registerAgent, ServiceProcess, serviceEnv, type Answer } from './service.ts';
 
 export interface Backend {
@@ -122,6 +122,7 @@ export async function outageScenario(backend: Backend, processes: ServiceProcess
   }
   const settledAfterMs = Date.now() - upAt;
 
+  await eventuallyAnnounced(env.MONGO_URL!, runIds, 30_000);
   const audit = await auditDatabase(env.MONGO_URL!, runIds);
   expect(audit.verdicts).toEqual({ pass: RUNS / 2, fail: RUNS / 2 });
   expect(audit.settlements).toEqual({ completed: RUNS / 2, held: RUNS / 2 });
