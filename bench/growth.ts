@@ -70,6 +70,7 @@ const serviceEnv: Record<string, string> = {
   SERVICE_ADMIN_KEY: adminKey,
   SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
   WEBHOOK_SECRET_KEY: randomBytes(32).toString('base64'),
+  BUYER_SESSION_SECRET: randomBytes(32).toString('base64'), // required in production, like the webhook key
   RATE_LIMIT_MAX: '10000000',
   WEBHOOK_ALLOW_INSECURE_URLS: 'true',
   WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true',
