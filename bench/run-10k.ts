@@ -1,38 +1,15 @@
 // A run of N signed events (default 10,000) appended over HTTP in batches of 100, then finalized by the real
 // worker. Prints JSON: append throughput, finalize latency, artifact size, public verification time.
 // Needs the local services (scripts/services.sh up) or MONGO_URL / REDIS_URL. Loopback only; stops by itself.
-import { randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair, newId, privateKeyToPem } from '../src/domain/crypto.ts';
+import { generateEd25519KeyPair, newId } from '../src/domain/crypto.ts';
 import { signEvents, type ChainHead } from '../src/domain/event-chain.ts';
-import { buildApp } from '../src/http/app.ts';
-import { createLogger } from '../src/logger.ts';
-import { connectRuntime, createRuntime } from '../src/runtime.ts';
-import { createProcessors } from '../src/workers/index.ts';
-import { startWorkers } from '../src/workers/runner.ts';
+import { startInProcessService } from './in-process.ts';
 
 const EVENTS = Number(process.argv[2] ?? 10_000);
 const BATCH = 100;
-const suffix = randomBytes(4).toString('hex');
-const adminKey = randomBytes(32).toString('base64url');
-const config = loadConfig({
-  ...process.env,
-  NODE_ENV: 'test',
-  LOG_LEVEL: 'warn',
-  MONGO_URL: process.env.MONGO_URL ?? `mongodb://127.0.0.1:27027/bench_${suffix}`,
-  MONGO_DB: `bench_${suffix}`,
-  REDIS_PREFIX: `bench${suffix}`,
-  SERVICE_ADMIN_KEY: adminKey,
-  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
-  RATE_LIMIT_MAX: '1000000',
-});
-const runtime = createRuntime(config, createLogger(config, 'bench'));
-await connectRuntime(runtime);
-const app = await buildApp(runtime, { logger: false, bullBoard: false });
-await app.listen({ host: '127.0.0.1', port: 0 });
-const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
-const workers = startWorkers(config, runtime.logger, createProcessors(runtime), ['finalize']);
+const service = await startInProcessService(['finalize'], 1_000_000);
+const { runtime, base, adminKey } = service;
 
 async function call(method: string, path: string, token: string, body?: unknown) {
   const res = await fetch(base + path, {
@@ -115,8 +92,5 @@ try {
   mkdirSync('bench/results', { recursive: true });
   writeFileSync(`bench/results/run-${EVENTS}.json`, `${JSON.stringify(result, null, 2)}\n`);
 } finally {
-  await workers.close();
-  await app.close();
-  await runtime.db.dropDatabase().catch(() => undefined);
-  await runtime.close();
+  await service.close();
 }

@@ -3,43 +3,20 @@
 // -> the route -> facilitator settle (the gate's verify, release minus holdback) -> the answer with PAYMENT-RESPONSE.
 // With 1 and 16 concurrent callers, each its own payer. Prints JSON (also written to
 // bench/results/x402-paid-call.json). `node --import tsx bench/x402-paid-call.ts [--ops N]`. Needs the local services.
-import { randomBytes } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import type { Server } from 'node:http';
 import { decodePaymentResponseHeader } from '@x402/fetch';
 import { payingFetch } from '../examples/paid-tool/caller.ts';
 import { createPaidTool } from '../examples/paid-tool/tool.ts';
-import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
-import { buildApp } from '../src/http/app.ts';
-import { createLogger } from '../src/logger.ts';
-import { connectRuntime, createRuntime } from '../src/runtime.ts';
-import { createProcessors } from '../src/workers/index.ts';
-import { startWorkers } from '../src/workers/runner.ts';
+import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
+import { startInProcessService } from './in-process.ts';
 
 const opsArg = process.argv.indexOf('--ops');
 const OPS = opsArg >= 0 ? Number(process.argv[opsArg + 1]) : 48;
 const CONCURRENCY = [1, 16];
 
-const suffix = randomBytes(4).toString('hex');
-const adminKey = randomBytes(32).toString('base64url');
-const config = loadConfig({
-  ...process.env,
-  NODE_ENV: 'test',
-  LOG_LEVEL: 'warn',
-  MONGO_URL: process.env.MONGO_URL ?? `mongodb://127.0.0.1:27027/bench_${suffix}`,
-  MONGO_DB: `bench_${suffix}`,
-  REDIS_PREFIX: `bench${suffix}`,
-  SERVICE_ADMIN_KEY: adminKey,
-  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
-  RATE_LIMIT_MAX: '10000000',
-});
-const runtime = createRuntime(config, createLogger(config, 'bench'));
-await connectRuntime(runtime);
-const app = await buildApp(runtime, { logger: false, bullBoard: false });
-await app.listen({ host: '127.0.0.1', port: 0 });
-const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
-const workers = startWorkers(config, runtime.logger, createProcessors(runtime), ['x402-verify', 'settle', 'webhook-dispatch']);
+const service = await startInProcessService(['x402-verify', 'settle', 'webhook-dispatch']);
+const { config, base, adminKey } = service;
 let tool: Server | undefined;
 
 async function call(path: string, token: string, body: unknown) {
@@ -98,8 +75,5 @@ try {
   console.log(JSON.stringify(out, null, 2));
 } finally {
   await new Promise((resolve) => (tool ? tool.close(resolve) : resolve(undefined)));
-  await workers.close();
-  await app.close();
-  await runtime.db.dropDatabase().catch(() => undefined);
-  await runtime.close();
+  await service.close();
 }

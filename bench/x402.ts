@@ -3,17 +3,12 @@
 // and a raw driver findOne({_id}). Prints JSON (also written to bench/results/x402.json).
 // `node --import tsx bench/x402.ts [--ops N] [--seed-gates N]`: --seed-gates stores N gates first (through the same
 // service the API uses) to show that cost follows the work, not the data. Needs the local services; stops by itself.
-import { randomBytes, createHash } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import Fastify from 'fastify';
-import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
-import { buildApp } from '../src/http/app.ts';
-import { createLogger } from '../src/logger.ts';
-import { connectRuntime, createRuntime } from '../src/runtime.ts';
+import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
 import { X402Service } from '../src/services/x402.ts';
-import { createProcessors } from '../src/workers/index.ts';
-import { startWorkers } from '../src/workers/runner.ts';
+import { startInProcessService } from './in-process.ts';
 
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(name);
@@ -23,25 +18,8 @@ const OPS = arg('--ops', 300);
 const SEED_GATES = arg('--seed-gates', 0);
 const CONCURRENCY = [1, 50];
 
-const suffix = randomBytes(4).toString('hex');
-const adminKey = randomBytes(32).toString('base64url');
-const config = loadConfig({
-  ...process.env,
-  NODE_ENV: 'test',
-  LOG_LEVEL: 'warn',
-  MONGO_URL: process.env.MONGO_URL ?? `mongodb://127.0.0.1:27027/bench_${suffix}`,
-  MONGO_DB: `bench_${suffix}`,
-  REDIS_PREFIX: `bench${suffix}`,
-  SERVICE_ADMIN_KEY: adminKey,
-  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
-  RATE_LIMIT_MAX: '10000000',
-});
-const runtime = createRuntime(config, createLogger(config, 'bench'));
-await connectRuntime(runtime);
-const app = await buildApp(runtime, { logger: false, bullBoard: false });
-await app.listen({ host: '127.0.0.1', port: 0 });
-const base = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
-const workers = startWorkers(config, runtime.logger, createProcessors(runtime), ['x402-verify', 'settle']);
+const host = await startInProcessService(['x402-verify', 'settle']);
+const { runtime, base, adminKey } = host;
 const bare = Fastify({ logger: false });
 bare.get('/ping', async () => ({ ok: true }));
 await bare.listen({ host: '127.0.0.1', port: 0 });
@@ -133,9 +111,6 @@ try {
   writeFileSync('bench/results/x402.json', `${JSON.stringify(out, null, 2)}\n`);
   console.log(JSON.stringify(out, null, 2));
 } finally {
-  await workers.close();
-  await app.close();
   await bare.close();
-  await runtime.db.dropDatabase().catch(() => undefined);
-  await runtime.close();
+  await host.close();
 }
