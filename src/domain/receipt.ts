@@ -2,11 +2,10 @@ import type { KeyObject } from 'node:crypto';
 import { canonicalize } from './canonical-json.ts';
 import { sha256Hex, signHexDigest } from './crypto.ts';
 
-/** What a decided settlement commits to; hashed with canonical JSON and signed with the service key. */
-export interface SettlementReceiptBody {
+/** The money every settlement receipt commits to, whatever was settled. */
+interface ReceiptMoney {
   schema: 'SettlementReceipt.v1';
   settlementId: string;
-  runId: string;
   payerWalletId: string;
   payeeWalletId: string;
   amount: number;
@@ -14,30 +13,25 @@ export interface SettlementReceiptBody {
   holdback: number;
   currency: string;
   verdict: 'pass' | 'fail';
-  /** null when the run's data could never make an artifact (verdict fail, reason ARTIFACT_BUILD_FAILED). */
-  artifactId: string | null;
-  artifactHash: string | null;
   decidedAt: string;
 }
 
+/** What a decided settlement of a run commits to; hashed with canonical JSON and signed with the service key. */
+export interface SettlementReceiptBody extends ReceiptMoney {
+  runId: string;
+  /** null when the run's data could never make an artifact (verdict fail, reason ARTIFACT_BUILD_FAILED). */
+  artifactId: string | null;
+  artifactHash: string | null;
+}
+
 /** The same receipt for an x402 gate: it commits to the gate, its authorization and the provider's evidence. */
-export interface GateSettlementReceiptBody {
-  schema: 'SettlementReceipt.v1';
-  settlementId: string;
+export interface GateSettlementReceiptBody extends ReceiptMoney {
   gateId: string;
   authorizationRef: string | null;
   quoteId: string | null;
   requestSha256: string | null;
   responseSha256: string;
   verificationStatus: 'verified' | 'failed';
-  payerWalletId: string;
-  payeeWalletId: string;
-  amount: number;
-  releasedNow: number;
-  holdback: number;
-  currency: string;
-  verdict: 'pass' | 'fail';
-  decidedAt: string;
 }
 
 export interface SignedReceipt {
