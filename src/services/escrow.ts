@@ -1,6 +1,6 @@
 import { errors } from '../domain/errors.ts';
 import type { Runtime } from '../runtime.ts';
-import type { LedgerEntryDoc, Leg } from '../store/ledger.ts';
+import { bucketMove, type LedgerEntryDoc, type Leg } from '../store/ledger.ts';
 import type { RunSettlementTerms } from '../store/runs.ts';
 
 /** Settlement terms as a client sends them; `settlementTerms` fills the contract's defaults. */
@@ -47,10 +47,7 @@ export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: str
     tenantId,
     kind: 'escrow_lock',
     currency: terms.currency,
-    legs: [
-      { walletId: payer._id, bucket: 'available', delta: -terms.amount },
-      { walletId: payer._id, bucket: 'escrow', delta: terms.amount },
-    ],
+    legs: bucketMove(payer._id, 'available', 'escrow', terms.amount),
     ref: { runId },
   });
   // One lock per run: a lock already made under other terms is not this one.

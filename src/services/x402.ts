@@ -30,6 +30,7 @@ import {
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
+import { bucketMove } from '../store/ledger.ts';
 import { insertFirst } from '../store/mongo.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
 import {
@@ -198,10 +199,7 @@ export class X402Service {
         tenantId,
         kind: 'x402_escrow_lock',
         currency: gate.currency,
-        legs: [
-          { walletId: gate.escrowWalletId, bucket: 'available', delta: -gate.amount },
-          { walletId: gate.escrowWalletId, bucket: 'escrow', delta: gate.amount },
-        ],
+        legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
         ref: { gateId: gate._id },
       });
     } catch (err) {
@@ -841,10 +839,7 @@ export class X402Service {
         tenantId: gate.tenantId,
         kind: 'x402_escrow_unlock',
         currency: gate.currency,
-        legs: [
-          { walletId: gate.escrowWalletId, bucket: 'escrow', delta: -gate.amount },
-          { walletId: gate.escrowWalletId, bucket: 'available', delta: gate.amount },
-        ],
+        legs: bucketMove(gate.escrowWalletId, 'escrow', 'available', gate.amount),
         ref: { gateId: gate._id },
       });
     }

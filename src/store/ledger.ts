@@ -84,6 +84,14 @@ export interface Leg {
 }
 
 /** An entry as its callers state it: `_id` is the entry id they derive from the work. */
+/** The two legs that move an amount between one wallet's buckets (escrow locks and their returns): debit first. */
+export function bucketMove(walletId: string, from: Bucket, to: Bucket, amount: number): Leg[] {
+  return [
+    { walletId, bucket: from, delta: -amount },
+    { walletId, bucket: to, delta: amount },
+  ];
+}
+
 export interface NewLedgerEntry {
   _id: string;
   tenantId: string;

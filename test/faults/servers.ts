@@ -3,31 +3,16 @@
 // six-node Redis Cluster. Every process is killed on `down()` and, as a last resort, when the test process exits.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { freePort } from '../helpers/redis-instance.ts';
+import { freePort, waitForPort } from '../helpers/redis-instance.ts';
 
-export { freePort };
+export { freePort, waitForPort };
 
 const root = fileURLToPath(new URL('../..', import.meta.url));
 const run = promisify(execFile);
-
-export async function waitForPort(port: number, open: boolean, timeoutMs = 10_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    const isOpen = await new Promise<boolean>((resolve) => {
-      const socket = connect(port, '127.0.0.1');
-      socket.once('connect', () => { socket.destroy(); resolve(true); });
-      socket.once('error', () => resolve(false));
-    });
-    if (isOpen === open) return;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`port ${port} did not become ${open ? 'open' : 'closed'}`);
-}
 
 /** Every child a fault test starts, killed when the test process exits however it exits. */
 const children = new Set<ChildProcess>();
@@ -64,7 +49,7 @@ abstract class ServerProcess {
     child.stdout!.on('data', (d) => (this.output = (this.output + d).slice(-20_000)));
     child.stderr!.on('data', (d) => (this.output = (this.output + d).slice(-20_000)));
     this.child = child;
-    await waitForPort(this.port, true);
+    await waitForPort(this.port, true, 10_000);
   }
 
   /** Gone at once, as a crash or a lost host: SIGKILL, and the port closed. */
@@ -73,7 +58,7 @@ abstract class ServerProcess {
     if (!child) return;
     this.child = null;
     await killAndWait(child);
-    await waitForPort(this.port, false);
+    await waitForPort(this.port, false, 10_000);
   }
 
   /** Hung: the port still accepts connections but nothing answers (a stalled host or a partition). */

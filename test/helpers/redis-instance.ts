@@ -15,7 +15,8 @@ export async function freePort(): Promise<number> {
   });
 }
 
-async function waitForPort(port: number, open: boolean, timeoutMs = 5_000): Promise<void> {
+/** Waits until a loopback port accepts connections (`open`) or refuses them. */
+export async function waitForPort(port: number, open: boolean, timeoutMs = 5_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     const isOpen = await new Promise<boolean>((resolve) => {
