@@ -1,5 +1,7 @@
 // Typed errors with the contract's codes. The HTTP error plugin turns them into the contract's error body; the
-// status lives here because each code has exactly one status in the contract.
+// status lives here. VALIDATION_FAILED is 400 when the request breaks its schema (the OpenAPI document says so) and
+// 422 when it satisfies the schema but breaks a rule a schema cannot state (a time in the past, payer = payee, a
+// cursor this API never issued), so that a client generated from the document can tell the two apart.
 
 export type ErrorDetails = Record<string, unknown>;
 
@@ -17,6 +19,7 @@ export class ServiceError extends Error {
 
 export const errors = {
   validation: (message: string, details?: ErrorDetails) => new ServiceError(400, 'VALIDATION_FAILED', message, details),
+  unprocessable: (message: string, details?: ErrorDetails) => new ServiceError(422, 'VALIDATION_FAILED', message, details),
   unauthenticated: (message = 'missing or invalid credential') => new ServiceError(401, 'UNAUTHENTICATED', message),
   forbidden: (scope: string) =>
     new ServiceError(403, 'FORBIDDEN', `this credential lacks the scope ${scope}`, { requiredScope: scope }),

@@ -1,7 +1,7 @@
 import { isUtf8 } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
 import { errors } from '../domain/errors.ts';
-import { TypeBoxValidatorCompiler, type TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
@@ -26,12 +26,23 @@ import { walletRoutes } from './routes/wallets.ts';
 import { x402Routes } from './routes/x402.ts';
 import { x402FacilitatorRoutes } from './routes/x402-facilitator.ts';
 import { ErrorBody } from './schemas/common.ts';
+import { strictValidatorCompiler } from './validation.ts';
 import { ServiceError } from '../domain/errors.ts';
 
 const BODY_LIMIT = 1024 * 1024;
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 /** Longer URLs answer 414; Node's 16 KiB header limit (request line included) answers 431 beyond that. */
 export const MAX_URL_LENGTH = 8 * 1024;
+const MAX_PARAM_LENGTH = 2_000;
+
+function isJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 function newRequestId(): string {
   return `req_${randomBytes(12).toString('base64url')}`;
@@ -74,10 +85,10 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     },
     trustProxy: false,
     // Path parameters are bounded by their schemas (400 past the limit), not by the router (which would answer 414).
-    routerOptions: { maxParamLength: 2_000 },
+    routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     // Query strings and params are converted to their schema types; bodies never are (a string is not an amount).
   }).withTypeProvider<TypeBoxTypeProvider>();
-  app.setValidatorCompiler(TypeBoxValidatorCompiler);
+  app.setValidatorCompiler(strictValidatorCompiler);
   // JSON only: without Fastify's text/plain parser, any other media type gets 415.
   app.removeContentTypeParser('text/plain');
   // Bytes that are not UTF-8 are refused, not decoded into U+FFFD: a signed payload must be what the client sent.
@@ -86,7 +97,13 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
     const bytes = body as Buffer;
     if (!isUtf8(bytes)) return done(errors.validation('the body is not valid UTF-8'), undefined);
-    return parseJson(request, bytes.toString('utf8'), done);
+    const text = bytes.toString('utf8');
+    return parseJson(request, text, (err, value) => {
+      // The default parser refuses `__proto__` and `constructor.prototype` keys (no later assignment can then reach a
+      // prototype) with the same error as broken JSON; valid JSON refused so is a rule, not a syntax error.
+      if (err && isJson(text)) return done(errors.unprocessable('bodies may not carry a "__proto__" key or a "constructor.prototype"'), undefined);
+      return done(err, value);
+    });
   });
   app.addSchema(ErrorBody);
 
@@ -98,7 +115,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   });
 
   await app.register(errorsPlugin);
-  await app.register(contractPlugin);
+  await app.register(contractPlugin, { maxParamLength: MAX_PARAM_LENGTH });
   await app.register(deadlinePlugin, { runtime });
   await app.register(swaggerPlugin);
   await app.register(metricsPlugin, { runtime });

@@ -20,7 +20,7 @@ export function agentKeyFrom(publicKey: string, now: Date): AgentKeyDoc {
     return { keyId: parsed.keyId, publicKey: Buffer.from(parsed.raw).toString('base64url'), status: 'active', createdAt: now, revokedAt: null };
   } catch (err) {
     if (err instanceof KeyFormatError) {
-      throw errors.validation(`publicKey: ${err.message}`, { errors: [{ path: 'body.publicKey', message: err.message }] });
+      throw errors.unprocessable(`publicKey: ${err.message}`, { errors: [{ path: 'body.publicKey', message: err.message }] });
     }
     throw err;
   }
@@ -29,7 +29,7 @@ export function agentKeyFrom(publicKey: string, now: Date): AgentKeyDoc {
 /** Registers an agent identity with its first key; its metadata is kept as the client sent it (canonical JSON). */
 export async function registerAgent(rt: Runtime, tenantId: string, input: RegisterAgentInput): Promise<{ agent: AgentDoc; key: AgentKeyDoc }> {
   if (input.agentId && (input.namespace || input.name)) {
-    throw errors.validation('give agentId, or namespace and name, not both', { errors: [{ path: 'body.agentId', message: 'conflicts with namespace/name' }] });
+    throw errors.unprocessable('give agentId, or namespace and name, not both', { errors: [{ path: 'body.agentId', message: 'conflicts with namespace/name' }] });
   }
   if (input.metadata !== undefined) assertClientJsonDepth(input.metadata, 'body.metadata');
   const now = new Date();

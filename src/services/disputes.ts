@@ -43,7 +43,7 @@ export async function resolveDispute(
   const { settlements } = rt.stores;
   const { outcome, payerShareBps } = ruling;
   if ((outcome === 'split') !== (payerShareBps !== undefined)) {
-    throw errors.validation('payerShareBps goes with outcome "split", and only with it', { errors: [{ path: 'body.payerShareBps', message: 'required for split, not allowed otherwise' }] });
+    throw errors.unprocessable('payerShareBps goes with outcome "split", and only with it', { errors: [{ path: 'body.payerShareBps', message: 'required for split, not allowed otherwise' }] });
   }
   const s = await settlements.byDispute(disputeId);
   if (!s) throw errors.notFound('dispute');

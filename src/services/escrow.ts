@@ -37,7 +37,7 @@ export const escrowEntryIds = {
 export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: string, payeeAgentId: string, terms: RunSettlementTerms, attach: () => Promise<T>): Promise<T> {
   const { agents, ledger } = rt.stores;
   if (terms.payerAgentId === payeeAgentId) {
-    throw errors.validation('the payer must be another agent than the one doing the work', { errors: [{ path: 'body.settlement.payerAgentId', message: 'equals the run agent' }] });
+    throw errors.unprocessable('the payer must be another agent than the one doing the work', { errors: [{ path: 'body.settlement.payerAgentId', message: 'equals the run agent' }] });
   }
   const payer = await agents.get(tenantId, terms.payerAgentId);
   if (!payer) throw errors.notFound('payer agent');

@@ -101,6 +101,15 @@ export function paidCallAttemptId(tenantId: string, idempotencyKey: string | nul
 }
 
 /**
+ * A sponsor wallet named by the caller must be one of theirs: a wrong id is the caller's mistake (404 before any
+ * step runs), while a real wallet that cannot pay (no money, no policy) fails its step with 502 as the contract says.
+ */
+async function requireSponsorWallet(rt: Runtime, tenantId: string, walletId: string): Promise<void> {
+  const wallet = await rt.stores.ledger.getWallet(walletId);
+  if (wallet?.tenantId !== tenantId || wallet.kind !== 'sponsor') throw errors.notFound('sponsor wallet');
+}
+
+/**
  * Runs (or resumes) one attempt. A finished attempt answers with its recorded result. A failing API step answers
  * 502 SETTLD_API_CALL_FAILED naming the step, and is recorded on the attempt for the history.
  */
@@ -114,6 +123,7 @@ export async function runFirstPaidCall(
   if (!(await rt.stores.tenants.get(tenantId))) throw errors.notFound('tenant');
   const known = await store.attempt(input.attemptId);
   if (known && known.tenantId !== tenantId) throw errors.notFound('first paid call attempt');
+  if (!known && input.sponsorWalletId) await requireSponsorWallet(rt, tenantId, input.sponsorWalletId);
   // Starts the attempt, or returns it (finishing its history slot if a crash interrupted that).
   const attempt = await store.startAttempt({ attemptId: input.attemptId, tenantId, sponsorWalletId: input.sponsorWalletId ?? null });
   const finished = await store.result(attempt._id);

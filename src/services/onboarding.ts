@@ -65,7 +65,16 @@ export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): 
     origin = '';
   }
   if (origin !== new URL(rt.config.publicBaseUrl).origin) {
-    throw errors.validation("env.SERVICE_BASE_URL must point at this service's base URL", { errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${rt.config.publicBaseUrl}` }] });
+    throw errors.unprocessable("env.SERVICE_BASE_URL must point at this service's base URL", { errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${rt.config.publicBaseUrl}` }] });
+  }
+  // A wrong tenant or key is the caller's mistake (422), found before any server starts; 502 is left for a runtime
+  // that was given good settings and still failed.
+  if (env.SERVICE_TENANT_ID !== tenantId) {
+    throw errors.unprocessable('env.SERVICE_TENANT_ID must be the tenant of the path', { errors: [{ path: 'body.env.SERVICE_TENANT_ID', message: 'differs from the path tenantId' }] });
+  }
+  const runtimeKey = await rt.credentials.authenticate(rt.stores.apiKeys, env.SERVICE_API_KEY);
+  if (runtimeKey?.tenantId !== tenantId) {
+    throw errors.unprocessable("env.SERVICE_API_KEY must be a live API key of this tenant", { errors: [{ path: 'body.env.SERVICE_API_KEY', message: 'not a live key of this tenant' }] });
   }
   const smokeTestId = newId('smk');
   const key = sealedEnvKey(rt, smokeTestId);

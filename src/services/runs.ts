@@ -22,7 +22,7 @@ export async function createRun(rt: Runtime, tenantId: string, input: { agentId:
   const { runs, agents } = rt.stores;
   const terms: Terms = input.terms ?? {};
   const problems = termsProblems(terms);
-  if (problems.length > 0) throw errors.validation('invalid terms', { errors: problems.map((message) => ({ path: 'body.terms', message })) });
+  if (problems.length > 0) throw errors.unprocessable('invalid terms', { errors: problems.map((message) => ({ path: 'body.terms', message })) });
   const agent = await agents.get(tenantId, input.agentId);
   if (!agent) throw errors.notFound('agent');
   if (agent.status !== 'active') throw errors.transitionIllegal(`agent is ${agent.status}`, agent.status);
@@ -68,7 +68,7 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
   if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
   const ids = incoming.map((e) => e.id);
   if (new Set(ids).size !== ids.length) {
-    throw errors.validation('a batch may not carry the same event id twice', { errors: [{ path: 'body.events', message: 'duplicate event id' }] });
+    throw errors.unprocessable('a batch may not carry the same event id twice', { errors: [{ path: 'body.events', message: 'duplicate event id' }] });
   }
 
   // Only events at or below the head can already be stored (a head cache left behind surfaces as a conflict and is

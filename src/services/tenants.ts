@@ -17,7 +17,7 @@ export function listTenants(rt: Runtime, limit: number): Promise<TenantDoc[]> {
 export async function issueApiKey(rt: Runtime, input: { tenantId: string; scopes: Scope[]; description?: string; expiresAt?: Date | null }): Promise<IssuedKey> {
   if (!(await rt.stores.tenants.get(input.tenantId))) throw errors.notFound('tenant');
   if (input.expiresAt && input.expiresAt.getTime() <= Date.now()) {
-    throw errors.validation('expiresAt must be in the future', { errors: [{ path: 'body.expiresAt', message: 'must be in the future' }] });
+    throw errors.unprocessable('expiresAt must be in the future', { errors: [{ path: 'body.expiresAt', message: 'must be in the future' }] });
   }
   return rt.stores.apiKeys.issue(input);
 }
@@ -29,7 +29,11 @@ export function listApiKeys(rt: Runtime, filter: { tenantId?: string }, limit: n
 /** Issues a successor key; the old one keeps working for the grace period, then stops on every process. */
 export async function rotateApiKey(rt: Runtime, keyId: string, gracePeriodSeconds: number): Promise<{ issued: IssuedKey; old: ApiKeyDoc }> {
   const rotated = await rt.stores.apiKeys.rotate(keyId, gracePeriodSeconds);
-  if (!rotated) throw errors.notFound('active API key');
+  if (!rotated) throw errors.notFound('API key');
+  if ('refused' in rotated) {
+    const { status, rotatedTo } = rotated.refused;
+    throw errors.transitionIllegal(rotatedTo ? `this key was already rotated to ${rotatedTo}` : `a ${status} key cannot be rotated`, rotatedTo ? 'rotated' : status);
+  }
   await rt.credentials.invalidate('key', keyId);
   return rotated;
 }

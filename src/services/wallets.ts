@@ -30,7 +30,7 @@ export async function creditWallet(rt: Runtime, input: CreditInput): Promise<Wal
   let wallet = await ledger.getWallet(walletId);
   if (!wallet) {
     const tenantId = agent?.tenantId ?? input.tenantId;
-    if (!tenantId) throw errors.validation('a new sponsor wallet needs tenantId', { errors: [{ path: 'body.tenantId', message: 'required for a new sponsor wallet' }] });
+    if (!tenantId) throw errors.unprocessable('a new sponsor wallet needs tenantId', { errors: [{ path: 'body.tenantId', message: 'required for a new sponsor wallet' }] });
     if (!agent && !(await tenants.get(tenantId))) throw errors.notFound('tenant');
     wallet = await ledger.ensureWallet(walletId, tenantId, agent ? 'agent' : 'sponsor');
   }
@@ -58,6 +58,6 @@ export async function getWallet(rt: Runtime, tenantId: string, walletId: string)
 export async function listWalletEntries(rt: Runtime, tenantId: string, walletId: string, page: { limit: number; cursor?: string }): Promise<{ items: PostingDoc[]; nextCursor: string | null }> {
   const wallet = await walletOf(rt, tenantId, walletId);
   const listed = await rt.stores.ledger.listPostings(wallet._id, page.limit, page.cursor);
-  if (!listed) throw errors.validation('cursor is not one this API issued', { errors: [{ path: 'querystring.cursor', message: 'invalid' }] });
+  if (!listed) throw errors.unprocessable('cursor is not one this API issued', { errors: [{ path: 'querystring.cursor', message: 'invalid' }] });
   return listed;
 }

@@ -32,7 +32,7 @@ export interface DeliveryWithAttempts {
 }
 
 function fieldError(path: string, message: string, extra: Record<string, unknown> = {}) {
-  return errors.validation(message, { errors: [{ path, message }], ...extra });
+  return errors.unprocessable(message, { errors: [{ path, message }], ...extra });
 }
 
 /** An absolute https URL (http too when insecure webhooks are allowed), no credentials, no refused address literal. */
@@ -62,7 +62,7 @@ export function checkEventTypes(events: string[]): EventType[] {
   const known = new Set<string>(EVENT_TYPES);
   const unknown = [...new Set(events.filter((e) => !known.has(e)))];
   if (unknown.length > 0) {
-    throw errors.validation(`unknown event types: ${unknown.join(', ')}`, {
+    throw errors.unprocessable(`unknown event types: ${unknown.join(', ')}`, {
       errors: events.flatMap((e, i) => (known.has(e) ? [] : [{ path: `body.events.${i}`, message: `unknown event type "${e}"` }])),
       unknownEventTypes: unknown,
       allowedEventTypes: [...EVENT_TYPES],

@@ -164,7 +164,7 @@ export class X402Service {
   async createGate(tenantId: string, input: CreateGateInput): Promise<GateState> {
     const { ledger } = this.runtime.stores;
     if (input.payerAgentId === input.payeeAgentId) {
-      throw errors.validation('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
+      throw errors.unprocessable('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
     }
     await this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]);
     if (input.sponsorWalletId) {

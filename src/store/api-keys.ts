@@ -138,16 +138,17 @@ export class ApiKeyStore {
    * `gracePeriodSeconds` (0 = revoked now) so callers can roll the new token out without downtime. A key is
    * rotated once: the rotation is claimed by insert before the successor is issued.
    */
-  async rotate(keyId: string, gracePeriodSeconds: number, now = new Date()): Promise<{ issued: IssuedKey; old: ApiKeyDoc } | null> {
+  /** null when no such key; `refused` (with the key as it stands) when it is revoked, expired or already rotated. */
+  async rotate(keyId: string, gracePeriodSeconds: number, now = new Date()): Promise<{ issued: IssuedKey; old: ApiKeyDoc } | { refused: ApiKeyDoc } | null> {
     const stored = await this.keys.findOne({ _id: keyId });
     if (!stored) return null;
     const old = await this.resolve(stored, now);
-    if (old.status !== 'active' || old.rotatedTo) return null;
+    if (old.status !== 'active' || old.rotatedTo) return { refused: old };
     const graceEnds = new Date(now.getTime() + gracePeriodSeconds * 1000);
     const effectiveAt = old.expiresAt && old.expiresAt < graceEnds ? old.expiresAt : graceEnds;
     const successorId = newId('key');
     const claimed = await insertFirst(this.ends, { _id: `${keyId}#rotate`, keyId, kind: 'rotate', effectiveAt, rotatedTo: successorId });
-    if (!claimed) return null; // rotated concurrently: that rotation stands
+    if (!claimed) return { refused: await this.resolve(stored, now) }; // rotated concurrently: that rotation stands
     const issued = await this.issue({ id: successorId, tenantId: old.tenantId, scopes: old.scopes, description: old.description, expiresAt: old.expiresAt });
     await this.keys.updateOne({ _id: keyId }, { $set: { rotatedTo: successorId } }); // cache
     return { issued, old: await this.resolve(stored, now) };

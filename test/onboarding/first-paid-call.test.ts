@@ -160,10 +160,14 @@ describe('first paid call', () => {
     const tenant = await onboardingTenant(t);
     const other = await onboardingTenant(t);
     const attempts: string[] = [];
+    // A wallet id that is not the tenant's is refused before any step (nothing for the history).
+    const unknown = await firstPaidCall(tenant.tenantId, tenant.headers, { sponsorWalletId: 'no-such-wallet' });
+    expect(unknown.statusCode, unknown.body).toBe(404);
+    const poor = await sponsorWallet(t, tenant.tenantId, 40);
     for (let i = 0; i < 3; i++) {
-      // Cheap attempts: they stop at gate-create (no such sponsor wallet).
-      const res = await firstPaidCall(tenant.tenantId, tenant.headers, { sponsorWalletId: 'no-such-wallet' });
-      expect(res.json().details).toMatchObject({ step: 'gate-create', status: 404 });
+      // Cheap attempts: they stop at gate-create (the sponsor cannot cover the call).
+      const res = await firstPaidCall(tenant.tenantId, tenant.headers, { sponsorWalletId: poor });
+      expect(res.json().details).toMatchObject({ step: 'gate-create', status: 402 });
       attempts.push(res.json().details.attemptId);
     }
     const page = (query: string) => t.app.inject({ method: 'GET', url: `/v1/tenants/${tenant.tenantId}/onboarding/first-paid-call/history${query}`, headers: tenant.headers });
@@ -171,7 +175,7 @@ describe('first paid call', () => {
     expect(one.items.map((i: { attemptId: string }) => i.attemptId)).toEqual([attempts[2], attempts[1]]);
     const two = (await page(`?limit=2&cursor=${one.nextCursor}`)).json();
     expect(two).toEqual({ items: [expect.objectContaining({ attemptId: attempts[0] })], nextCursor: null });
-    expect((await page('?cursor=bm9wZQ')).statusCode).toBe(400);
+    expect((await page('?cursor=bm9wZQ')).statusCode).toBe(422); // base64url, but not a cursor this API issued
 
     const foreign = await t.app.inject({ method: 'GET', url: `/v1/tenants/${tenant.tenantId}/onboarding/first-paid-call/history`, headers: other.headers });
     expect(foreign.statusCode).toBe(404);

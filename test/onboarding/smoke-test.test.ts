@@ -72,14 +72,19 @@ describe('runtime-bootstrap smoke test', () => {
     expect(await t.runtime.redis.keys(`${t.env.redisPrefix}:onboarding:smoke-env:*`)).toEqual([]);
   });
 
-  it('a wrong API key fails at tools/call with UNAUTHENTICATED, and leaves no process', { timeout: 60_000 }, async () => {
+  it('a wrong API key or tenant is the caller\'s mistake: 422 before any server starts, the key never echoed', { timeout: 60_000 }, async () => {
     const wrongKey = env.SERVICE_API_KEY!.replace(/\.[^.]+$/, `.${'x'.repeat(43)}`);
     const res = await run(t, tenant.tenantId, { env: { ...env, SERVICE_API_KEY: wrongKey } }, tenant.headers);
-    expect(res.statusCode, res.body).toBe(502);
-    const body = res.json();
-    expect(body).toMatchObject({ code: 'MCP_SMOKE_TEST_FAILED', details: { step: 'tools/call', error: { code: 'UNAUTHENTICATED', status: 401 } } });
+    expect(res.statusCode, res.body).toBe(422);
+    expect(res.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'body.env.SERVICE_API_KEY' }] } });
     expect(res.body).not.toContain('x'.repeat(43));
-    expect(isAlive((await pidOf(t, body.details.smokeTestId))!)).toBe(false);
+    // Another tenant's live key is refused the same way, and so is another tenant's id.
+    const other = await onboardingTenant(t);
+    const foreignKey = await run(t, tenant.tenantId, { env: { ...env, SERVICE_API_KEY: other.token } }, tenant.headers);
+    expect(foreignKey.statusCode, foreignKey.body).toBe(422);
+    const foreignTenant = await run(t, tenant.tenantId, { env: { ...env, SERVICE_TENANT_ID: other.tenantId } }, tenant.headers);
+    expect(foreignTenant.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'body.env.SERVICE_TENANT_ID' }] } });
+    expect(await t.runtime.redis.keys(`${t.env.redisPrefix}:onboarding:smoke-env:*`)).toEqual([]);
   });
 
   it('a wrong base URL (a path where the API is not) fails at tools/call; another origin is refused outright', { timeout: 60_000 }, async () => {
@@ -89,13 +94,13 @@ describe('runtime-bootstrap smoke test', () => {
     expect(isAlive((await pidOf(t, res.json().details.smokeTestId))!)).toBe(false);
 
     const elsewhere = await run(t, tenant.tenantId, { env: { ...env, SERVICE_BASE_URL: 'http://169.254.169.254/latest' } }, tenant.headers);
-    expect(elsewhere.statusCode, elsewhere.body).toBe(400);
+    expect(elsewhere.statusCode, elsewhere.body).toBe(422);
     expect(elsewhere.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'body.env.SERVICE_BASE_URL' }] } });
   });
 
   it('a server that crashes at start fails at spawn, with its stderr and no process left', { timeout: 60_000 }, async () => {
     const other = await onboardingTenant(broken);
-    const res = await run(broken, other.tenantId, { env: { SERVICE_BASE_URL: broken.baseUrl, SERVICE_TENANT_ID: 'crash', SERVICE_API_KEY: 'sk_key_none.none' } }, other.headers);
+    const res = await run(broken, other.tenantId, { env: { SERVICE_BASE_URL: `${broken.baseUrl}/crash`, SERVICE_TENANT_ID: other.tenantId, SERVICE_API_KEY: other.token } }, other.headers);
     expect(res.statusCode, res.body).toBe(502);
     expect(res.json()).toMatchObject({ code: 'MCP_SMOKE_TEST_FAILED', details: { step: 'spawn', stderr: expect.stringContaining('crashing at start') } });
     expect(isAlive((await pidOf(broken, res.json().details.smokeTestId))!)).toBe(false);
@@ -104,7 +109,7 @@ describe('runtime-bootstrap smoke test', () => {
   it('a server that never answers is killed at the time limit: step timeout', { timeout: 60_000 }, async () => {
     const other = await onboardingTenant(broken);
     const started = Date.now();
-    const res = await run(broken, other.tenantId, { env: { SERVICE_BASE_URL: broken.baseUrl, SERVICE_TENANT_ID: 'hang', SERVICE_API_KEY: 'sk_key_none.none' } }, other.headers);
+    const res = await run(broken, other.tenantId, { env: { SERVICE_BASE_URL: `${broken.baseUrl}/hang`, SERVICE_TENANT_ID: other.tenantId, SERVICE_API_KEY: other.token } }, other.headers);
     expect(res.statusCode, res.body).toBe(502);
     expect(res.json()).toMatchObject({ code: 'MCP_SMOKE_TEST_FAILED', details: { step: 'timeout', during: 'initialize' } });
     expect(Date.now() - started).toBeLessThan(15_000);

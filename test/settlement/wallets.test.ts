@@ -29,7 +29,7 @@ describe('wallet routes: credit, balances, entries', () => {
   });
 
   it('creates a sponsor wallet only for an existing tenant, and keeps it inside that tenant', async () => {
-    expect((await creditOf('sponsor-a', { amount: 5, currency: 'USD' })).statusCode).toBe(400);
+    expect((await creditOf('sponsor-a', { amount: 5, currency: 'USD' })).statusCode).toBe(422); // schema-valid, but a new sponsor wallet needs its tenant
     expect((await creditOf('sponsor-a', { amount: 5, currency: 'USD', tenantId: 'ten_missing' })).statusCode).toBe(404);
     expect((await creditOf('sponsor-a', { amount: 5, currency: 'USD', tenantId })).json()).toMatchObject({ kind: 'sponsor' });
     const other = (await t.tenantWithKey(['wallets:write'])).auth;
@@ -53,7 +53,8 @@ describe('wallet routes: credit, balances, entries', () => {
     expect(ids).toHaveLength(7);
     expect(new Set(ids).size).toBe(7);
     const bad = await t.app.inject({ method: 'GET', url: `/v1/wallets/${walletId}/entries?cursor=nonsense`, headers: auth });
-    expect(bad.statusCode).toBe(400);
+    expect(bad.statusCode).toBe(422); // the shape of a cursor, but not one this API issued
     expect(bad.json().code).toBe('VALIDATION_FAILED');
+    expect((await t.app.inject({ method: 'GET', url: `/v1/wallets/${walletId}/entries?cursor=not%20a%20cursor`, headers: auth })).statusCode).toBe(400);
   });
 });

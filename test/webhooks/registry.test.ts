@@ -41,9 +41,9 @@ describe('webhook endpoint registry', () => {
     expect(JSON.stringify(stored)).not.toContain(secretPart);
   });
 
-  it('refuses unknown event types with 400 VALIDATION_FAILED naming them', async () => {
+  it('refuses unknown event types with 422 VALIDATION_FAILED naming them (400 for an empty list, which the schema forbids)', async () => {
     const res = await create({ url: 'https://hooks.example.com/in', events: ['run.finalized', 'run.started', 'money.moved'] });
-    expect(res.statusCode).toBe(400);
+    expect(res.statusCode).toBe(422);
     expect(res.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { unknownEventTypes: ['run.started', 'money.moved'] } });
     expect(res.json().message).toContain('run.started');
     expect(res.json().message).toContain('money.moved');
@@ -57,7 +57,7 @@ describe('webhook endpoint registry', () => {
   it('refuses http URLs (insecure webhooks are not allowed here), credentials and private address literals', async () => {
     for (const url of ['http://hooks.example.com/in', 'ftp://hooks.example.com/in', 'not a url', 'https://user:pw@hooks.example.com/', 'https://127.0.0.1/in', 'https://10.1.2.3/in', 'https://[::1]/in', 'https://169.254.169.254/latest']) {
       const res = await create({ url, events: ['run.finalized'] });
-      expect(res.statusCode, url).toBe(400);
+      expect(res.statusCode, url).toBe(422); // a string the schema allows, refused by the URL rules
       expect(res.json().code).toBe('VALIDATION_FAILED');
       expect(res.json().details.errors[0].path).toBe('body.url');
     }
@@ -116,7 +116,7 @@ describe('webhook endpoint registry', () => {
     const rotated = await h.app.inject({ method: 'POST', url: `/x402/webhooks/endpoints/${ep.id}/rotate-secret`, headers: auth, payload: { gracePeriodSeconds: 60 } });
     expect(rotated.statusCode).toBe(200);
     expect(rotated.json().secret).not.toBe(ep.secret);
-    expect((await create({ url: 'http://hooks.example.com/x402', events: ['x402.escalation.created'] }, auth, '/x402/webhooks/endpoints')).statusCode).toBe(400);
+    expect((await create({ url: 'http://hooks.example.com/x402', events: ['x402.escalation.created'] }, auth, '/x402/webhooks/endpoints')).statusCode).toBe(422);
   });
 
   it('deletes an endpoint: 204, then 404 and gone from the list', async () => {

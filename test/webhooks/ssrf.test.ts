@@ -78,7 +78,7 @@ describe('deliveries to private addresses when the configuration does not allow 
   it('refuses to register an address literal, and records a refused attempt for a name that resolves to loopback', async () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const literal = await h.app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { url: `http://127.0.0.1:${r.port}/hook`, events: ['run.finalized'] } });
-    expect(literal.statusCode).toBe(400);
+    expect(literal.statusCode).toBe(422);
     expect(literal.json().message).toMatch(/loopback/);
 
     const ep = await h.createEndpoint(auth, `http://localhost:${r.port}/hook`);

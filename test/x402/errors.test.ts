@@ -109,17 +109,19 @@ describe('x402 error codes', () => {
     expect(await balances(t, auth, payee)).toEqual({ available: 500, escrow: 0 });
   });
 
-  it('bad input is 400 in the contract shape: floats, same payer and payee, ttl out of range', async () => {
+  it('bad input is 400 in the contract shape (floats, ttl out of range), same payer and payee 422', async () => {
     const { payer, payee } = await gateParties(t, auth, 100);
     for (const payload of [
       { payerAgentId: payer, payeeAgentId: payee, amount: 10.5, currency: 'USD' },
       { payerAgentId: payer, payeeAgentId: payee, amount: '10', currency: 'USD' },
-      { payerAgentId: payer, payeeAgentId: payer, amount: 10, currency: 'USD' },
     ]) {
       const res = await post(t, auth, '/x402/gate/create', payload);
       expect(res.statusCode, JSON.stringify(payload)).toBe(400);
       expect(res.json().code).toBe('VALIDATION_FAILED');
     }
+    const samePayee = await post(t, auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payer, amount: 10, currency: 'USD' });
+    expect(samePayee.statusCode).toBe(422); // the schema cannot say "two different agents"
+    expect(samePayee.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'body.payeeAgentId' }] } });
     const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 10 });
     for (const ttlSeconds of [0, 3601]) {
       expect((await post(t, auth, '/x402/gate/quote', { gateId: gate.gateId, requestSha256: requestHash(), ttlSeconds })).statusCode).toBe(400);

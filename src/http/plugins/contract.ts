@@ -7,7 +7,9 @@ import { Type, type TSchema } from 'typebox';
  * Keeps what the OpenAPI document promises and what the service does in step:
  * - every route declares the error statuses the platform itself can answer (validation, credentials, rate limit,
  *   idempotency, body limits, backends away), so a client generated from the document knows them all;
- * - a path that exists under other methods answers 405 with `Allow`, not 404.
+ * - a path that exists under other methods answers 405 with `Allow`, not 404. A path that names a fixed resource
+ *   (`/x402/gate/create`) is that resource, even where a parametric route would also match it
+ *   (`GET /x402/gate/{gateId}`): its methods are the fixed route's, as the document lists them.
  */
 const ErrorRef = Type.Ref('ErrorBody');
 const BODY_METHODS = new Set(['POST', 'PUT', 'PATCH']);
@@ -16,22 +18,31 @@ const METHODS: HTTPMethod[] = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 
 function platformStatuses(route: RouteOptions, methods: string[]): number[] {
   const schema = (route.schema ?? {}) as Record<string, unknown>;
   const access = route.config?.access;
-  const statuses = new Set<number>([503]);
+  const statuses = new Set<number>([414, 503]); // 414: any URL past the limit (only a request the schema forbids)
   const hasBody = methods.some((m) => BODY_METHODS.has(m));
-  if (schema.params || schema.querystring || schema.headers || hasBody) statuses.add(400);
+  // 400: the request breaks its schema; 422: it keeps the schema but breaks a rule no schema can state.
+  if (schema.params || schema.querystring || schema.headers || hasBody) [400, 422].forEach((s) => statuses.add(s));
   if (access !== 'public' && access !== undefined) [401, 403].forEach((s) => statuses.add(s));
   if (route.config?.rateLimit !== false) statuses.add(429);
-  if (hasBody) [409, 413, 415, 422].forEach((s) => statuses.add(s)); // idempotency in progress / key reused; body rules
+  if (hasBody) [409, 413, 415].forEach((s) => statuses.add(s)); // idempotency in progress; body limit and media type
   return [...statuses];
 }
 
-export default fp(async function contractPlugin(app: FastifyInstance) {
-  const router = FindMyWay({ ignoreTrailingSlash: false });
+export default fp(async function contractPlugin(app: FastifyInstance, opts: { maxParamLength: number }) {
+  const router = FindMyWay({ ignoreTrailingSlash: false, maxParamLength: opts.maxParamLength });
+  /** Methods of each path without parameters. */
+  const fixedPaths = new Map<string, Set<string>>();
 
   app.addHook('onRoute', (route) => {
     const methods = ([] as string[]).concat(route.method).map((m) => m.toUpperCase());
     for (const method of methods) {
       if (method !== 'HEAD' || !methods.includes('GET')) router.on(method.toUpperCase() as HTTPMethod, route.url, () => undefined);
+    }
+    if (!/[:*]/.test(route.url)) {
+      const known = fixedPaths.get(route.url) ?? new Set<string>();
+      for (const method of methods) known.add(method);
+      if (known.has('GET')) known.add('HEAD');
+      fixedPaths.set(route.url, known);
     }
     const schema = route.schema as { response?: Record<string, TSchema>; hide?: boolean } | undefined;
     if (!schema?.response || schema.hide) return;
@@ -40,9 +51,10 @@ export default fp(async function contractPlugin(app: FastifyInstance) {
 
   // Before any body handling: a method the path does not have is 405 whatever it carries.
   app.addHook('onRequest', async (request, reply) => {
-    if (!request.is404) return;
     const path = request.url.split('?')[0]!;
-    const allowed = METHODS.filter((m) => router.find(m, path) !== null);
+    const fixed = fixedPaths.get(path);
+    if (fixed?.has(request.method) || (!fixed && !request.is404)) return;
+    const allowed = fixed ? METHODS.filter((m) => fixed.has(m)) : METHODS.filter((m) => router.find(m, path) !== null);
     if (allowed.length === 0) return;
     reply.header('allow', allowed.join(', '));
     return reply.status(405).send({ code: 'METHOD_NOT_ALLOWED', message: `${request.method} is not allowed here; use ${allowed.join(', ')}`, details: { allowed }, requestId: request.id });

@@ -25,6 +25,20 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
       },
     },
     hideUntagged: false,
+    // @fastify/swagger marks every request body required; a body whose fields are all optional may be left out
+    // (the route reads no body as `{}`), and the document says so.
+    transformObject: (document) => {
+      if (!('openapiObject' in document)) return document.swaggerObject;
+      const { openapiObject } = document;
+      for (const operations of Object.values(openapiObject.paths ?? {})) {
+        for (const operation of Object.values(operations as Record<string, { requestBody?: { required?: boolean; content?: Record<string, { schema?: { type?: unknown; required?: string[] } }> } }>)) {
+          const body = operation?.requestBody;
+          const schema = body?.content?.['application/json']?.schema;
+          if (body && schema?.type === 'object' && !schema.required?.length) body.required = false;
+        }
+      }
+      return openapiObject;
+    },
     // Shared schemas appear under their $id (ErrorBody), not def-N.
     refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => (typeof json.$id === 'string' ? json.$id : `def-${i}`) },
     // Each route's access rule shows up in its operation, so readers see the needed scope.

@@ -4,7 +4,7 @@ import type { Runtime } from '../../runtime.ts';
 import { openDispute, resolveDispute } from '../../services/disputes.ts';
 import { getRunSettlement, resolveHeldSettlement, settleRun } from '../../services/settlement.ts';
 import { tenantOf } from '../plugins/auth.ts';
-import { errorResponses } from '../schemas/common.ts';
+import { emptyBodyIsObject, errorResponses } from '../schemas/common.ts';
 import { RunParams } from '../schemas/runs.ts';
 import {
   DisputeBody,
@@ -25,6 +25,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
 
   app.post<{ Params: Static<typeof RunParams>; Body: Static<typeof SettleBody> | undefined }>('/v1/runs/:runId/settle', {
     config: { access: 'runs:write' },
+    preValidation: emptyBodyIsObject,
     schema: {
       tags,
       summary: 'Settle a finalized run: a worker releases (pass) or holds (fail) the escrow; repeats return the same settlement',

@@ -14,6 +14,15 @@ export const ErrorBody = Type.Object(
   { $id: 'ErrorBody', description: 'Every error response' },
 );
 
+/**
+ * A paging cursor as this API issues them (base64url), so a request the document allows always fits the URL limit:
+ * every query and path parameter is bounded, and URLs past the limit (414) break the schema.
+ */
+export const Cursor = (maxLength: number, description = '`nextCursor` of the previous page') =>
+  Type.String({ pattern: `^[A-Za-z0-9_-]{1,${maxLength}}$`, description });
+
+export const TenantId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,128}$', description: '`ten_…`' });
+
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339 UTC' });
 
 /** Standard error responses a route can produce, keyed by status. */
@@ -25,9 +34,9 @@ export const IdempotencyHeaders = Type.Object({
   'idempotency-key': Type.Optional(Type.String({ description: '1-255 chars of [A-Za-z0-9._:-]; replays the first response' })),
 });
 
-/** preValidation hook for POSTs whose body is optional: no body at all is read as `{}`. */
+/** preValidation hook for POSTs whose body is optional: no body at all is read as `{}` (a JSON `null` is not). */
 export async function emptyBodyIsObject(request: FastifyRequest): Promise<void> {
-  if (request.body === undefined || request.body === null) request.body = {};
+  if (request.body === undefined) request.body = {};
 }
 
 export const AGENT_ID_PATTERN = '^[a-z0-9][a-z0-9._-]{0,63}:agent:[A-Za-z0-9._-]{1,128}$';

@@ -4,9 +4,9 @@ import { paidCallIndexId, type PaidCallAttemptDoc, type PaidCallResultDoc, type 
 import { errors } from '../../domain/errors.ts';
 import { RUNTIME_TARGETS } from '../../domain/onboarding.ts';
 import type { FirstPaidCallResult } from '../../services/first-paid-call.ts';
-import { Timestamp } from './common.ts';
+import { Cursor, TenantId, Timestamp } from './common.ts';
 
-export const TenantParams = Type.Object({ tenantId: Type.String({ pattern: '^[A-Za-z0-9_-]{1,128}$' }) });
+export const TenantParams = Type.Object({ tenantId: TenantId });
 
 export const McpEnv = Type.Object(
   {
@@ -68,7 +68,7 @@ export function firstPaidCallView(r: FirstPaidCallResult): Static<typeof FirstPa
 
 export const HistoryQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 50, default: 20 })),
-  cursor: Type.Optional(Type.String({ maxLength: 400 })),
+  cursor: Type.Optional(Cursor(400)),
 });
 const HistoryItem = Type.Object({
   attemptId: Type.String(),
@@ -85,7 +85,7 @@ export function historyBefore(tenantId: string, cursor: string | undefined): num
   if (!cursor) return null;
   const decoded = decodeCursor(cursor);
   const seq = decoded?.id.startsWith(`${tenantId}#`) ? Number(decoded.id.slice(tenantId.length + 1)) : NaN;
-  if (!Number.isSafeInteger(seq) || seq < 1) throw errors.validation('cursor is not one this API issued', { errors: [{ path: 'querystring.cursor', message: 'invalid' }] });
+  if (!Number.isSafeInteger(seq) || seq < 1) throw errors.unprocessable('cursor is not one this API issued', { errors: [{ path: 'querystring.cursor', message: 'invalid' }] });
   return seq;
 }
 

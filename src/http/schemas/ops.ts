@@ -2,7 +2,7 @@ import { Type, type Static } from 'typebox';
 import { SCOPES } from '../../domain/scopes.ts';
 import type { ApiKeyDoc } from '../../store/api-keys.ts';
 import type { TenantDoc } from '../../store/tenants.ts';
-import { Timestamp } from './common.ts';
+import { TenantId, Timestamp } from './common.ts';
 
 const RateLimitPolicy = Type.Object(
   { limit: Type.Integer({ minimum: 1, maximum: 10_000_000 }), windowSeconds: Type.Integer({ minimum: 1, maximum: 86_400 }) },
@@ -43,13 +43,13 @@ export const IssuedApiKey = Type.Intersect([
   ApiKey,
   Type.Object({ token: Type.String({ description: 'Shown once: `sk_<keyId>.<secret>`' }) }),
 ]);
-export const ApiKeyParams = Type.Object({ keyId: Type.String() });
+export const ApiKeyParams = Type.Object({ keyId: Type.String({ pattern: '^key_[A-Za-z0-9_-]{1,64}$' }) });
 export const Rotate = Type.Object(
   { gracePeriodSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 0 })) },
   { additionalProperties: false },
 );
 export const ListQuery = Type.Object({
-  tenantId: Type.Optional(Type.String()),
+  tenantId: Type.Optional(TenantId),
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 500, default: 100 })),
 });
 

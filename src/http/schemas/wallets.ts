@@ -1,6 +1,6 @@
 import { Type, type Static } from 'typebox';
 import type { Balances, PostingDoc, WalletDoc } from '../../store/ledger.ts';
-import { Amount, Currency, Timestamp } from './common.ts';
+import { Amount, Currency, Cursor, Timestamp } from './common.ts';
 
 // Wallet shapes: request schemas, response schemas and the views that fill them.
 
@@ -35,7 +35,7 @@ const Posting = Type.Object({
 });
 export const EntriesQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 500 })),
-  cursor: Type.Optional(Type.String({ maxLength: 2_000, description: 'nextCursor of the previous page' })),
+  cursor: Type.Optional(Cursor(2_000)),
 });
 export const EntriesPage = Type.Object({ items: Type.Array(Posting), nextCursor: Type.Union([Type.String(), Type.Null()]) });
 

@@ -2,7 +2,7 @@ import { Type, type Static } from 'typebox';
 import { EVENT_TYPES } from '../../domain/events.ts';
 import { DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, type DeliveryWithAttempts } from '../../services/webhooks.ts';
 import type { WebhookEndpoint } from '../../store/webhook-endpoints.ts';
-import { Timestamp } from './common.ts';
+import { Cursor, Timestamp } from './common.ts';
 
 // Request and response shapes of the webhook routes (/v1/webhooks and /x402/webhooks/endpoints), and the views
 // that turn stored records into them.
@@ -54,7 +54,7 @@ export const RotateSecret = Type.Object(
 
 export const EndpointListQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 50 })),
-  cursor: Type.Optional(Type.String({ maxLength: 200, description: '`nextCursor` of the previous page' })),
+  cursor: Type.Optional(Cursor(200)),
 });
 export const EndpointList = Type.Object({ items: Type.Array(Endpoint), nextCursor: Type.Union([Type.String(), Type.Null()]) });
 
@@ -64,7 +64,7 @@ const DeliveryStatus = Type.Union(
 );
 export const DeliveryListQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 50 })),
-  cursor: Type.Optional(Type.String({ maxLength: 200, description: '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)' })),
+  cursor: Type.Optional(Cursor(200, '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)')),
   status: Type.Optional(DeliveryStatus),
 });
 const Attempt = Type.Object({
