@@ -3,9 +3,10 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
-    // test/faults/ stops and kills real servers and processes; it runs on its own, one file at a time
-    // (vitest.faults.config.ts, `npm run test:faults`; scripts/test.sh runs both).
-    exclude: ['test/faults/**', '**/node_modules/**'],
+    // test/faults/ stops and kills real servers and processes, and test/contract/ runs schemathesis against a service
+    // process; they run on their own, one file at a time (vitest.faults.config.ts, `npm run test:faults`;
+    // scripts/test.sh runs both).
+    exclude: ['test/faults/**', 'test/contract/**', '**/node_modules/**'],
     globalSetup: ['test/global-setup.ts'],
     testTimeout: 30_000,
     hookTimeout: 60_000,

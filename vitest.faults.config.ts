@@ -1,10 +1,11 @@
 import { defineConfig } from 'vitest/config';
 
-// Fault tests: each file starts its own servers and service processes and kills some of them, so files run one at
-// a time (they measure latency bounds the contract states, which a second heavy file on 2 cores would distort).
+// Process tests: each file starts its own servers and service processes (the fault tests kill some of them; the
+// contract test runs schemathesis against one), so files run one at a time (they measure latency bounds the
+// contract states, which a second heavy file on 2 cores would distort).
 export default defineConfig({
   test: {
-    include: ['test/faults/**/*.test.ts'],
+    include: ['test/faults/**/*.test.ts', 'test/contract/**/*.test.ts'],
     globalSetup: ['test/global-setup.ts'],
     testTimeout: 180_000,
     hookTimeout: 120_000,

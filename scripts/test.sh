@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `npm test`: the full suite against real Redis and a real MongoDB wire-protocol server (provisioned here unless
 # MONGO_URL / REDIS_URL are set), then the fault tests (test/faults/, one file at a time: they stop and kill servers
-# of their own). The last line is a plain summary over both: `N passed, N failed`.
+# of their own) and the contract test (schemathesis over openapi/openapi.json against a service process). The last
+# line is a plain summary over both: `N passed, N failed`.
 #   scripts/test.sh [vitest args…]   both runs, filtered by the args
 #   scripts/test.sh --faults [args…] the fault tests only (`npm run test:faults`)
 set -uo pipefail
