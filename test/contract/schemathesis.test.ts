@@ -3,7 +3,7 @@
 // offers. The run is bounded (examples per operation, a time limit) and seeded, so CI sees the same cases each time;
 // ST_SEED and ST_MAX_EXAMPLES explore further. Any failure fails the test with schemathesis' own report.
 import { execFileSync, spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { SCOPES } from '../../src/domain/scopes.ts';
@@ -66,7 +66,28 @@ describe('schemathesis over the whole OpenAPI document', () => {
     // A tenant whose budget the fuzzer cannot exhaust (429 would hide the routes behind it), with a key of every scope.
     const { tenantId } = await must(api.url, 'POST', '/ops/tenants', 201, { headers: admin, body: { name: 'schemathesis', rateLimit: { limit: 10_000_000, windowSeconds: 60 } } });
     const { token } = await must(api.url, 'POST', '/ops/api-keys', 201, { headers: admin, body: { tenantId, scopes: [...SCOPES] } });
-    env = { ST_TENANT_KEY: token, ST_ADMIN_KEY: serviceVars.SERVICE_ADMIN_KEY!, ST_TENANT_ID: tenantId };
+    // Records for the generated requests to find (schemathesis.toml [parameters]).
+    const tenant = { authorization: `Bearer ${token}` };
+    const agent = async (name: string) => {
+      const publicKey = generateKeyPairSync('ed25519').publicKey.export({ type: 'spki', format: 'pem' }).toString();
+      return (await must(api.url, 'POST', '/v1/agents', 201, { headers: tenant, body: { namespace: 'fuzz', name, publicKey } })).agentId as string;
+    };
+    const payer = await agent('payer');
+    const payee = await agent('payee');
+    await must(api.url, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, 201, { headers: admin, body: { amount: 1_000_000, currency: 'USD' } });
+    const { runId } = await must(api.url, 'POST', '/v1/runs', 201, { headers: tenant, body: { agentId: payee, settlement: { payerAgentId: payer, amount: 100, currency: 'USD' } } });
+    const { gateId } = await must(api.url, 'POST', '/x402/gate/create', 201, { headers: tenant, body: { payerAgentId: payer, payeeAgentId: payee, amount: 10, currency: 'USD' } });
+    const endpoint = await must(api.url, 'POST', '/v1/webhooks', 201, { headers: tenant, body: { url: 'https://hooks.example.com/in', events: ['run.finalized'] } });
+    env = {
+      ST_TENANT_KEY: token,
+      ST_ADMIN_KEY: serviceVars.SERVICE_ADMIN_KEY!,
+      ST_TENANT_ID: tenantId,
+      ST_AGENT_ID: payee,
+      ST_WALLET_ID: payer,
+      ST_RUN_ID: runId,
+      ST_GATE_ID: gateId,
+      ST_ENDPOINT_ID: endpoint.id,
+    };
   }, 400_000);
 
   afterAll(async () => {
