@@ -118,7 +118,7 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
   for (let i = 0; i < 20; i++) {
     const pair = generateEd25519KeyPair();
     const publicKey = Buffer.from(pair.raw).toString('base64url');
-    const { agent, key } = await registerAgent(rt, tenant._id, { namespace: 'seed', name: `agent-${i}`, publicKey });
+    const { agent, key } = await registerAgent(rt, tenant._id, { name: `agent-${i}`, publicKey });
     agents.push({ agentId: agent._id, keyId: key.keyId, privateKey: pair.privateKey, publicKey, templateSignature: signHexDigest(pair.privateKey, 'ab'.repeat(32)) });
   }
   const payer = agents[0]!;

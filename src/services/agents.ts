@@ -1,4 +1,5 @@
 import { assertClientJsonDepth, toStoredJson } from '../domain/client-json.ts';
+import { namespaceOf, SHARED_NAMESPACE, tenantNamespace } from '../domain/agent-ids.ts';
 import { KeyFormatError, newId, parsePublicKey } from '../domain/crypto.ts';
 import { errors } from '../domain/errors.ts';
 import type { Runtime } from '../runtime.ts';
@@ -26,6 +27,15 @@ export function agentKeyFrom(publicKey: string, now: Date): AgentKeyDoc {
   }
 }
 
+/**
+ * No namespace and no name: a generated name in the shared namespace. A name without a namespace: the tenant's own
+ * default namespace. Both: as given (the namespace becomes the tenant's if nobody holds it).
+ */
+function agentIdFor(tenantId: string, namespace: string | undefined, name: string | undefined): string {
+  if (name === undefined) return `${namespace ?? SHARED_NAMESPACE}:agent:${newId('agt')}`;
+  return `${namespace ?? tenantNamespace(tenantId)}:agent:${name}`;
+}
+
 /** Registers an agent identity with its first key; its metadata is kept as the client sent it (canonical JSON). */
 export async function registerAgent(rt: Runtime, tenantId: string, input: RegisterAgentInput): Promise<{ agent: AgentDoc; key: AgentKeyDoc }> {
   if (input.agentId && (input.namespace || input.name)) {
@@ -34,7 +44,12 @@ export async function registerAgent(rt: Runtime, tenantId: string, input: Regist
   if (input.metadata !== undefined) assertClientJsonDepth(input.metadata, 'body.metadata');
   const now = new Date();
   const key = agentKeyFrom(input.publicKey, now);
-  const agentId = input.agentId ?? `${input.namespace ?? 'agents'}:agent:${input.name ?? newId('agt')}`;
+  const agentId = input.agentId ?? agentIdFor(tenantId, input.namespace, input.name);
+  if (namespaceOf(agentId) === SHARED_NAMESPACE && !(input.agentId === undefined && input.name === undefined)) {
+    throw errors.unprocessable(`the namespace "${SHARED_NAMESPACE}" holds only names the service generates; choose a namespace of your own, or leave the name out`, {
+      errors: [{ path: input.agentId ? 'body.agentId' : 'body.namespace', message: `chosen name in the shared namespace "${SHARED_NAMESPACE}"` }],
+    });
+  }
   const agent = await rt.stores.agents.create(tenantId, {
     _id: agentId,
     displayName: input.displayName ?? null,

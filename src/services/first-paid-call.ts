@@ -4,6 +4,7 @@
 // attempt again after a crash anywhere repeats no effect: the money moves once.
 import { createHmac } from 'node:crypto';
 import { createLocalJWKSet, jwtVerify, type JSONWebKeySet } from 'jose';
+import { tenantNamespace } from '../domain/agent-ids.ts';
 import { canonicalize } from '../domain/canonical-json.ts';
 import { newId, parsePrivateKey, publicKeyOf, sha256Hex } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
@@ -157,7 +158,7 @@ export async function runFirstPaidCall(
   try {
     const register = (role: 'payer' | 'payee') =>
       step(`register-${role}`, async () => {
-        const agentId = `onboarding:agent:${attemptId}-${role}`;
+        const agentId = `${tenantNamespace(tenantId)}:agent:${attemptId}-${role}`;
         const publicKey = publicKeyOf(parsePrivateKey(derive(rt, `agent-${role}`, attemptId).toString('base64url'))).raw.toString('base64url');
         // The agent id is the attempt's own, so AGENT_EXISTS means an earlier run of this attempt registered it.
         await api.call(`register-${role}`, 'POST', '/v1/agents', { body: { agentId, publicKey, displayName: `first paid call ${role}` }, idempotencyKey: idem(`register-${role}`), acceptCodes: ['AGENT_EXISTS'] });

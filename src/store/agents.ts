@@ -1,5 +1,6 @@
 import type { Collection, Db } from 'mongodb';
 import { ServiceError, errors } from '../domain/errors.ts';
+import { namespaceOf, SHARED_NAMESPACE } from '../domain/agent-ids.ts';
 import { insertFirst } from './mongo.ts';
 
 export interface AgentKeyDoc {
@@ -36,13 +37,32 @@ interface KeyRevocationDoc {
   revokedAt: Date;
 }
 
+/** Which tenant a namespace of agent ids belongs to: the first to register an agent in it (by unique insert). */
+interface NamespaceClaimDoc {
+  _id: string;
+  tenantId: string;
+  claimedAt: Date;
+}
+
 export class AgentStore {
   readonly agents: Collection<AgentDoc>;
   readonly revocations: Collection<KeyRevocationDoc>;
+  readonly namespaces: Collection<NamespaceClaimDoc>;
 
   constructor(db: Db) {
     this.agents = db.collection<AgentDoc>('agents');
     this.revocations = db.collection<KeyRevocationDoc>('agent_key_revocations');
+    this.namespaces = db.collection<NamespaceClaimDoc>('agent_namespaces');
+  }
+
+  /**
+   * Claims the namespace for the tenant, or finds it already theirs. Another tenant's namespace is refused whatever
+   * the name, so the answer says nothing about which agents exist in it.
+   */
+  private async claimNamespace(tenantId: string, namespace: string): Promise<void> {
+    if (await insertFirst(this.namespaces, { _id: namespace, tenantId, claimedAt: new Date() })) return;
+    const claim = await this.namespaces.findOne({ _id: namespace });
+    if (claim?.tenantId !== tenantId) throw namespaceTaken(namespace);
   }
 
   /** The agent with every key's status as its revocation records say. */
@@ -58,11 +78,19 @@ export class AgentStore {
     return { ...agent, keys: merged };
   }
 
-  /** Agent ids are global (wallets are keyed by them), so a taken id is a conflict whoever holds it. */
+  /**
+   * Agent ids are global (wallets are keyed by them), so a new agent needs its namespace to be the tenant's (see
+   * domain/agent-ids.ts); AGENT_EXISTS then only ever names the tenant's own agents.
+   */
   async create(tenantId: string, agent: Omit<AgentDoc, 'tenantId'>): Promise<AgentDoc> {
+    const namespace = namespaceOf(agent._id);
+    if (namespace !== SHARED_NAMESPACE) await this.claimNamespace(tenantId, namespace);
     const doc: AgentDoc = { ...agent, tenantId };
-    if (!(await insertFirst(this.agents, doc))) throw new ServiceError(409, 'AGENT_EXISTS', `agent ${agent._id} already exists`);
-    return doc;
+    if (await insertFirst(this.agents, doc)) return doc;
+    // An agent registered before namespaces were claimed may be another tenant's: refused as its namespace would be.
+    const existing = await this.agents.findOne({ _id: agent._id });
+    if (existing && existing.tenantId !== tenantId) throw namespaceTaken(namespace);
+    throw new ServiceError(409, 'AGENT_EXISTS', `agent ${agent._id} already exists`);
   }
 
   /** The agent if it belongs to the tenant (looked up by id alone; another tenant's agent is simply not found). */
@@ -101,4 +129,8 @@ export class AgentStore {
     if (!after) throw errors.notFound('agent key');
     return after;
   }
+}
+
+function namespaceTaken(namespace: string): ServiceError {
+  return new ServiceError(409, 'AGENT_NAMESPACE_TAKEN', `the namespace "${namespace}" belongs to another tenant; register agents in a namespace of your own`, { namespace });
 }

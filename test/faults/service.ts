@@ -151,7 +151,7 @@ export async function createTenant(base: string, adminKey: string): Promise<Tena
 export async function registerAgent(base: string, tenant: Tenant): Promise<Agent & { privateKeyPem: string }> {
   const pair = generateEd25519KeyPair();
   const publicKey = pair.keyObject.export({ type: 'spki', format: 'pem' }).toString();
-  const body = await must(base, 'POST', '/v1/agents', 201, { headers: { ...tenant.auth, 'idempotency-key': newId('k') }, body: { namespace: 'faults', name: newId('a'), publicKey } });
+  const body = await must(base, 'POST', '/v1/agents', 201, { headers: { ...tenant.auth, 'idempotency-key': newId('k') }, body: { name: newId('a'), publicKey } });
   return { agentId: body.agentId, keyId: body.keyId, privateKey: pair.privateKey, privateKeyPem: privateKeyToPem(pair.privateKey) };
 }
 

@@ -16,7 +16,7 @@ export interface TestAgent {
 export async function registerAgent(t: TestApp, auth: Record<string, string>, name = newId('a')): Promise<TestAgent> {
   const pair = generateEd25519KeyPair();
   const publicKeyPem = pair.keyObject.export({ type: 'spki', format: 'pem' }).toString();
-  const res = await t.app.inject({ method: 'POST', url: '/v1/agents', headers: auth, payload: { namespace: 'test', name, publicKey: publicKeyPem } });
+  const res = await t.app.inject({ method: 'POST', url: '/v1/agents', headers: auth, payload: { name, publicKey: publicKeyPem } });
   expect(res.statusCode, res.body).toBe(201);
   return { agentId: res.json().agentId, keyId: res.json().keyId, privateKey: pair.privateKey, publicKeyPem };
 }

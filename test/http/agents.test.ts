@@ -71,6 +71,38 @@ describe('agents', () => {
     expect((await t.app.inject({ method: 'GET', url: `/v1/agents/${agentId}`, headers: auth })).json().keys[0].status).toBe('active');
   });
 
+  it('tells another tenant nothing about which agent ids exist: a namespace is the first registrant\'s', async () => {
+    const key = () => Buffer.from(generateEd25519KeyPair().raw).toString('base64url');
+    expect((await register({ agentId: 'nsx:agent:held', publicKey: key() })).statusCode).toBe(201);
+    // The same answer for an id that exists and one that does not: the namespace is taken, that is all.
+    const held = await register({ agentId: 'nsx:agent:held', publicKey: key() }, otherTenant);
+    const free = await register({ agentId: 'nsx:agent:never-registered', publicKey: key() }, otherTenant);
+    const byName = await register({ namespace: 'nsx', name: 'held', publicKey: key() }, otherTenant);
+    for (const res of [held, free, byName]) {
+      expect(res.statusCode).toBe(409);
+      expect(res.json()).toMatchObject({ code: 'AGENT_NAMESPACE_TAKEN', message: expect.not.stringContaining('held'), details: { namespace: 'nsx' } });
+    }
+    // Inside its own namespace the owner still learns of its own duplicates.
+    expect((await register({ agentId: 'nsx:agent:held', publicKey: key() })).json().code).toBe('AGENT_EXISTS');
+    expect((await register({ agentId: 'nsx:agent:second', publicKey: key() })).statusCode).toBe(201);
+
+    // A chosen name without a namespace lands in the tenant's own namespace: both tenants may use the same name.
+    const mine = await register({ name: 'worker', publicKey: key() });
+    const theirs = await register({ name: 'worker', publicKey: key() }, otherTenant);
+    expect(mine.statusCode).toBe(201);
+    expect(theirs.statusCode).toBe(201);
+    expect(mine.json().agentId).not.toBe(theirs.json().agentId);
+    expect(mine.json().agentId).toMatch(/^t-[0-9a-f]{20}:agent:worker$/);
+
+    // The shared namespace holds generated names only, so nobody can probe a name there either.
+    const chosen = await register({ agentId: 'agents:agent:bob', publicKey: key() });
+    expect(chosen.statusCode).toBe(422);
+    expect((await register({ namespace: 'agents', name: 'bob', publicKey: key() }, otherTenant)).statusCode).toBe(422);
+    const generated = await register({ publicKey: key() }, otherTenant);
+    expect(generated.statusCode).toBe(201);
+    expect(generated.json().agentId).toMatch(/^agents:agent:agt_/);
+  });
+
   it('requires agents:write to register (403 with runs:read only)', async () => {
     const reader = (await t.tenantWithKey(['runs:read'])).auth;
     const res = await register({ name: 'nope', publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') }, reader);

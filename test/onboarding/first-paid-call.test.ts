@@ -1,5 +1,6 @@
 // The first paid call: a real x402 payment through the service's own HTTP API, against the gate and its workers.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { tenantNamespace } from '../../src/domain/agent-ids.ts';
 import { paidCallAttemptId, runFirstPaidCall } from '../../src/services/first-paid-call.ts';
 import type { TestApp } from '../helpers/context.ts';
 import { expectLedgerBalances, sponsorWallet } from '../x402/helpers.ts';
@@ -54,8 +55,8 @@ describe('first paid call', () => {
     const { ids } = body;
     expect(ids).toEqual({
       attemptId: body.attemptId,
-      payerAgentId: `onboarding:agent:${body.attemptId}-payer`,
-      payeeAgentId: `onboarding:agent:${body.attemptId}-payee`,
+      payerAgentId: `${tenantNamespace(tenant.tenantId)}:agent:${body.attemptId}-payer`,
+      payeeAgentId: `${tenantNamespace(tenant.tenantId)}:agent:${body.attemptId}-payee`,
       sponsorWalletId: null,
       fundingEntryId: expect.stringMatching(/^credit:/),
       gateId: expect.stringMatching(/^gate_/),

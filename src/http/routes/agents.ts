@@ -10,7 +10,13 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
   const rt = opts.runtime;
   const tags = ['agents'];
 
-  const registerSchema = { tags, summary: 'Register an agent identity with its first Ed25519 key', body: RegisterAgent, response: { 201: Registered, ...errorResponses(400, 401, 403, 409) } };
+  const registerSchema = { tags, summary: 'Register an agent identity with its first Ed25519 key',
+    description:
+      'Agent ids are `<namespace>:agent:<name>`. A namespace belongs to the first tenant that registers an agent in it; ' +
+      'another tenant gets 409 `AGENT_NAMESPACE_TAKEN` whatever the name, so no id tells it which agents exist. A name ' +
+      'without a namespace goes to the tenant\'s own namespace; no name at all gives a generated one in the shared ' +
+      'namespace `agents`, which takes no chosen names (422). 409 `AGENT_EXISTS`: the tenant already has this id.',
+    body: RegisterAgent, response: { 201: Registered, ...errorResponses(400, 401, 403, 409) } };
   for (const url of ['/v1/agents', '/agents/register']) {
     app.post<{ Body: Static<typeof RegisterAgent> }>(url, { config: { access: 'agents:write' }, schema: registerSchema }, async (request, reply) => {
       const { agent, key } = await registerAgent(rt, tenantOf(request), request.body);
