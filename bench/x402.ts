@@ -1,7 +1,7 @@
 // Latency of the x402 hot path over real HTTP: create, quote, authorize-payment and verify, with 1 and with 50
 // concurrent clients, beside two ceilings measured in the same run at the same concurrency: a bare Fastify route
 // and a raw driver findOne({_id}). Prints JSON (also written to bench/results/x402.json).
-// `node --import tsx bench/x402.ts [--ops N] [--seed-gates N]`: --seed-gates stores N gates first (through the same
+// `node --import tsx bench/x402.ts [--ops N] [--seed-gates N] [--clients 1,50]`: --seed-gates stores N gates first (through the same
 // service the API uses) to show that cost follows the work, not the data. Needs the local services; stops by itself.
 import { createHash } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -16,7 +16,7 @@ const arg = (name: string, fallback: number) => {
 };
 const OPS = arg('--ops', 300);
 const SEED_GATES = arg('--seed-gates', 0);
-const CONCURRENCY = [1, 50];
+const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50').split(',').map(Number);
 
 const host = await startInProcessService(['x402-verify', 'settle']);
 const { runtime, base, adminKey } = host;
