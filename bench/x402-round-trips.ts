@@ -58,7 +58,8 @@ function waves(list: Cmd[]): number {
   return n;
 }
 
-const totals = new Map<string, { ms: number[]; mongo: number[]; waves: number[]; redis: number[]; redisRtt: number[]; kinds: Map<string, number>; kms: Map<string, number>; rkinds: Map<string, number> }>();
+interface Totals { ms: number[]; mongo: number[]; waves: number[]; redis: number[]; redisRtt: number[]; kinds: Map<string, number>; kms: Map<string, number>; rkinds: Map<string, number> }
+const totals = new Map<string, Totals>();
 async function counted<T>(label: string, work: () => Promise<T>): Promise<T> {
   cmds = new Map();
   redisSeen = [];
@@ -67,7 +68,7 @@ async function counted<T>(label: string, work: () => Promise<T>): Promise<T> {
   const ms = performance.now() - t0;
   await new Promise((r) => setTimeout(r, 150)); // let MONITOR lines and trailing job commands arrive
   const list = [...cmds.values()];
-  const t = totals.get(label) ?? { ms: [], mongo: [], waves: [], redis: [], redisRtt: [], kinds: new Map(), kms: new Map(), rkinds: new Map() };
+  const t: Totals = totals.get(label) ?? { ms: [], mongo: [], waves: [], redis: [], redisRtt: [], kinds: new Map(), kms: new Map(), rkinds: new Map() };
   t.ms.push(ms);
   t.mongo.push(list.length);
   t.waves.push(waves(list));
