@@ -6,7 +6,7 @@ import { newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { holdbackOf } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import type { DecisionFact, SettlementView } from '../domain/settlement.ts';
+import type { DecisionFact, SettlementFacts, SettlementView } from '../domain/settlement.ts';
 import {
   DEFAULT_QUOTE_TTL_SECONDS,
   escalationIdFor,
@@ -115,6 +115,12 @@ function isTerminal(status: GateStatus): boolean {
   return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'unfunded';
 }
 
+/** The value of a settled read, or its error: reads go out together, their failures are met in the checks' order. */
+function valueOf<T>(result: PromiseSettledResult<T>): T {
+  if (result.status === 'rejected') throw result.reason;
+  return result.value;
+}
+
 const MEMO_LIMIT = 100_000;
 function remember(set: Set<string>, id: string) {
   if (set.size > MEMO_LIMIT) set.clear();
@@ -141,12 +147,15 @@ export class X402Service {
   // ---------------------------------------------------------------------------------------------------------------
   // Agents' lifecycle
 
-  /** 410 when an agent is wound down (the wind-down record is the truth) or frozen; 404 when not the tenant's. */
+  /**
+   * 410 when an agent is wound down (the wind-down record is the truth, read every time) or frozen; 404 when not
+   * the tenant's. The agent itself comes from the credential cache, which every change of an agent invalidates.
+   */
   private async requireLiveAgents(tenantId: string, agentIds: string[]): Promise<AgentDoc[]> {
     const { agents } = this.runtime.stores;
     const found = await Promise.all(
       agentIds.map(async (id) => {
-        const [agent, windDown] = await Promise.all([agents.agents.findOne({ _id: id }), this.store.windDowns.findOne({ _id: id })]);
+        const [agent, windDown] = await Promise.all([this.runtime.credentials.agent(agents, id), this.store.windDowns.findOne({ _id: id }, { projection: { _id: 1 } })]);
         return { id, agent, windDown };
       }),
     );
@@ -166,11 +175,16 @@ export class X402Service {
     if (input.payerAgentId === input.payeeAgentId) {
       throw errors.validation('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
     }
-    await this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]);
+    const [lifecycle, sponsor] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
+      input.sponsorWalletId ? ledger.getWallet(input.sponsorWalletId) : null,
+    ]);
+    valueOf(lifecycle);
     if (input.sponsorWalletId) {
-      const sponsor = await ledger.getWallet(input.sponsorWalletId);
-      if (!sponsor || sponsor.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
+      const wallet = valueOf(sponsor);
+      if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
     } else {
+      // Only once the payer is known to be the tenant's live agent: this may create its wallet.
       await this.ensureAgentWallet(input.payerAgentId, tenantId);
     }
     const gate: GateDoc = {
@@ -194,14 +208,18 @@ export class X402Service {
       this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
     ]);
     try {
-      await ledger.apply({
-        _id: x402EntryIds.lock(gate._id),
-        tenantId,
-        kind: 'x402_escrow_lock',
-        currency: gate.currency,
-        legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
-        ref: { gateId: gate._id },
-      });
+      // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
+      await ledger.apply(
+        {
+          _id: x402EntryIds.lock(gate._id),
+          tenantId,
+          kind: 'x402_escrow_lock',
+          currency: gate.currency,
+          legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
+          ref: { gateId: gate._id },
+        },
+        { expectNew: true },
+      );
     } catch (err) {
       // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
       await this.store.gates.deleteOne({ _id: gate._id });
@@ -213,6 +231,10 @@ export class X402Service {
       await this.cancelGate(gate, racedWindDown);
       throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${racedWindDown} is wound down`, { agentId: racedWindDown, status: 'wound_down' });
     }
+    // What this process now knows for good: the gate, that it is funded, that it has no quote yet.
+    this.store.rememberGate(gate);
+    remember(this.fundedGates, gate._id);
+    this.store.quoteSlots.startEmpty(gate._id);
     return { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null };
   }
 
@@ -229,7 +251,7 @@ export class X402Service {
   }
 
   async requireGate(tenantId: string, gateId: string): Promise<GateDoc> {
-    const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
+    const gate = await this.store.gateOfTenant(gateId, tenantId);
     if (!gate) throw errors.notFound('gate');
     return gate;
   }
@@ -264,6 +286,16 @@ export class X402Service {
     return { gate, status, funded, commitment, verification, quote, settlement };
   }
 
+  /**
+   * The gate's state for a check on the hot path: a verification is only ever recorded after the gate's commitment
+   * (verify voids an uncommitted gate first), so without a commitment there is none to read.
+   */
+  private async checkState(gate: GateDoc): Promise<GateState> {
+    const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitments.findOne({ _id: gate._id })]);
+    if (commitment) return this.gateState(gate);
+    return { gate, status: funded ? 'held' : 'unfunded', funded, commitment: null, verification: null, quote: null, settlement: null };
+  }
+
   /** X402_GATE_TERMINAL naming the gate's exact state (read in full: refusals are off the hot path). */
   private async terminal(gate: GateDoc, what: string): Promise<ServiceError> {
     const { status } = await this.gateState(gate, true);
@@ -279,8 +311,9 @@ export class X402Service {
 
   async quote(tenantId: string, input: { gateId: string; requestSha256: string; ttlSeconds?: number }): Promise<QuoteResult> {
     const gate = await this.requireGate(tenantId, input.gateId);
-    await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
-    const state = await this.gateState(gate);
+    const [lifecycle, checked] = await Promise.allSettled([this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]), this.checkState(gate)]);
+    valueOf(lifecycle);
+    const state = valueOf(checked);
     if (isTerminal(state.status)) throw await this.terminal(gate, 'takes no quotes');
     const ttlSeconds = input.ttlSeconds ?? DEFAULT_QUOTE_TTL_SECONDS;
     let live: QuoteDoc | null = null;
@@ -288,7 +321,7 @@ export class X402Service {
     const now = new Date();
     // Within the gate's chain (queued per gate): a live quote for the same request is the answer, unchanged.
     await this.store.quoteSlots.append(gate._id, async (slot, previous) => {
-      const prior = previous && (await this.store.quotes.findOne({ _id: previous.ref }));
+      const prior = previous && (await this.store.quoteOfTenant(previous.ref, tenantId));
       if (prior && prior.requestSha256 === input.requestSha256 && prior.expiresAt > now) {
         live = prior;
         return null;
@@ -314,6 +347,7 @@ export class X402Service {
     if (!quote) throw x402Error('X402_GATE_TERMINAL', 'the gate is already authorized for another request', { status: 'authorized' });
     // The slot names the quote before the quote exists; a crash in between leaves a slot the next quote supersedes.
     if (created) await this.store.quotes.insertOne(quote);
+    this.store.rememberQuote(quote);
     return this.quoteResult(gate, quote);
   }
 
@@ -329,7 +363,16 @@ export class X402Service {
 
   /** Quote checks in the contract's order: found (this tenant), of this gate and current, live, bound to the request. */
   private async checkQuote(gate: GateDoc, quoteId: string, requestSha256: string, now: Date): Promise<QuoteDoc> {
-    const [quote, head] = await Promise.all([this.store.ofTenant(this.store.quotes, quoteId, gate.tenantId), this.store.quoteSlots.head(gate._id)]);
+    return this.quoteChecks(gate, await this.readQuote(gate, quoteId), quoteId, requestSha256, now);
+  }
+
+  /** The quote (this tenant's, from memory once seen) and the gate's current quote position. */
+  private async readQuote(gate: GateDoc, quoteId: string): Promise<{ quote: QuoteDoc | null; head: number }> {
+    const [quote, head] = await Promise.all([this.store.quoteOfTenant(quoteId, gate.tenantId), this.store.quoteSlots.head(gate._id)]);
+    return { quote, head };
+  }
+
+  private quoteChecks(gate: GateDoc, { quote, head }: { quote: QuoteDoc | null; head: number }, quoteId: string, requestSha256: string, now: Date): QuoteDoc {
     if (!quote) throw x402Error('X402_QUOTE_NOT_FOUND', 'no such quote', { quoteId });
     if (quote.gateId !== gate._id) throw x402Error('X402_QUOTE_MISMATCH', 'the quote belongs to another gate', { quoteId, gateId: gate._id });
     if (quote.slot !== head) throw x402Error('X402_QUOTE_MISMATCH', 'a newer quote has replaced this one', { quoteId, gateId: gate._id });
@@ -456,10 +499,18 @@ export class X402Service {
     input: { gateId: string; quoteId: string; requestSha256: string; walletDecisionToken?: string; escalationOverrideToken?: string },
   ): Promise<PaymentAuthorization> {
     const gate = await this.requireGate(tenantId, input.gateId);
-    const [, state] = await Promise.all([this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]), this.gateState(gate)]);
+    // Everything the checks read, read at once; the checks then run in the contract's order on what was read.
+    const [lifecycle, checked, quoted, policy] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
+      this.checkState(gate),
+      this.readQuote(gate, input.quoteId),
+      this.store.policyOf(gate.escrowWalletId),
+    ]);
+    valueOf(lifecycle);
+    const state = valueOf(checked);
     if (state.status !== 'held' && state.status !== 'authorized') throw await this.terminal(gate, 'cannot be authorized');
     const now = new Date();
-    const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
+    const quote = this.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
 
     if (gate.sponsorWalletId) {
       const claims = input.walletDecisionToken ? await this.verifyOwnToken(input.walletDecisionToken, TOKEN_AUDIENCE.walletDecision) : null;
@@ -476,7 +527,7 @@ export class X402Service {
     if (existing?.kind === 'authorization') return this.repeatAuthorization(gate, existing, quote);
 
     if (!escalationId) {
-      const breach = await this.policyBreach(gate, quote, now);
+      const breach = await this.policyBreach(gate, quote, now, valueOf(policy));
       if (breach) {
         const escalation = await this.escalate(gate, quote, breach.walletId, breach.breach);
         throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
@@ -486,8 +537,8 @@ export class X402Service {
         throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
       }
       const walletId = gate.escrowWalletId;
-      const policy = (await this.store.policyOf(walletId))?.policy;
-      if (policy) await this.spendDaily(walletId, policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
+      const version = valueOf(policy);
+      if (version) await this.spendDaily(walletId, version.policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
     }
 
     const authorizationRef = newId('azn');
@@ -514,9 +565,8 @@ export class X402Service {
   }
 
   /** The escrow wallet's policy limits (a payer's own wallet may have none: then nothing limits it). */
-  private async policyBreach(gate: GateDoc, quote: QuoteDoc, now: Date): Promise<{ walletId: string; breach: PolicyBreach } | null> {
+  private async policyBreach(gate: GateDoc, quote: QuoteDoc, now: Date, version: PolicyVersionDoc | null): Promise<{ walletId: string; breach: PolicyBreach } | null> {
     const walletId = gate.escrowWalletId;
-    const version = await this.store.policyOf(walletId);
     if (!version) return gate.sponsorWalletId ? { walletId, breach: { rule: 'policy', message: 'the sponsor wallet has no policy' } } : null;
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const staticBreach = evaluateStaticPolicy(version.policy, call);
@@ -765,17 +815,26 @@ export class X402Service {
    * Run twice, by two workers at once, it moves the money once: facts by unique insert, ledger ids derived.
    */
   async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
-    const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
-    if (!gate) return { skipped: 'no such gate' };
     const { settlements } = this.runtime.stores;
-    const [verification, commitment] = await Promise.all([this.store.verifications.findOne({ _id: gateId }), this.store.commitments.findOne({ _id: gateId })]);
+    // All keyed by the gate id, so read at once (the settlement too: the request that reported created it).
+    const [gate, verification, commitment, existing] = await Promise.all([
+      this.store.gateOfTenant(gateId, tenantId),
+      this.store.verifications.findOne({ _id: gateId }),
+      this.store.commitments.findOne({ _id: gateId }),
+      settlements.get(gateSettlementId(gateId)),
+    ]);
+    if (!gate) return { skipped: 'no such gate' };
     if (!verification) return { skipped: 'nothing reported' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
     const [s] = await Promise.all([
-      settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
+      existing ?? settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
       this.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
     ]);
-    let decision = (await settlements.factsOf(s._id)).decision;
+    // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
+    // hands back the winner's). Any other view means one was decided: read the facts.
+    let facts: SettlementFacts | null = s.view.status === 'pending' ? null : await settlements.factsOf(s._id);
+    let decidedNow = false;
+    let decision = facts?.decision;
     if (!decision) {
       const authorization = commitment.kind === 'authorization' ? commitment : null;
       const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
@@ -802,21 +861,23 @@ export class X402Service {
         },
         this.runtime.keys.active,
       );
-      decision = (
-        await settlements.claim(s._id, 'decision', {
-          verdict,
-          reason: verdict === 'pass' ? null : authorization ? 'VERIFICATION_FAILED' : 'NOT_AUTHORIZED',
-          releaseNow,
-          holdback,
-          decidedAt: decidedAt.toISOString(),
-          disputeWindowEndsAt: new Date(decidedAt.getTime() + gate.disputeWindowSeconds * 1000).toISOString(),
-          receipt,
-        })
-      ).fact;
+      const claimed = await settlements.claim(s._id, 'decision', {
+        verdict,
+        reason: verdict === 'pass' ? null : authorization ? 'VERIFICATION_FAILED' : 'NOT_AUTHORIZED',
+        releaseNow,
+        holdback,
+        decidedAt: decidedAt.toISOString(),
+        disputeWindowEndsAt: new Date(decidedAt.getTime() + gate.disputeWindowSeconds * 1000).toISOString(),
+        receipt,
+      });
+      decision = claimed.fact;
+      decidedNow = claimed.won;
+      // Won: every other fact needs the decision first, so there is none yet to read.
+      facts = claimed.won ? { decision } : await settlements.factsOf(s._id);
     }
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
-    if (decision.verdict === 'fail') await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt });
-    const settled = await advanceSettlement(this.runtime, s._id);
+    if (decision.verdict === 'fail') facts!.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
+    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
     return { decision, view: settled.view };
   }
@@ -860,6 +921,7 @@ export class X402Service {
     await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
     const fact = (await this.store.windDowns.findOne({ _id: agentId }))!;
     await agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }); // a cache of the fact
+    await this.runtime.credentials.invalidate('agent', agentId); // cached agents are re-read with it
 
     const summary: WindDownSummary = {
       agentId,
