@@ -32,6 +32,7 @@ async function call(method: string, path: string, token: string, body?: unknown,
     body: body ? JSON.stringify(body) : undefined,
   });
   const text = await res.text();
+  if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
   if (!expect.includes(res.status)) throw new Error(`${method} ${path} -> ${res.status} ${text.slice(0, 300)}`);
   return JSON.parse(text);
 }
@@ -42,20 +43,35 @@ function percentiles(samples: number[]) {
   return { n: sorted.length, p50: at(50), p95: at(95), p99: at(99) };
 }
 
-/** Runs `ops` calls of `work(i)` with `clients` callers at once; the latency of each call in ms. */
-async function measure(clients: number, ops: number, work: (i: number) => Promise<unknown>) {
+class Refused extends Error {}
+
+/**
+ * Runs `ops` calls of `work(i)` with `clients` callers at once; the latency of each call in ms. A call the service
+ * refuses (say a 503 from the request deadline under load) is counted under `failed` by status, not timed, and the
+ * later steps of that gate are skipped; anything else stops the benchmark.
+ */
+async function measure(clients: number, ops: number, work: (i: number) => Promise<unknown>, skip: Set<number>) {
   const samples: number[] = [];
+  const failed: Record<string, number> = {};
   let next = 0;
   await Promise.all(
     Array.from({ length: clients }, async () => {
       for (let i = next++; i < ops; i = next++) {
+        if (skip.has(i)) continue;
         const started = performance.now();
-        await work(i);
+        try {
+          await work(i);
+        } catch (err) {
+          if (!(err instanceof Refused)) throw err;
+          failed[err.message] = (failed[err.message] ?? 0) + 1;
+          skip.add(i);
+          continue;
+        }
         samples.push(performance.now() - started);
       }
     }),
   );
-  return percentiles(samples);
+  return { ...percentiles(samples), ...(Object.keys(failed).length > 0 ? { failed } : {}) };
 }
 
 const requestSha = (i: number) => createHash('sha256').update(`bench request ${i}`).digest('hex');
@@ -89,21 +105,22 @@ try {
     const gates: string[] = [];
     const quotes: Array<{ quoteId: string; requestSha256: string }> = [];
     const pairOf = (i: number) => pairs[i % clients]!;
+    const skip = new Set<number>();
     const create = await measure(clients, ops, async (i) => {
       const p = pairOf(i);
       gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
-    });
+    }, skip);
     const quote = await measure(clients, ops, async (i) => {
       quotes[i] = await call('POST', '/x402/gate/quote', token, { gateId: gates[i], requestSha256: requestSha(i) });
-    });
-    const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }));
+    }, skip);
+    const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }), skip);
     let undecided = 0;
     const verify = await measure(clients, ops, async (i) => {
       const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
       if (res.decision === null) undecided++;
-    });
-    const bareRoute = await measure(clients, ops, async () => (await fetch(`${bareBase}/ping`)).text());
-    const findById = await measure(clients, ops, () => probe.findOne({ _id: 'probe' }));
+    }, skip);
+    const bareRoute = await measure(clients, ops, async () => (await fetch(`${bareBase}/ping`)).text(), new Set());
+    const findById = await measure(clients, ops, () => probe.findOne({ _id: 'probe' }), new Set());
     results[`clients_${clients}`] = { ops, create, quote, authorizePayment: authorize, verify: { ...verify, answered202: undecided }, ceiling: { bareFastifyRoute: bareRoute, driverFindOneById: findById } };
   }
   const out = { benchmark: 'x402-hot-path', at: new Date().toISOString(), node: process.version, seededGates: SEED_GATES, latencyMs: results };
