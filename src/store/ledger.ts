@@ -14,7 +14,8 @@ import { insertFirst, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts'
 //   since the entry's floor (the account's cached head read before the entry was recorded, never above any later
 //   posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
 //   later one sees the earlier one's posting; a crash after the claim is found the same way. The leg marker
-//   `<attemptId>#<leg>` records the result so that later looks are one read.
+//   `<attemptId>#<leg>` records the result so that later looks are one read (written by whoever finishes an attempt
+//   it did not record itself; the recorder's own legs are only ever looked at again after a crash).
 // - Only the first leg may debit. A debit the chain's end cannot cover claims its position as a refusal (delta 0),
 //   so "refused" and "posted" are decided by the same unique insert and two posters can never disagree.
 // - A refused entry moved nothing and may be retried under the same id: each retry is a new attempt document
@@ -410,7 +411,9 @@ export class LedgerStore {
       if (await insertFirst(this.postings, posting)) {
         this.handoff.set(account, { seq: posting.seq, balance: posting.balanceAfter });
         this.failAfterClaim?.(attempt.entryId, leg);
-        return this.markLeg(attempt, leg, posting, account, cached);
+        // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,
+        // within the sweeper's staleness); that walk from the floor finds this posting all the same.
+        return this.markLeg(attempt, leg, posting, account, cached, !head);
       }
       // Someone else took this position (maybe a poster of this very leg): read on and check what they wrote.
       end = await this.walkForward(account, end, seen);
@@ -431,10 +434,10 @@ export class LedgerStore {
   }
 
   /** The leg's marker (a loser's marker names the same posting: there is only one) and the head cache, both written behind. */
-  private markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, cached: AccountHead): { mark: LegMarkDoc; written: Promise<unknown> } {
+  private markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, cached: AccountHead, writeMark = true): { mark: LegMarkDoc; written: Promise<unknown> } {
     const mark: LegMarkDoc = { _id: `${attempt._id}#${leg}`, posting: posting._id, refused: posting.refused, balanceAfter: posting.balanceAfter };
     const written = Promise.all([
-      insertFirst(this.legMarks, mark),
+      writeMark ? insertFirst(this.legMarks, mark) : undefined,
       posting.seq > cached.seq ? this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter }) : undefined,
     ]);
     written.catch(() => undefined); // awaited by finish; this only keeps an early failure from going unhandled
