@@ -175,18 +175,6 @@ export class X402Service {
     if (input.payerAgentId === input.payeeAgentId) {
       throw errors.validation('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
     }
-    const [lifecycle, sponsor] = await Promise.allSettled([
-      this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
-      input.sponsorWalletId ? ledger.getWallet(input.sponsorWalletId) : null,
-    ]);
-    valueOf(lifecycle);
-    if (input.sponsorWalletId) {
-      const wallet = valueOf(sponsor);
-      if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
-    } else {
-      // Only once the payer is known to be the tenant's live agent: this may create its wallet.
-      await this.ensureAgentWallet(input.payerAgentId, tenantId);
-    }
     const gate: GateDoc = {
       _id: newId('gate'),
       tenantId,
@@ -201,33 +189,49 @@ export class X402Service {
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
       createdAt: new Date(),
     };
+    const lock = {
+      _id: x402EntryIds.lock(gate._id),
+      tenantId,
+      kind: 'x402_escrow_lock',
+      currency: gate.currency,
+      legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
+      ref: { gateId: gate._id },
+    };
+    // The checks' reads and the lock's (its accounts' heads) go out together; nothing is written until all pass.
+    const [lifecycle, sponsor, prepared] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
+      input.sponsorWalletId ? ledger.getWallet(input.sponsorWalletId) : null,
+      ledger.prepare(lock),
+    ]);
+    valueOf(lifecycle);
+    if (input.sponsorWalletId) {
+      const wallet = valueOf(sponsor);
+      if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
+    } else {
+      // Only once the payer is known to be the tenant's live agent: this may create its wallet.
+      await this.ensureAgentWallet(input.payerAgentId, tenantId);
+    }
     // The gate and its place in both agents' indexes first, so a wind-down can always find a gate that holds money.
     await Promise.all([
       this.store.gates.insertOne(gate),
       this.store.agentGates.append(gate.payerAgentId, () => ({ ref: gate._id })),
       this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
     ]);
+    // A wind-down that ran while this gate was being funded may not have seen the lock. Read once the lock entry is
+    // recorded, its fact is either seen here, or was recorded after the lock entry, so that its walk meets the lock
+    // (pending or applied) and returns it: reading while the legs are posted misses nothing.
+    let raced: Promise<string | null> = Promise.resolve(null);
     try {
       // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
-      await ledger.apply(
-        {
-          _id: x402EntryIds.lock(gate._id),
-          tenantId,
-          kind: 'x402_escrow_lock',
-          currency: gate.currency,
-          legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
-          ref: { gateId: gate._id },
-        },
-        { expectNew: true },
-      );
+      await ledger.apply(lock, { expectNew: true, prepared: valueOf(prepared), onRecorded: () => (raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId])) });
     } catch (err) {
+      await raced.catch(() => null);
       // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
       await this.store.gates.deleteOne({ _id: gate._id });
       throw err;
     }
-    const racedWindDown = await this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+    const racedWindDown = await raced;
     if (racedWindDown) {
-      // A wind-down ran while this gate was being funded and may not have seen it: unwind it here.
       await this.cancelGate(gate, racedWindDown);
       throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${racedWindDown} is wound down`, { agentId: racedWindDown, status: 'wound_down' });
     }

@@ -93,6 +93,19 @@ export function bucketMove(walletId: string, from: Bucket, to: Bucket, amount: n
   ];
 }
 
+export interface PreparedEntry {
+  heads: AccountHead[];
+}
+
+export interface ApplyOptions {
+  /** The id derives from something just created: skip looking for an earlier attempt (the insert still tells). */
+  expectNew?: boolean;
+  /** From prepare(), read before the entry is recorded. */
+  prepared?: PreparedEntry;
+  /** Called once the entry is recorded (by this call or a concurrent one), before its legs are resolved. */
+  onRecorded?: () => void;
+}
+
 export interface NewLedgerEntry {
   _id: string;
   tenantId: string;
@@ -262,7 +275,7 @@ export class LedgerStore {
    * later apply under the same id tries again). An applied entry costs one read. `expectNew` (an id derived from
    * something just created) skips that read: the attempt's unique insert tells a repeat apart just as well.
    */
-  async apply(entry: NewLedgerEntry, options: { expectNew?: boolean } = {}): Promise<LedgerEntryDoc> {
+  async apply(entry: NewLedgerEntry, options: ApplyOptions = {}): Promise<LedgerEntryDoc> {
     for (const [i, leg] of entry.legs.entries()) {
       if (!Number.isSafeInteger(leg.delta) || leg.delta === 0) throw new Error(`entry ${entry._id} leg ${i}: delta must be a non-zero integer`);
       if (i > 0 && leg.delta < 0) throw new Error(`entry ${entry._id}: only the first leg may debit`);
@@ -278,16 +291,14 @@ export class LedgerStore {
 
     // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first. The
     // heads read for the floors are also where the legs start looking for the chains' ends.
-    const [marker, heads] = await Promise.all([
-      this.due.entryStarted(entry._id),
-      Promise.all(entry.legs.map((l) => this.cachedHead(accountOf(l.walletId, entry.currency, l.bucket)))),
-    ]);
+    const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), options.prepared ?? this.prepare(entry)]);
     const floors = heads.map((h) => h.seq);
     try {
       for (let attempt = (latest?.attempt ?? 0) + 1; ; ) {
         const doc: LedgerEntryDoc = { ...entry, _id: attemptId(entry._id, attempt), entryId: entry._id, attempt, floors, state: 'pending', createdAt: new Date(), settledAt: null };
         let applied: LedgerEntryDoc;
         if (await insertFirst(this.entries, doc)) {
+          options.onRecorded?.();
           applied = await this.finish(doc, heads);
         } else {
           // A concurrent apply recorded this attempt first (or, with expectNew, the entry already existed).
@@ -297,6 +308,7 @@ export class LedgerStore {
             attempt = current.attempt + 1; // refused before: try again under a new attempt, as apply does
             continue;
           }
+          options.onRecorded?.();
           applied = await this.finish(current);
         }
         await this.due.entryDone(marker);
@@ -306,6 +318,15 @@ export class LedgerStore {
       if (isInsufficientFunds(err)) await this.due.entryDone(marker); // refused is finished too
       throw err;
     }
+  }
+
+  /**
+   * What apply reads before it records an entry: the cached heads of its accounts (its floors, and where its legs
+   * start). A caller may read them beside its own reads and hand them to apply; read any time before the entry is
+   * recorded, they are valid floors (a head cache never leads its chain).
+   */
+  async prepare(entry: NewLedgerEntry): Promise<PreparedEntry> {
+    return { heads: await Promise.all(entry.legs.map((l) => this.cachedHead(accountOf(l.walletId, entry.currency, l.bucket)))) };
   }
 
   /** Finishes an entry's latest attempt (what apply does after recording it). */
