@@ -5,7 +5,7 @@ import { signReceipt } from '../domain/receipt.ts';
 import { entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
-import type { Leg } from '../store/ledger.ts';
+import type { Leg, PreparedEntry } from '../store/ledger.ts';
 import type { RunDoc } from '../store/runs.ts';
 import { readSettlement, settlementState, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
@@ -106,7 +106,7 @@ export async function advanceSettlement(
    * moment later: facts only ever get added, and every claim below hands back the winner's). `decidedNow`: the
    * caller won the decision, so no entry of this settlement can exist yet.
    */
-  known?: { doc: SettlementDoc; facts: SettlementFacts; decidedNow: boolean },
+  known?: { doc: SettlementDoc; facts: SettlementFacts; decidedNow: boolean; prepared?: Map<string, PreparedEntry> },
 ): Promise<SettlementState | null> {
   const { settlements, ledger, runs } = rt.stores;
   const s = known?.doc ?? (await settlements.get(settlementId));
@@ -120,7 +120,7 @@ export async function advanceSettlement(
   // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
   const applied = new Set<string>();
   const move = async (id: string, kind: string, to: string, amount: number) => {
-    await ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs: [fromEscrow(amount), toAvailable(to, amount)], ref }, { expectNew: known?.decidedNow === true });
+    await ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs: [fromEscrow(amount), toAvailable(to, amount)], ref }, { expectNew: known?.decidedNow === true, prepared: known?.prepared?.get(id) });
     applied.add(id);
   };
 

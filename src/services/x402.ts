@@ -6,7 +6,7 @@ import { newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { holdbackOf } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import type { DecisionFact, SettlementFacts, SettlementView } from '../domain/settlement.ts';
+import { entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
 import {
   DEFAULT_QUOTE_TTL_SECONDS,
   escalationIdFor,
@@ -834,14 +834,18 @@ export class X402Service {
       existing ?? settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
       this.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
     ]);
+    const authorization = commitment.kind === 'authorization' ? commitment : null;
+    const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
+    // The heads of the accounts the verdict moves money between, read beside the decision (see ledger.prepare).
+    const movement = verdict === 'pass' ? { id: entryIds.release(s._id), to: s.payeeWalletId } : { id: entryIds.held(s._id, 'refund'), to: s.payerWalletId };
+    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, { walletId: movement.to, bucket: 'available' }] });
+    prepared.catch(() => undefined); // only a head start: apply reads again without it
     // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
     // hands back the winner's). Any other view means one was decided: read the facts.
     let facts: SettlementFacts | null = s.view.status === 'pending' ? null : await settlements.factsOf(s._id);
     let decidedNow = false;
     let decision = facts?.decision;
     if (!decision) {
-      const authorization = commitment.kind === 'authorization' ? commitment : null;
-      const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
       const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(gate.amount, gate.holdbackBps) : { holdback: 0, releaseNow: 0 };
       const decidedAt = new Date();
       const receipt = signReceipt(
@@ -881,7 +885,8 @@ export class X402Service {
     }
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
     if (decision.verdict === 'fail') facts!.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
-    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow });
+    const heads = await prepared.catch(() => null);
+    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
     return { decision, view: settled.view };
   }

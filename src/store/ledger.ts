@@ -94,6 +94,8 @@ export function bucketMove(walletId: string, from: Bucket, to: Bucket, amount: n
 }
 
 export interface PreparedEntry {
+  /** The accounts it was read for, in leg order: apply uses it only for an entry whose legs are these accounts. */
+  accounts: string[];
   heads: AccountHead[];
 }
 
@@ -291,7 +293,9 @@ export class LedgerStore {
 
     // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first. The
     // heads read for the floors are also where the legs start looking for the chains' ends.
-    const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), options.prepared ?? this.prepare(entry)]);
+    const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
+    const given = options.prepared && options.prepared.accounts.length === accounts.length && options.prepared.accounts.every((a, i) => a === accounts[i]) ? options.prepared : null;
+    const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), given ?? this.prepare(entry)]);
     const floors = heads.map((h) => h.seq);
     try {
       for (let attempt = (latest?.attempt ?? 0) + 1; ; ) {
@@ -325,8 +329,9 @@ export class LedgerStore {
    * start). A caller may read them beside its own reads and hand them to apply; read any time before the entry is
    * recorded, they are valid floors (a head cache never leads its chain).
    */
-  async prepare(entry: NewLedgerEntry): Promise<PreparedEntry> {
-    return { heads: await Promise.all(entry.legs.map((l) => this.cachedHead(accountOf(l.walletId, entry.currency, l.bucket)))) };
+  async prepare(entry: { currency: string; legs: Array<Pick<Leg, 'walletId' | 'bucket'>> }): Promise<PreparedEntry> {
+    const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
+    return { accounts, heads: await Promise.all(accounts.map((a) => this.cachedHead(a))) };
   }
 
   /** Finishes an entry's latest attempt (what apply does after recording it). */
