@@ -398,7 +398,16 @@ export class X402Service {
   async putPolicy(tenantId: string, walletId: string, policy: WalletPolicy): Promise<PolicyVersionDoc> {
     await this.requireWallet(tenantId, walletId);
     const doc = await this.store.policies.append(walletId, (version) => ({ tenantId, walletId, version, policy, at: new Date() }));
+    await this.runtime.credentials.invalidate('policy', walletId); // every process reads the new version from now on
     return doc!;
+  }
+
+  /**
+   * The policy in force, cached per process and invalidated on every process by each new version (through the
+   * credential cache, which serves nothing while its invalidation channel is down: then every call reads it).
+   */
+  private policyInForce(walletId: string): Promise<PolicyVersionDoc | null> {
+    return this.runtime.credentials.policy(walletId, () => this.store.policyOf(walletId));
   }
 
   async getPolicy(tenantId: string, walletId: string): Promise<PolicyVersionDoc> {
@@ -447,7 +456,7 @@ export class X402Service {
     const existing = await this.store.walletDecisions.findOne({ _id: decisionId });
     if (existing && existing.expiresAt > now) return { walletDecisionToken: existing.token, expiresAt: existing.expiresAt };
 
-    const version = await this.store.policyOf(walletId);
+    const version = await this.policyInForce(walletId);
     if (!version) throw this.policyViolation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' }, walletId);
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const breach = evaluateStaticPolicy(version.policy, call) ?? (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
@@ -508,7 +517,7 @@ export class X402Service {
       this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
       this.checkState(gate),
       this.readQuote(gate, input.quoteId),
-      this.store.policyOf(gate.escrowWalletId),
+      this.policyInForce(gate.escrowWalletId),
     ]);
     valueOf(lifecycle);
     const state = valueOf(checked);
@@ -720,7 +729,7 @@ export class X402Service {
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
-    const [state, current] = await Promise.all([this.gateState(gate), this.store.currentQuote(gate._id)]);
+    const state = await this.gateState(gate);
     if (state.status === 'cancelled' || state.status === 'unfunded') throw await this.terminal(gate, 'cannot be verified');
     if (state.verification) {
       // A repeat: the first report stands; answer the decision, or make sure a job is on it and wait.
@@ -759,7 +768,9 @@ export class X402Service {
     // The worker's answer carries the settlement as it left it: no need to read it all back.
     const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
     const gateStatus = settledStatus(settled);
-    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote: current.quote, settlement: settled }, decided: gateStatus !== 'settling' };
+    // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
+    const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
+    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
   }
 
   private ensureQueueEvents(): QueueEvents {
