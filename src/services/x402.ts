@@ -30,6 +30,7 @@ import {
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
+import type { WalletDoc } from '../store/ledger.ts';
 import { bucketMove } from '../store/ledger.ts';
 import { insertFirst } from '../store/mongo.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
@@ -132,6 +133,7 @@ export class X402Service {
   /** Facts that never change back once true, remembered to save a read on the hot path. */
   private readonly fundedGates = new Set<string>();
   private readonly knownWallets = new Set<string>();
+  private readonly walletDocs = new Map<string, WalletDoc>();
   /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
   private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
   private readonly jwks;
@@ -365,17 +367,13 @@ export class X402Service {
     return { quote, gate, paymentRequirements: requirements, paymentRequired: paymentRequiredHeader(requirements, resource) };
   }
 
-  /** Quote checks in the contract's order: found (this tenant), of this gate and current, live, bound to the request. */
-  private async checkQuote(gate: GateDoc, quoteId: string, requestSha256: string, now: Date): Promise<QuoteDoc> {
-    return this.quoteChecks(gate, await this.readQuote(gate, quoteId), quoteId, requestSha256, now);
-  }
-
   /** The quote (this tenant's, from memory once seen) and the gate's current quote position. */
   private async readQuote(gate: GateDoc, quoteId: string): Promise<{ quote: QuoteDoc | null; head: number }> {
     const [quote, head] = await Promise.all([this.store.quoteOfTenant(quoteId, gate.tenantId), this.store.quoteSlots.head(gate._id)]);
     return { quote, head };
   }
 
+  /** Quote checks in the contract's order: found (this tenant), of this gate and current, live, bound to the request. */
   private quoteChecks(gate: GateDoc, { quote, head }: { quote: QuoteDoc | null; head: number }, quoteId: string, requestSha256: string, now: Date): QuoteDoc {
     if (!quote) throw x402Error('X402_QUOTE_NOT_FOUND', 'no such quote', { quoteId });
     if (quote.gateId !== gate._id) throw x402Error('X402_QUOTE_MISMATCH', 'the quote belongs to another gate', { quoteId, gateId: gate._id });
@@ -388,8 +386,16 @@ export class X402Service {
   // ---------------------------------------------------------------------------------------------------------------
   // Wallet policies and decisions
 
-  private async requireWallet(tenantId: string, walletId: string) {
-    const wallet = await this.runtime.stores.ledger.getWallet(walletId);
+  /** Wallets never change once opened (nor are they removed): one seen once is served from memory. */
+  private async requireWallet(tenantId: string, walletId: string): Promise<WalletDoc> {
+    let wallet = this.walletDocs.get(walletId) ?? null;
+    if (!wallet) {
+      wallet = await this.runtime.stores.ledger.getWallet(walletId);
+      if (wallet) {
+        if (this.walletDocs.size > MEMO_LIMIT) this.walletDocs.clear();
+        this.walletDocs.set(walletId, wallet);
+      }
+    }
     if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
     return wallet;
   }
@@ -443,20 +449,30 @@ export class X402Service {
   }
 
   async authorizeWallet(tenantId: string, walletId: string, input: { gateId: string; quoteId: string; requestSha256: string }): Promise<{ walletDecisionToken: string; expiresAt: Date }> {
-    const [, gate] = await Promise.all([this.requireWallet(tenantId, walletId), this.requireGate(tenantId, input.gateId)]);
-    await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
-    const state = await this.gateState(gate);
+    const [wallet, found] = await Promise.allSettled([this.requireWallet(tenantId, walletId), this.requireGate(tenantId, input.gateId)]);
+    valueOf(wallet);
+    const gate = valueOf(found);
+    // The decision's id is the quote's once the quote checks pass; everything is read at once, checked in order.
+    const decisionId = `${walletId}#${gate._id}#${input.quoteId}`;
+    const [lifecycle, checked, quoted, decided, policy] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
+      this.checkState(gate),
+      this.readQuote(gate, input.quoteId),
+      this.store.walletDecisions.findOne({ _id: decisionId }),
+      this.policyInForce(walletId),
+    ]);
+    valueOf(lifecycle);
+    const state = valueOf(checked);
     if (state.status !== 'held') throw await this.terminal(gate, 'takes no wallet decision');
     if (gate.sponsorWalletId !== walletId) {
       throw this.policyViolation({ rule: 'sponsorWallet', message: 'this wallet does not sponsor the gate' }, walletId);
     }
     const now = new Date();
-    const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
-    const decisionId = `${walletId}#${gate._id}#${quote._id}`;
-    const existing = await this.store.walletDecisions.findOne({ _id: decisionId });
+    const quote = this.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
+    const existing = valueOf(decided);
     if (existing && existing.expiresAt > now) return { walletDecisionToken: existing.token, expiresAt: existing.expiresAt };
 
-    const version = await this.policyInForce(walletId);
+    const version = valueOf(policy);
     if (!version) throw this.policyViolation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' }, walletId);
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const breach = evaluateStaticPolicy(version.policy, call) ?? (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
