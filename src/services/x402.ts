@@ -225,7 +225,14 @@ export class X402Service {
     let raced: Promise<string | null> = Promise.resolve(null);
     try {
       // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
-      await ledger.apply(lock, { expectNew: true, prepared: valueOf(prepared), onRecorded: () => (raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId])) });
+      await ledger.apply(lock, {
+        expectNew: true,
+        prepared: valueOf(prepared),
+        onRecorded: () => {
+          raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+          raced.catch(() => undefined); // awaited below; a failure must not go unhandled while the legs are posted
+        },
+      });
     } catch (err) {
       await raced.catch(() => null);
       // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
@@ -285,11 +292,7 @@ export class X402Service {
       settlement = s && (await readSettlement(settlements, ledger, s));
       quote = current.quote;
     }
-    let status: GateStatus;
-    if (commitment?.kind === 'cancellation') status = 'cancelled';
-    else if (verification) status = settlement ? settledStatus(settlement) : 'settling'; else if (commitment?.kind === 'authorization') status = 'authorized';
-    else status = funded ? 'held' : 'unfunded';
-    return { gate, status, funded, commitment, verification, quote, settlement };
+    return { gate, status: statusOf(funded, commitment, verification, settlement), funded, commitment, verification, quote, settlement };
   }
 
   /**
@@ -298,8 +301,8 @@ export class X402Service {
    */
   private async checkState(gate: GateDoc): Promise<GateState> {
     const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitments.findOne({ _id: gate._id })]);
-    if (commitment) return this.gateState(gate);
-    return { gate, status: funded ? 'held' : 'unfunded', funded, commitment: null, verification: null, quote: null, settlement: null };
+    const verification = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
+    return { gate, status: statusOf(funded, commitment, verification, null), funded, commitment, verification, quote: null, settlement: null };
   }
 
   /** X402_GATE_TERMINAL naming the gate's exact state (read in full: refusals are off the hot path). */
@@ -1014,6 +1017,14 @@ export class X402Service {
     await this.queueEvents?.close().catch(() => undefined);
     this.queueEvents = null;
   }
+}
+
+/** The gate's status from its facts (the settlement, when read, tells how far a verified gate got). */
+function statusOf(funded: boolean, commitment: CommitmentDoc | null, verification: VerificationDoc | null, settlement: SettlementState | null): GateStatus {
+  if (commitment?.kind === 'cancellation') return 'cancelled';
+  if (verification) return settlement ? settledStatus(settlement) : 'settling';
+  if (commitment?.kind === 'authorization') return 'authorized';
+  return funded ? 'held' : 'unfunded';
 }
 
 /** A verified gate's status from its settlement: paid out, refunded, or still on its way. */

@@ -104,7 +104,7 @@ export interface ApplyOptions {
   expectNew?: boolean;
   /** From prepare(), read before the entry is recorded. */
   prepared?: PreparedEntry;
-  /** Called once the entry is recorded (by this call or a concurrent one), before its legs are resolved. */
+  /** Called once, when the entry is recorded (by this call or a concurrent one), before its legs are resolved. */
   onRecorded?: () => void;
 }
 
@@ -297,12 +297,17 @@ export class LedgerStore {
     const given = options.prepared && options.prepared.accounts.length === accounts.length && options.prepared.accounts.every((a, i) => a === accounts[i]) ? options.prepared : null;
     const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), given ?? this.prepare(entry)]);
     const floors = heads.map((h) => h.seq);
+    let told = false;
+    const recorded = () => {
+      if (!told) options.onRecorded?.();
+      told = true;
+    };
     try {
       for (let attempt = (latest?.attempt ?? 0) + 1; ; ) {
         const doc: LedgerEntryDoc = { ...entry, _id: attemptId(entry._id, attempt), entryId: entry._id, attempt, floors, state: 'pending', createdAt: new Date(), settledAt: null };
         let applied: LedgerEntryDoc;
         if (await insertFirst(this.entries, doc)) {
-          options.onRecorded?.();
+          recorded();
           applied = await this.finish(doc, heads);
         } else {
           // A concurrent apply recorded this attempt first (or, with expectNew, the entry already existed).
@@ -312,7 +317,7 @@ export class LedgerStore {
             attempt = current.attempt + 1; // refused before: try again under a new attempt, as apply does
             continue;
           }
-          options.onRecorded?.();
+          recorded();
           applied = await this.finish(current);
         }
         await this.due.entryDone(marker);
