@@ -22,6 +22,8 @@ interface Entry<T> {
 export class CredentialCache {
   private readonly apiKeys = new Map<string, Entry<ApiKeyDoc | null>>();
   private readonly agents = new Map<string, Entry<AgentDoc | null>>();
+  /** x402 wallet policies in force: no credential, but read on every authorization and changed as rarely. */
+  private readonly policies = new Map<string, Entry<unknown>>();
   private subscriber: RedisClient | null = null;
   private live = false;
   /** Bumped by every drop: a load that started before an invalidation must not be cached after it. */
@@ -71,6 +73,7 @@ export class CredentialCache {
     this.generation++;
     this.apiKeys.clear();
     this.agents.clear();
+    this.policies.clear();
   }
 
   private drop(message: string): void {
@@ -78,11 +81,12 @@ export class CredentialCache {
     const [kind, id] = [message.slice(0, message.indexOf(':')), message.slice(message.indexOf(':') + 1)];
     if (kind === 'key') this.apiKeys.delete(id);
     else if (kind === 'agent') this.agents.delete(id);
+    else if (kind === 'policy') this.policies.delete(id);
     else this.clear();
   }
 
   /** Drops the entry here at once and in every other process through Redis. */
-  async invalidate(kind: 'key' | 'agent', id: string): Promise<void> {
+  async invalidate(kind: 'key' | 'agent' | 'policy', id: string): Promise<void> {
     this.drop(`${kind}:${id}`);
     await this.publisher.publish(this.channel, `${kind}:${id}`).catch((err: Error) => {
       // Another process may now serve the old entry until its TTL; say so loudly.
@@ -110,6 +114,11 @@ export class CredentialCache {
     if (!parsed) return null;
     const key = await this.cached(this.apiKeys, parsed.keyId, () => store.get(parsed.keyId));
     return key && isLiveKey(key, parsed.secret, now) ? key : null;
+  }
+
+  /** The policy in force for a wallet, as `load` reads it; every new version invalidates it (x402 putPolicy). */
+  policy<T>(walletId: string, load: () => Promise<T>): Promise<T> {
+    return this.cached(this.policies as Map<string, Entry<T>>, walletId, load);
   }
 
   /** Any tenant's agent with its keys' revocations applied; the caller checks the tenant. */

@@ -5,7 +5,7 @@ import { signReceipt } from '../domain/receipt.ts';
 import { entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
-import type { Leg } from '../store/ledger.ts';
+import type { Leg, PreparedEntry } from '../store/ledger.ts';
 import type { RunDoc } from '../store/runs.ts';
 import { readSettlement, settlementState, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
@@ -97,11 +97,21 @@ export async function resolveHeldSettlement(rt: Runtime, settlementId: string, o
  * writer wins) and each movement of money a ledger entry with a derived id, so the worker, the sweeper and an ops
  * request may run this at once, or again after a crash anywhere, and every effect still happens exactly once.
  */
-export async function advanceSettlement(rt: Runtime, settlementId: string, failpoint: Failpoint = noFailpoint): Promise<SettlementState | null> {
+export async function advanceSettlement(
+  rt: Runtime,
+  settlementId: string,
+  failpoint: Failpoint = noFailpoint,
+  /**
+   * The settlement and its facts as the caller just read or claimed them (a snapshot is as good as a read made a
+   * moment later: facts only ever get added, and every claim below hands back the winner's). `decidedNow`: the
+   * caller won the decision, so no entry of this settlement can exist yet.
+   */
+  known?: { doc: SettlementDoc; facts: SettlementFacts; decidedNow: boolean; prepared?: Map<string, PreparedEntry> },
+): Promise<SettlementState | null> {
   const { settlements, ledger, runs } = rt.stores;
-  const s = await settlements.get(settlementId);
+  const s = known?.doc ?? (await settlements.get(settlementId));
   if (!s) return null;
-  const facts: SettlementFacts = await settlements.factsOf(s._id);
+  const facts: SettlementFacts = known ? { ...known.facts } : await settlements.factsOf(s._id);
   const ref = { settlementId: s._id, runId: s.runId };
   // What events name as the settled thing: the run, or the x402 gate.
   const subject = s.gateId ? { gateId: s.gateId } : { runId: s.runId };
@@ -110,7 +120,7 @@ export async function advanceSettlement(rt: Runtime, settlementId: string, failp
   // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
   const applied = new Set<string>();
   const move = async (id: string, kind: string, to: string, amount: number) => {
-    await ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs: [fromEscrow(amount), toAvailable(to, amount)], ref });
+    await ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs: [fromEscrow(amount), toAvailable(to, amount)], ref }, { expectNew: known?.decidedNow === true, prepared: known?.prepared?.get(id) });
     applied.add(id);
   };
 
@@ -206,10 +216,9 @@ export async function advanceSettlement(rt: Runtime, settlementId: string, failp
   }
 
   const state = settlementState(s, facts, applied);
-  await settlements.cacheView(s._id, state.view);
   const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
-  if (next) await settlements.due.mark(s._id, s.tenantId, next);
-  else await settlements.due.done(s._id);
+  // The view is a cache and the due record a hint: neither waits for the other.
+  await Promise.all([settlements.cacheView(s._id, state.view), next ? settlements.due.mark(s._id, s.tenantId, next) : settlements.due.done(s._id)]);
   return state;
 }
 

@@ -6,7 +6,7 @@ import { newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { holdbackOf } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import type { DecisionFact, SettlementView } from '../domain/settlement.ts';
+import { entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
 import {
   DEFAULT_QUOTE_TTL_SECONDS,
   escalationIdFor,
@@ -30,6 +30,7 @@ import {
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
+import type { WalletDoc } from '../store/ledger.ts';
 import { bucketMove } from '../store/ledger.ts';
 import { insertFirst } from '../store/mongo.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
@@ -115,6 +116,12 @@ function isTerminal(status: GateStatus): boolean {
   return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'unfunded';
 }
 
+/** The value of a settled read, or its error: reads go out together, their failures are met in the checks' order. */
+function valueOf<T>(result: PromiseSettledResult<T>): T {
+  if (result.status === 'rejected') throw result.reason;
+  return result.value;
+}
+
 const MEMO_LIMIT = 100_000;
 function remember(set: Set<string>, id: string) {
   if (set.size > MEMO_LIMIT) set.clear();
@@ -126,6 +133,7 @@ export class X402Service {
   /** Facts that never change back once true, remembered to save a read on the hot path. */
   private readonly fundedGates = new Set<string>();
   private readonly knownWallets = new Set<string>();
+  private readonly walletDocs = new Map<string, WalletDoc>();
   /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
   private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
   private readonly jwks;
@@ -141,12 +149,15 @@ export class X402Service {
   // ---------------------------------------------------------------------------------------------------------------
   // Agents' lifecycle
 
-  /** 410 when an agent is wound down (the wind-down record is the truth) or frozen; 404 when not the tenant's. */
+  /**
+   * 410 when an agent is wound down (the wind-down record is the truth, read every time) or frozen; 404 when not
+   * the tenant's. The agent itself comes from the credential cache, which every change of an agent invalidates.
+   */
   private async requireLiveAgents(tenantId: string, agentIds: string[]): Promise<AgentDoc[]> {
     const { agents } = this.runtime.stores;
     const found = await Promise.all(
       agentIds.map(async (id) => {
-        const [agent, windDown] = await Promise.all([agents.agents.findOne({ _id: id }), this.store.windDowns.findOne({ _id: id })]);
+        const [agent, windDown] = await Promise.all([this.runtime.credentials.agent(agents, id), this.store.windDowns.findOne({ _id: id }, { projection: { _id: 1 } })]);
         return { id, agent, windDown };
       }),
     );
@@ -166,13 +177,6 @@ export class X402Service {
     if (input.payerAgentId === input.payeeAgentId) {
       throw errors.unprocessable('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
     }
-    await this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]);
-    if (input.sponsorWalletId) {
-      const sponsor = await ledger.getWallet(input.sponsorWalletId);
-      if (!sponsor || sponsor.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
-    } else {
-      await this.ensureAgentWallet(input.payerAgentId, tenantId);
-    }
     const gate: GateDoc = {
       _id: newId('gate'),
       tenantId,
@@ -187,32 +191,63 @@ export class X402Service {
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
       createdAt: new Date(),
     };
+    const lock = {
+      _id: x402EntryIds.lock(gate._id),
+      tenantId,
+      kind: 'x402_escrow_lock',
+      currency: gate.currency,
+      legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
+      ref: { gateId: gate._id },
+    };
+    // The checks' reads and the lock's (its accounts' heads) go out together; nothing is written until all pass.
+    const [lifecycle, sponsor, prepared] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
+      input.sponsorWalletId ? ledger.getWallet(input.sponsorWalletId) : null,
+      ledger.prepare(lock),
+    ]);
+    valueOf(lifecycle);
+    if (input.sponsorWalletId) {
+      const wallet = valueOf(sponsor);
+      if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
+    } else {
+      // Only once the payer is known to be the tenant's live agent: this may create its wallet.
+      await this.ensureAgentWallet(input.payerAgentId, tenantId);
+    }
     // The gate and its place in both agents' indexes first, so a wind-down can always find a gate that holds money.
     await Promise.all([
       this.store.gates.insertOne(gate),
       this.store.agentGates.append(gate.payerAgentId, () => ({ ref: gate._id })),
       this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
     ]);
+    // A wind-down that ran while this gate was being funded may not have seen the lock. Read once the lock entry is
+    // recorded, its fact is either seen here, or was recorded after the lock entry, so that its walk meets the lock
+    // (pending or applied) and returns it: reading while the legs are posted misses nothing.
+    let raced: Promise<string | null> = Promise.resolve(null);
     try {
-      await ledger.apply({
-        _id: x402EntryIds.lock(gate._id),
-        tenantId,
-        kind: 'x402_escrow_lock',
-        currency: gate.currency,
-        legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
-        ref: { gateId: gate._id },
+      // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
+      await ledger.apply(lock, {
+        expectNew: true,
+        prepared: valueOf(prepared),
+        onRecorded: () => {
+          raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+          raced.catch(() => undefined); // awaited below; a failure must not go unhandled while the legs are posted
+        },
       });
     } catch (err) {
+      await raced.catch(() => null);
       // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
       await this.store.gates.deleteOne({ _id: gate._id });
       throw err;
     }
-    const racedWindDown = await this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+    const racedWindDown = await raced;
     if (racedWindDown) {
-      // A wind-down ran while this gate was being funded and may not have seen it: unwind it here.
       await this.cancelGate(gate, racedWindDown);
       throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${racedWindDown} is wound down`, { agentId: racedWindDown, status: 'wound_down' });
     }
+    // What this process now knows for good: the gate, that it is funded, that it has no quote yet.
+    this.store.rememberGate(gate);
+    remember(this.fundedGates, gate._id);
+    this.store.quoteSlots.startEmpty(gate._id);
     return { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null };
   }
 
@@ -229,7 +264,7 @@ export class X402Service {
   }
 
   async requireGate(tenantId: string, gateId: string): Promise<GateDoc> {
-    const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
+    const gate = await this.store.gateOfTenant(gateId, tenantId);
     if (!gate) throw errors.notFound('gate');
     return gate;
   }
@@ -257,11 +292,17 @@ export class X402Service {
       settlement = s && (await readSettlement(settlements, ledger, s));
       quote = current.quote;
     }
-    let status: GateStatus;
-    if (commitment?.kind === 'cancellation') status = 'cancelled';
-    else if (verification) status = settlement ? settledStatus(settlement) : 'settling'; else if (commitment?.kind === 'authorization') status = 'authorized';
-    else status = funded ? 'held' : 'unfunded';
-    return { gate, status, funded, commitment, verification, quote, settlement };
+    return { gate, status: statusOf(funded, commitment, verification, settlement), funded, commitment, verification, quote, settlement };
+  }
+
+  /**
+   * The gate's state for a check on the hot path: a verification is only ever recorded after the gate's commitment
+   * (verify voids an uncommitted gate first), so without a commitment there is none to read.
+   */
+  private async checkState(gate: GateDoc): Promise<GateState> {
+    const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitments.findOne({ _id: gate._id })]);
+    const verification = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
+    return { gate, status: statusOf(funded, commitment, verification, null), funded, commitment, verification, quote: null, settlement: null };
   }
 
   /** X402_GATE_TERMINAL naming the gate's exact state (read in full: refusals are off the hot path). */
@@ -279,8 +320,9 @@ export class X402Service {
 
   async quote(tenantId: string, input: { gateId: string; requestSha256: string; ttlSeconds?: number }): Promise<QuoteResult> {
     const gate = await this.requireGate(tenantId, input.gateId);
-    await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
-    const state = await this.gateState(gate);
+    const [lifecycle, checked] = await Promise.allSettled([this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]), this.checkState(gate)]);
+    valueOf(lifecycle);
+    const state = valueOf(checked);
     if (isTerminal(state.status)) throw await this.terminal(gate, 'takes no quotes');
     const ttlSeconds = input.ttlSeconds ?? DEFAULT_QUOTE_TTL_SECONDS;
     let live: QuoteDoc | null = null;
@@ -288,7 +330,7 @@ export class X402Service {
     const now = new Date();
     // Within the gate's chain (queued per gate): a live quote for the same request is the answer, unchanged.
     await this.store.quoteSlots.append(gate._id, async (slot, previous) => {
-      const prior = previous && (await this.store.quotes.findOne({ _id: previous.ref }));
+      const prior = previous && (await this.store.quoteOfTenant(previous.ref, tenantId));
       if (prior && prior.requestSha256 === input.requestSha256 && prior.expiresAt > now) {
         live = prior;
         return null;
@@ -314,6 +356,7 @@ export class X402Service {
     if (!quote) throw x402Error('X402_GATE_TERMINAL', 'the gate is already authorized for another request', { status: 'authorized' });
     // The slot names the quote before the quote exists; a crash in between leaves a slot the next quote supersedes.
     if (created) await this.store.quotes.insertOne(quote);
+    this.store.rememberQuote(quote);
     return this.quoteResult(gate, quote);
   }
 
@@ -327,9 +370,14 @@ export class X402Service {
     return { quote, gate, paymentRequirements: requirements, paymentRequired: paymentRequiredHeader(requirements, resource) };
   }
 
+  /** The quote (this tenant's, from memory once seen) and the gate's current quote position. */
+  private async readQuote(gate: GateDoc, quoteId: string): Promise<{ quote: QuoteDoc | null; head: number }> {
+    const [quote, head] = await Promise.all([this.store.quoteOfTenant(quoteId, gate.tenantId), this.store.quoteSlots.head(gate._id)]);
+    return { quote, head };
+  }
+
   /** Quote checks in the contract's order: found (this tenant), of this gate and current, live, bound to the request. */
-  private async checkQuote(gate: GateDoc, quoteId: string, requestSha256: string, now: Date): Promise<QuoteDoc> {
-    const [quote, head] = await Promise.all([this.store.ofTenant(this.store.quotes, quoteId, gate.tenantId), this.store.quoteSlots.head(gate._id)]);
+  private quoteChecks(gate: GateDoc, { quote, head }: { quote: QuoteDoc | null; head: number }, quoteId: string, requestSha256: string, now: Date): QuoteDoc {
     if (!quote) throw x402Error('X402_QUOTE_NOT_FOUND', 'no such quote', { quoteId });
     if (quote.gateId !== gate._id) throw x402Error('X402_QUOTE_MISMATCH', 'the quote belongs to another gate', { quoteId, gateId: gate._id });
     if (quote.slot !== head) throw x402Error('X402_QUOTE_MISMATCH', 'a newer quote has replaced this one', { quoteId, gateId: gate._id });
@@ -341,8 +389,16 @@ export class X402Service {
   // ---------------------------------------------------------------------------------------------------------------
   // Wallet policies and decisions
 
-  private async requireWallet(tenantId: string, walletId: string) {
-    const wallet = await this.runtime.stores.ledger.getWallet(walletId);
+  /** Wallets never change once opened (nor are they removed): one seen once is served from memory. */
+  private async requireWallet(tenantId: string, walletId: string): Promise<WalletDoc> {
+    let wallet = this.walletDocs.get(walletId) ?? null;
+    if (!wallet) {
+      wallet = await this.runtime.stores.ledger.getWallet(walletId);
+      if (wallet) {
+        if (this.walletDocs.size > MEMO_LIMIT) this.walletDocs.clear();
+        this.walletDocs.set(walletId, wallet);
+      }
+    }
     if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
     return wallet;
   }
@@ -351,7 +407,16 @@ export class X402Service {
   async putPolicy(tenantId: string, walletId: string, policy: WalletPolicy): Promise<PolicyVersionDoc> {
     await this.requireWallet(tenantId, walletId);
     const doc = await this.store.policies.append(walletId, (version) => ({ tenantId, walletId, version, policy, at: new Date() }));
+    await this.runtime.credentials.invalidate('policy', walletId); // every process reads the new version from now on
     return doc!;
+  }
+
+  /**
+   * The policy in force, cached per process and invalidated on every process by each new version (through the
+   * credential cache, which serves nothing while its invalidation channel is down: then every call reads it).
+   */
+  private policyInForce(walletId: string): Promise<PolicyVersionDoc | null> {
+    return this.runtime.credentials.policy(walletId, () => this.store.policyOf(walletId));
   }
 
   async getPolicy(tenantId: string, walletId: string): Promise<PolicyVersionDoc> {
@@ -387,20 +452,30 @@ export class X402Service {
   }
 
   async authorizeWallet(tenantId: string, walletId: string, input: { gateId: string; quoteId: string; requestSha256: string }): Promise<{ walletDecisionToken: string; expiresAt: Date }> {
-    const [, gate] = await Promise.all([this.requireWallet(tenantId, walletId), this.requireGate(tenantId, input.gateId)]);
-    await this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]);
-    const state = await this.gateState(gate);
+    const [wallet, found] = await Promise.allSettled([this.requireWallet(tenantId, walletId), this.requireGate(tenantId, input.gateId)]);
+    valueOf(wallet);
+    const gate = valueOf(found);
+    // The decision's id is the quote's once the quote checks pass; everything is read at once, checked in order.
+    const decisionId = `${walletId}#${gate._id}#${input.quoteId}`;
+    const [lifecycle, checked, quoted, decided, policy] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
+      this.checkState(gate),
+      this.readQuote(gate, input.quoteId),
+      this.store.walletDecisions.findOne({ _id: decisionId }),
+      this.policyInForce(walletId),
+    ]);
+    valueOf(lifecycle);
+    const state = valueOf(checked);
     if (state.status !== 'held') throw await this.terminal(gate, 'takes no wallet decision');
     if (gate.sponsorWalletId !== walletId) {
       throw this.policyViolation({ rule: 'sponsorWallet', message: 'this wallet does not sponsor the gate' }, walletId);
     }
     const now = new Date();
-    const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
-    const decisionId = `${walletId}#${gate._id}#${quote._id}`;
-    const existing = await this.store.walletDecisions.findOne({ _id: decisionId });
+    const quote = this.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
+    const existing = valueOf(decided);
     if (existing && existing.expiresAt > now) return { walletDecisionToken: existing.token, expiresAt: existing.expiresAt };
 
-    const version = await this.store.policyOf(walletId);
+    const version = valueOf(policy);
     if (!version) throw this.policyViolation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' }, walletId);
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const breach = evaluateStaticPolicy(version.policy, call) ?? (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
@@ -456,10 +531,18 @@ export class X402Service {
     input: { gateId: string; quoteId: string; requestSha256: string; walletDecisionToken?: string; escalationOverrideToken?: string },
   ): Promise<PaymentAuthorization> {
     const gate = await this.requireGate(tenantId, input.gateId);
-    const [, state] = await Promise.all([this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]), this.gateState(gate)]);
+    // Everything the checks read, read at once; the checks then run in the contract's order on what was read.
+    const [lifecycle, checked, quoted, policy] = await Promise.allSettled([
+      this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
+      this.checkState(gate),
+      this.readQuote(gate, input.quoteId),
+      this.policyInForce(gate.escrowWalletId),
+    ]);
+    valueOf(lifecycle);
+    const state = valueOf(checked);
     if (state.status !== 'held' && state.status !== 'authorized') throw await this.terminal(gate, 'cannot be authorized');
     const now = new Date();
-    const quote = await this.checkQuote(gate, input.quoteId, input.requestSha256, now);
+    const quote = this.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
 
     if (gate.sponsorWalletId) {
       const claims = input.walletDecisionToken ? await this.verifyOwnToken(input.walletDecisionToken, TOKEN_AUDIENCE.walletDecision) : null;
@@ -476,7 +559,7 @@ export class X402Service {
     if (existing?.kind === 'authorization') return this.repeatAuthorization(gate, existing, quote);
 
     if (!escalationId) {
-      const breach = await this.policyBreach(gate, quote, now);
+      const breach = await this.policyBreach(gate, quote, now, valueOf(policy));
       if (breach) {
         const escalation = await this.escalate(gate, quote, breach.walletId, breach.breach);
         throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
@@ -486,8 +569,8 @@ export class X402Service {
         throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
       }
       const walletId = gate.escrowWalletId;
-      const policy = (await this.store.policyOf(walletId))?.policy;
-      if (policy) await this.spendDaily(walletId, policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
+      const version = valueOf(policy);
+      if (version) await this.spendDaily(walletId, version.policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
     }
 
     const authorizationRef = newId('azn');
@@ -514,9 +597,8 @@ export class X402Service {
   }
 
   /** The escrow wallet's policy limits (a payer's own wallet may have none: then nothing limits it). */
-  private async policyBreach(gate: GateDoc, quote: QuoteDoc, now: Date): Promise<{ walletId: string; breach: PolicyBreach } | null> {
+  private async policyBreach(gate: GateDoc, quote: QuoteDoc, now: Date, version: PolicyVersionDoc | null): Promise<{ walletId: string; breach: PolicyBreach } | null> {
     const walletId = gate.escrowWalletId;
-    const version = await this.store.policyOf(walletId);
     if (!version) return gate.sponsorWalletId ? { walletId, breach: { rule: 'policy', message: 'the sponsor wallet has no policy' } } : null;
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const staticBreach = evaluateStaticPolicy(version.policy, call);
@@ -666,7 +748,7 @@ export class X402Service {
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
-    const [state, current] = await Promise.all([this.gateState(gate), this.store.currentQuote(gate._id)]);
+    const state = await this.gateState(gate);
     if (state.status === 'cancelled' || state.status === 'unfunded') throw await this.terminal(gate, 'cannot be verified');
     if (state.verification) {
       // A repeat: the first report stands; answer the decision, or make sure a job is on it and wait.
@@ -705,7 +787,9 @@ export class X402Service {
     // The worker's answer carries the settlement as it left it: no need to read it all back.
     const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
     const gateStatus = settledStatus(settled);
-    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote: current.quote, settlement: settled }, decided: gateStatus !== 'settling' };
+    // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
+    const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
+    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
   }
 
   private ensureQueueEvents(): QueueEvents {
@@ -765,20 +849,33 @@ export class X402Service {
    * Run twice, by two workers at once, it moves the money once: facts by unique insert, ledger ids derived.
    */
   async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
-    const gate = await this.store.ofTenant(this.store.gates, gateId, tenantId);
-    if (!gate) return { skipped: 'no such gate' };
     const { settlements } = this.runtime.stores;
-    const [verification, commitment] = await Promise.all([this.store.verifications.findOne({ _id: gateId }), this.store.commitments.findOne({ _id: gateId })]);
+    // All keyed by the gate id, so read at once (the settlement too: the request that reported created it).
+    const [gate, verification, commitment, existing] = await Promise.all([
+      this.store.gateOfTenant(gateId, tenantId),
+      this.store.verifications.findOne({ _id: gateId }),
+      this.store.commitments.findOne({ _id: gateId }),
+      settlements.get(gateSettlementId(gateId)),
+    ]);
+    if (!gate) return { skipped: 'no such gate' };
     if (!verification) return { skipped: 'nothing reported' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
     const [s] = await Promise.all([
-      settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
+      existing ?? settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
       this.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
     ]);
-    let decision = (await settlements.factsOf(s._id)).decision;
+    const authorization = commitment.kind === 'authorization' ? commitment : null;
+    const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
+    // The heads of the accounts the verdict moves money between, read beside the decision (see ledger.prepare).
+    const movement = verdict === 'pass' ? { id: entryIds.release(s._id), to: s.payeeWalletId } : { id: entryIds.held(s._id, 'refund'), to: s.payerWalletId };
+    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, { walletId: movement.to, bucket: 'available' }] });
+    prepared.catch(() => undefined); // only a head start: apply reads again without it
+    // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
+    // hands back the winner's). Any other view means one was decided: read the facts.
+    let facts: SettlementFacts | null = s.view.status === 'pending' ? null : await settlements.factsOf(s._id);
+    let decidedNow = false;
+    let decision = facts?.decision;
     if (!decision) {
-      const authorization = commitment.kind === 'authorization' ? commitment : null;
-      const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
       const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(gate.amount, gate.holdbackBps) : { holdback: 0, releaseNow: 0 };
       const decidedAt = new Date();
       const receipt = signReceipt(
@@ -802,21 +899,24 @@ export class X402Service {
         },
         this.runtime.keys.active,
       );
-      decision = (
-        await settlements.claim(s._id, 'decision', {
-          verdict,
-          reason: verdict === 'pass' ? null : authorization ? 'VERIFICATION_FAILED' : 'NOT_AUTHORIZED',
-          releaseNow,
-          holdback,
-          decidedAt: decidedAt.toISOString(),
-          disputeWindowEndsAt: new Date(decidedAt.getTime() + gate.disputeWindowSeconds * 1000).toISOString(),
-          receipt,
-        })
-      ).fact;
+      const claimed = await settlements.claim(s._id, 'decision', {
+        verdict,
+        reason: verdict === 'pass' ? null : authorization ? 'VERIFICATION_FAILED' : 'NOT_AUTHORIZED',
+        releaseNow,
+        holdback,
+        decidedAt: decidedAt.toISOString(),
+        disputeWindowEndsAt: new Date(decidedAt.getTime() + gate.disputeWindowSeconds * 1000).toISOString(),
+        receipt,
+      });
+      decision = claimed.fact;
+      decidedNow = claimed.won;
+      // Won: every other fact needs the decision first, so there is none yet to read.
+      facts = claimed.won ? { decision } : await settlements.factsOf(s._id);
     }
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
-    if (decision.verdict === 'fail') await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt });
-    const settled = await advanceSettlement(this.runtime, s._id);
+    if (decision.verdict === 'fail') facts!.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
+    const heads = await prepared.catch(() => null);
+    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
     return { decision, view: settled.view };
   }
@@ -860,6 +960,7 @@ export class X402Service {
     await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
     const fact = (await this.store.windDowns.findOne({ _id: agentId }))!;
     await agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }); // a cache of the fact
+    await this.runtime.credentials.invalidate('agent', agentId); // cached agents are re-read with it
 
     const summary: WindDownSummary = {
       agentId,
@@ -916,6 +1017,14 @@ export class X402Service {
     await this.queueEvents?.close().catch(() => undefined);
     this.queueEvents = null;
   }
+}
+
+/** The gate's status from its facts (the settlement, when read, tells how far a verified gate got). */
+function statusOf(funded: boolean, commitment: CommitmentDoc | null, verification: VerificationDoc | null, settlement: SettlementState | null): GateStatus {
+  if (commitment?.kind === 'cancellation') return 'cancelled';
+  if (verification) return settlement ? settledStatus(settlement) : 'settling';
+  if (commitment?.kind === 'authorization') return 'authorized';
+  return funded ? 'held' : 'unfunded';
 }
 
 /** A verified gate's status from its settlement: paid out, refunded, or still on its way. */

@@ -14,7 +14,8 @@ import { insertFirst, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts'
 //   since the entry's floor (the account's cached head read before the entry was recorded, never above any later
 //   posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
 //   later one sees the earlier one's posting; a crash after the claim is found the same way. The leg marker
-//   `<attemptId>#<leg>` records the result so that later looks are one read.
+//   `<attemptId>#<leg>` records the result so that later looks are one read (written by whoever finishes an attempt
+//   it did not record itself; the recorder's own legs are only ever looked at again after a crash).
 // - Only the first leg may debit. A debit the chain's end cannot cover claims its position as a refusal (delta 0),
 //   so "refused" and "posted" are decided by the same unique insert and two posters can never disagree.
 // - A refused entry moved nothing and may be retried under the same id: each retry is a new attempt document
@@ -90,6 +91,21 @@ export function bucketMove(walletId: string, from: Bucket, to: Bucket, amount: n
     { walletId, bucket: from, delta: -amount },
     { walletId, bucket: to, delta: amount },
   ];
+}
+
+export interface PreparedEntry {
+  /** The accounts it was read for, in leg order: apply uses it only for an entry whose legs are these accounts. */
+  accounts: string[];
+  heads: AccountHead[];
+}
+
+export interface ApplyOptions {
+  /** The id derives from something just created: skip looking for an earlier attempt (the insert still tells). */
+  expectNew?: boolean;
+  /** From prepare(), read before the entry is recorded. */
+  prepared?: PreparedEntry;
+  /** Called once, when the entry is recorded (by this call or a concurrent one), before its legs are resolved. */
+  onRecorded?: () => void;
 }
 
 export interface NewLedgerEntry {
@@ -258,9 +274,10 @@ export class LedgerStore {
   /**
    * Records and applies an entry once; a repeat (or a retry after a crash) finishes what is missing and returns
    * the same outcome. Throws 402 INSUFFICIENT_FUNDS when its debit cannot be covered (and records the refusal; a
-   * later apply under the same id tries again). An applied entry costs one read.
+   * later apply under the same id tries again). An applied entry costs one read. `expectNew` (an id derived from
+   * something just created) skips that read: the attempt's unique insert tells a repeat apart just as well.
    */
-  async apply(entry: NewLedgerEntry): Promise<LedgerEntryDoc> {
+  async apply(entry: NewLedgerEntry, options: ApplyOptions = {}): Promise<LedgerEntryDoc> {
     for (const [i, leg] of entry.legs.entries()) {
       if (!Number.isSafeInteger(leg.delta) || leg.delta === 0) throw new Error(`entry ${entry._id} leg ${i}: delta must be a non-zero integer`);
       if (i > 0 && leg.delta < 0) throw new Error(`entry ${entry._id}: only the first leg may debit`);
@@ -268,25 +285,58 @@ export class LedgerStore {
     if (entry.legs.reduce((sum, l) => sum + l.delta, 0) !== 0 && entry.kind !== 'credit') {
       throw new Error(`entry ${entry._id} does not balance`);
     }
-    const latest = await this.latestAttempt(entry._id);
-    if (latest && latest.state !== 'rejected') return this.finish(latest);
+    let latest: LedgerEntryDoc | null = null;
+    if (!options.expectNew) {
+      latest = await this.latestAttempt(entry._id);
+      if (latest && latest.state !== 'rejected') return this.finish(latest);
+    }
 
-    // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first.
-    const attempt = (latest?.attempt ?? 0) + 1;
-    const marker = await this.due.entryStarted(entry._id);
-    const floors = await Promise.all(entry.legs.map(async (l) => (await this.cachedHead(accountOf(l.walletId, entry.currency, l.bucket))).seq));
-    const doc: LedgerEntryDoc = { ...entry, _id: attemptId(entry._id, attempt), entryId: entry._id, attempt, floors, state: 'pending', createdAt: new Date(), settledAt: null };
-    // Losing means a concurrent attempt recorded it first: finish that one.
-    const recorded = (await insertFirst(this.entries, doc)) ? doc : await this.entries.findOne({ _id: doc._id });
-    if (!recorded) throw new Error(`ledger entry ${doc._id} vanished`); // attempts are never deleted
+    // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first. The
+    // heads read for the floors are also where the legs start looking for the chains' ends.
+    const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
+    const given = options.prepared && options.prepared.accounts.length === accounts.length && options.prepared.accounts.every((a, i) => a === accounts[i]) ? options.prepared : null;
+    const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), given ?? this.prepare(entry)]);
+    const floors = heads.map((h) => h.seq);
+    let told = false;
+    const recorded = () => {
+      if (!told) options.onRecorded?.();
+      told = true;
+    };
     try {
-      const applied = await this.finish(recorded);
-      await this.due.entryDone(marker);
-      return applied;
+      for (let attempt = (latest?.attempt ?? 0) + 1; ; ) {
+        const doc: LedgerEntryDoc = { ...entry, _id: attemptId(entry._id, attempt), entryId: entry._id, attempt, floors, state: 'pending', createdAt: new Date(), settledAt: null };
+        let applied: LedgerEntryDoc;
+        if (await insertFirst(this.entries, doc)) {
+          recorded();
+          applied = await this.finish(doc, heads);
+        } else {
+          // A concurrent apply recorded this attempt first (or, with expectNew, the entry already existed).
+          const current = await this.latestAttempt(entry._id);
+          if (!current) throw new Error(`ledger entry ${doc._id} vanished`); // attempts are never deleted
+          if (current.state === 'rejected' && options.expectNew && current.attempt >= attempt) {
+            attempt = current.attempt + 1; // refused before: try again under a new attempt, as apply does
+            continue;
+          }
+          recorded();
+          applied = await this.finish(current);
+        }
+        await this.due.entryDone(marker);
+        return applied;
+      }
     } catch (err) {
       if (isInsufficientFunds(err)) await this.due.entryDone(marker); // refused is finished too
       throw err;
     }
+  }
+
+  /**
+   * What apply reads before it records an entry: the cached heads of its accounts (its floors, and where its legs
+   * start). A caller may read them beside its own reads and hand them to apply; read any time before the entry is
+   * recorded, they are valid floors (a head cache never leads its chain).
+   */
+  async prepare(entry: { currency: string; legs: Array<Pick<Leg, 'walletId' | 'bucket'>> }): Promise<PreparedEntry> {
+    const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
+    return { accounts, heads: await Promise.all(accounts.map((a) => this.cachedHead(a))) };
   }
 
   /** Finishes an entry's latest attempt (what apply does after recording it). */
@@ -307,37 +357,62 @@ export class LedgerStore {
     return doc;
   }
 
-  private async finish(attempt: LedgerEntryDoc): Promise<LedgerEntryDoc> {
+  /**
+   * Resolves the attempt's legs in order and marks it applied. `heads` (a fresh attempt: no one has resolved a leg
+   * yet, most likely) are cached heads read before it was recorded, where each leg starts instead of re-reading.
+   * A leg's marker and head cache are written while the next leg is claimed: both are caches of the posting.
+   */
+  private async finish(attempt: LedgerEntryDoc, heads?: AccountHead[]): Promise<LedgerEntryDoc> {
     if (attempt.state === 'applied') return attempt;
-    for (const [leg, spec] of attempt.legs.entries()) {
-      const mark = await this.resolveLeg(attempt, leg, spec);
-      if (mark.refused) {
-        if (attempt.state !== 'rejected') await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'rejected', settledAt: new Date() } });
-        throw insufficientFunds(spec.walletId, attempt.currency, -spec.delta, mark.balanceAfter);
+    const trailing: Array<Promise<unknown>> = [];
+    try {
+      for (const [leg, spec] of attempt.legs.entries()) {
+        const { mark, written } = await this.resolveLeg(attempt, leg, spec, heads?.[leg]);
+        trailing.push(written);
+        if (mark.refused) {
+          await Promise.all(trailing);
+          if (attempt.state !== 'rejected') await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'rejected', settledAt: new Date() } });
+          throw insufficientFunds(spec.walletId, attempt.currency, -spec.delta, mark.balanceAfter);
+        }
+        this.failAfterLeg?.(attempt.entryId, leg);
       }
-      this.failAfterLeg?.(attempt.entryId, leg);
+      // Indexed while the attempt's pending marker still stands, so a crash here cannot lose the lock's check; scored
+      // by when it was applied, as its run is stored right after that.
+      if (attempt.kind === RECONCILED_KIND) await this.due.lockApplied(attempt.entryId, new Date());
+      const settledAt = new Date();
+      await Promise.all([...trailing, this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'applied', settledAt } })]);
+      return { ...attempt, state: 'applied', settledAt };
+    } catch (err) {
+      await Promise.allSettled(trailing); // nothing left running behind a failure
+      throw err;
     }
-    // Indexed while the attempt's pending marker still stands, so a crash here cannot lose the lock's check; scored
-    // by when it was applied, as its run is stored right after that.
-    if (attempt.kind === RECONCILED_KIND) await this.due.lockApplied(attempt.entryId, new Date());
-    const settledAt = new Date();
-    await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'applied', settledAt } });
-    return { ...attempt, state: 'applied', settledAt };
   }
 
   /** The leg's marker, resolving the leg first (posting it, or refusing its debit) if no one has yet. */
-  private async resolveLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg): Promise<LegMarkDoc> {
-    const known = await this.legMarks.findOne({ _id: `${attempt._id}#${leg}` });
-    if (known) return known;
+  private async resolveLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, head?: AccountHead): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
+    // The marker only saves a walk: claimLeg finds an earlier posting of the leg from the floor on its own, so a
+    // fresh attempt (whose marker almost never exists) goes straight to it.
+    if (!head) {
+      const known = await this.legMarks.findOne({ _id: `${attempt._id}#${leg}` });
+      if (known) return { mark: known, written: Promise.resolve() };
+    }
     const account = accountOf(spec.walletId, attempt.currency, spec.bucket);
-    return this.serialized(account, () => this.claimLeg(attempt, leg, spec, account));
+    return this.serialized(account, () => this.claimLeg(attempt, leg, spec, account, head));
   }
 
-  private async claimLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string): Promise<LegMarkDoc> {
+  /**
+   * Claims the leg's position (or finds the one already claimed for it). Starting from `head` (a cached head read
+   * moments ago), or the head this process's previous poster on the account left, the claim goes straight to the
+   * next position: the unique insert says when that position is taken, and only then is the chain walked.
+   */
+  private async claimLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string, head?: AccountHead): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
     await this.requireWallet(spec.walletId);
     const seen = new Map<number, PostingDoc>();
-    const cached = await this.cachedHead(account);
-    let end = await this.walkForward(account, cached, seen);
+    const cached = head ?? (await this.cachedHead(account));
+    let end = cached;
+    const left = this.handoff.get(account);
+    if (left && left.seq > end.seq) end = left;
+    if (!head) end = await this.walkForward(account, end, seen);
     let checkedUpTo = attempt.floors[leg]!;
     for (let round = 0; round < MAX_POST_ATTEMPTS; round++) {
       const earlier = await this.findLegPosting(account, attempt, leg, checkedUpTo + 1, end.seq, seen);
@@ -365,8 +440,11 @@ export class LedgerStore {
         at: new Date(),
       };
       if (await insertFirst(this.postings, posting)) {
+        this.handoff.set(account, { seq: posting.seq, balance: posting.balanceAfter });
         this.failAfterClaim?.(attempt.entryId, leg);
-        return this.markLeg(attempt, leg, posting, account, cached);
+        // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,
+        // within the sweeper's staleness); that walk from the floor finds this posting all the same.
+        return this.markLeg(attempt, leg, posting, account, cached, !head);
       }
       // Someone else took this position (maybe a poster of this very leg): read on and check what they wrote.
       end = await this.walkForward(account, end, seen);
@@ -386,11 +464,15 @@ export class LedgerStore {
     return null;
   }
 
-  private async markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, cached: AccountHead): Promise<LegMarkDoc> {
+  /** The leg's marker (a loser's marker names the same posting: there is only one) and the head cache, both written behind. */
+  private markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, cached: AccountHead, writeMark = true): { mark: LegMarkDoc; written: Promise<unknown> } {
     const mark: LegMarkDoc = { _id: `${attempt._id}#${leg}`, posting: posting._id, refused: posting.refused, balanceAfter: posting.balanceAfter };
-    await insertFirst(this.legMarks, mark); // a loser's marker names the same posting: there is only one
-    if (posting.seq > cached.seq) await this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter });
-    return mark;
+    const written = Promise.all([
+      writeMark ? insertFirst(this.legMarks, mark) : undefined,
+      posting.seq > cached.seq ? this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter }) : undefined,
+    ]);
+    written.catch(() => undefined); // awaited by finish; this only keeps an early failure from going unhandled
+    return { mark, written };
   }
 
   private async cachedHead(account: string): Promise<AccountHead> {
@@ -461,13 +543,21 @@ export class LedgerStore {
 
   /** One writer per account at a time within this process; other processes are kept apart by the chain itself. */
   private readonly accountQueues = new Map<string, Promise<unknown>>();
+  /**
+   * The head the last poster on an account left, for the next one in this process's queue. Forgotten when the
+   * queue drains, so it only lives through a burst of in-process posts (a head that may trail, never lead).
+   */
+  private readonly handoff = new Map<string, AccountHead>();
   private serialized<T>(account: string, work: () => Promise<T>): Promise<T> {
     const previous = this.accountQueues.get(account) ?? Promise.resolve();
     const run = previous.then(work, work);
     const tail = run.catch(() => undefined);
     this.accountQueues.set(account, tail);
     void tail.then(() => {
-      if (this.accountQueues.get(account) === tail) this.accountQueues.delete(account);
+      if (this.accountQueues.get(account) === tail) {
+        this.accountQueues.delete(account);
+        this.handoff.delete(account);
+      }
     });
     return run;
   }

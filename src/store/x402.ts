@@ -152,10 +152,16 @@ export interface OverrideUseDoc {
   at: Date;
 }
 
+function remember<T extends { _id: string }>(known: Map<string, T>, doc: T): void {
+  if (known.size >= IMMUTABLE_CACHE_LIMIT) known.clear();
+  known.set(doc._id, doc);
+}
+
 /** Thrown by `SlotChain.append` when the insert collided on a unique key other than the position. */
 export class OtherKeyTaken extends Error {}
 
 const HEAD_CACHE_LIMIT = 50_000;
+const IMMUTABLE_CACHE_LIMIT = 50_000;
 const HEAD_WRITE_EVERY = 16;
 
 /**
@@ -201,6 +207,12 @@ export class SlotChain<T extends Document & { _id: string }> {
     while (await this.records.findOne({ _id: this.id(key, seq + 1) } as never, { projection: { _id: 1 } })) seq++;
     this.noteHead(key, seq);
     return seq;
+  }
+
+  /** A chain this process has just brought into being (its key is new): its first append need not probe. */
+  startEmpty(key: string) {
+    if (this.headCache.size > HEAD_CACHE_LIMIT) this.headCache.clear();
+    if (!this.headCache.has(key)) this.headCache.set(key, 0);
   }
 
   private noteHead(key: string, seq: number) {
@@ -289,6 +301,45 @@ export class X402Store {
     this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends');
   }
 
+  /**
+   * Gates and quotes never change once stored, so one read or written here is served from memory afterwards (a
+   * gate whose funding was refused is deleted before anyone is told its id, and forgotten with it).
+   */
+  private readonly knownGates = new Map<string, GateDoc>();
+  private readonly knownQuotes = new Map<string, QuoteDoc>();
+
+  rememberGate(gate: GateDoc): void {
+    remember(this.knownGates, gate);
+  }
+
+  forgetGate(gateId: string): void {
+    this.knownGates.delete(gateId);
+  }
+
+  rememberQuote(quote: QuoteDoc): void {
+    remember(this.knownQuotes, quote);
+  }
+
+  private async immutableById<T extends GateDoc | QuoteDoc>(known: Map<string, T>, collection: Collection<T>, id: string): Promise<T | null> {
+    const cached = known.get(id);
+    if (cached) return cached;
+    const found = (await collection.findOne({ _id: id } as never)) as T | null;
+    if (found) remember(known, found);
+    return found;
+  }
+
+  /** The tenant's gate (another tenant's is not found), from memory once seen. */
+  async gateOfTenant(gateId: string, tenantId: string): Promise<GateDoc | null> {
+    const gate = await this.immutableById(this.knownGates, this.gates, gateId);
+    return gate && gate.tenantId === tenantId ? gate : null;
+  }
+
+  /** The tenant's quote, from memory once seen. */
+  async quoteOfTenant(quoteId: string, tenantId: string): Promise<QuoteDoc | null> {
+    const quote = await this.immutableById(this.knownQuotes, this.quotes, quoteId);
+    return quote && quote.tenantId === tenantId ? quote : null;
+  }
+
   /** A record of the tenant, or null: another tenant's record is not found (404), never revealed. */
   async ofTenant<T extends { tenantId: string }>(collection: Collection<T & Document>, id: string, tenantId: string): Promise<T | null> {
     const doc = (await collection.findOne({ _id: id } as never)) as T | null;
@@ -300,7 +351,7 @@ export class X402Store {
     const slot = await this.quoteSlots.head(gateId);
     if (slot === 0) return { slot, quote: null };
     const ref = await this.quoteSlots.get(gateId, slot);
-    return { slot, quote: ref ? await this.quotes.findOne({ _id: ref.ref }) : null };
+    return { slot, quote: ref ? await this.immutableById(this.knownQuotes, this.quotes, ref.ref) : null };
   }
 
   /** The policy in force for a wallet (its last version), or null. */

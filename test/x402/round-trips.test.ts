@@ -1,0 +1,70 @@
+import type { CommandStartedEvent } from 'mongodb';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestApp, type TestApp } from '../helpers/context.ts';
+import { createGate, expectLedgerBalances, gateParties, post, quote } from './helpers.ts';
+
+/**
+ * Every paid call goes through create -> quote -> authorize-payment -> verify, and on FerretDB each MongoDB command
+ * is a round trip plus a SQLite statement: what each step sends is most of what it costs. This pins the commands of
+ * each step (the verify job's included, as the worker runs in this process) at what the hot path needs, and checks
+ * that every one of them is an exact `_id` lookup or an insert.
+ */
+const BUDGET = { create: 15, quote: 5, authorize: 5, verify: 20 };
+
+/** Commands that read by anything but an exact `_id` (due-work collections hold only what is due: those may). */
+function scansIn(events: CommandStartedEvent[]): string[] {
+  const isPoint = (q: unknown) => typeof q === 'object' && q !== null && Object.keys(q).length === 1 && typeof (q as { _id?: unknown })._id === 'string';
+  return events.flatMap((e) => {
+    const c = e.command;
+    const collection = String(c[e.commandName]);
+    if (collection.startsWith('due_')) return [];
+    const filters: unknown[] =
+      e.commandName === 'find' || e.commandName === 'count' || e.commandName === 'distinct' ? [c.filter ?? c.query ?? {}]
+        : e.commandName === 'update' || e.commandName === 'delete' ? (c.updates ?? c.deletes).map((u: { q: unknown }) => u.q)
+          : e.commandName === 'findAndModify' ? [c.query] : e.commandName === 'aggregate' ? [null] : [];
+    return filters.filter((f) => !isPoint(f)).map((f) => `${e.commandName} ${collection} ${JSON.stringify(f)}`);
+  });
+}
+
+describe('x402 hot path: MongoDB commands per step', () => {
+  let t: TestApp;
+  let auth: Record<string, string>;
+  beforeAll(async () => {
+    t = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
+    ({ auth } = await t.tenantWithKey(['agents:write', 'x402:write', 'wallets:write']));
+  });
+  afterAll(async () => {
+    await t.close();
+  });
+
+  it(`sends at most ${JSON.stringify(BUDGET)} commands, none of them a scan`, async () => {
+    const { payer, payee } = await gateParties(t, auth, 10_000);
+    const commands: CommandStartedEvent[] = [];
+    let counting = false;
+    t.runtime.mongo.on('commandStarted', (e) => {
+      if (counting) commands.push(e);
+    });
+    const step = async (work: () => Promise<unknown>) => {
+      commands.length = 0;
+      counting = true;
+      await work();
+      await new Promise((resolve) => setTimeout(resolve, 100)); // the verify job's last writes trail its answer
+      counting = false;
+      expect(scansIn(commands)).toEqual([]);
+      return commands.filter((e) => e.commandName !== 'hello' && e.commandName !== 'ping').length;
+    };
+    const flow = async () => {
+      let gateId = '';
+      const create = await step(async () => (gateId = (await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, holdbackBps: 1_000 })).gateId));
+      let q = { quoteId: '', requestSha256: '' };
+      const quoted = await step(async () => (q = await quote(t, auth, gateId)));
+      const authorize = await step(async () => expect((await post(t, auth, '/x402/gate/authorize-payment', { gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 })).statusCode).toBe(200));
+      const verify = await step(async () => expect((await post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: q.requestSha256 } })).json()).toMatchObject({ status: 'released' }));
+      return { create, quote: quoted, authorize, verify };
+    };
+    await flow(); // the first pass opens the wallets and fills the caches a running service has
+    const counts = await flow();
+    for (const [name, budget] of Object.entries(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeLessThanOrEqual(budget);
+    await expectLedgerBalances(t);
+  });
+});
