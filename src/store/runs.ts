@@ -52,7 +52,15 @@ export interface RunBatchDoc {
   runId: string;
   firstSeq: number;
   lastSeq: number;
-  events: StoredEvent[];
+  /**
+   * The events as JSON of StoredEvent[]: one string costs FerretDB a fifth of what 100 sub-documents of 12 fields
+   * do to write and read (measured: 3.7 vs 15 ms CPU to insert, 4-7 vs 20-30 ms to read). Batches written before
+   * carry `events` instead; readers take either (batchEvents).
+   */
+  eventsJson?: string;
+  /** chainHash of the last event (null for a seal): the head without parsing the events. */
+  lastChainHash?: string | null;
+  events?: StoredEvent[];
   /** Present on the seal only: the head the artifact covers, and when finalize was first requested. */
   seal?: { finalHead: ChainHead; sealedAt: Date };
   receivedAt: Date;
@@ -108,6 +116,20 @@ export function toEnvelope(e: StoredEvent): EventEnvelope {
 function toStored(e: EventEnvelope): StoredEvent {
   const { payload, ...rest } = e;
   return { ...rest, payloadJson: canonicalize(payload) };
+}
+
+/** The stored events of a batch document, in either storage form. */
+export function batchEvents(doc: Pick<RunBatchDoc, 'eventsJson' | 'events'>): StoredEvent[] {
+  return doc.eventsJson !== undefined ? (JSON.parse(doc.eventsJson) as StoredEvent[]) : (doc.events ?? []);
+}
+
+function lastChainHashOf(doc: RunBatchDoc): string {
+  return doc.lastChainHash ?? batchEvents(doc).at(-1)!.chainHash;
+}
+
+/** The batch fields that hold its events, as appends store them. */
+export function storedBatchEvents(events: EventEnvelope[]): Pick<RunBatchDoc, 'eventsJson' | 'lastChainHash'> {
+  return { eventsJson: JSON.stringify(events.map(toStored)), lastChainHash: events.at(-1)!.chainHash };
 }
 
 export class RunStore {
@@ -167,7 +189,7 @@ export class RunStore {
       const next = await this.batches.findOne({ _id: positionId(runId, head.seq + 1) });
       if (!next) break;
       if (next.seal) sealed = true;
-      else head = { seq: next.lastSeq, chainHash: next.events.at(-1)!.chainHash };
+      else head = { seq: next.lastSeq, chainHash: lastChainHashOf(next) };
     }
     if (head.seq !== cached.head.seq || sealed !== cached.sealed) await this.cacheHead(runId, head, sealed);
     return { head, sealed };
@@ -185,7 +207,7 @@ export class RunStore {
     const claim = await this.eventIds.findOne({ _id: claimId(runId, eventId) });
     if (!claim) return null;
     const batch = await this.batches.findOne({ _id: claim.batchId });
-    const stored = batch?.events.find((e) => e.id === eventId);
+    const stored = batch ? batchEvents(batch).find((e) => e.id === eventId) : undefined;
     return stored ? toEnvelope(stored) : null;
   }
 
@@ -201,7 +223,7 @@ export class RunStore {
     for (let seq = 1; seq <= upToSeq; ) {
       const batch = await this.batches.findOne({ _id: positionId(runId, seq) });
       if (!batch || batch.seal) break;
-      for (const e of batch.events) if (e.seq <= upToSeq) events.push(toEnvelope(e));
+      for (const e of batchEvents(batch)) if (e.seq <= upToSeq) events.push(toEnvelope(e));
       seq = batch.lastSeq + 1;
     }
     return events;
@@ -250,13 +272,14 @@ export class RunStore {
       runId: run._id,
       firstSeq: first.seq,
       lastSeq: last.seq,
-      events: events.map(toStored),
+      ...storedBatchEvents(events),
       receivedAt: now,
     });
     if (!stored) {
       const existing = await this.batches.findOne({ _id: batchId });
       // The same batch stored by an earlier try whose answer was lost (the head cache had not caught up): a resend.
-      const sameBatch = existing !== null && !existing.seal && existing.events.length === events.length && existing.events.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
+      const existingEvents = existing && !existing.seal ? batchEvents(existing) : null;
+      const sameBatch = existingEvents !== null && existingEvents.length === events.length && existingEvents.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
       const { head, sealed } = await this.repairHead(run._id);
       if (sameBatch) return { seq: last.seq, chainHash: last.chainHash };
       if (sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
@@ -285,7 +308,7 @@ export class RunStore {
         continue;
       }
       const seal = { finalHead: head, sealedAt: now };
-      if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, events: [], seal, receivedAt: now })) {
+      if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, eventsJson: '[]', lastChainHash: null, seal, receivedAt: now })) {
         await this.cacheHead(runId, head, true);
         return seal;
       }

@@ -117,7 +117,10 @@ describe('client JSON is kept intact, whatever its keys and nesting', () => {
     const batch = events(runId, { seq: 0, chainHash: null }, worker, [{ type: 'log', payload: { ok: true } }]);
     expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
     // Storage corruption the chain check will catch: the artifact can never be built.
-    await t.runtime.stores.runs.batches.updateOne({ _id: `${runId}:1` }, { $set: { 'events.0.payloadJson': '{"ok":false}' } });
+    const stored = (await t.runtime.stores.runs.batches.findOne({ _id: `${runId}:1` }))!;
+    const corrupted = JSON.parse(stored.eventsJson!) as Array<{ payloadJson: string }>;
+    corrupted[0]!.payloadJson = '{"ok":false}';
+    await t.runtime.stores.runs.batches.updateOne({ _id: `${runId}:1` }, { $set: { eventsJson: JSON.stringify(corrupted) } });
     await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
     const run = await waitFinalized(t, auth, runId);
     expect(run).toMatchObject({ verdict: 'fail', artifactId: null, finalizeError: { code: 'ARTIFACT_BUILD_FAILED' } });
