@@ -3,7 +3,8 @@ import { CanonicalJsonError } from '../domain/canonical-json.ts';
 import { assertClientJsonDepth } from '../domain/client-json.ts';
 import { newId, publicKeyFromRaw } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { sameEvent, verifyEventBatch, type ChainHead, type EventEnvelope } from '../domain/event-chain.ts';
+import { createHmac } from 'node:crypto';
+import { attestationHolds, batchAttestation, sameEvent, signatureKey, verifyEventBatch, type ChainHead, type EventEnvelope, type SignatureVerified } from '../domain/event-chain.ts';
 import { termsProblems, type Terms } from '../domain/terms.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
@@ -11,6 +12,28 @@ import type { RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
+
+/** The key of batch attestations, derived from the at-rest key every process of a deployment shares. */
+const attestationKeys = new WeakMap<Runtime, Buffer>();
+function attestationKey(rt: Runtime): Buffer {
+  let key = attestationKeys.get(rt);
+  if (!key) attestationKeys.set(rt, (key = createHmac('sha256', rt.config.webhooks.encryptionKey).update('run-batch-attestation/v1').digest()));
+  return key;
+}
+
+/**
+ * The events of these stored batches whose signatures this service verified at append (their attestation holds),
+ * so a full-chain check need not repeat those Ed25519 checks. A batch without a valid attestation (written before
+ * attestations, under another key, or altered in storage) is simply checked in full.
+ */
+export function attestedSignatures(rt: Runtime, runId: string, batches: ReadonlyArray<{ events: EventEnvelope[]; attestation: string | null }>): SignatureVerified {
+  const key = attestationKey(rt);
+  const verified = new Set<string>();
+  for (const b of batches) {
+    if (b.attestation !== null && attestationHolds(key, runId, b.events, b.attestation)) for (const e of b.events) verified.add(signatureKey(e));
+  }
+  return (e) => verified.has(signatureKey(e));
+}
 
 export interface RunWithHead {
   run: RunDoc;
@@ -107,7 +130,8 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
     }
     throw new ServiceError(400, 'SIGNATURE_INVALID', check.message, { reason: check.reason, eventId: check.eventId, index: check.index });
   }
-  const newHead = await runs.append(run, head, fresh);
+  // Every signature of the batch verified just now: attest it, so finalize and verify need not check them again.
+  const newHead = await runs.append(run, head, fresh, batchAttestation(attestationKey(rt), run._id, fresh));
   return { runId: run._id, accepted: incoming.length, head: newHead };
 }
 
@@ -139,7 +163,7 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
 
   if (run.status === 'finalizing') {
     const finalHead = run.finalHead!;
-    const [events, agent] = await Promise.all([runs.listEvents(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
+    const [chain, agent] = await Promise.all([runs.readChain(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
     try {
       if (!agent) throw new ArtifactBuildError(`agent ${run.agentId} of run ${runId} is missing`);
       const artifact = buildArtifact(
@@ -148,8 +172,9 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
           agentId: run.agentId,
           agentKeys: Object.values(agent.keys).map((k) => ({ keyId: k.keyId, publicKey: k.publicKey })),
           terms: run.terms,
-          events,
+          events: chain.events,
           finalizedAt: run.finalizeRequestedAt!.toISOString(),
+          signatureVerified: attestedSignatures(rt, runId, chain.batches),
         },
         rt.keys.active,
       );

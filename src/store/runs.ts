@@ -61,6 +61,8 @@ export interface RunBatchDoc {
   /** chainHash of the last event (null for a seal): the head without parsing the events. */
   lastChainHash?: string | null;
   events?: StoredEvent[];
+  /** The service's MAC saying these events' signatures were verified at append (domain batchAttestation). */
+  attestation?: string;
   /** Present on the seal only: the head the artifact covers, and when finalize was first requested. */
   seal?: { finalHead: ChainHead; sealedAt: Date };
   receivedAt: Date;
@@ -99,6 +101,9 @@ export interface ArtifactDoc {
 }
 
 export type ArtifactHeader = Omit<RunArtifact, 'events'> & { events: Omit<RunArtifact['events'], 'items'> };
+
+/** Most batch reads one chain walk has in flight (the driver's pool is 50). */
+const MAX_READ_AHEAD = 32;
 
 function positionId(runId: string, seq: number): string {
   return `${runId}:${seq}`;
@@ -219,14 +224,42 @@ export class RunStore {
 
   /** Events 1..upToSeq in order, walking the run's batches by their position ids. */
   async listEvents(runId: string, upToSeq: number): Promise<EventEnvelope[]> {
+    return (await this.readChain(runId, upToSeq)).events;
+  }
+
+  /**
+   * Events 1..upToSeq in order, and the batches they came from (each whole, with its attestation). Each batch's id
+   * derives from the previous one's last position; batches of a run usually have one size, so the positions after
+   * the last batch read are guessed from its size and read together (up to MAX_READ_AHEAD at once, doubling while
+   * the guesses hold). A wrong guess costs one wasted read; the walk itself stays exact.
+   */
+  async readChain(runId: string, upToSeq: number): Promise<{ events: EventEnvelope[]; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const events: EventEnvelope[] = [];
-    for (let seq = 1; seq <= upToSeq; ) {
-      const batch = await this.batches.findOne({ _id: positionId(runId, seq) });
-      if (!batch || batch.seal) break;
-      for (const e of batchEvents(batch)) if (e.seq <= upToSeq) events.push(toEnvelope(e));
-      seq = batch.lastSeq + 1;
+    const batches: Array<{ events: EventEnvelope[]; attestation: string | null }> = [];
+    let seq = 1;
+    let size = 0;
+    let window = 1;
+    while (seq <= upToSeq) {
+      const positions = [seq];
+      for (let p = seq + size; size > 0 && p <= upToSeq && positions.length < window; p += size) positions.push(p);
+      const docs = await Promise.all(positions.map((p) => this.batches.findOne({ _id: positionId(runId, p) })));
+      let end = false;
+      for (const [i, batch] of docs.entries()) {
+        if (positions[i] !== seq) break; // a guess past a batch of another size: read again from seq
+        if (!batch || batch.seal) {
+          end = true;
+          break;
+        }
+        const whole = batchEvents(batch).map(toEnvelope);
+        batches.push({ events: whole, attestation: batch.attestation ?? null });
+        for (const e of whole) if (e.seq <= upToSeq) events.push(e);
+        size = batch.lastSeq - batch.firstSeq + 1;
+        seq = batch.lastSeq + 1;
+      }
+      if (end) break;
+      window = Math.min(MAX_READ_AHEAD, window * 2);
     }
-    return events;
+    return { events, batches };
   }
 
   /**
@@ -261,7 +294,7 @@ export class RunStore {
    * Stores verified events that follow `expectedHead`, as one document: all of them or none. Exactly one writer
    * wins a position; the loser gets CHAIN_CONFLICT with the true head, or TRANSITION_ILLEGAL once the run is sealed.
    */
-  async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], now = new Date()): Promise<ChainHead> {
+  async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], attestation?: string, now = new Date()): Promise<ChainHead> {
     const first = events[0]!;
     const last = events.at(-1)!;
     const batchId = positionId(run._id, first.seq);
@@ -273,6 +306,7 @@ export class RunStore {
       firstSeq: first.seq,
       lastSeq: last.seq,
       ...storedBatchEvents(events),
+      ...(attestation === undefined ? {} : { attestation }),
       receivedAt: now,
     });
     if (!stored) {
@@ -379,9 +413,14 @@ export class RunStore {
 
   /** The full artifact: its stored header plus the run's events 1..count. */
   async loadArtifact(doc: ArtifactDoc): Promise<RunArtifact> {
+    return (await this.loadArtifactChain(doc)).artifact;
+  }
+
+  /** The full artifact, and the batches its events came from (for their attestations). */
+  async loadArtifactChain(doc: ArtifactDoc): Promise<{ artifact: RunArtifact; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const header = this.artifactHeader(doc);
-    const items = await this.listEvents(doc.runId, doc.eventCount);
-    return { ...header, events: { ...header.events, items } } as RunArtifact;
+    const { events: items, batches } = await this.readChain(doc.runId, doc.eventCount);
+    return { artifact: { ...header, events: { ...header.events, items } } as RunArtifact, batches };
   }
 
   /** Runs whose finalize was requested before `olderThan` and is not done: candidates for the sweeper. */
