@@ -3,11 +3,12 @@ import { CanonicalJsonError } from '../domain/canonical-json.ts';
 import { assertClientJsonDepth } from '../domain/client-json.ts';
 import { newId, publicKeyFromRaw } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { createHmac } from 'node:crypto';
+import { createHmac, type KeyObject } from 'node:crypto';
 import { attestationHolds, batchAttestation, sameEvent, signatureKey, verifyEventBatch, type ChainHead, type EventEnvelope, type SignatureVerified } from '../domain/event-chain.ts';
 import { termsProblems, type Terms } from '../domain/terms.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
+import type { AgentDoc } from '../store/agents.ts';
 import type { RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
@@ -33,6 +34,24 @@ export function attestedSignatures(rt: Runtime, runId: string, batches: Readonly
     if (b.attestation !== null && attestationHolds(key, runId, b.events, b.attestation)) for (const e of b.events) verified.add(signatureKey(e));
   }
   return (e) => verified.has(signatureKey(e));
+}
+
+/**
+ * The agent's active keys as KeyObjects. Building a KeyObject took ~0.4 ms per append under load; the agent
+ * document is the credential cache's (one object until it is invalidated), so its keys are built once per entry.
+ */
+const keyObjects = new WeakMap<AgentDoc, Map<string, KeyObject>>();
+function activeKeysOf(agent: AgentDoc): Map<string, KeyObject> {
+  let keys = keyObjects.get(agent);
+  if (!keys) {
+    keys = new Map(
+      Object.values(agent.keys)
+        .filter((k) => k.status === 'active')
+        .map((k) => [k.keyId, publicKeyFromRaw(Buffer.from(k.publicKey, 'base64url'))]),
+    );
+    keyObjects.set(agent, keys);
+  }
+  return keys;
 }
 
 export interface RunWithHead {
@@ -73,10 +92,17 @@ export async function createRun(rt: Runtime, tenantId: string, input: { agentId:
 
 /** The run with its chain head (the frozen one once sealed, else the live head). */
 export async function getRun(rt: Runtime, tenantId: string, runId: string): Promise<RunWithHead> {
+  const { runs } = rt.stores;
+  if (runs.hasHeadHint(runId)) {
+    // This process knows a head of the run: the run and the position after that head are read at once.
+    const [run, current] = await Promise.all([runs.get(tenantId, runId), runs.repairHead(runId)]);
+    if (!run) throw errors.notFound('run');
+    return { run, head: run.finalHead ?? current.head };
+  }
   // The run and its cached head are read at once; the head is then checked against the next position.
-  const [run, cached] = await Promise.all([rt.stores.runs.get(tenantId, runId), rt.stores.runs.head(runId)]);
+  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.head(runId)]);
   if (!run) throw errors.notFound('run');
-  return { run, head: run.finalHead ?? (await rt.stores.runs.repairHead(run._id, cached)).head };
+  return { run, head: run.finalHead ?? (await runs.repairHead(run._id, cached)).head };
 }
 
 /**
@@ -86,7 +112,7 @@ export async function getRun(rt: Runtime, tenantId: string, runId: string): Prom
 export async function appendEvents(rt: Runtime, tenantId: string, runId: string, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
-  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.head(runId)]);
+  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.knownHead(runId)]);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
   const ids = incoming.map((e) => e.id);
@@ -108,12 +134,7 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
   const fresh = incoming.filter((e) => !stored.has(e.id));
   if (fresh.length === 0) return { runId: run._id, accepted: incoming.length, head };
 
-  const agent = await signingAgent(rt, tenantId, run.agentId);
-  const activeKeys = new Map(
-    Object.values(agent.keys)
-      .filter((k) => k.status === 'active')
-      .map((k) => [k.keyId, publicKeyFromRaw(Buffer.from(k.publicKey, 'base64url'))]),
-  );
+  const activeKeys = activeKeysOf(await signingAgent(rt, tenantId, run.agentId));
   let check = verifyEventBatch(fresh, head, activeKeys, run._id);
   if (!check.ok && check.code === 'CHAIN_CONFLICT') {
     // The cached head may trail an appender that stopped after storing its batch: repair, then judge again.

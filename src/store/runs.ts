@@ -102,6 +102,9 @@ export interface ArtifactDoc {
 
 export type ArtifactHeader = Omit<RunArtifact, 'events'> & { events: Omit<RunArtifact['events'], 'items'> };
 
+/** Runs whose head one process remembers (a few hundred bytes each). */
+const MAX_HEAD_HINTS = 20_000;
+
 /** Most batch reads one chain walk has in flight (the driver's pool is 50). */
 const MAX_READ_AHEAD = 32;
 
@@ -157,6 +160,7 @@ export class RunStore {
 
   async create(run: RunDoc): Promise<RunDoc> {
     await this.runs.insertOne(run);
+    this.remember(run._id, { head: { seq: 0, chainHash: null }, sealed: false }); // a new run starts empty
     return run;
   }
 
@@ -180,6 +184,32 @@ export class RunStore {
     return this.runs.findOne({ _id: runId });
   }
 
+  /**
+   * Heads this process has seen stored (appended, walked to or sealed), so the next append or read of the run can
+   * start from there without reading the head cache document. Batches are never removed and a seal is for ever, so
+   * such a head is a lower bound of the true one, and every user walks forward from it (repairHead) or lets the
+   * position insert decide (append), exactly as with a head cache document that trails.
+   */
+  private readonly headHints = new Map<string, { head: ChainHead; sealed: boolean }>();
+
+  private remember(runId: string, known: { head: ChainHead; sealed: boolean }): void {
+    const had = this.headHints.get(runId);
+    if (had && (had.head.seq > known.head.seq || (had.sealed && !known.sealed))) return; // never move a hint back
+    this.headHints.delete(runId); // re-inserted last: the map's order is least recently written first
+    this.headHints.set(runId, known);
+    if (this.headHints.size > MAX_HEAD_HINTS) this.headHints.delete(this.headHints.keys().next().value!);
+  }
+
+  /** A lower bound of the head: this process's hint if it has one (no I/O), else the head cache document. */
+  async knownHead(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
+    return this.headHints.get(runId) ?? (await this.head(runId));
+  }
+
+  /** Whether this process holds a head hint for the run (a read can then go straight to the next position). */
+  hasHeadHint(runId: string): boolean {
+    return this.headHints.has(runId);
+  }
+
   /** The head, and whether the run is sealed, as far as the cache knows (see repairHead for the truth). */
   async head(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
     const doc = await this.heads.findOne({ _id: runId });
@@ -188,7 +218,7 @@ export class RunStore {
 
   /** Walks the stored batches forward from the cached head: the true head, and whether a seal ends the chain. */
   async repairHead(runId: string, known?: { head: ChainHead; sealed: boolean }): Promise<{ head: ChainHead; sealed: boolean }> {
-    const cached = known ?? (await this.head(runId));
+    const cached = known ?? (await this.knownHead(runId));
     let { head, sealed } = cached;
     while (!sealed) {
       const next = await this.batches.findOne({ _id: positionId(runId, head.seq + 1) });
@@ -197,10 +227,12 @@ export class RunStore {
       else head = { seq: next.lastSeq, chainHash: lastChainHashOf(next) };
     }
     if (head.seq !== cached.head.seq || sealed !== cached.sealed) await this.cacheHead(runId, head, sealed);
+    else this.remember(runId, { head, sealed });
     return { head, sealed };
   }
 
   private async cacheHead(runId: string, head: ChainHead, sealed: boolean): Promise<void> {
+    this.remember(runId, { head, sealed });
     // Best effort: a lost or stale cache write only means the next reader walks a little further.
     await this.heads.updateOne({ _id: runId }, { $set: { seq: head.seq, chainHash: head.chainHash, sealed } }, { upsert: true }).catch((err) => {
       if (!isDuplicateKey(err)) throw err;
@@ -325,7 +357,12 @@ export class RunStore {
       );
     }
     const newHead: ChainHead = { seq: last.seq, chainHash: last.chainHash };
-    if (expectedHead.seq + 1 === first.seq) await this.cacheHead(run._id, newHead, false);
+    if (expectedHead.seq + 1 === first.seq) {
+      // The batch is stored, which is all the caller waits for: this process's hint moves now, and the head cache
+      // document (for other processes) follows without holding the answer; a lost write only means a longer walk.
+      this.remember(run._id, { head: newHead, sealed: false });
+      void this.cacheHead(run._id, newHead, false).catch(() => undefined);
+    }
     return newHead;
   }
 
