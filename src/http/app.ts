@@ -73,6 +73,9 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
       socket.destroy();
     },
     trustProxy: false,
+    // One log line per request (below) instead of Fastify's two: each is a synchronous write, ~0.25 ms apiece
+    // under load, a tenth of a GET run.
+    disableRequestLogging: true,
     // Path parameters are bounded by their schemas (400 past the limit), not by the router (which would answer 414).
     routerOptions: { maxParamLength: 2_000 },
     // Query strings and params are converted to their schema types; bodies never are (a string is not an amount).
@@ -90,6 +93,9 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   });
   app.addSchema(ErrorBody);
 
+  app.addHook('onResponse', async (request, reply) => {
+    request.log.info({ req: { method: request.method, url: request.url, remoteAddress: request.ip }, res: { statusCode: reply.statusCode }, responseTime: reply.elapsedTime }, 'request completed');
+  });
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id);
     if (request.raw.url && request.raw.url.length > MAX_URL_LENGTH) {
