@@ -185,6 +185,7 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
   if (run.status === 'finalizing') {
     const finalHead = run.finalHead!;
     const [chain, agent] = await Promise.all([runs.readChain(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
+    let outcome: Pick<RunDoc, 'artifactId' | 'verdict' | 'finalizeError'>;
     try {
       if (!agent) throw new ArtifactBuildError(`agent ${run.agentId} of run ${runId} is missing`);
       const artifact = buildArtifact(
@@ -201,12 +202,17 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
       );
       await runs.saveArtifact(tenantId, artifact);
       await runs.markFinalized(runId, artifact.artifactId, artifact.evaluation.verdict);
+      outcome = { artifactId: artifact.artifactId, verdict: artifact.evaluation.verdict, finalizeError: null };
     } catch (err) {
       if (!isPermanentBuildFailure(err)) throw err;
       rt.logger.error({ alert: 'finalize_failed', runId, err: err.message }, 'run cannot be finalized into an artifact; finalized as fail');
-      await runs.markFinalizeFailed(runId, { code: 'ARTIFACT_BUILD_FAILED', message: err.message });
+      const finalizeError = { code: 'ARTIFACT_BUILD_FAILED', message: err.message };
+      await runs.markFinalizeFailed(runId, finalizeError);
+      outcome = { artifactId: null, verdict: 'fail', finalizeError };
     }
-    run = (await runs.get(tenantId, runId))!;
+    // Every worker derives the same outcome from the data frozen at the seal, so whichever wrote the run, it now
+    // holds this: no need to read it back.
+    run = { ...run, status: 'finalized', ...outcome };
   }
 
   await emitEvent(

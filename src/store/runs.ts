@@ -380,7 +380,9 @@ export class RunStore {
       }
       const seal = { finalHead: head, sealedAt: now };
       if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, eventsJson: '[]', lastChainHash: null, seal, receivedAt: now })) {
-        await this.cacheHead(runId, head, true);
+        // The seal is stored: the head cache document follows without holding the answer (as after an append).
+        this.remember(runId, { head, sealed: true });
+        void this.cacheHead(runId, head, true).catch(() => undefined);
         return seal;
       }
       // An append or another seal took the position: look again.
