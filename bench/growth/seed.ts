@@ -11,7 +11,7 @@ import type { Terms } from '../../src/domain/terms.ts';
 import type { Runtime } from '../../src/runtime.ts';
 import { registerAgent } from '../../src/services/agents.ts';
 import { createTenant } from '../../src/services/tenants.ts';
-import type { ArtifactDoc, RunBatchDoc, RunDoc, StoredEvent } from '../../src/store/runs.ts';
+import { storedBatchEvents, type ArtifactDoc, type RunBatchDoc, type RunDoc } from '../../src/store/runs.ts';
 import { settlementIdFor, type SettlementDoc } from '../../src/store/settlements.ts';
 
 export interface SeedOptions {
@@ -84,11 +84,6 @@ function runShapes(runs: number, events: number, random: () => number): number[]
   return counts;
 }
 
-function toStored(e: EventEnvelope): StoredEvent {
-  const { payload, ...rest } = e;
-  return { ...rest, payloadJson: canonicalize(payload) };
-}
-
 function chain(runId: string, count: number, agent: SeedAgent, startedAt: number, real: boolean): EventEnvelope[] {
   const items = Array.from({ length: count }, (_, i) => ({
     id: newId('evt'),
@@ -159,7 +154,7 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       for (let first = 0; first < events.length; first += BATCH) {
         const slice = events.slice(first, first + BATCH);
         const batchId = `${runId}:${slice[0]!.seq}`;
-        batches.push({ _id: batchId, tenantId: tenant._id, runId, firstSeq: slice[0]!.seq, lastSeq: slice.at(-1)!.seq, events: slice.map(toStored), receivedAt });
+        batches.push({ _id: batchId, tenantId: tenant._id, runId, firstSeq: slice[0]!.seq, lastSeq: slice.at(-1)!.seq, ...storedBatchEvents(slice), receivedAt });
         for (const e of slice) claims.push({ _id: `${runId}#${e.id}`, batchId, seq: e.seq, chainHash: e.chainHash });
       }
       const head: ChainHead = events.length ? { seq: events.length, chainHash: events.at(-1)!.chainHash } : EMPTY_HEAD;
@@ -181,7 +176,7 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       };
       if (finalize) {
         const sealedAt = new Date(receivedAt.getTime() + 1_000);
-        batches.push({ _id: `${runId}:${head.seq + 1}`, tenantId: tenant._id, runId, firstSeq: head.seq + 1, lastSeq: head.seq, events: [], seal: { finalHead: head, sealedAt }, receivedAt: sealedAt });
+        batches.push({ _id: `${runId}:${head.seq + 1}`, tenantId: tenant._id, runId, firstSeq: head.seq + 1, lastSeq: head.seq, eventsJson: '[]', lastChainHash: null, seal: { finalHead: head, sealedAt }, receivedAt: sealedAt });
         const artifact = buildArtifact(
           { runId, agentId: agent.agentId, agentKeys: [{ keyId: agent.keyId, publicKey: agent.publicKey }], terms: TERMS, events, finalizedAt: sealedAt.toISOString() },
           rt.keys.active,

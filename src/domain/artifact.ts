@@ -13,7 +13,7 @@ import {
   verifyHexDigest,
 } from './crypto.ts';
 import { EMPTY_HEAD, pickEnvelope, verifyChain } from './event-chain.ts';
-import type { ChainHead, EventEnvelope } from './event-chain.ts';
+import type { ChainHead, EventEnvelope, SignatureVerified } from './event-chain.ts';
 import { evaluateRun, termsProblems } from './terms.ts';
 import type { Evaluation, Metrics, Terms } from './terms.ts';
 
@@ -85,6 +85,8 @@ export interface BuildArtifactInput {
    * so it must not be "now" at build time, or a retried finalize would produce a different artifact.
    */
   finalizedAt: string;
+  /** Events whose signatures were verified at append (see batchAttestation); every other check still runs. */
+  signatureVerified?: SignatureVerified;
 }
 
 /**
@@ -117,7 +119,7 @@ export function buildArtifactBody(input: BuildArtifactInput): RunArtifactBody {
     agentKeys.push(k.ref);
   }
 
-  const chain = verifyChain(items, keys, input.runId);
+  const chain = verifyChain(items, keys, input.runId, input.signatureVerified);
   if (!chain.ok) {
     const f = chain.firstFailure;
     throw new ArtifactBuildError(`events do not verify: ${f ? `event ${f.index} ${f.reason}: ${f.message}` : 'unknown'}`);
@@ -244,7 +246,7 @@ function checkServiceSignature(a: Record<string, unknown>, jwks: unknown): strin
     : [`signature does not verify with JWKS key ${sig.keyId}`];
 }
 
-function checkEvents(a: Record<string, unknown>): { eventSignatures: string[]; chain: string[] } {
+function checkEvents(a: Record<string, unknown>, signatureVerified?: SignatureVerified): { eventSignatures: string[]; chain: string[] } {
   const sigs: string[] = [];
   const chain: string[] = [];
   const ev = a.events;
@@ -274,7 +276,7 @@ function checkEvents(a: Record<string, unknown>): { eventSignatures: string[]; c
     }
   }
 
-  const result = verifyChain(ev.items, keys, typeof a.runId === 'string' ? a.runId : undefined);
+  const result = verifyChain(ev.items, keys, typeof a.runId === 'string' ? a.runId : undefined, signatureVerified);
   for (const f of result.failures) {
     const e = ev.items[f.index] as { seq?: unknown } | undefined;
     const where = `event #${f.index} (seq ${String(e?.seq)}${f.eventId ? `, ${f.eventId}` : ''})`;
@@ -292,8 +294,9 @@ function checkEvents(a: Record<string, unknown>): { eventSignatures: string[]; c
  * Repeat every check offline from the artifact and the service JWKS: the artifact hash (and artifactId), the
  * service signature with the JWKS key whose kid is signature.keyId, every event's payloadHash/chainHash/signature
  * against artifact.agentKeys, and the chain links, count and head. Checks are independent; never throws.
+ * `signatureVerified` (the service only, for events it attested at append) skips those events' Ed25519 checks.
  */
-export function verifyArtifact(artifact: unknown, jwks: unknown): ArtifactVerification {
+export function verifyArtifact(artifact: unknown, jwks: unknown, options: { signatureVerified?: SignatureVerified } = {}): ArtifactVerification {
   let found: Record<ArtifactCheck, string[]>;
   if (!isRecord(artifact)) {
     const msg = ['artifact is not a JSON object'];
@@ -302,7 +305,7 @@ export function verifyArtifact(artifact: unknown, jwks: unknown): ArtifactVerifi
     found = {
       artifactHash: checkHash(artifact),
       serviceSignature: checkServiceSignature(artifact, jwks),
-      ...checkEvents(artifact),
+      ...checkEvents(artifact, options.signatureVerified),
     };
   }
   const checks = {} as Record<ArtifactCheck, boolean>;

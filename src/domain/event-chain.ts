@@ -1,5 +1,5 @@
 // Agent-signed, hash-chained run events (contract section 5): hashing, signing, batch and full-chain verification.
-import type { KeyObject } from 'node:crypto';
+import { createHmac, timingSafeEqual, type KeyObject } from 'node:crypto';
 import { canonicalize, CanonicalJsonError } from './canonical-json.ts';
 import type { JsonValue } from './canonical-json.ts';
 import { isSha256Hex, sha256Hex, signHexDigest, verifyHexDigest } from './crypto.ts';
@@ -182,11 +182,18 @@ function shapeProblem(e: unknown): EventProblem<IntegrityReason> | null {
   return null;
 }
 
+/**
+ * Events whose signature this verifier already checked (at append) and may trust, so a full-chain check repeats
+ * only the cheap parts for them: hashes, signer key and links are still recomputed.
+ */
+export type SignatureVerified = (e: EventEnvelope) => boolean;
+
 /** Hashes, signer and signature of one (well-shaped) event, independent of its position in the chain. */
 function integrityProblem(
   e: EventEnvelope,
   keys: KeyLookup,
   expectedRunId: string | undefined,
+  signatureVerified?: SignatureVerified,
 ): EventProblem<IntegrityReason> | null {
   if (e.v !== EVENT_VERSION) return { reason: 'VERSION_UNSUPPORTED', message: `v must be ${EVENT_VERSION}` };
   if (expectedRunId !== undefined && e.runId !== expectedRunId) {
@@ -210,7 +217,7 @@ function integrityProblem(
   if (key === undefined) {
     return { reason: 'UNKNOWN_SIGNER', message: `signer ${e.signerKeyId} is not an active key of the agent` };
   }
-  if (!verifyHexDigest(key, e.chainHash, e.signature)) {
+  if (!signatureVerified?.(e) && !verifyHexDigest(key, e.chainHash, e.signature)) {
     return { reason: 'SIGNATURE_MISMATCH', message: `signature does not verify with ${e.signerKeyId}` };
   }
   return null;
@@ -318,7 +325,7 @@ export interface ChainVerification {
  * payloadHash, chainHash, signer and signature; `chain` = seq 1..n in order and every prevChainHash linking to the
  * previous event's chainHash (null for the first).
  */
-export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?: string): ChainVerification {
+export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?: string, signatureVerified?: SignatureVerified): ChainVerification {
   let sigFailure: ChainFailure | null = null;
   let chainFailure: ChainFailure | null = null;
   let prev: ChainHead = EMPTY_HEAD;
@@ -333,7 +340,7 @@ export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?:
     }
     const e = raw as EventEnvelope;
     if (sigFailure === null) {
-      const p = integrityProblem(e, keys, runId);
+      const p = integrityProblem(e, keys, runId, signatureVerified);
       if (p) sigFailure = { check: 'eventSignatures', index, eventId, ...p };
     }
     if (chainFailure === null) {
@@ -353,4 +360,31 @@ export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?:
     firstFailure: failures[0] ?? null,
     head: prev,
   };
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Attestation: "these signatures were verified at append"
+
+/**
+ * The service's MAC over a verified batch: run, and every event's seq, id, signer, chainHash and signature. Stored
+ * with the batch, it lets a later full-chain check (finalize, public verify) skip the Ed25519 checks of exactly
+ * these events; whoever cannot produce it (storage corruption, a write around the service) gets a full check.
+ * Payloads are bound through chainHash, which the full-chain check recomputes. The artifact does not change and
+ * anyone can still verify it offline from the artifact and the JWKS.
+ */
+export function batchAttestation(key: Uint8Array, runId: string, events: ReadonlyArray<Pick<EventEnvelope, 'seq' | 'id' | 'signerKeyId' | 'chainHash' | 'signature'>>): string {
+  const mac = createHmac('sha256', key).update(`run-batch-v1\n${runId}\n`);
+  for (const e of events) mac.update(`${e.seq}\n${e.id}\n${e.signerKeyId}\n${e.chainHash}\n${e.signature}\n`);
+  return mac.digest('base64url');
+}
+
+export function attestationHolds(key: Uint8Array, runId: string, events: Parameters<typeof batchAttestation>[2], attestation: string): boolean {
+  const expected = Buffer.from(batchAttestation(key, runId, events));
+  const given = Buffer.from(attestation);
+  return expected.length === given.length && timingSafeEqual(expected, given);
+}
+
+/** The identity of an event's signature, as a SignatureVerified set keys it. */
+export function signatureKey(e: Pick<EventEnvelope, 'signerKeyId' | 'chainHash' | 'signature'>): string {
+  return `${e.signerKeyId}\n${e.chainHash}\n${e.signature}`;
 }

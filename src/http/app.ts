@@ -2,7 +2,7 @@ import { isUtf8 } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
 import { errors } from '../domain/errors.ts';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
 import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
@@ -48,6 +48,20 @@ function newRequestId(): string {
   return `req_${randomBytes(12).toString('base64url')}`;
 }
 
+/**
+ * One log line per request instead of Fastify's two: each line is a synchronous write, ~0.25 ms apiece under load,
+ * a tenth of a GET run. The completion line (or 'request errored') carries what the incoming line had.
+ */
+class OneLinePerRequest extends LogController {
+  override incomingRequest(): void {}
+
+  override requestCompleted(error: Error | null | undefined, request: FastifyRequest, reply: FastifyReply): void {
+    const req = { method: request.method, url: request.url, remoteAddress: request.ip };
+    if (error) reply.log.error({ req, res: reply, err: error, responseTime: reply.elapsedTime }, 'request errored');
+    else reply.log.info({ req, res: reply, responseTime: reply.elapsedTime }, 'request completed');
+  }
+}
+
 export interface AppOptions {
   /** Bull Board needs live queues; the OpenAPI writer builds the app without it. */
   bullBoard?: boolean;
@@ -84,6 +98,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
       socket.destroy();
     },
     trustProxy: false,
+    logController: new OneLinePerRequest(),
     // Path parameters are bounded by their schemas (400 past the limit), not by the router (which would answer 414).
     routerOptions: { maxParamLength: MAX_PARAM_LENGTH },
     // Query strings and params are converted to their schema types; bodies never are (a string is not an amount).

@@ -3,14 +3,56 @@ import { CanonicalJsonError } from '../domain/canonical-json.ts';
 import { assertClientJsonDepth } from '../domain/client-json.ts';
 import { newId, publicKeyFromRaw } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { sameEvent, verifyEventBatch, type ChainHead, type EventEnvelope } from '../domain/event-chain.ts';
+import { createHmac, type KeyObject } from 'node:crypto';
+import { attestationHolds, batchAttestation, sameEvent, signatureKey, verifyEventBatch, type ChainHead, type EventEnvelope, type SignatureVerified } from '../domain/event-chain.ts';
 import { termsProblems, type Terms } from '../domain/terms.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
+import type { AgentDoc } from '../store/agents.ts';
 import type { RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
+
+/** The key of batch attestations, derived from the at-rest key every process of a deployment shares. */
+const attestationKeys = new WeakMap<Runtime, Buffer>();
+function attestationKey(rt: Runtime): Buffer {
+  let key = attestationKeys.get(rt);
+  if (!key) attestationKeys.set(rt, (key = createHmac('sha256', rt.config.webhooks.encryptionKey).update('run-batch-attestation/v1').digest()));
+  return key;
+}
+
+/**
+ * The events of these stored batches whose signatures this service verified at append (their attestation holds),
+ * so a full-chain check need not repeat those Ed25519 checks. A batch without a valid attestation (written before
+ * attestations, under another key, or altered in storage) is simply checked in full.
+ */
+export function attestedSignatures(rt: Runtime, runId: string, batches: ReadonlyArray<{ events: EventEnvelope[]; attestation: string | null }>): SignatureVerified {
+  const key = attestationKey(rt);
+  const verified = new Set<string>();
+  for (const b of batches) {
+    if (b.attestation !== null && attestationHolds(key, runId, b.events, b.attestation)) for (const e of b.events) verified.add(signatureKey(e));
+  }
+  return (e) => verified.has(signatureKey(e));
+}
+
+/**
+ * The agent's active keys as KeyObjects. Building a KeyObject took ~0.4 ms per append under load; the agent
+ * document is the credential cache's (one object until it is invalidated), so its keys are built once per entry.
+ */
+const keyObjects = new WeakMap<AgentDoc, Map<string, KeyObject>>();
+function activeKeysOf(agent: AgentDoc): Map<string, KeyObject> {
+  let keys = keyObjects.get(agent);
+  if (!keys) {
+    keys = new Map(
+      Object.values(agent.keys)
+        .filter((k) => k.status === 'active')
+        .map((k) => [k.keyId, publicKeyFromRaw(Buffer.from(k.publicKey, 'base64url'))]),
+    );
+    keyObjects.set(agent, keys);
+  }
+  return keys;
+}
 
 export interface RunWithHead {
   run: RunDoc;
@@ -50,10 +92,17 @@ export async function createRun(rt: Runtime, tenantId: string, input: { agentId:
 
 /** The run with its chain head (the frozen one once sealed, else the live head). */
 export async function getRun(rt: Runtime, tenantId: string, runId: string): Promise<RunWithHead> {
+  const { runs } = rt.stores;
+  if (runs.hasHeadHint(runId)) {
+    // This process knows a head of the run: the run and the position after that head are read at once.
+    const [run, current] = await Promise.all([runs.get(tenantId, runId), runs.repairHead(runId)]);
+    if (!run) throw errors.notFound('run');
+    return { run, head: run.finalHead ?? current.head };
+  }
   // The run and its cached head are read at once; the head is then checked against the next position.
-  const [run, cached] = await Promise.all([rt.stores.runs.get(tenantId, runId), rt.stores.runs.head(runId)]);
+  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.head(runId)]);
   if (!run) throw errors.notFound('run');
-  return { run, head: run.finalHead ?? (await rt.stores.runs.repairHead(run._id, cached)).head };
+  return { run, head: run.finalHead ?? (await runs.repairHead(run._id, cached)).head };
 }
 
 /**
@@ -63,7 +112,7 @@ export async function getRun(rt: Runtime, tenantId: string, runId: string): Prom
 export async function appendEvents(rt: Runtime, tenantId: string, runId: string, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
-  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.head(runId)]);
+  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.knownHead(runId)]);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
   const ids = incoming.map((e) => e.id);
@@ -85,12 +134,7 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
   const fresh = incoming.filter((e) => !stored.has(e.id));
   if (fresh.length === 0) return { runId: run._id, accepted: incoming.length, head };
 
-  const agent = await signingAgent(rt, tenantId, run.agentId);
-  const activeKeys = new Map(
-    Object.values(agent.keys)
-      .filter((k) => k.status === 'active')
-      .map((k) => [k.keyId, publicKeyFromRaw(Buffer.from(k.publicKey, 'base64url'))]),
-  );
+  const activeKeys = activeKeysOf(await signingAgent(rt, tenantId, run.agentId));
   let check = verifyEventBatch(fresh, head, activeKeys, run._id);
   if (!check.ok && check.code === 'CHAIN_CONFLICT') {
     // The cached head may trail an appender that stopped after storing its batch: repair, then judge again.
@@ -107,7 +151,8 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
     }
     throw new ServiceError(400, 'SIGNATURE_INVALID', check.message, { reason: check.reason, eventId: check.eventId, index: check.index });
   }
-  const newHead = await runs.append(run, head, fresh);
+  // Every signature of the batch verified just now: attest it, so finalize and verify need not check them again.
+  const newHead = await runs.append(run, head, fresh, batchAttestation(attestationKey(rt), run._id, fresh));
   return { runId: run._id, accepted: incoming.length, head: newHead };
 }
 
@@ -139,7 +184,8 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
 
   if (run.status === 'finalizing') {
     const finalHead = run.finalHead!;
-    const [events, agent] = await Promise.all([runs.listEvents(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
+    const [chain, agent] = await Promise.all([runs.readChain(runId, finalHead.seq), agents.get(tenantId, run.agentId)]);
+    let outcome: Pick<RunDoc, 'artifactId' | 'verdict' | 'finalizeError'>;
     try {
       if (!agent) throw new ArtifactBuildError(`agent ${run.agentId} of run ${runId} is missing`);
       const artifact = buildArtifact(
@@ -148,19 +194,25 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
           agentId: run.agentId,
           agentKeys: Object.values(agent.keys).map((k) => ({ keyId: k.keyId, publicKey: k.publicKey })),
           terms: run.terms,
-          events,
+          events: chain.events,
           finalizedAt: run.finalizeRequestedAt!.toISOString(),
+          signatureVerified: attestedSignatures(rt, runId, chain.batches),
         },
         rt.keys.active,
       );
       await runs.saveArtifact(tenantId, artifact);
       await runs.markFinalized(runId, artifact.artifactId, artifact.evaluation.verdict);
+      outcome = { artifactId: artifact.artifactId, verdict: artifact.evaluation.verdict, finalizeError: null };
     } catch (err) {
       if (!isPermanentBuildFailure(err)) throw err;
       rt.logger.error({ alert: 'finalize_failed', runId, err: err.message }, 'run cannot be finalized into an artifact; finalized as fail');
-      await runs.markFinalizeFailed(runId, { code: 'ARTIFACT_BUILD_FAILED', message: err.message });
+      const finalizeError = { code: 'ARTIFACT_BUILD_FAILED', message: err.message };
+      await runs.markFinalizeFailed(runId, finalizeError);
+      outcome = { artifactId: null, verdict: 'fail', finalizeError };
     }
-    run = (await runs.get(tenantId, runId))!;
+    // Every worker derives the same outcome from the data frozen at the seal, so whichever wrote the run, it now
+    // holds this: no need to read it back.
+    run = { ...run, status: 'finalized', ...outcome };
   }
 
   await emitEvent(

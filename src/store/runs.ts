@@ -52,7 +52,17 @@ export interface RunBatchDoc {
   runId: string;
   firstSeq: number;
   lastSeq: number;
-  events: StoredEvent[];
+  /**
+   * The events as JSON of StoredEvent[]: one string costs FerretDB a fifth of what 100 sub-documents of 12 fields
+   * do to write and read (measured: 3.7 vs 15 ms CPU to insert, 4-7 vs 20-30 ms to read). Batches written before
+   * carry `events` instead; readers take either (batchEvents).
+   */
+  eventsJson?: string;
+  /** chainHash of the last event (null for a seal): the head without parsing the events. */
+  lastChainHash?: string | null;
+  events?: StoredEvent[];
+  /** The service's MAC saying these events' signatures were verified at append (domain batchAttestation). */
+  attestation?: string;
   /** Present on the seal only: the head the artifact covers, and when finalize was first requested. */
   seal?: { finalHead: ChainHead; sealedAt: Date };
   receivedAt: Date;
@@ -92,6 +102,12 @@ export interface ArtifactDoc {
 
 export type ArtifactHeader = Omit<RunArtifact, 'events'> & { events: Omit<RunArtifact['events'], 'items'> };
 
+/** Runs whose head one process remembers (a few hundred bytes each). */
+const MAX_HEAD_HINTS = 20_000;
+
+/** Most batch reads one chain walk has in flight (the driver's pool is 50). */
+const MAX_READ_AHEAD = 32;
+
 function positionId(runId: string, seq: number): string {
   return `${runId}:${seq}`;
 }
@@ -108,6 +124,20 @@ export function toEnvelope(e: StoredEvent): EventEnvelope {
 function toStored(e: EventEnvelope): StoredEvent {
   const { payload, ...rest } = e;
   return { ...rest, payloadJson: canonicalize(payload) };
+}
+
+/** The stored events of a batch document, in either storage form. */
+export function batchEvents(doc: Pick<RunBatchDoc, 'eventsJson' | 'events'>): StoredEvent[] {
+  return doc.eventsJson !== undefined ? (JSON.parse(doc.eventsJson) as StoredEvent[]) : (doc.events ?? []);
+}
+
+function lastChainHashOf(doc: RunBatchDoc): string {
+  return doc.lastChainHash ?? batchEvents(doc).at(-1)!.chainHash;
+}
+
+/** The batch fields that hold its events, as appends store them. */
+export function storedBatchEvents(events: EventEnvelope[]): Pick<RunBatchDoc, 'eventsJson' | 'lastChainHash'> {
+  return { eventsJson: JSON.stringify(events.map(toStored)), lastChainHash: events.at(-1)!.chainHash };
 }
 
 export class RunStore {
@@ -130,6 +160,7 @@ export class RunStore {
 
   async create(run: RunDoc): Promise<RunDoc> {
     await this.runs.insertOne(run);
+    this.remember(run._id, { head: { seq: 0, chainHash: null }, sealed: false }); // a new run starts empty
     return run;
   }
 
@@ -153,6 +184,32 @@ export class RunStore {
     return this.runs.findOne({ _id: runId });
   }
 
+  /**
+   * Heads this process has seen stored (appended, walked to or sealed), so the next append or read of the run can
+   * start from there without reading the head cache document. Batches are never removed and a seal is for ever, so
+   * such a head is a lower bound of the true one, and every user walks forward from it (repairHead) or lets the
+   * position insert decide (append), exactly as with a head cache document that trails.
+   */
+  private readonly headHints = new Map<string, { head: ChainHead; sealed: boolean }>();
+
+  private remember(runId: string, known: { head: ChainHead; sealed: boolean }): void {
+    const had = this.headHints.get(runId);
+    if (had && (had.head.seq > known.head.seq || (had.sealed && !known.sealed))) return; // never move a hint back
+    this.headHints.delete(runId); // re-inserted last: the map's order is least recently written first
+    this.headHints.set(runId, known);
+    if (this.headHints.size > MAX_HEAD_HINTS) this.headHints.delete(this.headHints.keys().next().value!);
+  }
+
+  /** A lower bound of the head: this process's hint if it has one (no I/O), else the head cache document. */
+  async knownHead(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
+    return this.headHints.get(runId) ?? (await this.head(runId));
+  }
+
+  /** Whether this process holds a head hint for the run (a read can then go straight to the next position). */
+  hasHeadHint(runId: string): boolean {
+    return this.headHints.has(runId);
+  }
+
   /** The head, and whether the run is sealed, as far as the cache knows (see repairHead for the truth). */
   async head(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
     const doc = await this.heads.findOne({ _id: runId });
@@ -161,19 +218,21 @@ export class RunStore {
 
   /** Walks the stored batches forward from the cached head: the true head, and whether a seal ends the chain. */
   async repairHead(runId: string, known?: { head: ChainHead; sealed: boolean }): Promise<{ head: ChainHead; sealed: boolean }> {
-    const cached = known ?? (await this.head(runId));
+    const cached = known ?? (await this.knownHead(runId));
     let { head, sealed } = cached;
     while (!sealed) {
       const next = await this.batches.findOne({ _id: positionId(runId, head.seq + 1) });
       if (!next) break;
       if (next.seal) sealed = true;
-      else head = { seq: next.lastSeq, chainHash: next.events.at(-1)!.chainHash };
+      else head = { seq: next.lastSeq, chainHash: lastChainHashOf(next) };
     }
     if (head.seq !== cached.head.seq || sealed !== cached.sealed) await this.cacheHead(runId, head, sealed);
+    else this.remember(runId, { head, sealed });
     return { head, sealed };
   }
 
   private async cacheHead(runId: string, head: ChainHead, sealed: boolean): Promise<void> {
+    this.remember(runId, { head, sealed });
     // Best effort: a lost or stale cache write only means the next reader walks a little further.
     await this.heads.updateOne({ _id: runId }, { $set: { seq: head.seq, chainHash: head.chainHash, sealed } }, { upsert: true }).catch((err) => {
       if (!isDuplicateKey(err)) throw err;
@@ -185,7 +244,7 @@ export class RunStore {
     const claim = await this.eventIds.findOne({ _id: claimId(runId, eventId) });
     if (!claim) return null;
     const batch = await this.batches.findOne({ _id: claim.batchId });
-    const stored = batch?.events.find((e) => e.id === eventId);
+    const stored = batch ? batchEvents(batch).find((e) => e.id === eventId) : undefined;
     return stored ? toEnvelope(stored) : null;
   }
 
@@ -197,14 +256,42 @@ export class RunStore {
 
   /** Events 1..upToSeq in order, walking the run's batches by their position ids. */
   async listEvents(runId: string, upToSeq: number): Promise<EventEnvelope[]> {
+    return (await this.readChain(runId, upToSeq)).events;
+  }
+
+  /**
+   * Events 1..upToSeq in order, and the batches they came from (each whole, with its attestation). Each batch's id
+   * derives from the previous one's last position; batches of a run usually have one size, so the positions after
+   * the last batch read are guessed from its size and read together (up to MAX_READ_AHEAD at once, doubling while
+   * the guesses hold). A wrong guess costs one wasted read; the walk itself stays exact.
+   */
+  async readChain(runId: string, upToSeq: number): Promise<{ events: EventEnvelope[]; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const events: EventEnvelope[] = [];
-    for (let seq = 1; seq <= upToSeq; ) {
-      const batch = await this.batches.findOne({ _id: positionId(runId, seq) });
-      if (!batch || batch.seal) break;
-      for (const e of batch.events) if (e.seq <= upToSeq) events.push(toEnvelope(e));
-      seq = batch.lastSeq + 1;
+    const batches: Array<{ events: EventEnvelope[]; attestation: string | null }> = [];
+    let seq = 1;
+    let size = 0;
+    let window = 1;
+    while (seq <= upToSeq) {
+      const positions = [seq];
+      for (let p = seq + size; size > 0 && p <= upToSeq && positions.length < window; p += size) positions.push(p);
+      const docs = await Promise.all(positions.map((p) => this.batches.findOne({ _id: positionId(runId, p) })));
+      let end = false;
+      for (const [i, batch] of docs.entries()) {
+        if (positions[i] !== seq) break; // a guess past a batch of another size: read again from seq
+        if (!batch || batch.seal) {
+          end = true;
+          break;
+        }
+        const whole = batchEvents(batch).map(toEnvelope);
+        batches.push({ events: whole, attestation: batch.attestation ?? null });
+        for (const e of whole) if (e.seq <= upToSeq) events.push(e);
+        size = batch.lastSeq - batch.firstSeq + 1;
+        seq = batch.lastSeq + 1;
+      }
+      if (end) break;
+      window = Math.min(MAX_READ_AHEAD, window * 2);
     }
-    return events;
+    return { events, batches };
   }
 
   /**
@@ -239,7 +326,7 @@ export class RunStore {
    * Stores verified events that follow `expectedHead`, as one document: all of them or none. Exactly one writer
    * wins a position; the loser gets CHAIN_CONFLICT with the true head, or TRANSITION_ILLEGAL once the run is sealed.
    */
-  async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], now = new Date()): Promise<ChainHead> {
+  async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], attestation?: string, now = new Date()): Promise<ChainHead> {
     const first = events[0]!;
     const last = events.at(-1)!;
     const batchId = positionId(run._id, first.seq);
@@ -250,13 +337,15 @@ export class RunStore {
       runId: run._id,
       firstSeq: first.seq,
       lastSeq: last.seq,
-      events: events.map(toStored),
+      ...storedBatchEvents(events),
+      ...(attestation === undefined ? {} : { attestation }),
       receivedAt: now,
     });
     if (!stored) {
       const existing = await this.batches.findOne({ _id: batchId });
       // The same batch stored by an earlier try whose answer was lost (the head cache had not caught up): a resend.
-      const sameBatch = existing !== null && !existing.seal && existing.events.length === events.length && existing.events.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
+      const existingEvents = existing && !existing.seal ? batchEvents(existing) : null;
+      const sameBatch = existingEvents !== null && existingEvents.length === events.length && existingEvents.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
       const { head, sealed } = await this.repairHead(run._id);
       if (sameBatch) return { seq: last.seq, chainHash: last.chainHash };
       if (sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
@@ -268,7 +357,12 @@ export class RunStore {
       );
     }
     const newHead: ChainHead = { seq: last.seq, chainHash: last.chainHash };
-    if (expectedHead.seq + 1 === first.seq) await this.cacheHead(run._id, newHead, false);
+    if (expectedHead.seq + 1 === first.seq) {
+      // The batch is stored, which is all the caller waits for: this process's hint moves now, and the head cache
+      // document (for other processes) follows without holding the answer; a lost write only means a longer walk.
+      this.remember(run._id, { head: newHead, sealed: false });
+      void this.cacheHead(run._id, newHead, false).catch(() => undefined);
+    }
     return newHead;
   }
 
@@ -285,8 +379,10 @@ export class RunStore {
         continue;
       }
       const seal = { finalHead: head, sealedAt: now };
-      if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, events: [], seal, receivedAt: now })) {
-        await this.cacheHead(runId, head, true);
+      if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, eventsJson: '[]', lastChainHash: null, seal, receivedAt: now })) {
+        // The seal is stored: the head cache document follows without holding the answer (as after an append).
+        this.remember(runId, { head, sealed: true });
+        void this.cacheHead(runId, head, true).catch(() => undefined);
         return seal;
       }
       // An append or another seal took the position: look again.
@@ -356,9 +452,14 @@ export class RunStore {
 
   /** The full artifact: its stored header plus the run's events 1..count. */
   async loadArtifact(doc: ArtifactDoc): Promise<RunArtifact> {
+    return (await this.loadArtifactChain(doc)).artifact;
+  }
+
+  /** The full artifact, and the batches its events came from (for their attestations). */
+  async loadArtifactChain(doc: ArtifactDoc): Promise<{ artifact: RunArtifact; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const header = this.artifactHeader(doc);
-    const items = await this.listEvents(doc.runId, doc.eventCount);
-    return { ...header, events: { ...header.events, items } } as RunArtifact;
+    const { events: items, batches } = await this.readChain(doc.runId, doc.eventCount);
+    return { artifact: { ...header, events: { ...header.events, items } } as RunArtifact, batches };
   }
 
   /** Runs whose finalize was requested before `olderThan` and is not done: candidates for the sweeper. */

@@ -3,10 +3,13 @@ import type { KeyObject } from 'node:crypto';
 import { canonicalize } from '../../src/domain/canonical-json.ts';
 import { base64urlDecode, generateEd25519KeyPair, sha256Hex, verifyBytes } from '../../src/domain/crypto.ts';
 import {
+  attestationHolds,
+  batchAttestation,
   computeChainHash,
   computePayloadHash,
   EMPTY_HEAD,
   sameEvent,
+  signatureKey,
   signEvent,
   signEvents,
   verifyChain,
@@ -247,5 +250,33 @@ describe('verifyChain', () => {
     expect(verifyChain(events, activeKeys, 'run_other').firstFailure).toMatchObject({ reason: 'RUN_MISMATCH' });
     // Canonical forms are stable, so hashes can be recomputed anywhere.
     expect(canonicalize(events[0])).toBe(canonicalize(JSON.parse(JSON.stringify(events[0]))));
+  });
+});
+
+describe('batch attestations (signatures verified once, at append)', () => {
+  const key = Buffer.alloc(32, 7);
+
+  it('holds for exactly the attested events, run and key', () => {
+    const events = chainOf(3);
+    const mac = batchAttestation(key, RUN, events);
+    expect(attestationHolds(key, RUN, events, mac)).toBe(true);
+    expect(attestationHolds(Buffer.alloc(32, 8), RUN, events, mac)).toBe(false);
+    expect(attestationHolds(key, 'run_other', events, mac)).toBe(false);
+    expect(attestationHolds(key, RUN, events.slice(0, 2), mac)).toBe(false);
+    const forged = events.map((e, i) => (i === 1 ? { ...e, signature: events[0]!.signature } : e));
+    expect(attestationHolds(key, RUN, forged, mac)).toBe(false);
+    expect(attestationHolds(key, RUN, events, 'short')).toBe(false);
+  });
+
+  it('lets verifyChain skip only the Ed25519 check of trusted events; hashes and links are still recomputed', () => {
+    const events = chainOf(3);
+    const badSignature = events.map((e, i) => (i === 2 ? { ...e, signature: events[0]!.signature } : e));
+    const trusted = new Set(badSignature.map(signatureKey));
+    // A trusted signature is not re-checked (the service verified it at append) ...
+    expect(verifyChain(badSignature, activeKeys, RUN, (e) => trusted.has(signatureKey(e))).ok).toBe(true);
+    // ... while without the trust it fails, and a trusted event with an altered payload still fails its hash.
+    expect(verifyChain(badSignature, activeKeys, RUN).firstFailure).toMatchObject({ index: 2, reason: 'SIGNATURE_MISMATCH' });
+    const altered = events.map((e, i) => (i === 1 ? { ...e, payload: { latencyMs: 1 } } : e));
+    expect(verifyChain(altered, activeKeys, RUN, () => true).firstFailure).toMatchObject({ index: 1, reason: 'PAYLOAD_HASH_MISMATCH' });
   });
 });

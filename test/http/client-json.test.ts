@@ -109,6 +109,20 @@ describe('client JSON is kept intact, whatever its keys and nesting', () => {
     expect((await appendEvents(t, auth, runId, [first!])).json()).toMatchObject({ accepted: 1, head: { seq: 2 } });
   });
 
+  it('checks in full at finalize a signature altered in storage: the append-time attestation no longer covers it', async () => {
+    const worker = await registerAgent(t, auth);
+    const runId = await createRun(t, auth, { agentId: worker.agentId, terms: {} });
+    const batch = events(runId, { seq: 0, chainHash: null }, worker, [{ type: 'log', payload: { n: 1 } }, { type: 'log', payload: { n: 2 } }]);
+    expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
+    const stored = (await t.runtime.stores.runs.batches.findOne({ _id: `${runId}:1` }))!;
+    expect(stored.attestation).toEqual(expect.any(String));
+    const altered = JSON.parse(stored.eventsJson!) as Array<{ signature: string }>;
+    altered[1]!.signature = altered[0]!.signature;
+    await t.runtime.stores.runs.batches.updateOne({ _id: `${runId}:1` }, { $set: { eventsJson: JSON.stringify(altered) } });
+    await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
+    expect(await waitFinalized(t, auth, runId)).toMatchObject({ verdict: 'fail', artifactId: null, finalizeError: { code: 'ARTIFACT_BUILD_FAILED', message: expect.stringContaining('SIGNATURE_MISMATCH') } });
+  });
+
   it('finalizes a run whose stored data can never make an artifact as fail, and holds its escrow for a ruling', async () => {
     const payer = await registerAgent(t, auth);
     const worker = await registerAgent(t, auth);
@@ -117,7 +131,10 @@ describe('client JSON is kept intact, whatever its keys and nesting', () => {
     const batch = events(runId, { seq: 0, chainHash: null }, worker, [{ type: 'log', payload: { ok: true } }]);
     expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
     // Storage corruption the chain check will catch: the artifact can never be built.
-    await t.runtime.stores.runs.batches.updateOne({ _id: `${runId}:1` }, { $set: { 'events.0.payloadJson': '{"ok":false}' } });
+    const stored = (await t.runtime.stores.runs.batches.findOne({ _id: `${runId}:1` }))!;
+    const corrupted = JSON.parse(stored.eventsJson!) as Array<{ payloadJson: string }>;
+    corrupted[0]!.payloadJson = '{"ok":false}';
+    await t.runtime.stores.runs.batches.updateOne({ _id: `${runId}:1` }, { $set: { eventsJson: JSON.stringify(corrupted) } });
     await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
     const run = await waitFinalized(t, auth, runId);
     expect(run).toMatchObject({ verdict: 'fail', artifactId: null, finalizeError: { code: 'ARTIFACT_BUILD_FAILED' } });

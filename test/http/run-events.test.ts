@@ -162,6 +162,24 @@ describe('runs and signed events', () => {
     expect(await storedEvents(runId)).toBe(15);
   });
 
+  it("shows the true head and finalized state in one process after another process appended and finalized", async () => {
+    const runId = await createRun(t, auth, { agentId: agent.agentId });
+    const getRun = async (app: typeof t) => (await app.app.inject({ method: 'GET', url: `/v1/runs/${runId}`, headers: auth })).json();
+    const first = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: { n: 1 } }]);
+    expect((await appendEvents(t, auth, runId, first)).statusCode).toBe(201);
+    expect((await getRun(t)).head.seq).toBe(1); // this process now remembers head 1
+    const later = events(runId, { seq: 1, chainHash: first[0]!.chainHash }, agent, [{ type: 'log', payload: { n: 2 } }, { type: 'log', payload: { n: 3 } }]);
+    expect((await appendEvents(second, auth, runId, later)).statusCode).toBe(201);
+    expect((await getRun(t)).head).toEqual({ seq: 3, chainHash: later[1]!.chainHash });
+    // An append built on the head this process remembered is refused with the true head, and one on it succeeds.
+    const stale = events(runId, { seq: 1, chainHash: first[0]!.chainHash }, agent, [{ type: 'log', payload: { n: 9 } }]);
+    expect((await appendEvents(t, auth, runId, stale)).json()).toMatchObject({ code: 'CHAIN_CONFLICT', details: { head: { seq: 3 } } });
+    expect((await second.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth })).statusCode).toBe(202);
+    const late = events(runId, { seq: 3, chainHash: later[1]!.chainHash }, agent, [{ type: 'log', payload: { n: 4 } }]);
+    expect((await appendEvents(t, auth, runId, late)).json()).toMatchObject({ code: 'TRANSITION_ILLEGAL' });
+    expect(await getRun(t)).toMatchObject({ head: { seq: 3 }, status: expect.stringMatching(/^finaliz/) });
+  });
+
   it('refuses appends once the run is finalizing', async () => {
     const runId = await createRun(t, auth, { agentId: agent.agentId });
     const fin = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
