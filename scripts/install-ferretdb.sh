@@ -46,5 +46,5 @@ grep -qF 'IDColumn = DefaultColumn + "->'"'"'$._id'"'"'"' "$metadata" \
 perl -pi -e 's/IDColumn = DefaultColumn \+ "->\x27\$\._id\x27"/IDColumn = DefaultColumn + "->\\"_id\\""/' "$metadata"
 grep -qF 'IDColumn = DefaultColumn + "->\"_id\""' "$metadata" || { echo "install-ferretdb: _id index patch did not apply" >&2; exit 1; }
 (cd src && go build -trimpath -o "$BIN" ./cmd/ferretdb)
-"$BIN" --version | head -1
+"$BIN" --version | sed -n 1p  # not head: with pipefail, --version killed by SIGPIPE would fail the build
 echo "install-ferretdb: built from module source in $(( $(date +%s) - start ))s"
