@@ -141,7 +141,7 @@ async function bootstrap(http: HttpClient, receiverPort: number): Promise<Client
   const token = (await http.expect(201, 'POST', '/ops/api-keys', { token: adminKey, body: { tenantId: tenant.tenantId, scopes } })).json.token as string;
   const register = async (name: string) => {
     const pair = generateEd25519KeyPair();
-    const agent = (await http.expect(201, 'POST', '/v1/agents', { token, body: { namespace: 'bench', name, publicKey: Buffer.from(pair.raw).toString('base64url') } })).json;
+    const agent = (await http.expect(201, 'POST', '/v1/agents', { token, body: { name, publicKey: Buffer.from(pair.raw).toString('base64url') } })).json;
     return { agentId: agent.agentId as string, keyId: agent.keyId as string, privateKey: pair.privateKey };
   };
   const workerAgent = await register(newId('worker'));

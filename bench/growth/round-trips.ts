@@ -51,7 +51,7 @@ try {
   const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'rt' });
   const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write', 'runs:read'] })).token;
   const pair = generateEd25519KeyPair();
-  const agent = await call('POST', '/v1/agents', token, { namespace: 'rt', name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') });
+  const agent = await call('POST', '/v1/agents', token, { name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') });
   const newRun = async () => (await call('POST', '/v1/runs', token, { agentId: agent.agentId, terms: { accuracy: { min: 0.9 } } })).runId as string;
   const sign = (runId: string, head: ChainHead, n: number) =>
     signEvents(Array.from({ length: n }, (_, i) => ({ id: newId('evt'), runId, type: 'sample', at: new Date().toISOString(), payload: { latencyMs: 100 + i, correct: true, step: head.seq + i } })), head, pair.privateKey, agent.keyId);

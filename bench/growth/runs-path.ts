@@ -145,7 +145,7 @@ try {
   const tenant = (await http.expect(201, 'POST', '/ops/tenants', { token: adminKey, body: { name: 'rp' } })).json;
   const token = (await http.expect(201, 'POST', '/ops/api-keys', { token: adminKey, body: { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write', 'runs:read'] } })).json.token as string;
   const pair = generateEd25519KeyPair();
-  const agent = (await http.expect(201, 'POST', '/v1/agents', { token, body: { namespace: 'rp', name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') } })).json;
+  const agent = (await http.expect(201, 'POST', '/v1/agents', { token, body: { name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') } })).json;
   const newRun = async () => (await http.expect(201, 'POST', '/v1/runs', { token, body: { agentId: agent.agentId, terms: { accuracy: { min: 0.9 } } } })).json.runId as string;
   const sign = (runId: string, head: ChainHead, n: number) =>
     signEvents(Array.from({ length: n }, (_, i) => ({ id: newId('evt'), runId, type: 'sample', at: new Date().toISOString(), payload: { latencyMs: 100 + i, correct: true, step: head.seq + i, note: 'tool output digest 0123456789abcdef' } })), head, pair.privateKey, agent.keyId);
