@@ -60,9 +60,12 @@ export class AgentStore {
    * the name, so the answer says nothing about which agents exist in it.
    */
   private async claimNamespace(tenantId: string, namespace: string): Promise<void> {
-    if (await insertFirst(this.namespaces, { _id: namespace, tenantId, claimedAt: new Date() })) return;
-    const claim = await this.namespaces.findOne({ _id: namespace });
-    if (claim?.tenantId !== tenantId) throw namespaceTaken(namespace);
+    // Most registrations land in a namespace already claimed: read first, and insert only for a new one.
+    let claim = await this.namespaces.findOne({ _id: namespace });
+    if (!claim && !(await insertFirst(this.namespaces, { _id: namespace, tenantId, claimedAt: new Date() }))) {
+      claim = await this.namespaces.findOne({ _id: namespace }); // claimed concurrently: the first insert stands
+    }
+    if (claim && claim.tenantId !== tenantId) throw namespaceTaken(namespace);
   }
 
   /** The agent with every key's status as its revocation records say. */
