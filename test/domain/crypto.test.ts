@@ -1,8 +1,9 @@
-import { createPublicKey, generateKeyPairSync } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, verify as opensslVerify } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import {
   base64urlDecode,
   base64urlEncode,
+  ED25519_VERIFIER,
   EncodingError,
   generateEd25519KeyPair,
   hexToBytes,
@@ -152,6 +153,30 @@ describe('Ed25519 signatures', () => {
     expect(verifyHexDigest(publicKey, digest, sig.slice(0, -2))).toBe(false);
     expect(verifyHexDigest(publicKey, digest, '')).toBe(false);
     expect(verifyHexDigest(publicKey, digest.toUpperCase(), sig)).toBe(false);
+  });
+
+  it('verifies with libsodium, agreeing with OpenSSL on valid, tampered and non-canonical signatures', () => {
+    // The fast path is the point: were the binary to stop loading, appends would silently get 2.5x dearer.
+    expect(ED25519_VERIFIER).toBe('libsodium');
+    const { privateKey, publicKey } = generateEd25519KeyPair();
+    const other = generateEd25519KeyPair().publicKey;
+    const message = Buffer.from(sha256Hex('event'), 'hex');
+    const good = signBytes(privateKey, message);
+    const flipped = (buf: Buffer, at: number) => Buffer.concat([buf.subarray(0, at), Buffer.from([buf[at]! ^ 1]), buf.subarray(at + 1)]);
+    // S + L: the same signature with a non-canonical scalar, which RFC 8032 says to refuse.
+    const L = 2n ** 252n + 27742317777372353535851937790883648493n;
+    const s = BigInt(`0x${Buffer.from(good.subarray(32)).reverse().toString('hex')}`) + L;
+    const sPlusL = Buffer.concat([good.subarray(0, 32), Buffer.from(s.toString(16).padStart(64, '0'), 'hex').reverse()]);
+    const cases: Array<[string, Buffer, Buffer, typeof publicKey]> = [
+      ['valid', message, good, publicKey],
+      ['tampered message', flipped(message, 3), good, publicKey],
+      ['tampered R', message, flipped(good, 5), publicKey],
+      ['tampered S', message, flipped(good, 40), publicKey],
+      ['another key', message, good, other],
+      ['non-canonical S', message, sPlusL, publicKey],
+    ];
+    const answers = cases.map(([name, m, sig, key]) => [name, verifyBytes(key, m, sig), opensslVerify(null, m, key, sig)]);
+    expect(answers).toEqual(cases.map(([name], i) => [name, i === 0, i === 0]));
   });
 });
 
