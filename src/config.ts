@@ -19,6 +19,8 @@ export interface Config {
   mongoDb: string;
   /** How long a MongoDB operation may wait for a server before the API answers 503. */
   mongoServerSelectionTimeoutMs: number;
+  /** The driver's command monitoring (commandStarted/Succeeded events): for tests and diagnostics; it costs CPU per command. */
+  mongoCommandMonitoring: boolean;
   /**
    * How long a request may wait on a stalled backend: at this point, a request still unanswered while MongoDB has a
    * command pending for more than half of it (or is unreachable), or Redis is unreachable, answers 503.
@@ -212,6 +214,7 @@ export function loadConfig(env: Env = process.env): Config {
     mongoUrl,
     mongoDb: str(env, 'MONGO_DB', dbFromUrl || 'agent_settlement'),
     mongoServerSelectionTimeoutMs: int(env, 'MONGO_SERVER_SELECTION_TIMEOUT_MS', 800, 100, 60_000),
+    mongoCommandMonitoring: bool(env, 'MONGO_COMMAND_MONITORING', false),
     requestDeadlineMs: int(env, 'REQUEST_DEADLINE_MS', 800, 100, 60_000),
     redisCommandTimeoutMs: int(env, 'REDIS_COMMAND_TIMEOUT_MS', 400, 50, 60_000),
     redisUrl: redisUrl(env),

@@ -17,6 +17,7 @@ const suffix = randomBytes(4).toString('hex');
 const adminKey = randomBytes(32).toString('base64url');
 const config = loadConfig({
   NODE_ENV: 'test',
+  MONGO_COMMAND_MONITORING: 'true', // this diagnostic counts the commands each request sends
   LOG_LEVEL: 'warn',
   MONGO_URL: `mongodb://127.0.0.1:27027/bench_rt_${suffix}`,
   REDIS_URL: 'redis://127.0.0.1:6390',

@@ -36,6 +36,7 @@ const suffix = randomBytes(4).toString('hex');
 const adminKey = randomBytes(32).toString('base64url');
 const config = loadConfig({
   NODE_ENV: 'production',
+  MONGO_COMMAND_MONITORING: 'true', // this diagnostic counts the commands each request sends
   HOST: '127.0.0.1',
   PORT: '0',
   MONGO_URL: `mongodb://127.0.0.1:27027/bench_rp_${suffix}`,

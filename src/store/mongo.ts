@@ -1,7 +1,6 @@
 import { MongoClient, MongoServerError, type Collection, type Db, type Document, type OptionalUnlessRequiredId } from 'mongodb';
 import type { Config } from '../config.ts';
 
-/** Command monitoring is always on: MongoHealthWatch needs it, and tests observe every command the stores send. */
 export function createMongoClient(config: Config): MongoClient {
   // A short server-selection timeout makes a request fail fast (503) instead of hanging while MongoDB is down.
   return new MongoClient(config.mongoUrl, {
@@ -9,8 +8,9 @@ export function createMongoClient(config: Config): MongoClient {
     connectTimeoutMS: 2_000,
     maxPoolSize: 50,
     appName: 'agent-settlement',
-    // Command events feed MongoHealthWatch (a request answers 503 when MongoDB stalls); tests observe them too.
-    monitorCommands: true,
+    // Off unless asked for (tests observing every command the stores send, round-trip diagnostics): each event copies
+    // its command and reply, ~50 µs of CPU a command here. MongoHealthWatch needs only the pool's events.
+    monitorCommands: config.mongoCommandMonitoring,
   });
 }
 
@@ -53,25 +53,22 @@ export async function pingMongo(db: Db, timeoutMs: number): Promise<boolean> {
 
 /**
  * What this process knows about MongoDB without asking it: whether any data-bearing server is known, and how long
- * the oldest command in flight has been waiting. A hung server (socket open, no answer) shows as a command that
- * never completes; neither the driver's server selection nor its socket (no timeout by default) notices for
- * seconds, so the request deadline (http/plugins/deadline.ts) reads this instead.
+ * the oldest operation in flight has been waiting. A hung server (socket open, no answer) shows as a pooled
+ * connection that is never checked back in; neither the driver's server selection nor its socket (no timeout by
+ * default) notices for seconds, so the request deadline (http/plugins/deadline.ts) reads this instead. The pool's
+ * check-out events are always emitted and cost nothing like command monitoring, which copies every command.
  */
 export class MongoHealthWatch {
-  /** Commands in flight by connection and request id, in start order, so the first entry is the oldest. */
+  /** Connections checked out (an operation in flight on each), in check-out order, so the first is the oldest. */
   private readonly pending = new Map<string, number>();
   private reachable = true;
 
   constructor(client: MongoClient) {
-    const key = (e: { address: string; connectionId?: string | number; requestId: number }) => `${e.address}#${e.connectionId}#${e.requestId}`;
-    client.on('commandStarted', (e) => this.pending.set(key(e), performance.now()));
-    client.on('commandSucceeded', (e) => this.pending.delete(key(e)));
-    client.on('commandFailed', (e) => this.pending.delete(key(e)));
-    // A command whose connection is closed never reports back; forget it with its connection.
-    client.on('connectionClosed', (e) => {
-      const prefix = `${e.address}#${e.connectionId}#`;
-      for (const k of this.pending.keys()) if (k.startsWith(prefix)) this.pending.delete(k);
-    });
+    const key = (e: { address: string; connectionId: string | number }) => `${e.address}#${e.connectionId}`;
+    client.on('connectionCheckedOut', (e) => this.pending.set(key(e), performance.now()));
+    client.on('connectionCheckedIn', (e) => this.pending.delete(key(e)));
+    // A connection closed while out (a timeout, a dead server) is never checked back in.
+    client.on('connectionClosed', (e) => this.pending.delete(key(e)));
     client.on('topologyDescriptionChanged', (e) => {
       this.reachable = e.newDescription.hasDataBearingServers;
     });
@@ -81,7 +78,7 @@ export class MongoHealthWatch {
     return this.reachable;
   }
 
-  /** How long the oldest command in flight has waited (0 when none is). */
+  /** How long the oldest operation in flight has waited (0 when none is). */
   oldestPendingMs(now = performance.now()): number {
     for (const started of this.pending.values()) return now - started;
     return 0;

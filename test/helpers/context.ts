@@ -39,6 +39,8 @@ export function testEnv(overrides: Record<string, string> = {}): TestEnv {
       REDIS_PREFIX: redisPrefix,
       SERVICE_ADMIN_KEY: adminKey,
       MONGO_SERVER_SELECTION_TIMEOUT_MS: '800',
+      // Tests observe the commands the stores send (test/store/id-lookups.test.ts and others).
+      MONGO_COMMAND_MONITORING: 'true',
       SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
       ...overrides,
     },
