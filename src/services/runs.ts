@@ -112,9 +112,22 @@ export async function getRun(rt: Runtime, tenantId: string, runId: string): Prom
 export async function appendEvents(rt: Runtime, tenantId: string, runId: string, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
-  const [run, cached] = await Promise.all([runs.get(tenantId, runId), runs.knownHead(runId)]);
+  const [run, cached] = await Promise.all([runs.getForAppend(tenantId, runId), runs.knownHead(runId)]);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
+  try {
+    return await appendToRun(rt, run, cached.head, incoming);
+  } catch (err) {
+    // The run was remembered in progress, and a seal refused the append: say what the run is now.
+    if (!(err instanceof ServiceError && err.code === 'TRANSITION_ILLEGAL')) throw err;
+    const now = await runs.get(tenantId, runId);
+    throw now && now.status !== 'in_progress' ? errors.transitionIllegal(`run is ${now.status}`, now.status) : err;
+  }
+}
+
+async function appendToRun(rt: Runtime, run: RunDoc, knownHead: ChainHead, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
+  const { runs } = rt.stores;
+  const tenantId = run.tenantId;
   const ids = incoming.map((e) => e.id);
   if (new Set(ids).size !== ids.length) {
     throw errors.unprocessable('a batch may not carry the same event id twice', { errors: [{ path: 'body.events', message: 'duplicate event id' }] });
@@ -122,7 +135,7 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
 
   // Only events at or below the head can already be stored (a head cache left behind surfaces as a conflict and is
   // repaired), so the ordinary append skips this lookup.
-  let { head } = cached;
+  let head = knownHead;
   const maybeResent = incoming.some((e) => e.seq <= head.seq);
   const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((e) => [e.id, e]) : []);
   for (const event of incoming) {

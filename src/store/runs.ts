@@ -185,6 +185,25 @@ export class RunStore {
   }
 
   /**
+   * Runs this process has seen in progress, for appends. What an append needs of a run never changes (its tenant,
+   * agent and id) except the status, and the status is not what stops a late append: the seal is, since a batch
+   * cannot take the position the seal holds (see append). So an entry is good until this process learns of a seal.
+   */
+  private readonly appendable = new Map<string, RunDoc>();
+
+  /** The run if it belongs to the tenant, from memory while this process knows it in progress (see appendable). */
+  async getForAppend(tenantId: string, runId: string): Promise<RunDoc | null> {
+    const known = this.appendable.get(runId);
+    if (known && !this.headHints.get(runId)?.sealed) return known.tenantId === tenantId ? known : null;
+    const run = await this.runs.findOne({ _id: runId });
+    if (run?.status === 'in_progress') {
+      this.appendable.set(runId, run);
+      if (this.appendable.size > MAX_HEAD_HINTS) this.appendable.delete(this.appendable.keys().next().value!);
+    } else this.appendable.delete(runId);
+    return run?.tenantId === tenantId ? run : null;
+  }
+
+  /**
    * Heads this process has seen stored (appended, walked to or sealed), so the next append or read of the run can
    * start from there without reading the head cache document. Batches are never removed and a seal is for ever, so
    * such a head is a lower bound of the true one, and every user walks forward from it (repairHead) or lets the
@@ -193,6 +212,7 @@ export class RunStore {
   private readonly headHints = new Map<string, { head: ChainHead; sealed: boolean }>();
 
   private remember(runId: string, known: { head: ChainHead; sealed: boolean }): void {
+    if (known.sealed) this.appendable.delete(runId);
     const had = this.headHints.get(runId);
     if (had && (had.head.seq > known.head.seq || (had.sealed && !known.sealed))) return; // never move a hint back
     this.headHints.delete(runId); // re-inserted last: the map's order is least recently written first

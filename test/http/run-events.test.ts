@@ -176,8 +176,10 @@ describe('runs and signed events', () => {
     expect((await appendEvents(t, auth, runId, stale)).json()).toMatchObject({ code: 'CHAIN_CONFLICT', details: { head: { seq: 3 } } });
     expect((await second.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth })).statusCode).toBe(202);
     const late = events(runId, { seq: 3, chainHash: later[1]!.chainHash }, agent, [{ type: 'log', payload: { n: 4 } }]);
-    expect((await appendEvents(t, auth, runId, late)).json()).toMatchObject({ code: 'TRANSITION_ILLEGAL' });
+    // This process remembers the run in progress (it appended to it); the seal the other one stored refuses the append.
+    expect((await appendEvents(t, auth, runId, late)).json()).toMatchObject({ code: 'TRANSITION_ILLEGAL', details: { status: expect.stringMatching(/^finaliz/) } });
     expect(await getRun(t)).toMatchObject({ head: { seq: 3 }, status: expect.stringMatching(/^finaliz/) });
+    expect(await storedEvents(runId)).toBe(3);
   });
 
   it('refuses appends once the run is finalizing', async () => {
