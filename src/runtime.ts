@@ -80,7 +80,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   const mongo = createMongoClient(config);
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, logger);
-  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl));
+  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl), (cause) => logger.warn({ cause }, 'job queue unavailable: answering 503'));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
   return {
     config,

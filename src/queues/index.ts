@@ -57,7 +57,13 @@ const ENQUEUE_TIMEOUT_MS = 1_000;
 export class Producers {
   readonly queues: Record<QueueName, Queue>;
 
-  constructor(connection: ConnectionOptions, redisPrefix: string, cluster = false) {
+  constructor(
+    connection: ConnectionOptions,
+    redisPrefix: string,
+    cluster = false,
+    /** Told why an enqueue answered 503: the caller only sees "unavailable", the operator needs the cause. */
+    private readonly onUnavailable: (cause: string) => void = () => undefined,
+  ) {
     const prefix = bullPrefix(redisPrefix, cluster);
     this.queues = Object.fromEntries(
       QUEUE_NAMES.map((name) => [name, new Queue(name, { connection, prefix, defaultJobOptions: DEFAULT_JOB_OPTIONS })]),
@@ -112,6 +118,7 @@ export class Producers {
         }),
       ]);
     } catch (err) {
+      this.onUnavailable(err instanceof ServiceError ? `no answer within ${ENQUEUE_TIMEOUT_MS} ms` : err instanceof Error ? err.message : String(err));
       throw err instanceof ServiceError ? err : errors.unavailable('the job queue is unavailable; retry shortly');
     } finally {
       clearTimeout(timer);
