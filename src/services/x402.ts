@@ -150,15 +150,21 @@ export class X402Service {
   // Agents' lifecycle
 
   /**
-   * 410 when an agent is wound down (the wind-down record is the truth, read every time) or frozen; 404 when not
-   * the tenant's. The agent itself comes from the credential cache, which every change of an agent invalidates.
+   * 410 when an agent is wound down (the wind-down record is the truth) or frozen; 404 when not the tenant's. Both
+   * the agent and whether its wind-down fact exists come from the credential cache: windDown() publishes the agent's
+   * invalidation right after recording the fact, and every process drops the entry on it and reads both afresh.
+   * So a process refuses the agent within the pub/sub latency of the fact (under a millisecond on a healthy Redis,
+   * and in any case before that wind-down answers, which first walks and unwinds the agent's gates); while a
+   * process's invalidation channel is down its cache serves nothing, and both are read on every call. What keeps the
+   * money right in that short window is not this check but the commitment's first-writer-wins insert and the create's
+   * exact re-read of the facts once its lock is recorded (see createGate).
    */
   private async requireLiveAgents(tenantId: string, agentIds: string[]): Promise<AgentDoc[]> {
     const { agents } = this.runtime.stores;
     const found = await Promise.all(
       agentIds.map(async (id) => {
-        const [agent, windDown] = await Promise.all([this.runtime.credentials.agent(agents, id), this.store.windDowns.findOne({ _id: id }, { projection: { _id: 1 } })]);
-        return { id, agent, windDown };
+        const { agent, woundDown } = await this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.isWoundDown(agentId));
+        return { id, agent, windDown: woundDown };
       }),
     );
     for (const { id, agent } of found) if (!agent || agent.tenantId !== tenantId) throw errors.notFound(`agent ${id}`);
@@ -199,11 +205,14 @@ export class X402Service {
       legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
       ref: { gateId: gate._id },
     };
-    // The checks' reads and the lock's (its accounts' heads) go out together; nothing is written until all pass.
-    const [lifecycle, sponsor, prepared] = await Promise.allSettled([
+    // The lock's reads (its accounts' heads) go out at once; the checks' reads beside them, when they are not served
+    // from memory (agents and their wind-down facts from the credential cache, wallets once seen). Nothing is
+    // written until the checks pass; once warm, the gate's inserts below thus go out beside the heads' reads.
+    const prepared = ledger.prepare(lock);
+    prepared.catch(() => undefined); // only a head start: apply reads the heads itself without it
+    const [lifecycle, sponsor] = await Promise.allSettled([
       this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
-      input.sponsorWalletId ? ledger.getWallet(input.sponsorWalletId) : null,
-      ledger.prepare(lock),
+      input.sponsorWalletId ? this.knownWallet(input.sponsorWalletId) : null,
     ]);
     valueOf(lifecycle);
     if (input.sponsorWalletId) {
@@ -219,6 +228,7 @@ export class X402Service {
       this.store.agentGates.append(gate.payerAgentId, () => ({ ref: gate._id })),
       this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
     ]);
+    const heads = await prepared.catch(() => undefined);
     // A wind-down that ran while this gate was being funded may not have seen the lock. Read once the lock entry is
     // recorded, its fact is either seen here, or was recorded after the lock entry, so that its walk meets the lock
     // (pending or applied) and returns it: reading while the legs are posted misses nothing.
@@ -227,7 +237,7 @@ export class X402Service {
       // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
       await ledger.apply(lock, {
         expectNew: true,
-        prepared: valueOf(prepared),
+        ...(heads ? { prepared: heads } : {}),
         onRecorded: () => {
           raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
           raced.catch(() => undefined); // awaited below; a failure must not go unhandled while the legs are posted
@@ -258,9 +268,15 @@ export class X402Service {
     remember(this.knownWallets, agentId);
   }
 
+  /** Whether the agent's wind-down fact is recorded: an exact read, never cached. */
+  private async isWoundDown(agentId: string): Promise<boolean> {
+    return (await this.store.windDowns.findOne({ _id: agentId }, { projection: { _id: 1 } })) !== null;
+  }
+
+  /** The first of these agents whose wind-down fact is recorded, read now (not from any cache). */
   private async anyWoundDown(agentIds: string[]): Promise<string | null> {
-    const docs = await Promise.all(agentIds.map((_id) => this.store.windDowns.findOne({ _id }, { projection: { _id: 1 } })));
-    return docs.find((d) => d !== null)?._id ?? null;
+    const woundDown = await Promise.all(agentIds.map((id) => this.isWoundDown(id)));
+    return agentIds[woundDown.indexOf(true)] ?? null;
   }
 
   async requireGate(tenantId: string, gateId: string): Promise<GateDoc> {
@@ -390,7 +406,7 @@ export class X402Service {
   // Wallet policies and decisions
 
   /** Wallets never change once opened (nor are they removed): one seen once is served from memory. */
-  private async requireWallet(tenantId: string, walletId: string): Promise<WalletDoc> {
+  private async knownWallet(walletId: string): Promise<WalletDoc | null> {
     let wallet = this.walletDocs.get(walletId) ?? null;
     if (!wallet) {
       wallet = await this.runtime.stores.ledger.getWallet(walletId);
@@ -399,6 +415,11 @@ export class X402Service {
         this.walletDocs.set(walletId, wallet);
       }
     }
+    return wallet;
+  }
+
+  private async requireWallet(tenantId: string, walletId: string): Promise<WalletDoc> {
+    const wallet = await this.knownWallet(walletId);
     if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
     return wallet;
   }
@@ -958,16 +979,23 @@ export class X402Service {
     const recorded = await this.store.windDownSummaries.findOne({ _id: agentId });
     if (recorded) return recorded.summary;
     await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
-    const fact = (await this.store.windDowns.findOne({ _id: agentId }))!;
-    await agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }); // a cache of the fact
-    await this.runtime.credentials.invalidate('agent', agentId); // cached agents are re-read with it
+    // Every process caches whether an agent is wound down (requireLiveAgents): tell them at once, before the slower
+    // unwinding below, so that staleness is bounded by the pub/sub latency (and this answer comes after it). If the
+    // publish fails this answers 503 with the fact recorded: a repeat (the summary is not recorded yet) publishes
+    // again and finishes the unwinding; meanwhile commitments and the create's exact re-read keep the money right.
+    await this.runtime.credentials.invalidate('agent', agentId, { required: true });
+    const [fact] = await Promise.all([
+      this.store.windDowns.findOne({ _id: agentId }),
+      agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }), // a cache of the fact
+    ]);
+    await this.runtime.credentials.invalidate('agent', agentId); // so cached documents show that status too
 
     const summary: WindDownSummary = {
       agentId,
       status: 'wound_down',
-      reasonCode: fact.reasonCode,
-      reasonMessage: fact.reasonMessage,
-      woundDownAt: fact.at.toISOString(),
+      reasonCode: fact!.reasonCode,
+      reasonMessage: fact!.reasonMessage,
+      woundDownAt: fact!.at.toISOString(),
       gatesCancelled: [],
       gatesLeftReserved: [],
       quotesCancelled: [],

@@ -9,7 +9,7 @@ import { createGate, expectLedgerBalances, gateParties, post, quote } from './he
  * each step (the verify job's included, as the worker runs in this process) at what the hot path needs, and checks
  * that every one of them is an exact `_id` lookup or an insert.
  */
-const BUDGET = { create: 15, quote: 5, authorize: 5, verify: 20 };
+const BUDGET = { create: 13, quote: 3, authorize: 3, verify: 20 };
 
 /** Commands that read by anything but an exact `_id` (due-work collections hold only what is due: those may). */
 function scansIn(events: CommandStartedEvent[]): string[] {
