@@ -297,7 +297,7 @@ export class X402Service {
   async gateState(gate: GateDoc, full = false): Promise<GateState> {
     const [funded, commitment, verification] = await Promise.all([
       this.isFunded(gate),
-      this.store.commitments.findOne({ _id: gate._id }),
+      this.store.commitmentOf(gate._id),
       this.store.verifications.findOne({ _id: gate._id }),
     ]);
     let settlement: SettlementState | null = null;
@@ -316,7 +316,7 @@ export class X402Service {
    * (verify voids an uncommitted gate first), so without a commitment there is none to read.
    */
   private async checkState(gate: GateDoc): Promise<GateState> {
-    const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitments.findOne({ _id: gate._id })]);
+    const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
     const verification = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
     return { gate, status: statusOf(funded, commitment, verification, null), funded, commitment, verification, quote: null, settlement: null };
   }
@@ -605,8 +605,11 @@ export class X402Service {
       jti,
     );
     const doc: AuthorizationDoc = { _id: gate._id, tenantId, at: now, kind: 'authorization', authorizationRef, quoteId: quote._id, requestSha256: quote.requestSha256, token, tokenKid: this.runtime.keys.active.keyId, jti, expiresAt, escalationId };
-    if (await insertFirst(this.store.commitments, doc)) return this.authorizationOf(gate, doc);
-    const winner = await this.store.commitments.findOne({ _id: gate._id });
+    if (await insertFirst(this.store.commitments, doc)) {
+      this.store.rememberCommitment(doc);
+      return this.authorizationOf(gate, doc);
+    }
+    const winner = await this.store.commitmentOf(gate._id);
     if (winner?.kind === 'authorization') return this.repeatAuthorization(gate, winner, quote);
     throw x402Error('X402_GATE_TERMINAL', 'the gate was closed while authorizing', { status: winner?.kind === 'cancellation' ? 'cancelled' : 'settling' });
   }
@@ -769,24 +772,24 @@ export class X402Service {
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
-    const state = await this.gateState(gate);
-    if (state.status === 'cancelled' || state.status === 'unfunded') throw await this.terminal(gate, 'cannot be verified');
-    if (state.verification) {
-      // A repeat: the first report stands; answer the decision, or make sure a job is on it and wait.
-      const settled = await this.gateState(gate, true);
-      if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
-      await this.runVerifyJob(gate, false);
-      const after = await this.gateState(gate, true);
-      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
+    // The gate's commitment decides the path (from memory when this process authorized the gate or saw it). A
+    // verification is only ever recorded after the commitment, and its unique insert below tells a first report
+    // from a repeat, so it is read here only off the hot path (a gate nobody authorized).
+    const [funded, known] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
+    let commitment = known;
+    if (commitment?.kind === 'cancellation') throw await this.terminal(gate, 'cannot be verified');
+    if (commitment?.kind !== 'authorization') {
+      const reported = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
+      if (reported) return this.repeatVerify(gate);
+      if (!funded) throw await this.terminal(gate, 'cannot be verified');
+      if (status === 'verified') {
+        throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: statusOf(funded, commitment, null, null) });
+      }
     }
-    if (status === 'verified' && state.commitment?.kind !== 'authorization') {
-      throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: state.status });
-    }
-    let commitment = state.commitment;
     if (!commitment) {
       // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded.
       await insertFirst(this.store.commitments, { _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
-      commitment = await this.store.commitments.findOne({ _id: gate._id });
+      commitment = await this.store.commitmentOf(gate._id);
       if (commitment?.kind === 'cancellation') throw x402Error('X402_GATE_TERMINAL', 'a cancelled gate cannot be verified', { status: 'cancelled' });
     }
     const verification: VerificationDoc = {
@@ -800,8 +803,9 @@ export class X402Service {
       insertFirst(this.store.verifications, verification),
       this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
     ]);
-    const outcome = await this.runVerifyJob(gate, won);
-    if (!won || !outcome) {
+    if (!won) return this.repeatVerify(gate);
+    const outcome = await this.runVerifyJob(gate, true);
+    if (!outcome) {
       const after = await this.gateState(gate, true);
       return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
     }
@@ -811,6 +815,15 @@ export class X402Service {
     // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
     const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
     return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
+  }
+
+  /** A repeated report: the first report stands; answer the decision, or make sure a job is on it and wait. */
+  private async repeatVerify(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
+    const settled = await this.gateState(gate, true);
+    if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
+    await this.runVerifyJob(gate, false);
+    const after = await this.gateState(gate, true);
+    return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
   }
 
   private ensureQueueEvents(): QueueEvents {
@@ -875,7 +888,7 @@ export class X402Service {
     const [gate, verification, commitment, existing] = await Promise.all([
       this.store.gateOfTenant(gateId, tenantId),
       this.store.verifications.findOne({ _id: gateId }),
-      this.store.commitments.findOne({ _id: gateId }),
+      this.store.commitmentOf(gateId),
       settlements.get(gateSettlementId(gateId)),
     ]);
     if (!gate) return { skipped: 'no such gate' };
@@ -949,7 +962,7 @@ export class X402Service {
   private async cancelGate(gate: GateDoc, agentId: string): Promise<CommitmentDoc | null> {
     const { ledger } = this.runtime.stores;
     await insertFirst(this.store.commitments, { _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf: agentId });
-    const commitment = await this.store.commitments.findOne({ _id: gate._id });
+    const commitment = await this.store.commitmentOf(gate._id);
     if (commitment?.kind !== 'cancellation') return commitment;
     const lock = await ledger.getEntry(x402EntryIds.lock(gate._id));
     // A lock left pending by a crash would be finished by the ledger sweeper: finish it now, then return it.
@@ -1008,7 +1021,7 @@ export class X402Service {
       const slot = await this.store.agentGates.get(agentId, seq);
       const gate = slot && (await this.store.gates.findOne({ _id: slot.ref }));
       if (!gate) continue; // a gate whose funding was refused
-      const [existing, verification] = await Promise.all([this.store.commitments.findOne({ _id: gate._id }), this.store.verifications.findOne({ _id: gate._id })]);
+      const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verifications.findOne({ _id: gate._id })]);
       const commitment = existing ?? (verification ? null : await this.cancelGate(gate, agentId));
       if (commitment?.kind === 'cancellation' && commitment.windDownOf === agentId) {
         if (existing) await this.cancelGate(gate, agentId); // finish a return a crash may have left undone
