@@ -276,13 +276,19 @@ async function main(): Promise<void> {
         const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
         if (res.decision === null) undecided++;
       }, skip);
-      const bareRoute = await measure(clients, ops, async () => {
+      // The ceilings are warmed like the service was (its sockets and pool were opened while the agents were set up):
+      // a first round at this concurrency opens the connections and is not counted.
+      const barePing = async () => {
         const res = await bare.http.request('GET', '/ping');
         if (res.status !== 200) throw new Error(`bare route -> ${res.status}`);
-      }, new Set());
-      const findById = await measure(clients, ops, async () => {
+      };
+      const findProbe = async () => {
         if (!(await probe.findOne({ _id: 'probe' }))) throw new Error('raw findOne found nothing');
-      }, new Set());
+      };
+      await measure(clients, clients * 2, barePing, new Set());
+      const bareRoute = await measure(clients, ops, barePing, new Set());
+      await measure(clients, clients * 2, findProbe, new Set());
+      const findById = await measure(clients, ops, findProbe, new Set());
       results[`clients_${clients}`] = { ops, create, quote, authorizePayment: authorize, verify: { ...verify, answered202: undecided }, ceiling: { bareFastifyRoute: bareRoute, driverFindOneById: findById } };
     }
     const out = {
@@ -292,7 +298,7 @@ async function main(): Promise<void> {
       seededGates: SEED_GATES,
       setup: {
         processes: 'service as production runs it: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, compiled by tsc -p tsconfig.build.json), each a child process; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
-        ceilings: 'bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process (pool of 50, as the service); both at the same concurrency, in the same run',
+        ceilings: 'bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process (pool of 50, as the service); both at the same concurrency, in the same run, after an uncounted round that opens their connections',
         backend: 'FerretDB 1.24 (SQLite) on 127.0.0.1:27027, Redis on 127.0.0.1:6390, own database and Redis prefix (dropped at the end)',
         seeding: SEED_GATES > 0 ? `whole flows through the service code from the bench process (the child worker deciding), then clones of their records; ${seedSeconds} s` : null,
         machine: { cpus: cpus().length, loadAverageAtStart: loadAtStart, loadAverageAtEnd: loadavg().map((x) => Number(x.toFixed(2))) },
