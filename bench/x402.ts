@@ -27,7 +27,7 @@ import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { killAllChildren, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const arg = (name: string, fallback: number) => {
@@ -106,6 +106,21 @@ process.on('SIGTERM', () => app.close().then(() => process.exit(0)));`;
 }
 
 class Refused extends Error {}
+
+/**
+ * Waits until the service's processes are idle (under 5% of a core each over half a second; at most 30 s), so that
+ * what a measurement times is not the tail of the previous one (the worker fans out webhook events after verify).
+ */
+async function quiesce(pids: number[]): Promise<number> {
+  const started = Date.now();
+  while (Date.now() - started < 30_000) {
+    const before = pids.map(cpuTicks);
+    await new Promise((r) => setTimeout(r, 500));
+    const busiest = Math.max(...pids.map((pid, i) => cpuTicks(pid) - before[i]!));
+    if (busiest / CLOCK_TICKS_PER_SECOND / 0.5 < 0.05) break;
+  }
+  return Date.now() - started;
+}
 
 function percentiles(samples: number[]) {
   const sorted = [...samples].sort((a, b) => a - b);
@@ -263,6 +278,8 @@ async function main(): Promise<void> {
       const quotes: Array<{ quoteId: string; requestSha256: string }> = [];
       const pairOf = (i: number) => pairs[i % clients]!;
       const skip = new Set<number>();
+      const servicePids = [service.api.pid, service.worker.pid];
+      await quiesce(servicePids);
       const create = await measure(clients, ops, async (i) => {
         const p = pairOf(i);
         gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
@@ -276,6 +293,7 @@ async function main(): Promise<void> {
         const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
         if (res.decision === null) undecided++;
       }, skip);
+      await quiesce(servicePids);
       // The ceilings are warmed like the service was (its sockets and pool were opened while the agents were set up):
       // a first round at this concurrency opens the connections and is not counted.
       const barePing = async () => {
@@ -298,7 +316,7 @@ async function main(): Promise<void> {
       seededGates: SEED_GATES,
       setup: {
         processes: 'service as production runs it: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, compiled by tsc -p tsconfig.build.json), each a child process; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
-        ceilings: 'bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process (pool of 50, as the service); both at the same concurrency, in the same run, after an uncounted round that opens their connections',
+        ceilings: 'bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process (pool of 50, as the service); both at the same concurrency, in the same run, after an uncounted round that opens their connections; every measurement starts once the API and worker are idle (the worker fans out webhook events after verify)',
         backend: 'FerretDB 1.24 (SQLite) on 127.0.0.1:27027, Redis on 127.0.0.1:6390, own database and Redis prefix (dropped at the end)',
         seeding: SEED_GATES > 0 ? `whole flows through the service code from the bench process (the child worker deciding), then clones of their records; ${seedSeconds} s` : null,
         machine: { cpus: cpus().length, loadAverageAtStart: loadAtStart, loadAverageAtEnd: loadavg().map((x) => Number(x.toFixed(2))) },
