@@ -1,15 +1,35 @@
 // Latency of the x402 hot path over real HTTP: create, quote, authorize-payment and verify, with 1 and with 50
-// concurrent clients, beside two ceilings measured in the same run at the same concurrency: a bare Fastify route
-// and a raw driver findOne({_id}). Prints JSON (also written to bench/results/x402.json).
-// `node --import tsx bench/x402.ts [--ops N] [--seed-gates N] [--clients 1,50]`: --seed-gates stores N gates first (whole
-// flows through the same service the API uses, then clones of their records) to show that cost follows the work, not the data. Needs the local services; stops by itself.
-import { createHash } from 'node:crypto';
-import { mkdirSync, writeFileSync } from 'node:fs';
-import Fastify from 'fastify';
-import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
+// concurrent clients, beside two ceilings measured in the same run at the same concurrency: a bare Fastify route (in
+// a child process of its own) and a raw driver findOne({_id}) (from this process). Prints JSON (also written to
+// bench/results/x402.json, or x402-seeded.json with --seed-gates).
+//
+// The service runs as production runs it, as in the growth bench (bench/growth.ts): `tsc -p tsconfig.build.json`,
+// then `node dist/main.js api` and `node dist/main.js worker` as child processes (NODE_ENV=production) on a database
+// and Redis prefix of their own, dropped at the end (also on Ctrl-C). This process is only the load client (keep-alive
+// HTTP on 127.0.0.1), so at 50 clients its own work no longer shares a core's event loop with the service's.
+//
+// `node --import tsx bench/x402.ts [--ops N] [--seed-gates N] [--seed-flows N] [--clients 1,50]`: --seed-gates stores
+// N gates first (whole flows through the same service code the API uses, run from this process against the same
+// database and Redis prefix, the child worker deciding them; then clones of their records) to show that cost follows
+// the work, not the data. Needs the local services (FerretDB 27027, Redis 6390); stops by itself.
+import { execFileSync } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Redis } from 'ioredis';
+import { MongoClient } from 'mongodb';
+import { loadConfig } from '../src/config.ts';
+import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
+import { createLogger } from '../src/logger.ts';
+import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
-import { startInProcessService } from './in-process.ts';
+import { HttpClient } from './growth/http-client.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
 
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(name);
   return i >= 0 ? Number(process.argv[i + 1]) : fallback;
@@ -25,23 +45,81 @@ const SEEDED_COLLECTIONS = [
 ];
 const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50').split(',').map(Number);
 
-const host = await startInProcessService(['x402-verify', 'settle']);
-const { runtime, base, adminKey } = host;
-const bare = Fastify({ logger: false });
-bare.get('/ping', async () => ({ ok: true }));
-await bare.listen({ host: '127.0.0.1', port: 0 });
-const bareBase = `http://127.0.0.1:${(bare.server.address() as { port: number }).port}`;
+const MONGO_BASE = 'mongodb://127.0.0.1:27027';
+const REDIS_URL = 'redis://127.0.0.1:6390';
+const suffix = randomBytes(4).toString('hex');
+const dbName = `bench_x402_${suffix}`;
+const redisPrefix = `benchx402${suffix}`;
+const adminKey = randomBytes(32).toString('base64url');
+const logDir = mkdtempSync(join(tmpdir(), 'bench-x402-'));
+const serviceEnv: Record<string, string> = {
+  NODE_ENV: 'production',
+  HOST: '127.0.0.1',
+  MONGO_URL: `${MONGO_BASE}/${dbName}`,
+  REDIS_URL,
+  REDIS_PREFIX: redisPrefix,
+  SERVICE_ADMIN_KEY: adminKey,
+  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
+  WEBHOOK_SECRET_KEY: randomBytes(32).toString('base64'),
+  BUYER_SESSION_SECRET: randomBytes(32).toString('base64'),
+  RATE_LIMIT_MAX: '10000000',
+};
 
-async function call(method: string, path: string, token: string, body?: unknown, expect = [200, 201]) {
-  const res = await fetch(base + path, {
-    method,
-    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
-    body: body ? JSON.stringify(body) : undefined,
+const log = (line: string) => console.error(`[bench x402 ${new Date().toISOString().slice(11, 19)}] ${line}`);
+
+async function freePort(): Promise<number> {
+  return new Promise((resolvePort, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolvePort(port));
+    });
   });
-  const text = await res.text();
-  if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
-  if (!expect.includes(res.status)) throw new Error(`${method} ${path} -> ${res.status} ${text.slice(0, 300)}`);
-  return JSON.parse(text);
+}
+
+const childEnv = (extra: Record<string, string>) => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...serviceEnv, ...extra });
+
+async function startService(): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
+  const port = await freePort();
+  const env = childEnv({ PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` });
+  const api = startChild('api', ['dist/main.js', 'api'], env, join(logDir, 'api.log'), ROOT);
+  const worker = startChild('worker', ['dist/main.js', 'worker'], env, join(logDir, 'worker.log'), ROOT);
+  await waitHealthy(api, `http://127.0.0.1:${port}/readyz`);
+  // The worker has no HTTP port: it is up once it has scheduled its sweepers; give it the time its start takes.
+  await new Promise((r) => setTimeout(r, 2_000));
+  if (worker.proc.exitCode !== null) throw new Error(`worker exited; see ${worker.logFile}`);
+  return { api, worker, http: new HttpClient(port), port };
+}
+
+async function startBareFastify(): Promise<{ child: Child; http: HttpClient }> {
+  const port = await freePort();
+  // The ceiling of the framework itself: one route, no plugins, no logging, in a process of its own like the API.
+  const code = `import Fastify from 'fastify';
+const app = Fastify({ logger: false });
+app.get('/ping', async () => ({ ok: true }));
+await app.listen({ host: '127.0.0.1', port: ${port} });
+process.on('SIGTERM', () => app.close().then(() => process.exit(0)));`;
+  const child = startChild('bare-fastify', ['--input-type=module', '-e', code], { PATH: process.env.PATH ?? '' }, join(logDir, 'bare-fastify.log'), ROOT);
+  await waitHealthy(child, `http://127.0.0.1:${port}/ping`);
+  return { child, http: new HttpClient(port) };
+}
+
+class Refused extends Error {}
+
+/**
+ * Waits until the service's processes are idle (under 5% of a core each over half a second; at most 30 s), so that
+ * what a measurement times is not the tail of the previous one (the worker fans out webhook events after verify).
+ */
+async function quiesce(pids: number[]): Promise<number> {
+  const started = Date.now();
+  while (Date.now() - started < 30_000) {
+    const before = pids.map(cpuTicks);
+    await new Promise((r) => setTimeout(r, 500));
+    const busiest = Math.max(...pids.map((pid, i) => cpuTicks(pid) - before[i]!));
+    if (busiest / CLOCK_TICKS_PER_SECOND / 0.5 < 0.05) break;
+  }
+  return Date.now() - started;
 }
 
 function percentiles(samples: number[]) {
@@ -49,8 +127,6 @@ function percentiles(samples: number[]) {
   const at = (p: number) => Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
   return { n: sorted.length, p50: at(50), p95: at(95), p99: at(99) };
 }
-
-class Refused extends Error {}
 
 /**
  * Runs `ops` calls of `work(i)` with `clients` callers at once; the latency of each call in ms. A call the service
@@ -83,81 +159,185 @@ async function measure(clients: number, ops: number, work: (i: number) => Promis
 
 const requestSha = (i: number) => createHash('sha256').update(`bench request ${i}`).digest('hex');
 
-try {
-  const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'bench' });
-  const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token;
-  // One payer and one payee per client, as independent agents paying for their own calls would be.
-  const pairs = await Promise.all(
-    Array.from({ length: Math.max(...CONCURRENCY) }, async (_, i) => {
-      const agent = async (name: string) => (await call('POST', '/v1/agents', token, { name: `${name}${i}`, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
-      const payer = await agent('payer');
-      const payee = await agent('payee');
-      await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, { amount: 1_000_000_000, currency: 'USD' });
-      return { payer, payee };
-    }),
-  );
-
-  if (SEED_GATES > 0) {
-    // Whole flows through the service (create, quote, authorize, verify by the worker) for the first gates, then
-    // their records cloned under other ids until every collection a gate grows holds SEED_GATES gates' worth: cost
-    // follows the stored data only if a request reads more of a larger collection, and the clones are never read.
-    const started = Date.now();
-    const service = new X402Service(runtime);
-    const real = Math.min(SEED_GATES, SEED_REAL_FLOWS);
-    for (let done = 0; done < real; done += pairs.length) {
-      await Promise.all(pairs.slice(0, Math.min(pairs.length, real - done)).map(async (p, k) => {
-        const sha = requestSha(1e9 + done + k);
-        const { gate } = await service.createGate(tenant.tenantId, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' });
-        const { quote } = await service.quote(tenant.tenantId, { gateId: gate._id, requestSha256: sha });
-        await service.authorizePayment(tenant.tenantId, { gateId: gate._id, quoteId: quote._id, requestSha256: sha });
-        await service.verify(tenant.tenantId, { gateId: gate._id, evidence: { responseSha256: sha } });
-      }));
+/** Drops the benchmark's database and Redis keys (the children are stopped first). */
+async function cleanup(mongo: MongoClient): Promise<void> {
+  for (const child of [...running]) await stopChild(child).catch(() => undefined);
+  const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1 });
+  try {
+    await redis.connect();
+    let cursor = '0';
+    for (let rounds = 0; rounds < 100_000; rounds++) {
+      const [next, keys] = await redis.scan(cursor, 'MATCH', `${redisPrefix}*`, 'COUNT', 1_000);
+      if (keys.length) await redis.del(...keys);
+      cursor = next;
+      if (cursor === '0') break;
     }
-    await service.close();
-    const copies = Math.ceil(SEED_GATES / real) - 1;
-    for (const name of SEEDED_COLLECTIONS) {
-      const collection = runtime.db.collection<{ _id: string }>(name);
-      const docs = await collection.find({}).toArray();
-      for (let copy = 1; copy <= copies; copy++) {
-        // settlements are unique by runId (which holds the gate id): the clones get their own.
-        const clones = docs.map((d) => ({ ...d, _id: `${d._id}~seed${copy}`, ...('runId' in d ? { runId: `${String(d.runId)}~seed${copy}` } : {}) }));
-        for (let i = 0; i < clones.length; i += 1_000) await collection.insertMany(clones.slice(i, i + 1_000), { ordered: false });
+  } catch (err) {
+    log(`could not delete Redis keys ${redisPrefix}*: ${(err as Error).message}`);
+  } finally {
+    redis.disconnect();
+  }
+  await mongo.db(dbName).dropDatabase().catch((err: Error) => log(`could not drop ${dbName}: ${err.message}`));
+}
+
+const running = new Set<Child>();
+
+async function main(): Promise<void> {
+  const loadAtStart = loadavg().map((x) => Number(x.toFixed(2)));
+  log(`database ${dbName}, Redis prefix ${redisPrefix}; child logs in ${logDir}; load average ${loadAtStart.join(' ')}`);
+  log('building: tsc -p tsconfig.build.json');
+  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { cwd: ROOT, stdio: 'inherit' });
+
+  // The same pool size as the service's own client (src/store/mongo.ts), so the driver ceiling is the service's.
+  const mongo = new MongoClient(`${MONGO_BASE}/${dbName}`, { maxPoolSize: 50 });
+  const onSignal = (signal: string) => {
+    log(`${signal}: stopping children and dropping ${dbName}`);
+    void cleanup(mongo).finally(() => process.exit(130));
+    setTimeout(() => process.exit(130), 10_000).unref();
+  };
+  process.once('SIGINT', () => onSignal('SIGINT'));
+  process.once('SIGTERM', () => onSignal('SIGTERM'));
+  process.once('exit', killAllChildren);
+
+  try {
+    await mongo.connect();
+    const service = await startService();
+    running.add(service.api).add(service.worker);
+    const bare = await startBareFastify();
+    running.add(bare.child);
+    const { http } = service;
+
+    class Rejected extends Error {}
+    const call = async (method: string, path: string, token: string, body?: unknown, expect = [200, 201]) => {
+      const res = await http.request(method, path, { token, body });
+      if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
+      if (!expect.includes(res.status)) throw new Rejected(`${method} ${path} -> ${res.status} ${res.text.slice(0, 300)}`);
+      return JSON.parse(res.text);
+    };
+
+    const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'bench' });
+    const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token;
+    // One payer and one payee per client, as independent agents paying for their own calls would be.
+    const pairs = await Promise.all(
+      Array.from({ length: Math.max(...CONCURRENCY) }, async (_, i) => {
+        const agent = async (name: string) => (await call('POST', '/v1/agents', token, { name: `${name}${i}`, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
+        const payer = await agent('payer');
+        const payee = await agent('payee');
+        await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, { amount: 1_000_000_000, currency: 'USD' });
+        return { payer, payee };
+      }),
+    );
+
+    let seedSeconds: number | null = null;
+    if (SEED_GATES > 0) {
+      // Whole flows through the service code (create, quote, authorize, verify decided by the child worker) for the
+      // first gates, from a runtime of this process on the same database and Redis prefix; then their records cloned
+      // under other ids until every collection a gate grows holds SEED_GATES gates' worth: cost follows the stored
+      // data only if a request reads more of a larger collection, and the clones are never read.
+      const started = Date.now();
+      const config = loadConfig({ ...serviceEnv, LOG_LEVEL: 'warn' });
+      const runtime = createRuntime(config, createLogger(config, 'bench-seed'));
+      try {
+        await connectRuntime(runtime);
+        const seeder = new X402Service(runtime);
+        const real = Math.min(SEED_GATES, SEED_REAL_FLOWS);
+        for (let done = 0; done < real; done += pairs.length) {
+          await Promise.all(pairs.slice(0, Math.min(pairs.length, real - done)).map(async (p, k) => {
+            const sha = requestSha(1e9 + done + k);
+            const { gate } = await seeder.createGate(tenant.tenantId, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' });
+            const { quote } = await seeder.quote(tenant.tenantId, { gateId: gate._id, requestSha256: sha });
+            await seeder.authorizePayment(tenant.tenantId, { gateId: gate._id, quoteId: quote._id, requestSha256: sha });
+            await seeder.verify(tenant.tenantId, { gateId: gate._id, evidence: { responseSha256: sha } });
+          }));
+        }
+        await seeder.close();
+        const copies = Math.ceil(SEED_GATES / real) - 1;
+        for (const name of SEEDED_COLLECTIONS) {
+          const collection = runtime.db.collection<{ _id: string }>(name);
+          const docs = await collection.find({}).toArray();
+          for (let copy = 1; copy <= copies; copy++) {
+            // settlements are unique by runId (which holds the gate id): the clones get their own.
+            const clones = docs.map((d) => ({ ...d, _id: `${d._id}~seed${copy}`, ...('runId' in d ? { runId: `${String(d.runId)}~seed${copy}` } : {}) }));
+            for (let i = 0; i < clones.length; i += 1_000) await collection.insertMany(clones.slice(i, i + 1_000), { ordered: false });
+          }
+        }
+        seedSeconds = Math.round((Date.now() - started) / 1000);
+        log(`seeded ${real} gates through the service and ${copies} clones of each of their records in ${seedSeconds} s`);
+      } finally {
+        await runtime.close();
       }
     }
-    console.error(`seeded ${real} gates through the service and ${copies} clones of each of their records in ${Math.round((Date.now() - started) / 1000)} s`);
-  }
 
-  const probe = runtime.db.collection<{ _id: string }>('bench_probe');
-  await probe.insertOne({ _id: 'probe' });
-  const results: Record<string, unknown> = {};
-  for (const clients of CONCURRENCY) {
-    const ops = clients === 1 ? Math.ceil(OPS / 2) : OPS;
-    const gates: string[] = [];
-    const quotes: Array<{ quoteId: string; requestSha256: string }> = [];
-    const pairOf = (i: number) => pairs[i % clients]!;
-    const skip = new Set<number>();
-    const create = await measure(clients, ops, async (i) => {
-      const p = pairOf(i);
-      gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
-    }, skip);
-    const quote = await measure(clients, ops, async (i) => {
-      quotes[i] = await call('POST', '/x402/gate/quote', token, { gateId: gates[i], requestSha256: requestSha(i) });
-    }, skip);
-    const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }), skip);
-    let undecided = 0;
-    const verify = await measure(clients, ops, async (i) => {
-      const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
-      if (res.decision === null) undecided++;
-    }, skip);
-    const bareRoute = await measure(clients, ops, async () => (await fetch(`${bareBase}/ping`)).text(), new Set());
-    const findById = await measure(clients, ops, () => probe.findOne({ _id: 'probe' }), new Set());
-    results[`clients_${clients}`] = { ops, create, quote, authorizePayment: authorize, verify: { ...verify, answered202: undecided }, ceiling: { bareFastifyRoute: bareRoute, driverFindOneById: findById } };
+    const probe = mongo.db(dbName).collection<{ _id: string }>('bench_probe');
+    await probe.insertOne({ _id: 'probe' });
+    const results: Record<string, unknown> = {};
+    for (const clients of CONCURRENCY) {
+      const ops = clients === 1 ? Math.ceil(OPS / 2) : OPS;
+      log(`${clients} client(s), ${ops} paid calls`);
+      const gates: string[] = [];
+      const quotes: Array<{ quoteId: string; requestSha256: string }> = [];
+      const pairOf = (i: number) => pairs[i % clients]!;
+      const skip = new Set<number>();
+      const servicePids = [service.api.pid, service.worker.pid];
+      await quiesce(servicePids);
+      const create = await measure(clients, ops, async (i) => {
+        const p = pairOf(i);
+        gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
+      }, skip);
+      const quote = await measure(clients, ops, async (i) => {
+        quotes[i] = await call('POST', '/x402/gate/quote', token, { gateId: gates[i], requestSha256: requestSha(i) });
+      }, skip);
+      const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }), skip);
+      let undecided = 0;
+      const verify = await measure(clients, ops, async (i) => {
+        const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
+        if (res.decision === null) undecided++;
+      }, skip);
+      await quiesce(servicePids);
+      // The ceilings are warmed like the service was (its sockets and pool were opened while the agents were set up):
+      // a first round at this concurrency opens the connections and is not counted.
+      const barePing = async () => {
+        const res = await bare.http.request('GET', '/ping');
+        if (res.status !== 200) throw new Error(`bare route -> ${res.status}`);
+      };
+      const findProbe = async () => {
+        if (!(await probe.findOne({ _id: 'probe' }))) throw new Error('raw findOne found nothing');
+      };
+      await measure(clients, clients * 2, barePing, new Set());
+      const bareRoute = await measure(clients, ops, barePing, new Set());
+      await measure(clients, clients * 2, findProbe, new Set());
+      const findById = await measure(clients, ops, findProbe, new Set());
+      results[`clients_${clients}`] = { ops, create, quote, authorizePayment: authorize, verify: { ...verify, answered202: undecided }, ceiling: { bareFastifyRoute: bareRoute, driverFindOneById: findById } };
+    }
+    const out = {
+      benchmark: 'x402-hot-path',
+      at: new Date().toISOString(),
+      node: process.version,
+      seededGates: SEED_GATES,
+      setup: {
+        processes: 'service as production runs it: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, compiled by tsc -p tsconfig.build.json), each a child process; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
+        ceilings: 'bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process (pool of 50, as the service); both at the same concurrency, in the same run, after an uncounted round that opens their connections; every measurement starts once the API and worker are idle (the worker fans out webhook events after verify)',
+        backend: 'FerretDB 1.24 (SQLite) on 127.0.0.1:27027, Redis on 127.0.0.1:6390, own database and Redis prefix (dropped at the end)',
+        seeding: SEED_GATES > 0 ? `whole flows through the service code from the bench process (the child worker deciding), then clones of their records; ${seedSeconds} s` : null,
+        machine: { cpus: cpus().length, loadAverageAtStart: loadAtStart, loadAverageAtEnd: loadavg().map((x) => Number(x.toFixed(2))) },
+      },
+      latencyMs: results,
+    };
+    const file = join(ROOT, `bench/results/${SEED_GATES > 0 ? 'x402-seeded' : 'x402'}.json`);
+    mkdirSync(dirname(file), { recursive: true });
+    writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
+    console.log(JSON.stringify(out, null, 2));
+    log(`written to ${file}`);
+  } finally {
+    await cleanup(mongo);
+    await mongo.close().catch(() => undefined);
   }
-  const out = { benchmark: 'x402-hot-path', at: new Date().toISOString(), node: process.version, seededGates: SEED_GATES, latencyMs: results };
-  mkdirSync('bench/results', { recursive: true });
-  writeFileSync('bench/results/x402.json', `${JSON.stringify(out, null, 2)}\n`);
-  console.log(JSON.stringify(out, null, 2));
-} finally {
-  await bare.close();
-  await host.close();
 }
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    console.error(err);
+    process.exit(1);
+  },
+);

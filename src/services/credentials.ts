@@ -1,3 +1,4 @@
+import { errors } from '../domain/errors.ts';
 import { createRedisClient, type RedisClient } from '../redis.ts';
 import type { Logger } from 'pino';
 import type { AgentDoc, AgentStore } from '../store/agents.ts';
@@ -12,16 +13,29 @@ interface Entry<T> {
   until: number;
 }
 
+/** An agent as cached: its document, and whether it is wound down (null until a lifecycle check has read the fact). */
+interface CachedAgent {
+  doc: AgentDoc | null;
+  woundDown: boolean | null;
+}
+
+/** What an x402 lifecycle check needs of an agent. */
+export interface AgentLifecycle {
+  agent: AgentDoc | null;
+  woundDown: boolean;
+}
+
 /**
  * In-process caches of what every request and every append reads: API keys (authentication) and agents with their
- * keys (event signatures). A revocation, rotation or key change is published on Redis and every process drops the
- * entry at once, so it takes effect everywhere within the pub/sub latency (well under a second). While the
- * subscription is not live, nothing is served from the cache (fail closed: every read goes to MongoDB), and the
- * cache is emptied when it comes back, since invalidations may have been missed meanwhile.
+ * keys (event signatures) and, once an x402 check has asked, whether they are wound down. A revocation, rotation,
+ * key change or wind-down is published on Redis and every process drops the entry at once, so it takes effect
+ * everywhere within the pub/sub latency (well under a second). While the subscription is not live, nothing is served
+ * from the cache (fail closed: every read goes to MongoDB), and the cache is emptied when it comes back, since
+ * invalidations may have been missed meanwhile.
  */
 export class CredentialCache {
   private readonly apiKeys = new Map<string, Entry<ApiKeyDoc | null>>();
-  private readonly agents = new Map<string, Entry<AgentDoc | null>>();
+  private readonly agents = new Map<string, Entry<CachedAgent>>();
   /** x402 wallet policies in force: no credential, but read on every authorization and changed as rarely. */
   private readonly policies = new Map<string, Entry<unknown>>();
   private subscriber: RedisClient | null = null;
@@ -59,6 +73,11 @@ export class CredentialCache {
     this.subscriber = null;
   }
 
+  /** Whether entries are served from memory (the invalidation channel is subscribed). */
+  isLive(): boolean {
+    return this.live;
+  }
+
   private goLive(): void {
     this.clear();
     this.live = true;
@@ -85,20 +104,24 @@ export class CredentialCache {
     else this.clear();
   }
 
-  /** Drops the entry here at once and in every other process through Redis. */
-  async invalidate(kind: 'key' | 'agent' | 'policy', id: string): Promise<void> {
+  /**
+   * Drops the entry here at once and in every other process through Redis. `required`: a failed publish throws (503)
+   * instead of only alerting, for changes that must not be served stale by another process (a wind-down).
+   */
+  async invalidate(kind: 'key' | 'agent' | 'policy', id: string, options: { required?: boolean } = {}): Promise<void> {
     this.drop(`${kind}:${id}`);
     await this.publisher.publish(this.channel, `${kind}:${id}`).catch((err: Error) => {
       // Another process may now serve the old entry until its TTL; say so loudly.
       this.logger.error({ alert: 'credential_invalidation_failed', kind, id, err: err.message }, 'could not publish a credential invalidation');
+      if (options.required) throw errors.unavailable('could not tell the other processes of the change; retry');
     });
   }
 
-  private async cached<T>(map: Map<string, Entry<T>>, id: string, load: () => Promise<T>): Promise<T> {
+  private async cached<T>(map: Map<string, Entry<T>>, id: string, load: () => Promise<T>, usable: (value: T) => boolean = () => true): Promise<T> {
     if (!this.live) return load();
     const now = Date.now();
     const hit = map.get(id);
-    if (hit && hit.until > now) return hit.value;
+    if (hit && hit.until > now && usable(hit.value)) return hit.value;
     const generation = this.generation;
     const value = await load();
     if (this.live && generation === this.generation) {
@@ -122,7 +145,25 @@ export class CredentialCache {
   }
 
   /** Any tenant's agent with its keys' revocations applied; the caller checks the tenant. */
-  agent(store: AgentStore, agentId: string): Promise<AgentDoc | null> {
-    return this.cached(this.agents, agentId, () => store.getAny(agentId));
+  async agent(store: AgentStore, agentId: string): Promise<AgentDoc | null> {
+    return (await this.cached(this.agents, agentId, async () => ({ doc: await store.getAny(agentId), woundDown: null }))).doc;
+  }
+
+  /**
+   * Any tenant's agent and whether it is wound down (`isWoundDown` reads the wind-down fact), both cached in one
+   * entry: the wind-down publishes the agent's invalidation right after recording its fact, so every process drops
+   * the entry and reads the fact afresh. An entry cached without the fact (by `agent`) is read again here.
+   */
+  async agentLifecycle(store: AgentStore, agentId: string, isWoundDown: (agentId: string) => Promise<boolean>): Promise<AgentLifecycle> {
+    const entry = await this.cached(
+      this.agents,
+      agentId,
+      async () => {
+        const [doc, woundDown] = await Promise.all([store.getAny(agentId), isWoundDown(agentId)]);
+        return { doc, woundDown };
+      },
+      (cachedAgent) => cachedAgent.woundDown !== null,
+    );
+    return { agent: entry.doc, woundDown: entry.woundDown === true };
   }
 }

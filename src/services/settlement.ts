@@ -166,14 +166,24 @@ export async function advanceSettlement(
   const d = facts.decision;
   const pass = d.verdict === 'pass';
 
+  // The decision's announcement and the holdback's timer go out while the pass goes on (they move no money and are
+  // repeated by every pass: event ids derive from the settlement, the job id from its step). The pass waits for them
+  // before any later announcement (events keep their order) and before it ends: a failure still fails the pass, and
+  // the due record is only removed once they landed.
+  const started: Array<Promise<unknown>> = [];
+  const inFlight = (work: Promise<unknown>) => {
+    work.catch(() => undefined); // awaited below; a failure must not go unhandled meanwhile
+    started.push(work);
+  };
+
   // 2. Move what the decision releases now, then announce it (event ids derive from the settlement).
   if (pass && d.releaseNow > 0) await move(entryIds.release(s._id), 'settlement_release', s.payeeWalletId, d.releaseNow);
   failpoint('released');
   if (pass) {
-    await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`);
+    inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`));
   } else if (!s.gateId) {
     // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
-    await emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`);
+    inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`));
   }
   failpoint('decided');
 
@@ -183,7 +193,7 @@ export async function advanceSettlement(
     if (Date.now() >= windowEnds) {
       facts.holdback = (await settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })).fact;
     } else {
-      await rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now());
+      inFlight(rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now()));
     }
   }
   if (facts.holdback?.fate === 'release') {
@@ -194,6 +204,7 @@ export async function advanceSettlement(
   // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
   if (facts.holdback?.fate === 'dispute') {
     const dispute = facts.holdback;
+    await Promise.all(started);
     await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, ...subject, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
     const ruling = facts.ruling;
     if (ruling) {
@@ -207,6 +218,7 @@ export async function advanceSettlement(
 
   // 5. An ops ruling on a held settlement: the whole escrow to the payee, or back to the payer.
   if (!pass && facts.heldRuling) {
+    await Promise.all(started);
     const release = facts.heldRuling.outcome === 'release';
     await move(entryIds.held(s._id, facts.heldRuling.outcome), release ? 'held_release' : 'held_refund', release ? s.payeeWalletId : s.payerWalletId, s.amount);
     failpoint('held-resolved');
@@ -217,8 +229,13 @@ export async function advanceSettlement(
 
   const state = settlementState(s, facts, applied);
   const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
-  // The view is a cache and the due record a hint: neither waits for the other.
-  await Promise.all([settlements.cacheView(s._id, state.view), next ? settlements.due.mark(s._id, s.tenantId, next) : settlements.due.done(s._id)]);
+  // The view is a cache and the due record a hint: neither waits for the other, nor for what is still in flight,
+  // except that the sweeper's record goes only once everything it would redo has landed.
+  await Promise.all([
+    ...started,
+    settlements.cacheView(s._id, state.view),
+    next ? settlements.due.mark(s._id, s.tenantId, next) : Promise.all(started).then(() => settlements.due.done(s._id)),
+  ]);
   return state;
 }
 

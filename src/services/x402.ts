@@ -150,15 +150,21 @@ export class X402Service {
   // Agents' lifecycle
 
   /**
-   * 410 when an agent is wound down (the wind-down record is the truth, read every time) or frozen; 404 when not
-   * the tenant's. The agent itself comes from the credential cache, which every change of an agent invalidates.
+   * 410 when an agent is wound down (the wind-down record is the truth) or frozen; 404 when not the tenant's. Both
+   * the agent and whether its wind-down fact exists come from the credential cache: windDown() publishes the agent's
+   * invalidation right after recording the fact, and every process drops the entry on it and reads both afresh.
+   * So a process refuses the agent within the pub/sub latency of the fact (under a millisecond on a healthy Redis,
+   * and in any case before that wind-down answers, which first walks and unwinds the agent's gates); while a
+   * process's invalidation channel is down its cache serves nothing, and both are read on every call. What keeps the
+   * money right in that short window is not this check but the commitment's first-writer-wins insert and the create's
+   * exact re-read of the facts once its lock is recorded (see createGate).
    */
   private async requireLiveAgents(tenantId: string, agentIds: string[]): Promise<AgentDoc[]> {
     const { agents } = this.runtime.stores;
     const found = await Promise.all(
       agentIds.map(async (id) => {
-        const [agent, windDown] = await Promise.all([this.runtime.credentials.agent(agents, id), this.store.windDowns.findOne({ _id: id }, { projection: { _id: 1 } })]);
-        return { id, agent, windDown };
+        const { agent, woundDown } = await this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.isWoundDown(agentId));
+        return { id, agent, windDown: woundDown };
       }),
     );
     for (const { id, agent } of found) if (!agent || agent.tenantId !== tenantId) throw errors.notFound(`agent ${id}`);
@@ -199,11 +205,14 @@ export class X402Service {
       legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
       ref: { gateId: gate._id },
     };
-    // The checks' reads and the lock's (its accounts' heads) go out together; nothing is written until all pass.
-    const [lifecycle, sponsor, prepared] = await Promise.allSettled([
+    // The lock's reads (its accounts' heads) go out at once; the checks' reads beside them, when they are not served
+    // from memory (agents and their wind-down facts from the credential cache, wallets once seen). Nothing is
+    // written until the checks pass; once warm, the gate's inserts below thus go out beside the heads' reads.
+    const prepared = ledger.prepare(lock);
+    prepared.catch(() => undefined); // only a head start: apply reads the heads itself without it
+    const [lifecycle, sponsor] = await Promise.allSettled([
       this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
-      input.sponsorWalletId ? ledger.getWallet(input.sponsorWalletId) : null,
-      ledger.prepare(lock),
+      input.sponsorWalletId ? this.knownWallet(input.sponsorWalletId) : null,
     ]);
     valueOf(lifecycle);
     if (input.sponsorWalletId) {
@@ -219,6 +228,7 @@ export class X402Service {
       this.store.agentGates.append(gate.payerAgentId, () => ({ ref: gate._id })),
       this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
     ]);
+    const heads = await prepared.catch(() => undefined);
     // A wind-down that ran while this gate was being funded may not have seen the lock. Read once the lock entry is
     // recorded, its fact is either seen here, or was recorded after the lock entry, so that its walk meets the lock
     // (pending or applied) and returns it: reading while the legs are posted misses nothing.
@@ -227,7 +237,7 @@ export class X402Service {
       // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
       await ledger.apply(lock, {
         expectNew: true,
-        prepared: valueOf(prepared),
+        ...(heads ? { prepared: heads } : {}),
         onRecorded: () => {
           raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
           raced.catch(() => undefined); // awaited below; a failure must not go unhandled while the legs are posted
@@ -258,9 +268,15 @@ export class X402Service {
     remember(this.knownWallets, agentId);
   }
 
+  /** Whether the agent's wind-down fact is recorded: an exact read, never cached. */
+  private async isWoundDown(agentId: string): Promise<boolean> {
+    return (await this.store.windDowns.findOne({ _id: agentId }, { projection: { _id: 1 } })) !== null;
+  }
+
+  /** The first of these agents whose wind-down fact is recorded, read now (not from any cache). */
   private async anyWoundDown(agentIds: string[]): Promise<string | null> {
-    const docs = await Promise.all(agentIds.map((_id) => this.store.windDowns.findOne({ _id }, { projection: { _id: 1 } })));
-    return docs.find((d) => d !== null)?._id ?? null;
+    const woundDown = await Promise.all(agentIds.map((id) => this.isWoundDown(id)));
+    return agentIds[woundDown.indexOf(true)] ?? null;
   }
 
   async requireGate(tenantId: string, gateId: string): Promise<GateDoc> {
@@ -281,7 +297,7 @@ export class X402Service {
   async gateState(gate: GateDoc, full = false): Promise<GateState> {
     const [funded, commitment, verification] = await Promise.all([
       this.isFunded(gate),
-      this.store.commitments.findOne({ _id: gate._id }),
+      this.store.commitmentOf(gate._id),
       this.store.verifications.findOne({ _id: gate._id }),
     ]);
     let settlement: SettlementState | null = null;
@@ -300,7 +316,7 @@ export class X402Service {
    * (verify voids an uncommitted gate first), so without a commitment there is none to read.
    */
   private async checkState(gate: GateDoc): Promise<GateState> {
-    const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitments.findOne({ _id: gate._id })]);
+    const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
     const verification = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
     return { gate, status: statusOf(funded, commitment, verification, null), funded, commitment, verification, quote: null, settlement: null };
   }
@@ -390,7 +406,7 @@ export class X402Service {
   // Wallet policies and decisions
 
   /** Wallets never change once opened (nor are they removed): one seen once is served from memory. */
-  private async requireWallet(tenantId: string, walletId: string): Promise<WalletDoc> {
+  private async knownWallet(walletId: string): Promise<WalletDoc | null> {
     let wallet = this.walletDocs.get(walletId) ?? null;
     if (!wallet) {
       wallet = await this.runtime.stores.ledger.getWallet(walletId);
@@ -399,6 +415,11 @@ export class X402Service {
         this.walletDocs.set(walletId, wallet);
       }
     }
+    return wallet;
+  }
+
+  private async requireWallet(tenantId: string, walletId: string): Promise<WalletDoc> {
+    const wallet = await this.knownWallet(walletId);
     if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
     return wallet;
   }
@@ -584,8 +605,11 @@ export class X402Service {
       jti,
     );
     const doc: AuthorizationDoc = { _id: gate._id, tenantId, at: now, kind: 'authorization', authorizationRef, quoteId: quote._id, requestSha256: quote.requestSha256, token, tokenKid: this.runtime.keys.active.keyId, jti, expiresAt, escalationId };
-    if (await insertFirst(this.store.commitments, doc)) return this.authorizationOf(gate, doc);
-    const winner = await this.store.commitments.findOne({ _id: gate._id });
+    if (await insertFirst(this.store.commitments, doc)) {
+      this.store.rememberCommitment(doc);
+      return this.authorizationOf(gate, doc);
+    }
+    const winner = await this.store.commitmentOf(gate._id);
     if (winner?.kind === 'authorization') return this.repeatAuthorization(gate, winner, quote);
     throw x402Error('X402_GATE_TERMINAL', 'the gate was closed while authorizing', { status: winner?.kind === 'cancellation' ? 'cancelled' : 'settling' });
   }
@@ -748,24 +772,24 @@ export class X402Service {
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
-    const state = await this.gateState(gate);
-    if (state.status === 'cancelled' || state.status === 'unfunded') throw await this.terminal(gate, 'cannot be verified');
-    if (state.verification) {
-      // A repeat: the first report stands; answer the decision, or make sure a job is on it and wait.
-      const settled = await this.gateState(gate, true);
-      if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
-      await this.runVerifyJob(gate, false);
-      const after = await this.gateState(gate, true);
-      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
+    // The gate's commitment decides the path (from memory when this process authorized the gate or saw it). A
+    // verification is only ever recorded after the commitment, and its unique insert below tells a first report
+    // from a repeat, so it is read here only off the hot path (a gate nobody authorized).
+    const [funded, known] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
+    let commitment = known;
+    if (commitment?.kind === 'cancellation') throw await this.terminal(gate, 'cannot be verified');
+    if (commitment?.kind !== 'authorization') {
+      const reported = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
+      if (reported) return this.repeatVerify(gate);
+      if (!funded) throw await this.terminal(gate, 'cannot be verified');
+      if (status === 'verified') {
+        throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: statusOf(funded, commitment, null, null) });
+      }
     }
-    if (status === 'verified' && state.commitment?.kind !== 'authorization') {
-      throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: state.status });
-    }
-    let commitment = state.commitment;
     if (!commitment) {
       // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded.
       await insertFirst(this.store.commitments, { _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
-      commitment = await this.store.commitments.findOne({ _id: gate._id });
+      commitment = await this.store.commitmentOf(gate._id);
       if (commitment?.kind === 'cancellation') throw x402Error('X402_GATE_TERMINAL', 'a cancelled gate cannot be verified', { status: 'cancelled' });
     }
     const verification: VerificationDoc = {
@@ -779,8 +803,9 @@ export class X402Service {
       insertFirst(this.store.verifications, verification),
       this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
     ]);
-    const outcome = await this.runVerifyJob(gate, won);
-    if (!won || !outcome) {
+    if (!won) return this.repeatVerify(gate);
+    const outcome = await this.runVerifyJob(gate, true);
+    if (!outcome) {
       const after = await this.gateState(gate, true);
       return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
     }
@@ -790,6 +815,15 @@ export class X402Service {
     // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
     const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
     return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
+  }
+
+  /** A repeated report: the first report stands; answer the decision, or make sure a job is on it and wait. */
+  private async repeatVerify(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
+    const settled = await this.gateState(gate, true);
+    if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
+    await this.runVerifyJob(gate, false);
+    const after = await this.gateState(gate, true);
+    return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
   }
 
   private ensureQueueEvents(): QueueEvents {
@@ -854,7 +888,7 @@ export class X402Service {
     const [gate, verification, commitment, existing] = await Promise.all([
       this.store.gateOfTenant(gateId, tenantId),
       this.store.verifications.findOne({ _id: gateId }),
-      this.store.commitments.findOne({ _id: gateId }),
+      this.store.commitmentOf(gateId),
       settlements.get(gateSettlementId(gateId)),
     ]);
     if (!gate) return { skipped: 'no such gate' };
@@ -928,7 +962,7 @@ export class X402Service {
   private async cancelGate(gate: GateDoc, agentId: string): Promise<CommitmentDoc | null> {
     const { ledger } = this.runtime.stores;
     await insertFirst(this.store.commitments, { _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf: agentId });
-    const commitment = await this.store.commitments.findOne({ _id: gate._id });
+    const commitment = await this.store.commitmentOf(gate._id);
     if (commitment?.kind !== 'cancellation') return commitment;
     const lock = await ledger.getEntry(x402EntryIds.lock(gate._id));
     // A lock left pending by a crash would be finished by the ledger sweeper: finish it now, then return it.
@@ -958,16 +992,23 @@ export class X402Service {
     const recorded = await this.store.windDownSummaries.findOne({ _id: agentId });
     if (recorded) return recorded.summary;
     await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
-    const fact = (await this.store.windDowns.findOne({ _id: agentId }))!;
-    await agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }); // a cache of the fact
-    await this.runtime.credentials.invalidate('agent', agentId); // cached agents are re-read with it
+    // Every process caches whether an agent is wound down (requireLiveAgents): tell them at once, before the slower
+    // unwinding below, so that staleness is bounded by the pub/sub latency (and this answer comes after it). If the
+    // publish fails this answers 503 with the fact recorded: a repeat (the summary is not recorded yet) publishes
+    // again and finishes the unwinding; meanwhile commitments and the create's exact re-read keep the money right.
+    await this.runtime.credentials.invalidate('agent', agentId, { required: true });
+    const [fact] = await Promise.all([
+      this.store.windDowns.findOne({ _id: agentId }),
+      agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }), // a cache of the fact
+    ]);
+    await this.runtime.credentials.invalidate('agent', agentId); // so cached documents show that status too
 
     const summary: WindDownSummary = {
       agentId,
       status: 'wound_down',
-      reasonCode: fact.reasonCode,
-      reasonMessage: fact.reasonMessage,
-      woundDownAt: fact.at.toISOString(),
+      reasonCode: fact!.reasonCode,
+      reasonMessage: fact!.reasonMessage,
+      woundDownAt: fact!.at.toISOString(),
       gatesCancelled: [],
       gatesLeftReserved: [],
       quotesCancelled: [],
@@ -980,7 +1021,7 @@ export class X402Service {
       const slot = await this.store.agentGates.get(agentId, seq);
       const gate = slot && (await this.store.gates.findOne({ _id: slot.ref }));
       if (!gate) continue; // a gate whose funding was refused
-      const [existing, verification] = await Promise.all([this.store.commitments.findOne({ _id: gate._id }), this.store.verifications.findOne({ _id: gate._id })]);
+      const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verifications.findOne({ _id: gate._id })]);
       const commitment = existing ?? (verification ? null : await this.cancelGate(gate, agentId));
       if (commitment?.kind === 'cancellation' && commitment.windDownOf === agentId) {
         if (existing) await this.cancelGate(gate, agentId); // finish a return a crash may have left undone

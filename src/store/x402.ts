@@ -320,6 +320,25 @@ export class X402Store {
     remember(this.knownQuotes, quote);
   }
 
+  /**
+   * A gate's commitment is a fact (first writer wins, never updated or removed): once this process has written or
+   * read it, it is served from memory. Its absence is not a fact (another process may commit the gate at any time):
+   * a gate with no known commitment is read every time.
+   */
+  private readonly knownCommitments = new Map<string, CommitmentDoc>();
+
+  rememberCommitment(commitment: CommitmentDoc): void {
+    remember(this.knownCommitments, commitment);
+  }
+
+  async commitmentOf(gateId: string): Promise<CommitmentDoc | null> {
+    const known = this.knownCommitments.get(gateId);
+    if (known) return known;
+    const found = await this.commitments.findOne({ _id: gateId });
+    if (found) remember(this.knownCommitments, found);
+    return found;
+  }
+
   private async immutableById<T extends GateDoc | QuoteDoc>(known: Map<string, T>, collection: Collection<T>, id: string): Promise<T | null> {
     const cached = known.get(id);
     if (cached) return cached;

@@ -7,9 +7,11 @@ import { createGate, expectLedgerBalances, gateParties, post, quote } from './he
  * Every paid call goes through create -> quote -> authorize-payment -> verify, and on FerretDB each MongoDB command
  * is a round trip plus a SQLite statement: what each step sends is most of what it costs. This pins the commands of
  * each step (the verify job's included, as the worker runs in this process) at what the hot path needs, and checks
- * that every one of them is an exact `_id` lookup or an insert.
+ * that every one of them is an exact `_id` lookup or an insert. The worker here shares the API's runtime, so it also
+ * shares what the x402 store keeps in memory (the gate, its commitment): a worker process of its own reads those two
+ * (in the same wave as the rest of its reads), one more command each per verify.
  */
-const BUDGET = { create: 15, quote: 5, authorize: 5, verify: 20 };
+const BUDGET = { create: 13, quote: 3, authorize: 3, verify: 17 };
 
 /** Commands that read by anything but an exact `_id` (due-work collections hold only what is due: those may). */
 function scansIn(events: CommandStartedEvent[]): string[] {
