@@ -11,6 +11,7 @@ import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
 import { startInProcessService } from './in-process.ts';
 
 const REPEATS = Number(process.argv[2] ?? 3);
+process.env.MONGO_COMMAND_MONITORING = 'true'; // this diagnostic counts the commands each request sends
 const host = await startInProcessService(['x402-verify', 'settle']);
 const { runtime, base, adminKey, config } = host;
 

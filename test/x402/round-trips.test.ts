@@ -66,6 +66,8 @@ describe('x402 hot path: MongoDB commands per step', () => {
     };
     await flow(); // the first pass opens the wallets and fills the caches a running service has
     const counts = await flow();
+    // Every step sends something (were command monitoring off, every count would be 0 and pass the budget).
+    for (const name of Object.keys(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeGreaterThan(0);
     for (const [name, budget] of Object.entries(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeLessThanOrEqual(budget);
     await expectLedgerBalances(t);
   });
