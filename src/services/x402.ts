@@ -31,7 +31,7 @@ import { bullPrefix, jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
 import type { WalletDoc } from '../store/ledger.ts';
-import { bucketMove } from '../store/ledger.ts';
+import { bucketMove, isInsufficientFunds } from '../store/ledger.ts';
 import { insertFirst } from '../store/mongo.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
 import {
@@ -246,7 +246,9 @@ export class X402Service {
     } catch (err) {
       await raced.catch(() => null);
       // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
-      await this.store.gates.deleteOne({ _id: gate._id });
+      // Any other failure may come after the lock was recorded (an answer lost on the way back, say), and the
+      // ledger's sweeper then finishes it: the gate stays, so the money it holds can be found, shown and returned.
+      if (isInsufficientFunds(err)) await this.store.gates.deleteOne({ _id: gate._id });
       throw err;
     }
     const racedWindDown = await raced;

@@ -182,7 +182,8 @@ function insufficientFunds(walletId: string, currency: string, needed: number, a
   });
 }
 
-function isInsufficientFunds(err: unknown): boolean {
+/** The ledger's definite refusal of a debit: the entry moved nothing, and no later pass will move it. */
+export function isInsufficientFunds(err: unknown): boolean {
   return err instanceof ServiceError && err.code === 'INSUFFICIENT_FUNDS';
 }
 
