@@ -1,8 +1,6 @@
 // Drives an MCP server the way an agent runtime does: spawns it on stdio, then `initialize`, `tools/list` and one
 // real tool call, within a time limit. The process never outlives the probe: it is killed on timeout and always
 // stopped (and, if need be, killed) before the probe returns.
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import type { SmokeTestOutcome } from '../store/onboarding.ts';
 
@@ -45,6 +43,9 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
   const started = Date.now();
   const redact = (text: string) => input.secrets.reduce((t, s) => (s ? t.split(s).join('[redacted]') : t), text);
   let stderr = '';
+  // Loaded on first use: only a smoke test needs the MCP client, and the SDK with its schemas is ~15 MB of memory
+  // that the API process (which imports this module through the onboarding routes) would otherwise carry for ever.
+  const [{ Client }, { StdioClientTransport }] = await Promise.all([import('@modelcontextprotocol/sdk/client/index.js'), import('@modelcontextprotocol/sdk/client/stdio.js')]);
   const transport = new StdioClientTransport({ command: input.command, args: input.args, env: input.env, stderr: 'pipe' });
   transport.stderr?.on('data', (chunk: Buffer) => {
     stderr = (stderr + chunk.toString()).slice(-STDERR_TAIL);
