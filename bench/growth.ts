@@ -11,26 +11,22 @@
 // Env: BENCH_SEED_RUNS, BENCH_SEED_EVENTS, BENCH_IDLE_SECONDS, BENCH_SEED_REAL_SIGNATURES=1,
 //      BENCH_CPU_PROF=<dir> (API and worker write .cpuprofile files there), BENCH_KEEP_DATA=1 (skip the cleanup).
 // Loopback only; every loop is bounded; children are stopped and the database and Redis keys dropped on exit.
-import { execFileSync } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { cpus, loadavg, tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg } from 'node:os';
+import { join, resolve } from 'node:path';
 import { Redis } from 'ioredis';
 import { MongoClient } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair, newId, privateKeyToPem } from '../src/domain/crypto.ts';
+import { generateEd25519KeyPair, newId } from '../src/domain/crypto.ts';
 import { EMPTY_HEAD, signEvents, type ChainHead, type EventEnvelope } from '../src/domain/event-chain.ts';
 import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { concurrently, HttpClient, summarize, type LatencySummary } from './growth/http-client.ts';
-import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, machineBusyPercent, machineJiffies, memoryMiB, pidOfServer, startChild, stopChild, waitHealthy, withPeakRss, type Child } from './growth/processes.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, machineBusyPercent, machineJiffies, memoryMiB, pidOfServer, stopChild, withPeakRss, type Child } from './growth/processes.ts';
 import { seedDatabase, type SeedReport } from './growth/seed.ts';
+import { benchService, buildService, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
 import { WebhookReceiver } from './growth/webhook-receiver.ts';
 
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const QUICK = process.argv.includes('--quick');
 const CONCURRENCY = [1, 16] as const;
 type Concurrency = (typeof CONCURRENCY)[number];
@@ -53,43 +49,13 @@ const SEED_RUNS = envInt('BENCH_SEED_RUNS', QUICK ? 5_000 : 100_000);
 const SEED_EVENTS = envInt('BENCH_SEED_EVENTS', QUICK ? 50_000 : 1_000_000);
 const IDLE_SECONDS = envInt('BENCH_IDLE_SECONDS', QUICK ? 5 : 60);
 const CPU_PROF_DIR = process.env.BENCH_CPU_PROF ? resolve(process.env.BENCH_CPU_PROF) : null;
-const MONGO_BASE = 'mongodb://127.0.0.1:27027';
-const REDIS_URL = 'redis://127.0.0.1:6390';
-
-const suffix = randomBytes(4).toString('hex');
-const dbName = `bench_growth_${suffix}`;
-const redisPrefix = `benchgrowth${suffix}`;
-const adminKey = randomBytes(32).toString('base64url');
-const logDir = mkdtempSync(join(tmpdir(), 'bench-growth-'));
-const serviceEnv: Record<string, string> = {
-  NODE_ENV: 'production',
-  HOST: '127.0.0.1',
-  MONGO_URL: `${MONGO_BASE}/${dbName}`,
-  REDIS_URL,
-  REDIS_PREFIX: redisPrefix,
-  SERVICE_ADMIN_KEY: adminKey,
-  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
-  WEBHOOK_SECRET_KEY: randomBytes(32).toString('base64'),
-  BUYER_SESSION_SECRET: randomBytes(32).toString('base64'), // required in production, like the webhook key
-  RATE_LIMIT_MAX: '10000000',
-  WEBHOOK_ALLOW_INSECURE_URLS: 'true',
-  WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true',
-};
+const service = benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' });
+const { dbName, redisPrefix, adminKey, logDir } = service;
+const serviceEnv = service.env;
 
 const log = (line: string) => console.error(`[bench ${new Date().toISOString().slice(11, 19)}] ${line}`);
 const round = (x: number, digits = 2) => Number(x.toFixed(digits));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function freePort(): Promise<number> {
-  return new Promise((resolvePort, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolvePort(port));
-    });
-  });
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Processes
@@ -101,29 +67,9 @@ interface Services {
 }
 
 async function startServices(phase: string): Promise<Services> {
-  const port = await freePort();
-  const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...serviceEnv, PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` };
   const prof = (name: string) => (CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=${phase}-${name}-${Date.now()}.cpuprofile`] : []);
-  const api = startChild('api', [...prof('api'), 'dist/main.js', 'api'], env, join(logDir, `${phase}-api.log`), ROOT);
-  const worker = startChild('worker', [...prof('worker'), 'dist/main.js', 'worker'], env, join(logDir, `${phase}-worker.log`), ROOT);
-  await waitHealthy(api, `http://127.0.0.1:${port}/readyz`);
-  // The worker has no HTTP port: it is up once it has scheduled its sweepers; give it the time its start takes.
-  await sleep(2_000);
-  if (worker.proc.exitCode !== null) throw new Error(`worker exited; see ${worker.logFile}`);
-  return { api, worker, http: new HttpClient(port) };
-}
-
-async function startBareFastify(): Promise<{ child: Child; http: HttpClient }> {
-  const port = await freePort();
-  // The ceiling of the framework itself: one route, no plugins, no logging.
-  const code = `import Fastify from 'fastify';
-const app = Fastify({ logger: false });
-app.get('/ok', async () => ({ ok: true }));
-await app.listen({ host: '127.0.0.1', port: ${port} });
-process.on('SIGTERM', () => app.close().then(() => process.exit(0)));`;
-  const child = startChild('bare-fastify', ['--input-type=module', '-e', code], { PATH: process.env.PATH ?? '' }, join(logDir, 'bare-fastify.log'), ROOT);
-  await waitHealthy(child, `http://127.0.0.1:${port}/ok`);
-  return { child, http: new HttpClient(port) };
+  const { api, worker, http } = await startServiceProcesses(service, phase, prof);
+  return { api, worker, http };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -420,29 +366,14 @@ function table(empty: PhaseResult, seeded: PhaseResult, ratios: Record<string, n
 async function cleanup(mongo: MongoClient | null): Promise<void> {
   killAllChildren();
   if (process.env.BENCH_KEEP_DATA === '1') return;
-  const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1 });
-  try {
-    await redis.connect();
-    let cursor = '0';
-    for (let rounds = 0; rounds < 100_000; rounds++) {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${redisPrefix}*`, 'COUNT', 1_000);
-      if (keys.length) await redis.del(...keys);
-      cursor = next;
-      if (cursor === '0') break;
-    }
-  } catch (err) {
-    log(`could not delete Redis keys ${redisPrefix}*: ${(err as Error).message}`);
-  } finally {
-    redis.disconnect();
-  }
-  await mongo?.db(dbName).dropDatabase().catch((err: Error) => log(`could not drop ${dbName}: ${err.message}`));
+  await dropBenchData(service, mongo, log);
 }
 
 async function main(): Promise<void> {
   const startedAt = new Date();
   log(`mode ${QUICK ? 'quick' : 'full'}; database ${dbName}, Redis prefix ${redisPrefix}; child logs in ${logDir}`);
   log('building: tsc -p tsconfig.build.json');
-  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { cwd: ROOT, stdio: 'inherit' });
+  buildService();
 
   const backendPids = {
     ferretdb: pidOfServer(27027, [join(ROOT, '.data/ferretdb.pid'), join(ROOT, '../main/.data/ferretdb.pid')]),
@@ -465,7 +396,7 @@ async function main(): Promise<void> {
   try {
     await mongo.connect();
     const receiverPort = await receiver.start();
-    const bare = await startBareFastify();
+    const bare = await startBareFastify(logDir);
     bareChild = bare.child;
     const ctx = { receiver, receiverPort, bare: bare.http, mongo, backendPids, seededRunIds: [] as string[] };
 

@@ -12,24 +12,20 @@
 // N gates first (whole flows through the same service code the API uses, run from this process against the same
 // database and Redis prefix, the child worker deciding them; then clones of their records) to show that cost follows
 // the work, not the data. Needs the local services (FerretDB 27027, Redis 6390); stops by itself.
-import { execFileSync } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { cpus, loadavg, tmpdir } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { Redis } from 'ioredis';
+import { createHash } from 'node:crypto';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { cpus, loadavg } from 'node:os';
+import { dirname, join } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
+import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
 import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
+import { benchService, buildService, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, pidOfServer, stopChild, type Child } from './growth/processes.ts';
 
-const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(name);
   return i >= 0 ? Number(process.argv[i + 1]) : fallback;
@@ -45,75 +41,25 @@ const SEEDED_COLLECTIONS = [
 ];
 const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50').split(',').map(Number);
 
-const MONGO_BASE = 'mongodb://127.0.0.1:27027';
-const REDIS_URL = 'redis://127.0.0.1:6390';
-const suffix = randomBytes(4).toString('hex');
-const dbName = `bench_x402_${suffix}`;
-const redisPrefix = `benchx402${suffix}`;
-const adminKey = randomBytes(32).toString('base64url');
-const logDir = mkdtempSync(join(tmpdir(), 'bench-x402-'));
-const serviceEnv: Record<string, string> = {
-  NODE_ENV: 'production',
-  HOST: '127.0.0.1',
-  MONGO_URL: `${MONGO_BASE}/${dbName}`,
-  REDIS_URL,
-  REDIS_PREFIX: redisPrefix,
-  SERVICE_ADMIN_KEY: adminKey,
-  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
-  WEBHOOK_SECRET_KEY: randomBytes(32).toString('base64'),
-  BUYER_SESSION_SECRET: randomBytes(32).toString('base64'),
-  RATE_LIMIT_MAX: '10000000',
-};
+const service = benchService('x402');
+const { dbName, redisPrefix, adminKey, logDir } = service;
+const serviceEnv = service.env;
 
 const log = (line: string) => console.error(`[bench x402 ${new Date().toISOString().slice(11, 19)}] ${line}`);
 
-async function freePort(): Promise<number> {
-  return new Promise((resolvePort, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolvePort(port));
-    });
-  });
-}
-
-const childEnv = (extra: Record<string, string>) => ({ PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...serviceEnv, ...extra });
-
 async function startService(): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
-  const port = await freePort();
-  const env = childEnv({ PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` });
-  const api = startChild('api', ['dist/main.js', 'api'], env, join(logDir, 'api.log'), ROOT);
-  const worker = startChild('worker', ['dist/main.js', 'worker'], env, join(logDir, 'worker.log'), ROOT);
-  await waitHealthy(api, `http://127.0.0.1:${port}/readyz`);
-  // The worker has no HTTP port: it is up once it has scheduled its sweepers; give it the time its start takes.
-  await new Promise((r) => setTimeout(r, 2_000));
-  if (worker.proc.exitCode !== null) throw new Error(`worker exited; see ${worker.logFile}`);
-  return { api, worker, http: new HttpClient(port), port };
-}
-
-async function startBareFastify(): Promise<{ child: Child; http: HttpClient }> {
-  const port = await freePort();
-  // The ceiling of the framework itself: one route, no plugins, no logging, in a process of its own like the API.
-  const code = `import Fastify from 'fastify';
-const app = Fastify({ logger: false });
-app.get('/ping', async () => ({ ok: true }));
-await app.listen({ host: '127.0.0.1', port: ${port} });
-process.on('SIGTERM', () => app.close().then(() => process.exit(0)));`;
-  const child = startChild('bare-fastify', ['--input-type=module', '-e', code], { PATH: process.env.PATH ?? '' }, join(logDir, 'bare-fastify.log'), ROOT);
-  await waitHealthy(child, `http://127.0.0.1:${port}/ping`);
-  return { child, http: new HttpClient(port) };
+  return startServiceProcesses(service, 'x402');
 }
 
 class Refused extends Error {}
 
 /**
- * Waits until the service's processes are idle (under 5% of a core each over half a second; at most 30 s), so that
- * what a measurement times is not the tail of the previous one (the worker fans out webhook events after verify).
+ * Waits until the service's processes are idle (under 5% of a core each over half a second; at most `limitMs`), so
+ * that what a measurement times is not the tail of the previous one (the worker fans out webhook events after verify).
  */
-async function quiesce(pids: number[]): Promise<number> {
+async function quiesce(pids: number[], limitMs = 30_000): Promise<number> {
   const started = Date.now();
-  while (Date.now() - started < 30_000) {
+  while (Date.now() - started < limitMs) {
     const before = pids.map(cpuTicks);
     await new Promise((r) => setTimeout(r, 500));
     const busiest = Math.max(...pids.map((pid, i) => cpuTicks(pid) - before[i]!));
@@ -159,25 +105,10 @@ async function measure(clients: number, ops: number, work: (i: number) => Promis
 
 const requestSha = (i: number) => createHash('sha256').update(`bench request ${i}`).digest('hex');
 
-/** Drops the benchmark's database and Redis keys (the children are stopped first). */
+/** Stops the children, then drops the benchmark's database and Redis keys. */
 async function cleanup(mongo: MongoClient): Promise<void> {
   for (const child of [...running]) await stopChild(child).catch(() => undefined);
-  const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1 });
-  try {
-    await redis.connect();
-    let cursor = '0';
-    for (let rounds = 0; rounds < 100_000; rounds++) {
-      const [next, keys] = await redis.scan(cursor, 'MATCH', `${redisPrefix}*`, 'COUNT', 1_000);
-      if (keys.length) await redis.del(...keys);
-      cursor = next;
-      if (cursor === '0') break;
-    }
-  } catch (err) {
-    log(`could not delete Redis keys ${redisPrefix}*: ${(err as Error).message}`);
-  } finally {
-    redis.disconnect();
-  }
-  await mongo.db(dbName).dropDatabase().catch((err: Error) => log(`could not drop ${dbName}: ${err.message}`));
+  await dropBenchData(service, mongo, log);
 }
 
 const running = new Set<Child>();
@@ -186,7 +117,7 @@ async function main(): Promise<void> {
   const loadAtStart = loadavg().map((x) => Number(x.toFixed(2)));
   log(`database ${dbName}, Redis prefix ${redisPrefix}; child logs in ${logDir}; load average ${loadAtStart.join(' ')}`);
   log('building: tsc -p tsconfig.build.json');
-  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { cwd: ROOT, stdio: 'inherit' });
+  buildService();
 
   // The same pool size as the service's own client (src/store/mongo.ts), so the driver ceiling is the service's.
   const mongo = new MongoClient(`${MONGO_BASE}/${dbName}`, { maxPoolSize: 50 });
@@ -203,7 +134,7 @@ async function main(): Promise<void> {
     await mongo.connect();
     const service = await startService();
     running.add(service.api).add(service.worker);
-    const bare = await startBareFastify();
+    const bare = await startBareFastify(logDir);
     running.add(bare.child);
     const { http } = service;
 
@@ -215,6 +146,7 @@ async function main(): Promise<void> {
       return JSON.parse(res.text);
     };
 
+    const ferretdbPid = pidOfServer(27027, [join(ROOT, '.data/ferretdb.pid')]);
     const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'bench' });
     const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token;
     // One payer and one payee per client, as independent agents paying for their own calls would be.
@@ -278,8 +210,9 @@ async function main(): Promise<void> {
       const quotes: Array<{ quoteId: string; requestSha256: string }> = [];
       const pairOf = (i: number) => pairs[i % clients]!;
       const skip = new Set<number>();
-      const servicePids = [service.api.pid, service.worker.pid];
-      await quiesce(servicePids);
+      // FerretDB too: after seeding, SQLite's checkpoint of what was just written runs on for a while.
+      const servicePids = [service.api.pid, service.worker.pid, ...(ferretdbPid ? [ferretdbPid] : [])];
+      log(`waited ${Math.round((await quiesce(servicePids, SEED_GATES > 0 ? 180_000 : 30_000)) / 1000)} s for the API, worker and FerretDB to go idle`);
       const create = await measure(clients, ops, async (i) => {
         const p = pairOf(i);
         gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
@@ -297,7 +230,7 @@ async function main(): Promise<void> {
       // The ceilings are warmed like the service was (its sockets and pool were opened while the agents were set up):
       // a first round at this concurrency opens the connections and is not counted.
       const barePing = async () => {
-        const res = await bare.http.request('GET', '/ping');
+        const res = await bare.http.request('GET', '/ok');
         if (res.status !== 200) throw new Error(`bare route -> ${res.status}`);
       };
       const findProbe = async () => {
