@@ -9,7 +9,7 @@ import { termsProblems, type Terms } from '../domain/terms.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
-import type { RunDoc } from '../store/runs.ts';
+import type { AppendTarget, RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
@@ -125,7 +125,7 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
   }
 }
 
-async function appendToRun(rt: Runtime, run: RunDoc, knownHead: ChainHead, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
+async function appendToRun(rt: Runtime, run: AppendTarget, knownHead: ChainHead, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   const tenantId = run.tenantId;
   const ids = incoming.map((e) => e.id);

@@ -140,6 +140,9 @@ export function storedBatchEvents(events: EventEnvelope[]): Pick<RunBatchDoc, 'e
   return { eventsJson: JSON.stringify(events.map(toStored)), lastChainHash: events.at(-1)!.chainHash };
 }
 
+/** What an append needs of a run. */
+export type AppendTarget = Pick<RunDoc, '_id' | 'tenantId' | 'agentId' | 'status'>;
+
 export class RunStore {
   readonly runs: Collection<RunDoc>;
   readonly batches: Collection<RunBatchDoc>;
@@ -189,18 +192,19 @@ export class RunStore {
    * agent and id) except the status, and the status is not what stops a late append: the seal is, since a batch
    * cannot take the position the seal holds (see append). So an entry is good until this process learns of a seal.
    */
-  private readonly appendable = new Map<string, RunDoc>();
+  private readonly appendable = new Map<string, AppendTarget>();
 
   /** The run if it belongs to the tenant, from memory while this process knows it in progress (see appendable). */
-  async getForAppend(tenantId: string, runId: string): Promise<RunDoc | null> {
+  async getForAppend(tenantId: string, runId: string): Promise<AppendTarget | null> {
     const known = this.appendable.get(runId);
     if (known && !this.headHints.get(runId)?.sealed) return known.tenantId === tenantId ? known : null;
     const run = await this.runs.findOne({ _id: runId });
-    if (run?.status === 'in_progress') {
-      this.appendable.set(runId, run);
+    const target = run && { _id: run._id, tenantId: run.tenantId, agentId: run.agentId, status: run.status };
+    if (target?.status === 'in_progress') {
+      this.appendable.set(runId, target); // only what an append needs: a whole run (terms, settlement) is ten times that
       if (this.appendable.size > MAX_HEAD_HINTS) this.appendable.delete(this.appendable.keys().next().value!);
     } else this.appendable.delete(runId);
-    return run?.tenantId === tenantId ? run : null;
+    return target?.tenantId === tenantId ? target : null;
   }
 
   /**
@@ -346,7 +350,7 @@ export class RunStore {
    * Stores verified events that follow `expectedHead`, as one document: all of them or none. Exactly one writer
    * wins a position; the loser gets CHAIN_CONFLICT with the true head, or TRANSITION_ILLEGAL once the run is sealed.
    */
-  async append(run: RunDoc, expectedHead: ChainHead, events: EventEnvelope[], attestation?: string, now = new Date()): Promise<ChainHead> {
+  async append(run: Pick<RunDoc, '_id' | 'tenantId'>, expectedHead: ChainHead, events: EventEnvelope[], attestation?: string, now = new Date()): Promise<ChainHead> {
     const first = events[0]!;
     const last = events.at(-1)!;
     const batchId = positionId(run._id, first.seq);
