@@ -43,7 +43,7 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
   const started = Date.now();
   const redact = (text: string) => input.secrets.reduce((t, s) => (s ? t.split(s).join('[redacted]') : t), text);
   let stderr = '';
-  // Loaded on first use: only a smoke test needs the MCP client, and the SDK with its schemas is ~15 MB of memory
+  // Loaded on first use: only a smoke test needs the MCP client, and the SDK with its schemas is about 6 MB of heap
   // that the API process (which imports this module through the onboarding routes) would otherwise carry for ever.
   const [{ Client }, { StdioClientTransport }] = await Promise.all([import('@modelcontextprotocol/sdk/client/index.js'), import('@modelcontextprotocol/sdk/client/stdio.js')]);
   const transport = new StdioClientTransport({ command: input.command, args: input.args, env: input.env, stderr: 'pipe' });
