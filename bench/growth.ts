@@ -24,7 +24,7 @@ import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { concurrently, HttpClient, summarize, type LatencySummary } from './growth/http-client.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, machineBusyPercent, machineJiffies, memoryMiB, pidOfServer, stopChild, withPeakRss, type Child } from './growth/processes.ts';
 import { seedDatabase, type SeedReport } from './growth/seed.ts';
-import { benchService, buildService, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
+import { benchService, buildService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
 import { WebhookReceiver } from './growth/webhook-receiver.ts';
 
 const QUICK = process.argv.includes('--quick');
@@ -384,14 +384,7 @@ async function main(): Promise<void> {
   const mongo = new MongoClient(`${MONGO_BASE}/${dbName}`, { maxPoolSize: 32 });
   const receiver = new WebhookReceiver();
   let bareChild: Child | null = null;
-  const onSignal = (signal: string) => {
-    log(`${signal}: stopping children and dropping ${dbName}`);
-    void cleanup(mongo).finally(() => process.exit(130));
-    setTimeout(() => process.exit(130), 10_000).unref();
-  };
-  process.once('SIGINT', () => onSignal('SIGINT'));
-  process.once('SIGTERM', () => onSignal('SIGTERM'));
-  process.once('exit', killAllChildren);
+  cleanUpOnSignals(() => cleanup(mongo), log);
 
   try {
     await mongo.connect();

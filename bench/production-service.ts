@@ -12,7 +12,7 @@ import { Redis } from 'ioredis';
 import type { MongoClient } from 'mongodb';
 import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { startChild, waitHealthy, type Child } from './growth/processes.ts';
+import { killAllChildren, startChild, waitHealthy, type Child } from './growth/processes.ts';
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 export const MONGO_BASE = 'mongodb://127.0.0.1:27027';
@@ -121,4 +121,16 @@ export async function dropBenchData(service: BenchService, mongo: MongoClient | 
     redis.disconnect();
   }
   await mongo?.db(service.dbName).dropDatabase().catch((err: Error) => log(`could not drop ${service.dbName}: ${err.message}`));
+}
+
+/** On SIGINT or SIGTERM: `cleanup` (stop children, drop data), then exit 130, within 10 s; children die with us. */
+export function cleanUpOnSignals(cleanup: () => Promise<void>, log: (line: string) => void): void {
+  const onSignal = (signal: string) => {
+    log(`${signal}: stopping children and dropping the benchmark's data`);
+    void cleanup().finally(() => process.exit(130));
+    setTimeout(() => process.exit(130), 10_000).unref();
+  };
+  process.once('SIGINT', () => onSignal('SIGINT'));
+  process.once('SIGTERM', () => onSignal('SIGTERM'));
+  process.once('exit', killAllChildren);
 }

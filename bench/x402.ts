@@ -23,8 +23,8 @@ import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { benchService, buildService, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
-import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, pidOfServer, stopChild, type Child } from './growth/processes.ts';
+import { benchService, buildService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, pidOfServer, stopChild, type Child } from './growth/processes.ts';
 
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(name);
@@ -121,14 +121,7 @@ async function main(): Promise<void> {
 
   // The same pool size as the service's own client (src/store/mongo.ts), so the driver ceiling is the service's.
   const mongo = new MongoClient(`${MONGO_BASE}/${dbName}`, { maxPoolSize: 50 });
-  const onSignal = (signal: string) => {
-    log(`${signal}: stopping children and dropping ${dbName}`);
-    void cleanup(mongo).finally(() => process.exit(130));
-    setTimeout(() => process.exit(130), 10_000).unref();
-  };
-  process.once('SIGINT', () => onSignal('SIGINT'));
-  process.once('SIGTERM', () => onSignal('SIGTERM'));
-  process.once('exit', killAllChildren);
+  cleanUpOnSignals(() => cleanup(mongo), log);
 
   try {
     await mongo.connect();
