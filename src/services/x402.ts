@@ -132,7 +132,7 @@ export class X402Service {
   private queueEvents: QueueEvents | null = null;
   /** Facts that never change back once true, remembered to save a read on the hot path. */
   private readonly fundedGates = new Set<string>();
-  private readonly knownWallets = new Set<string>();
+  /** Wallets never change once opened (nor are they removed): one seen once is served from memory. */
   private readonly walletDocs = new Map<string, WalletDoc>();
   /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
   private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
@@ -263,11 +263,15 @@ export class X402Service {
     return { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null };
   }
 
-  /** Wallets are never deleted, so one opened once need not be looked up again by this process. */
+  /** Opens the agent's wallet unless this process has seen it. */
   private async ensureAgentWallet(agentId: string, tenantId: string): Promise<void> {
-    if (this.knownWallets.has(agentId)) return;
-    await this.runtime.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
-    remember(this.knownWallets, agentId);
+    if (this.walletDocs.has(agentId)) return;
+    this.rememberWallet(await this.runtime.stores.ledger.ensureWallet(agentId, tenantId, 'agent'));
+  }
+
+  private rememberWallet(wallet: WalletDoc): void {
+    if (this.walletDocs.size > MEMO_LIMIT) this.walletDocs.clear();
+    this.walletDocs.set(wallet._id, wallet);
   }
 
   /** Whether the agent's wind-down fact is recorded: an exact read, never cached. */
@@ -407,16 +411,12 @@ export class X402Service {
   // ---------------------------------------------------------------------------------------------------------------
   // Wallet policies and decisions
 
-  /** Wallets never change once opened (nor are they removed): one seen once is served from memory. */
+  /** The wallet, from memory once seen. */
   private async knownWallet(walletId: string): Promise<WalletDoc | null> {
-    let wallet = this.walletDocs.get(walletId) ?? null;
-    if (!wallet) {
-      wallet = await this.runtime.stores.ledger.getWallet(walletId);
-      if (wallet) {
-        if (this.walletDocs.size > MEMO_LIMIT) this.walletDocs.clear();
-        this.walletDocs.set(walletId, wallet);
-      }
-    }
+    const known = this.walletDocs.get(walletId);
+    if (known) return known;
+    const wallet = await this.runtime.stores.ledger.getWallet(walletId);
+    if (wallet) this.rememberWallet(wallet);
     return wallet;
   }
 
@@ -807,10 +807,7 @@ export class X402Service {
     ]);
     if (!won) return this.repeatVerify(gate);
     const outcome = await this.runVerifyJob(gate, true);
-    if (!outcome) {
-      const after = await this.gateState(gate, true);
-      return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
-    }
+    if (!outcome) return this.verifiedState(gate);
     // The worker's answer carries the settlement as it left it: no need to read it all back.
     const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
     const gateStatus = settledStatus(settled);
@@ -821,11 +818,16 @@ export class X402Service {
 
   /** A repeated report: the first report stands; answer the decision, or make sure a job is on it and wait. */
   private async repeatVerify(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
-    const settled = await this.gateState(gate, true);
-    if (settled.status === 'released' || settled.status === 'refunded') return { state: settled, decided: true };
+    const first = await this.verifiedState(gate);
+    if (first.decided) return first;
     await this.runVerifyJob(gate, false);
-    const after = await this.gateState(gate, true);
-    return { state: after, decided: after.status === 'released' || after.status === 'refunded' };
+    return this.verifiedState(gate);
+  }
+
+  /** A verified gate's state read in full, and whether its decision is made. */
+  private async verifiedState(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
+    const state = await this.gateState(gate, true);
+    return { state, decided: state.status === 'released' || state.status === 'refunded' };
   }
 
   private ensureQueueEvents(): QueueEvents {

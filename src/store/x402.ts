@@ -303,17 +303,13 @@ export class X402Store {
 
   /**
    * Gates and quotes never change once stored, so one read or written here is served from memory afterwards (a
-   * gate whose funding was refused is deleted before anyone is told its id, and forgotten with it).
+   * gate is remembered only once funded: one whose funding was refused is deleted before anyone is told its id).
    */
   private readonly knownGates = new Map<string, GateDoc>();
   private readonly knownQuotes = new Map<string, QuoteDoc>();
 
   rememberGate(gate: GateDoc): void {
     remember(this.knownGates, gate);
-  }
-
-  forgetGate(gateId: string): void {
-    this.knownGates.delete(gateId);
   }
 
   rememberQuote(quote: QuoteDoc): void {
@@ -331,15 +327,12 @@ export class X402Store {
     remember(this.knownCommitments, commitment);
   }
 
-  async commitmentOf(gateId: string): Promise<CommitmentDoc | null> {
-    const known = this.knownCommitments.get(gateId);
-    if (known) return known;
-    const found = await this.commitments.findOne({ _id: gateId });
-    if (found) remember(this.knownCommitments, found);
-    return found;
+  commitmentOf(gateId: string): Promise<CommitmentDoc | null> {
+    return this.immutableById(this.knownCommitments, this.commitments, gateId);
   }
 
-  private async immutableById<T extends GateDoc | QuoteDoc>(known: Map<string, T>, collection: Collection<T>, id: string): Promise<T | null> {
+  /** A record that never changes once stored, from memory once seen (its absence is read again every time). */
+  private async immutableById<T extends { _id: string }>(known: Map<string, T>, collection: Collection<T>, id: string): Promise<T | null> {
     const cached = known.get(id);
     if (cached) return cached;
     const found = (await collection.findOne({ _id: id } as never)) as T | null;
