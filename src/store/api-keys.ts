@@ -136,9 +136,9 @@ export class ApiKeyStore {
   /**
    * Issues a successor with the same tenant, scopes and description. The old key keeps working for
    * `gracePeriodSeconds` (0 = revoked now) so callers can roll the new token out without downtime. A key is
-   * rotated once: the rotation is claimed by insert before the successor is issued.
+   * rotated once: the rotation is claimed by insert before the successor is issued. null when there is no such key;
+   * `refused` (with the key as it stands) when it is revoked, expired or already rotated.
    */
-  /** null when no such key; `refused` (with the key as it stands) when it is revoked, expired or already rotated. */
   async rotate(keyId: string, gracePeriodSeconds: number, now = new Date()): Promise<{ issued: IssuedKey; old: ApiKeyDoc } | { refused: ApiKeyDoc } | null> {
     const stored = await this.keys.findOne({ _id: keyId });
     if (!stored) return null;

@@ -190,14 +190,15 @@ export class RunStore {
   /**
    * Runs this process has seen in progress, for appends. What an append needs of a run never changes (its tenant,
    * agent and id) except the status, and the status is not what stops a late append: the seal is, since a batch
-   * cannot take the position the seal holds (see append). So an entry is good until this process learns of a seal.
+   * cannot take the position the seal holds (see append). So an entry is good until this process learns of a seal
+   * (remember drops it then).
    */
   private readonly appendable = new Map<string, AppendTarget>();
 
   /** The run if it belongs to the tenant, from memory while this process knows it in progress (see appendable). */
   async getForAppend(tenantId: string, runId: string): Promise<AppendTarget | null> {
     const known = this.appendable.get(runId);
-    if (known && !this.headHints.get(runId)?.sealed) return known.tenantId === tenantId ? known : null;
+    if (known) return known.tenantId === tenantId ? known : null;
     const run = await this.runs.findOne({ _id: runId });
     const target = run && { _id: run._id, tenantId: run.tenantId, agentId: run.agentId, status: run.status };
     if (target?.status === 'in_progress') {
