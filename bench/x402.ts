@@ -12,10 +12,11 @@
 // N gates first (whole flows through the same service code the API uses, run from this process against the same
 // database and Redis prefix, the child worker deciding them; then clones of their records) to show that cost follows
 // the work, not the data. Needs the local services (FerretDB 27027, Redis 6390); stops by itself.
+// BENCH_CPU_PROF=<dir> makes the API and worker write .cpuprofile files there.
 import { createHash } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
 import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
@@ -47,8 +48,11 @@ const serviceEnv = service.env;
 
 const log = (line: string) => console.error(`[bench x402 ${new Date().toISOString().slice(11, 19)}] ${line}`);
 
+/** BENCH_CPU_PROF=<dir>: the API and worker write .cpuprofile files there (as in bench/growth.ts). */
+const CPU_PROF_DIR = process.env.BENCH_CPU_PROF ? resolve(process.env.BENCH_CPU_PROF) : null;
+
 async function startService(): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
-  return startServiceProcesses(service, 'x402');
+  return startServiceProcesses(service, 'x402', (name) => (CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=x402-${name}-${Date.now()}.cpuprofile`] : []));
 }
 
 class Refused extends Error {}
@@ -79,8 +83,9 @@ function percentiles(samples: number[]) {
  * refuses (say a 503 from the request deadline under load) is counted under `failed` by status, not timed, and the
  * later steps of that gate are skipped; anything else stops the benchmark.
  */
-async function measure(clients: number, ops: number, work: (i: number) => Promise<unknown>, skip: Set<number>) {
+async function measure(clients: number, ops: number, work: (i: number) => Promise<unknown>, skip: Set<number>, watched: Record<string, number> = {}) {
   const samples: number[] = [];
+  const ticksBefore = Object.values(watched).map(cpuTicks);
   const failed: Record<string, number> = {};
   let next = 0;
   await Promise.all(
@@ -100,7 +105,11 @@ async function measure(clients: number, ops: number, work: (i: number) => Promis
       }
     }),
   );
-  return { ...percentiles(samples), ...(Object.keys(failed).length > 0 ? { failed } : {}) };
+  // CPU each service process spent per timed call (clock ticks, so ±10 ms over the whole step): where the time went.
+  const cpuMsPerCall = Object.fromEntries(
+    Object.entries(watched).map(([name, pid], i) => [name, Number((((cpuTicks(pid) - ticksBefore[i]!) / CLOCK_TICKS_PER_SECOND) * 1000 / Math.max(1, samples.length)).toFixed(2))]),
+  );
+  return { ...percentiles(samples), ...(Object.keys(failed).length > 0 ? { failed } : {}), ...(Object.keys(watched).length > 0 ? { cpuMsPerCall } : {}) };
 }
 
 const requestSha = (i: number) => createHash('sha256').update(`bench request ${i}`).digest('hex');
@@ -140,6 +149,7 @@ async function main(): Promise<void> {
     };
 
     const ferretdbPid = pidOfServer(27027, [join(ROOT, '.data/ferretdb.pid')]);
+    const redisPid = pidOfServer(6390, [join(ROOT, '.data/redis.pid')]);
     const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'bench' });
     const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token;
     // One payer and one payee per client, as independent agents paying for their own calls would be.
@@ -205,20 +215,25 @@ async function main(): Promise<void> {
       const skip = new Set<number>();
       // FerretDB too: after seeding, SQLite's checkpoint of what was just written runs on for a while.
       const servicePids = [service.api.pid, service.worker.pid, ...(ferretdbPid ? [ferretdbPid] : [])];
+      const watched = { api: service.api.pid, worker: service.worker.pid, ...(ferretdbPid ? { ferretdb: ferretdbPid } : {}), ...(redisPid ? { redis: redisPid } : {}) };
       log(`waited ${Math.round((await quiesce(servicePids, SEED_GATES > 0 ? 180_000 : 30_000)) / 1000)} s for the API, worker and FerretDB to go idle`);
       const create = await measure(clients, ops, async (i) => {
         const p = pairOf(i);
         gates[i] = (await call('POST', '/x402/gate/create', token, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
-      }, skip);
+      }, skip, watched);
+      // Each step is timed on its own: the worker's tail of the previous step (its webhook events) is not counted in it.
+      await quiesce(servicePids);
       const quote = await measure(clients, ops, async (i) => {
         quotes[i] = await call('POST', '/x402/gate/quote', token, { gateId: gates[i], requestSha256: requestSha(i) });
-      }, skip);
-      const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }), skip);
+      }, skip, watched);
+      await quiesce(servicePids);
+      const authorize = await measure(clients, ops, (i) => call('POST', '/x402/gate/authorize-payment', token, { gateId: gates[i], quoteId: quotes[i]!.quoteId, requestSha256: quotes[i]!.requestSha256 }), skip, watched);
       let undecided = 0;
+      await quiesce(servicePids);
       const verify = await measure(clients, ops, async (i) => {
         const res = await call('POST', '/x402/gate/verify', token, { gateId: gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
         if (res.decision === null) undecided++;
-      }, skip);
+      }, skip, watched);
       await quiesce(servicePids);
       // The ceilings are warmed like the service was (its sockets and pool were opened while the agents were set up):
       // a first round at this concurrency opens the connections and is not counted.
