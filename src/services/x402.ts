@@ -548,41 +548,45 @@ export class X402Service {
   /**
    * Checks in the contract's order: agent lifecycle, gate state, quote match and expiry, request binding, wallet
    * decision, policy limits; then claims the gate's one commitment. Every failure refuses (fails closed).
+   *
+   * The gate's commitment is read only when something must be known before the claim: an override or a policy spend
+   * (each has an effect of its own), a repeat (this process has seen the commitment), or a failed check (the gate's
+   * state is reported first). Otherwise the claim is the check: a funded gate without a commitment is open, and the
+   * unique insert finds out whether it still has none, with one command fewer on every paid call.
    */
   async authorizePayment(
     tenantId: string,
     input: { gateId: string; quoteId: string; requestSha256: string; walletDecisionToken?: string; escalationOverrideToken?: string },
   ): Promise<PaymentAuthorization> {
     const gate = await this.requireGate(tenantId, input.gateId);
+    let stateRead: Promise<GateState> | null = null;
+    const readState = () => (stateRead ??= this.checkState(gate));
+    if (input.escalationOverrideToken || gate.sponsorWalletId || this.store.knowsCommitment(gate._id)) void readState().catch(() => undefined);
     // Everything the checks read, read at once; the checks then run in the contract's order on what was read.
-    const [lifecycle, checked, quoted, policy] = await Promise.allSettled([
+    const [lifecycle, funded, quoted, policy] = await Promise.allSettled([
       this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
-      this.checkState(gate),
+      this.isFunded(gate),
       this.readQuote(gate, input.quoteId),
       this.policyInForce(gate.escrowWalletId),
     ]);
     valueOf(lifecycle);
-    const state = valueOf(checked);
-    if (state.status !== 'held' && state.status !== 'authorized') throw await this.terminal(gate, 'cannot be authorized');
+    const version = valueOf(policy);
+    const state = stateRead !== null || version !== null ? await readState() : null;
+    if (state ? isTerminal(state.status) : !valueOf(funded)) throw await this.terminal(gate, 'cannot be authorized');
     const now = new Date();
-    const quote = this.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
-
-    if (gate.sponsorWalletId) {
-      const claims = input.walletDecisionToken ? await this.verifyOwnToken(input.walletDecisionToken, TOKEN_AUDIENCE.walletDecision) : null;
-      if (!claims) throw x402Error('X402_WALLET_DECISION_REQUIRED', input.walletDecisionToken ? 'the wallet decision token is invalid or expired' : 'this gate is sponsored: authorize with the sponsor wallet first', { walletId: gate.sponsorWalletId, reason: input.walletDecisionToken ? 'invalid' : 'missing' });
-      if (claims.walletId !== gate.sponsorWalletId || claims.gateId !== gate._id || claims.quoteId !== quote._id || claims.requestSha256 !== quote.requestSha256) {
-        throw x402Error('X402_WALLET_DECISION_REQUIRED', 'the wallet decision was made for another gate, quote or request', { walletId: gate.sponsorWalletId, reason: 'mismatch' });
-      }
-    }
+    const quote = await this.inGateOrder(gate, state, readState, () => {
+      const checked = this.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
+      return this.checkWalletDecision(gate, checked, input.walletDecisionToken).then(() => checked);
+    });
 
     let escalationId: string | null = null;
     if (input.escalationOverrideToken) escalationId = await this.checkOverride(gate, quote, input.escalationOverrideToken);
 
-    const existing = state.commitment;
+    const existing = state?.commitment;
     if (existing?.kind === 'authorization') return this.repeatAuthorization(gate, existing, quote);
 
     if (!escalationId) {
-      const breach = await this.policyBreach(gate, quote, now, valueOf(policy));
+      const breach = await this.policyBreach(gate, quote, now, version);
       if (breach) {
         const escalation = await this.escalate(gate, quote, breach.walletId, breach.breach);
         throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
@@ -592,7 +596,6 @@ export class X402Service {
         throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
       }
       const walletId = gate.escrowWalletId;
-      const version = valueOf(policy);
       if (version) await this.spendDaily(walletId, version.policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
     }
 
@@ -611,9 +614,33 @@ export class X402Service {
       this.store.rememberCommitment(doc);
       return this.authorizationOf(gate, doc);
     }
-    const winner = await this.store.commitmentOf(gate._id);
-    if (winner?.kind === 'authorization') return this.repeatAuthorization(gate, winner, quote);
-    throw x402Error('X402_GATE_TERMINAL', 'the gate was closed while authorizing', { status: winner?.kind === 'cancellation' ? 'cancelled' : 'settling' });
+    // The gate already had a commitment: the same authorization repeated (from another process), or it is closed.
+    const committed = await this.checkState(gate);
+    if (committed.commitment?.kind === 'authorization' && !isTerminal(committed.status)) return this.repeatAuthorization(gate, committed.commitment, quote);
+    throw await this.terminal(gate, 'cannot be authorized');
+  }
+
+  /**
+   * Runs checks that come after the gate's state in the contract's order. When the state was not read (the claim
+   * would have checked it), a failing check reads it first: a closed gate is reported as closed, whatever else fails.
+   */
+  private async inGateOrder<T>(gate: GateDoc, state: GateState | null, readState: () => Promise<GateState>, checks: () => Promise<T>): Promise<T> {
+    try {
+      return await checks();
+    } catch (err) {
+      if (!state && isTerminal((await readState()).status)) throw await this.terminal(gate, 'cannot be authorized');
+      throw err;
+    }
+  }
+
+  /** A sponsored gate is authorized only with its sponsor wallet's decision for this very gate, quote and request. */
+  private async checkWalletDecision(gate: GateDoc, quote: QuoteDoc, walletDecisionToken: string | undefined): Promise<void> {
+    if (!gate.sponsorWalletId) return;
+    const claims = walletDecisionToken ? await this.verifyOwnToken(walletDecisionToken, TOKEN_AUDIENCE.walletDecision) : null;
+    if (!claims) throw x402Error('X402_WALLET_DECISION_REQUIRED', walletDecisionToken ? 'the wallet decision token is invalid or expired' : 'this gate is sponsored: authorize with the sponsor wallet first', { walletId: gate.sponsorWalletId, reason: walletDecisionToken ? 'invalid' : 'missing' });
+    if (claims.walletId !== gate.sponsorWalletId || claims.gateId !== gate._id || claims.quoteId !== quote._id || claims.requestSha256 !== quote.requestSha256) {
+      throw x402Error('X402_WALLET_DECISION_REQUIRED', 'the wallet decision was made for another gate, quote or request', { walletId: gate.sponsorWalletId, reason: 'mismatch' });
+    }
   }
 
   /** A repeat while live gets the same token; the gate's one authorization is for one quote and request. */

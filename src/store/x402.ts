@@ -327,6 +327,11 @@ export class X402Store {
     remember(this.knownCommitments, commitment);
   }
 
+  /** Whether this process has seen the gate's commitment (then commitmentOf answers from memory). */
+  knowsCommitment(gateId: string): boolean {
+    return this.knownCommitments.has(gateId);
+  }
+
   commitmentOf(gateId: string): Promise<CommitmentDoc | null> {
     return this.immutableById(this.knownCommitments, this.commitments, gateId);
   }
