@@ -86,6 +86,8 @@ function percentiles(samples: number[]) {
 async function measure(clients: number, ops: number, work: (i: number) => Promise<unknown>, skip: Set<number>, watched: Record<string, number> = {}) {
   const samples: number[] = [];
   const ticksBefore = Object.values(watched).map(cpuTicks);
+  // Profiles' sample times are on the same monotonic clock: the window lets a reader cut out one step.
+  const windowStartUs = process.hrtime.bigint() / 1000n;
   const failed: Record<string, number> = {};
   let next = 0;
   await Promise.all(
@@ -109,6 +111,7 @@ async function measure(clients: number, ops: number, work: (i: number) => Promis
   const cpuMsPerCall = Object.fromEntries(
     Object.entries(watched).map(([name, pid], i) => [name, Number((((cpuTicks(pid) - ticksBefore[i]!) / CLOCK_TICKS_PER_SECOND) * 1000 / Math.max(1, samples.length)).toFixed(2))]),
   );
+  if (CPU_PROF_DIR && Object.keys(watched).length > 0) log(`profile window of this step (monotonic µs): ${windowStartUs}..${process.hrtime.bigint() / 1000n}`);
   return { ...percentiles(samples), ...(Object.keys(failed).length > 0 ? { failed } : {}), ...(Object.keys(watched).length > 0 ? { cpuMsPerCall } : {}) };
 }
 
