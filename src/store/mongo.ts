@@ -19,7 +19,7 @@ export function createMongoClient(config: Config): MongoClient {
  * got there first. Every "first writer wins" claim in the stores is this one call: a unique insert is atomic on
  * MongoDB and on FerretDB alike (FerretDB's updates are not; see README "Why unique inserts").
  *
- * Concurrent claims on one collection travel together (group commit, see InsertGroups): each document still wins or
+ * Concurrent claims on one collection travel together (group commit, see InsertGroup): each document still wins or
  * loses on its own, and a lone claim goes out at once, as its own command.
  */
 export function insertFirst<T extends Document>(collection: Collection<T>, doc: OptionalUnlessRequiredId<T>): Promise<boolean> {
@@ -73,7 +73,8 @@ class InsertGroup {
       await this.collection.insertMany(batch.map((w) => w.doc), { ordered: false });
       for (const w of batch) w.settle(true);
     } catch (err) {
-      if (!(err instanceof MongoBulkWriteError) || !Array.isArray(err.writeErrors)) {
+      // Anything but per-document errors (the connection, or a write concern not met) leaves every claim unsure.
+      if (!(err instanceof MongoBulkWriteError) || !Array.isArray(err.writeErrors) || err.result?.getWriteConcernError()) {
         for (const w of batch) w.fail(err);
         return;
       }
