@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestApp, type TestApp } from '../helpers/context.ts';
-import { createGate, gateParties, post, quote } from './helpers.ts';
+import type { TestApp } from '../helpers/context.ts';
+import { createGate, gateParties, post, quote, twoApiProcesses } from './helpers.ts';
 
 /**
  * authorize-payment does not read a gate's commitment before claiming it unless it must: the claim (a unique insert)
@@ -11,15 +11,11 @@ describe('authorize-payment on a gate committed through another process', () => 
   let first: TestApp;
   let second: TestApp;
   let auth: Record<string, string>;
+  let close: () => Promise<void>;
   beforeAll(async () => {
-    first = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    second = await startTestApp({ env: first.env, dropOnClose: false });
-    ({ auth } = await first.tenantWithKey(['agents:write', 'x402:write', 'wallets:write']));
+    ({ first, second, auth, close } = await twoApiProcesses());
   });
-  afterAll(async () => {
-    await second.close();
-    await first.close();
-  });
+  afterAll(() => close());
 
   it('repeats the same token for a gate authorized through the other process', async () => {
     const { payer, payee } = await gateParties(first, auth, 1_000);

@@ -1,10 +1,29 @@
 import { createHash, randomBytes } from 'node:crypto';
 import { expect } from 'vitest';
-import type { TestApp } from '../helpers/context.ts';
+import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { registerAgent } from '../helpers/agents.ts';
 import { credit } from '../helpers/money.ts';
 
 export const X402_SCOPES = ['agents:write', 'x402:write', 'wallets:write'] as const;
+
+/**
+ * Two API processes: two runtimes sharing one database and one Redis prefix (so one invalidation channel), the first
+ * also running the x402-verify and settle workers; `auth` holds a key of one tenant with the x402 scopes.
+ */
+export async function twoApiProcesses(): Promise<{ first: TestApp; second: TestApp; auth: Record<string, string>; close: () => Promise<void> }> {
+  const first = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
+  const second = await startTestApp({ env: first.env, dropOnClose: false });
+  const { auth } = await first.tenantWithKey([...X402_SCOPES]);
+  return {
+    first,
+    second,
+    auth,
+    close: async () => {
+      await second.close();
+      await first.close();
+    },
+  };
+}
 
 export function requestHash(label = randomBytes(8).toString('hex')): string {
   return createHash('sha256').update(`GET /tools/search?q=${label}`).digest('hex');

@@ -1,7 +1,7 @@
 import type { CommandStartedEvent } from 'mongodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestApp, type TestApp } from '../helpers/context.ts';
-import { createGate, gateParties, post, quote } from './helpers.ts';
+import type { TestApp } from '../helpers/context.ts';
+import { createGate, gateParties, post, quote, twoApiProcesses } from './helpers.ts';
 
 /**
  * Two API processes (two runtimes sharing one database and one Redis prefix, so one invalidation channel): each
@@ -12,18 +12,14 @@ describe('x402 wind-down across processes', () => {
   let first: TestApp;
   let second: TestApp;
   let auth: Record<string, string>;
+  let close: () => Promise<void>;
   beforeAll(async () => {
-    first = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    second = await startTestApp({ env: first.env, dropOnClose: false });
-    ({ auth } = await first.tenantWithKey(['agents:write', 'x402:write', 'wallets:write']));
+    ({ first, second, auth, close } = await twoApiProcesses());
     // Both caches must be serving from memory, or the second process would read the fact on every call anyway.
     for (let i = 0; i < 100 && !(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()); i++) await new Promise((r) => setTimeout(r, 50));
     expect(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()).toBe(true);
   });
-  afterAll(async () => {
-    await second.close();
-    await first.close();
-  });
+  afterAll(() => close());
 
   it('a second process refuses create, quote and authorize for an agent wound down through the first, at once', async () => {
     const { payer, payee } = await gateParties(first, auth, 10_000);
