@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { expect } from 'vitest';
+import { afterAll, beforeAll, expect } from 'vitest';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { registerAgent } from '../helpers/agents.ts';
 import { credit } from '../helpers/money.ts';
@@ -7,22 +7,22 @@ import { credit } from '../helpers/money.ts';
 export const X402_SCOPES = ['agents:write', 'x402:write', 'wallets:write'] as const;
 
 /**
- * Two API processes: two runtimes sharing one database and one Redis prefix (so one invalidation channel), the first
- * also running the x402-verify and settle workers; `auth` holds a key of one tenant with the x402 scopes.
+ * Two API processes for the tests of a describe block (started before them, closed after): two runtimes sharing one
+ * database and one Redis prefix (so one invalidation channel), the first also running the x402-verify and settle
+ * workers; `auth` holds a key of one tenant with the x402 scopes. Its fields are set once the block's tests run.
  */
-export async function twoApiProcesses(): Promise<{ first: TestApp; second: TestApp; auth: Record<string, string>; close: () => Promise<void> }> {
-  const first = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
-  const second = await startTestApp({ env: first.env, dropOnClose: false });
-  const { auth } = await first.tenantWithKey([...X402_SCOPES]);
-  return {
-    first,
-    second,
-    auth,
-    close: async () => {
-      await second.close();
-      await first.close();
-    },
-  };
+export function twoApiProcesses(): { first: TestApp; second: TestApp; auth: Record<string, string> } {
+  const processes = {} as { first: TestApp; second: TestApp; auth: Record<string, string> };
+  beforeAll(async () => {
+    processes.first = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
+    processes.second = await startTestApp({ env: processes.first.env, dropOnClose: false });
+    ({ auth: processes.auth } = await processes.first.tenantWithKey([...X402_SCOPES]));
+  });
+  afterAll(async () => {
+    await processes.second?.close();
+    await processes.first?.close();
+  });
+  return processes;
 }
 
 export function requestHash(label = randomBytes(8).toString('hex')): string {

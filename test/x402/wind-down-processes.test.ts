@@ -1,6 +1,5 @@
 import type { CommandStartedEvent } from 'mongodb';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { TestApp } from '../helpers/context.ts';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { createGate, gateParties, post, quote, twoApiProcesses } from './helpers.ts';
 
 /**
@@ -9,19 +8,16 @@ import { createGate, gateParties, post, quote, twoApiProcesses } from './helpers
  * soon as it answers, for an agent the second had cached as live.
  */
 describe('x402 wind-down across processes', () => {
-  let first: TestApp;
-  let second: TestApp;
-  let auth: Record<string, string>;
-  let close: () => Promise<void>;
+  const processes = twoApiProcesses();
   beforeAll(async () => {
-    ({ first, second, auth, close } = await twoApiProcesses());
+    const { first, second } = processes;
     // Both caches must be serving from memory, or the second process would read the fact on every call anyway.
     for (let i = 0; i < 100 && !(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()); i++) await new Promise((r) => setTimeout(r, 50));
     expect(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()).toBe(true);
   });
-  afterAll(() => close());
 
   it('a second process refuses create, quote and authorize for an agent wound down through the first, at once', async () => {
+    const { first, second, auth } = processes;
     const { payer, payee } = await gateParties(first, auth, 10_000);
     // The second process caches both agents as live: a gate created, quoted and authorized there.
     const warm = await createGate(second, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 100 });
