@@ -13,7 +13,7 @@
 // Loopback only; every loop is bounded; children are stopped and the database and Redis keys dropped on exit.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { MongoClient } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
@@ -24,7 +24,7 @@ import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { concurrently, HttpClient, summarize, type LatencySummary } from './growth/http-client.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, killAllChildren, machineBusyPercent, machineJiffies, memoryMiB, pidOfServer, stopChild, withPeakRss, type Child } from './growth/processes.ts';
 import { seedDatabase, type SeedReport } from './growth/seed.ts';
-import { benchService, buildService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
+import { benchService, buildService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
 import { WebhookReceiver } from './growth/webhook-receiver.ts';
 
 const QUICK = process.argv.includes('--quick');
@@ -48,7 +48,6 @@ const FINALIZE_EVENTS = QUICK ? 2_000 : 10_000;
 const SEED_RUNS = envInt('BENCH_SEED_RUNS', QUICK ? 5_000 : 100_000);
 const SEED_EVENTS = envInt('BENCH_SEED_EVENTS', QUICK ? 50_000 : 1_000_000);
 const IDLE_SECONDS = envInt('BENCH_IDLE_SECONDS', QUICK ? 5 : 60);
-const CPU_PROF_DIR = process.env.BENCH_CPU_PROF ? resolve(process.env.BENCH_CPU_PROF) : null;
 const service = benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' });
 const { dbName, redisPrefix, adminKey, logDir } = service;
 const serviceEnv = service.env;
@@ -67,8 +66,7 @@ interface Services {
 }
 
 async function startServices(phase: string): Promise<Services> {
-  const prof = (name: string) => (CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=${phase}-${name}-${Date.now()}.cpuprofile`] : []);
-  const { api, worker, http } = await startServiceProcesses(service, phase, prof);
+  const { api, worker, http } = await startServiceProcesses(service, phase, cpuProfileFlags(phase));
   return { api, worker, http };
 }
 

@@ -71,6 +71,14 @@ export async function freePort(): Promise<number> {
   });
 }
 
+/** BENCH_CPU_PROF=<dir>: the service processes the benches start write .cpuprofile files there. */
+export const CPU_PROF_DIR = process.env.BENCH_CPU_PROF ? resolve(process.env.BENCH_CPU_PROF) : null;
+
+/** Node flags (for startServiceProcesses) that make each process write its profile as `<label>-<name>-…`, if asked. */
+export function cpuProfileFlags(label: string): (name: string) => string[] {
+  return (name) => (CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=${label}-${name}-${Date.now()}.cpuprofile`] : []);
+}
+
 /**
  * Starts `node dist/main.js api` and `worker`; resolves once the API is ready and the worker has had the time its
  * start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof); logs go to `<label>-*.log`.

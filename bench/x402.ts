@@ -16,7 +16,7 @@
 import { createHash } from 'node:crypto';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
-import { dirname, join, resolve } from 'node:path';
+import { dirname, join } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
 import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
@@ -24,7 +24,7 @@ import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { benchService, buildService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
+import { benchService, buildService, cleanUpOnSignals, CPU_PROF_DIR, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses } from './production-service.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, pidOfServer, stopChild, type Child } from './growth/processes.ts';
 
 const arg = (name: string, fallback: number) => {
@@ -48,11 +48,8 @@ const serviceEnv = service.env;
 
 const log = (line: string) => console.error(`[bench x402 ${new Date().toISOString().slice(11, 19)}] ${line}`);
 
-/** BENCH_CPU_PROF=<dir>: the API and worker write .cpuprofile files there (as in bench/growth.ts). */
-const CPU_PROF_DIR = process.env.BENCH_CPU_PROF ? resolve(process.env.BENCH_CPU_PROF) : null;
-
 async function startService(): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
-  return startServiceProcesses(service, 'x402', (name) => (CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=x402-${name}-${Date.now()}.cpuprofile`] : []));
+  return startServiceProcesses(service, 'x402', cpuProfileFlags('x402'));
 }
 
 class Refused extends Error {}
