@@ -1,5 +1,5 @@
 // Seeds a database directly through the stores' raw collections (insertMany in large chunks): runs, their event
-// batches (up to 100 events per batch document, as appends store them), heads, event-id claims, and some finalized
+// batches (up to 100 events per batch document, as appends store them), heads, and some finalized
 // runs with their seal, artifact and settlement. The documents have the shape and size of real ones.
 import type { KeyObject } from 'node:crypto';
 import { buildArtifact } from '../../src/domain/artifact.ts';
@@ -32,7 +32,6 @@ export interface SeedReport {
   runs: number;
   events: number;
   batchDocuments: number;
-  eventIdClaims: number;
   finalizedRuns: number;
   longRuns: number;
   seconds: number;
@@ -125,7 +124,6 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
     runs: options.runs,
     events: 0,
     batchDocuments: 0,
-    eventIdClaims: 0,
     finalizedRuns: 0,
     longRuns: shapes.filter((n) => n >= BATCH).length,
     seconds: 0,
@@ -139,7 +137,6 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
     const runs: RunDoc[] = [];
     const batches: RunBatchDoc[] = [];
     const heads: Array<{ _id: string; seq: number; chainHash: string | null; sealed: boolean }> = [];
-    const claims: Array<{ _id: string; batchId: string; seq: number; chainHash: string }> = [];
     const artifacts: ArtifactDoc[] = [];
     const settlementDocs: SettlementDoc[] = [];
     const facts: Array<Parameters<typeof settlements.facts.insertOne>[0]> = [];
@@ -153,9 +150,7 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       const receivedAt = new Date(createdAt.getTime() + 1_000);
       for (let first = 0; first < events.length; first += BATCH) {
         const slice = events.slice(first, first + BATCH);
-        const batchId = `${runId}:${slice[0]!.seq}`;
-        batches.push({ _id: batchId, tenantId: tenant._id, runId, firstSeq: slice[0]!.seq, lastSeq: slice.at(-1)!.seq, ...storedBatchEvents(slice), receivedAt });
-        for (const e of slice) claims.push({ _id: `${runId}#${e.id}`, batchId, seq: e.seq, chainHash: e.chainHash });
+        batches.push({ _id: `${runId}:${slice[0]!.seq}`, tenantId: tenant._id, runId, firstSeq: slice[0]!.seq, lastSeq: slice.at(-1)!.seq, ...storedBatchEvents(slice), receivedAt });
       }
       const head: ChainHead = events.length ? { seq: events.length, chainHash: events.at(-1)!.chainHash } : EMPTY_HEAD;
       heads.push({ _id: runId, ...head, sealed: finalize });
@@ -215,9 +210,8 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       if (report.sampleRunIds.length < 2_000 && random() < 4_000 / options.runs) report.sampleRunIds.push(runId);
     }
     report.batchDocuments += batches.length;
-    report.eventIdClaims += claims.length;
     buildMs += performance.now() - t0;
-    return { runs, batches, heads, claims, artifacts, settlementDocs, facts };
+    return { runs, batches, heads, artifacts, settlementDocs, facts };
   };
 
   const insertChunk = async (docs: ReturnType<typeof buildChunk>) => {
@@ -227,7 +221,6 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       many((d, o) => runStore.runs.insertMany(d, o), docs.runs),
       many((d, o) => runStore.batches.insertMany(d, o), docs.batches),
       many((d, o) => runStore.heads.insertMany(d, o), docs.heads),
-      many((d, o) => runStore.eventIds.insertMany(d, o), docs.claims),
       many((d, o) => runStore.artifacts.insertMany(d, o), docs.artifacts),
       many((d, o) => settlements.settlements.insertMany(d, o), docs.settlementDocs),
       many((d, o) => settlements.facts.insertMany(d, o), docs.facts),

@@ -137,7 +137,7 @@ async function appendToRun(rt: Runtime, run: AppendTarget, knownHead: ChainHead,
   // repaired), so the ordinary append skips this lookup.
   let head = knownHead;
   const maybeResent = incoming.some((e) => e.seq <= head.seq);
-  const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, ids)).map((e) => [e.id, e]) : []);
+  const stored = new Map(maybeResent ? (await runs.findByEventIds(run._id, head, ids)).map((e) => [e.id, e]) : []);
   for (const event of incoming) {
     const previous = stored.get(event.id);
     if (previous && !sameEvent(previous, event)) {

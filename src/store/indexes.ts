@@ -17,7 +17,7 @@ export async function ensureIndexes(db: Db): Promise<void> {
     // One spend per x402 wallet decision, whatever position of the day's chain it would take.
     db.collection('x402_daily_spends').createIndex({ decisionKey: 1 }, { unique: true }),
     // Batches now keep their events in one string (store/runs.ts), so this index would see every batch of a run
-    // as the same missing key; an event id's once-per-run rule is the run_event_ids claim (its _id).
+    // as the same missing key; an event id's once-per-run rule is kept by the appender (store/event-id-index.ts).
     db.collection('run_batches').dropIndex('runId_1_events.id_1').catch(() => undefined),
   ]);
 }

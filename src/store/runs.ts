@@ -5,6 +5,7 @@ import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
 import { errors } from '../domain/errors.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
 import { DueWorkStore } from './due-work.ts';
+import { EventIdIndex } from './event-id-index.ts';
 import { insertFirst, isDuplicateKey } from './mongo.ts';
 
 export type RunStatus = 'in_progress' | 'finalizing' | 'finalized';
@@ -76,18 +77,6 @@ interface RunHeadDoc {
   sealed: boolean;
 }
 
-/**
- * The claim of an event id within a run, keyed `runId#eventId`: what makes an id usable once per run (an id reused
- * with other content at a new position is refused) and lets a resend be recognised by an `_id` lookup. Claimed
- * before its batch is stored; a claim whose batch lost its position is stale and may be taken over.
- */
-interface EventIdClaimDoc {
-  _id: string;
-  batchId: string;
-  seq: number;
-  chainHash: string;
-}
-
 export interface ArtifactDoc {
   _id: string;
   tenantId: string;
@@ -110,10 +99,6 @@ const MAX_READ_AHEAD = 32;
 
 function positionId(runId: string, seq: number): string {
   return `${runId}:${seq}`;
-}
-
-function claimId(runId: string, eventId: string): string {
-  return `${runId}#${eventId}`;
 }
 
 export function toEnvelope(e: StoredEvent): EventEnvelope {
@@ -148,7 +133,6 @@ export class RunStore {
   readonly batches: Collection<RunBatchDoc>;
   readonly heads: Collection<RunHeadDoc>;
   readonly artifacts: Collection<ArtifactDoc>;
-  readonly eventIds: Collection<EventIdClaimDoc>;
   /** Runs whose finalize is requested and not yet done (see DueWorkStore). */
   readonly finalizeDue: DueWorkStore;
 
@@ -157,7 +141,6 @@ export class RunStore {
     this.batches = db.collection<RunBatchDoc>('run_batches');
     this.heads = db.collection<RunHeadDoc>('run_heads');
     this.artifacts = db.collection<ArtifactDoc>('artifacts');
-    this.eventIds = db.collection<EventIdClaimDoc>('run_event_ids');
     this.finalizeDue = new DueWorkStore(db, 'finalize');
   }
 
@@ -217,7 +200,10 @@ export class RunStore {
   private readonly headHints = new Map<string, { head: ChainHead; sealed: boolean }>();
 
   private remember(runId: string, known: { head: ChainHead; sealed: boolean }): void {
-    if (known.sealed) this.appendable.delete(runId);
+    if (known.sealed) {
+      this.appendable.delete(runId);
+      this.eventIds.drop(runId); // nothing more is appended
+    }
     const had = this.headHints.get(runId);
     if (had && (had.head.seq > known.head.seq || (had.sealed && !known.sealed))) return; // never move a hint back
     this.headHints.delete(runId); // re-inserted last: the map's order is least recently written first
@@ -264,19 +250,21 @@ export class RunStore {
     });
   }
 
-  /** The stored event a live claim of this id points at, or null (no claim, or a stale one). */
-  private async claimedEvent(runId: string, eventId: string): Promise<EventEnvelope | null> {
-    const claim = await this.eventIds.findOne({ _id: claimId(runId, eventId) });
-    if (!claim) return null;
-    const batch = await this.batches.findOne({ _id: claim.batchId });
-    const stored = batch ? batchEvents(batch).find((e) => e.id === eventId) : undefined;
-    return stored ? toEnvelope(stored) : null;
-  }
+  /** Which event ids the run's batches hold, for the runs this process appends to (see EventIdIndex). */
+  private readonly eventIds = new EventIdIndex();
 
-  /** Stored events of the run with these ids (to recognise a resent event): one id lookup per id. */
-  async findByEventIds(runId: string, ids: string[]): Promise<EventEnvelope[]> {
-    const found = await Promise.all(ids.map((id) => this.claimedEvent(runId, id)));
-    return found.filter((e): e is EventEnvelope => e !== null);
+  /**
+   * Stored events of the run with these ids, among positions 1..head.seq (the head the caller verified against; all
+   * of them are stored). The index is brought up to that head first (reading only batches it has not seen), then
+   * each candidate batch is read once by its position id.
+   */
+  async findByEventIds(runId: string, head: ChainHead, ids: readonly string[]): Promise<EventEnvelope[]> {
+    const from = this.eventIds.coveredUpTo(runId) + 1;
+    if (from <= head.seq) await this.walkBatches(runId, from, head.seq, (batch, events) => this.eventIds.add(runId, batch.firstSeq, batch.lastSeq, events.map((e) => e.id)));
+    const wanted = new Set(ids);
+    const starts = new Set(ids.flatMap((id) => this.eventIds.candidates(runId, id)));
+    const batches = await Promise.all([...starts].map((seq) => this.batches.findOne({ _id: positionId(runId, seq) })));
+    return batches.flatMap((batch) => (batch && !batch.seal ? batchEvents(batch).filter((e) => wanted.has(e.id)).map(toEnvelope) : []));
   }
 
   /** Events 1..upToSeq in order, walking the run's batches by their position ids. */
@@ -284,66 +272,41 @@ export class RunStore {
     return (await this.readChain(runId, upToSeq)).events;
   }
 
-  /**
-   * Events 1..upToSeq in order, and the batches they came from (each whole, with its attestation). Each batch's id
-   * derives from the previous one's last position; batches of a run usually have one size, so the positions after
-   * the last batch read are guessed from its size and read together (up to MAX_READ_AHEAD at once, doubling while
-   * the guesses hold). A wrong guess costs one wasted read; the walk itself stays exact.
-   */
+  /** Events 1..upToSeq in order, and the batches they came from (each whole, with its attestation). */
   async readChain(runId: string, upToSeq: number): Promise<{ events: EventEnvelope[]; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const events: EventEnvelope[] = [];
     const batches: Array<{ events: EventEnvelope[]; attestation: string | null }> = [];
-    let seq = 1;
+    await this.walkBatches(runId, 1, upToSeq, (batch, stored) => {
+      const whole = stored.map(toEnvelope);
+      batches.push({ events: whole, attestation: batch.attestation ?? null });
+      for (const e of whole) if (e.seq <= upToSeq) events.push(e);
+    });
+    return { events, batches };
+  }
+
+  /**
+   * Visits, in order, the stored batches holding positions fromSeq..upToSeq (fromSeq must start a batch), until a
+   * seal or a missing position ends the chain. Each batch's id derives from the previous one's last position; batches
+   * of a run usually have one size, so the positions after the last batch read are guessed from its size and read
+   * together (up to MAX_READ_AHEAD at once, doubling while the guesses hold). A wrong guess costs one wasted read;
+   * the walk itself stays exact.
+   */
+  private async walkBatches(runId: string, fromSeq: number, upToSeq: number, visit: (batch: RunBatchDoc, events: StoredEvent[]) => void): Promise<void> {
+    let seq = fromSeq;
     let size = 0;
     let window = 1;
     while (seq <= upToSeq) {
       const positions = [seq];
       for (let p = seq + size; size > 0 && p <= upToSeq && positions.length < window; p += size) positions.push(p);
       const docs = await Promise.all(positions.map((p) => this.batches.findOne({ _id: positionId(runId, p) })));
-      let end = false;
       for (const [i, batch] of docs.entries()) {
         if (positions[i] !== seq) break; // a guess past a batch of another size: read again from seq
-        if (!batch || batch.seal) {
-          end = true;
-          break;
-        }
-        const whole = batchEvents(batch).map(toEnvelope);
-        batches.push({ events: whole, attestation: batch.attestation ?? null });
-        for (const e of whole) if (e.seq <= upToSeq) events.push(e);
+        if (!batch || batch.seal) return;
+        visit(batch, batchEvents(batch));
         size = batch.lastSeq - batch.firstSeq + 1;
         seq = batch.lastSeq + 1;
       }
-      if (end) break;
       window = Math.min(MAX_READ_AHEAD, window * 2);
-    }
-    return { events, batches };
-  }
-
-  /**
-   * Claims the batch's event ids for the run (one insert for all). An id already claimed by a stored event is reused
-   * (CHAIN_CONFLICT); a claim whose batch never made it is stale and is taken over.
-   */
-  private async claimEventIds(runId: string, batchId: string, events: EventEnvelope[], head: ChainHead): Promise<void> {
-    const claims = events.map((e) => ({ _id: claimId(runId, e.id), batchId, seq: e.seq, chainHash: e.chainHash }));
-    let taken: EventIdClaimDoc[] = [];
-    try {
-      await this.eventIds.insertMany(claims, { ordered: false });
-    } catch (err) {
-      const writeErrors = (err as { writeErrors?: Array<{ index: number; code?: number }> }).writeErrors;
-      if (!isDuplicateKey(err) && !writeErrors?.every((w) => w.code === 11000)) throw err;
-      const failed = new Set((writeErrors ?? []).map((w) => w.index));
-      taken = claims.filter((_, i) => failed.has(i) || writeErrors === undefined);
-    }
-    for (const claim of taken) {
-      const existing = await this.eventIds.findOne({ _id: claim._id });
-      if (existing && existing.batchId === batchId && existing.chainHash === claim.chainHash) continue; // our own earlier try
-      const eventId = claim._id.slice(runId.length + 1);
-      if (await this.claimedEvent(runId, eventId)) {
-        throw errors.conflict('CHAIN_CONFLICT', `event id ${eventId} is already used by a different event`, { head, eventId });
-      }
-      // Stale: its batch lost its position. Take it over (a racing taker of the same claim is refused by the batch).
-      await this.eventIds.deleteOne({ _id: claim._id });
-      await insertFirst(this.eventIds, claim);
     }
   }
 
@@ -355,7 +318,11 @@ export class RunStore {
     const first = events[0]!;
     const last = events.at(-1)!;
     const batchId = positionId(run._id, first.seq);
-    await this.claimEventIds(run._id, batchId, events, expectedHead);
+    // An id names one event of the run: one the chain below this position already holds is refused.
+    // (The same event found again is this batch's own earlier try: the position insert below recognises it.)
+    const byId = new Map(events.map((e) => [e.id, e]));
+    const used = (await this.findByEventIds(run._id, expectedHead, [...byId.keys()])).find((e) => e.seq !== byId.get(e.id)!.seq || e.chainHash !== byId.get(e.id)!.chainHash);
+    if (used) throw errors.conflict('CHAIN_CONFLICT', `event id ${used.id} is already used by a different event`, { head: expectedHead, eventId: used.id });
     const stored = await insertFirst(this.batches, {
       _id: batchId,
       tenantId: run.tenantId,
@@ -382,6 +349,7 @@ export class RunStore {
       );
     }
     const newHead: ChainHead = { seq: last.seq, chainHash: last.chainHash };
+    this.eventIds.add(run._id, first.seq, last.seq, events.map((e) => e.id));
     if (expectedHead.seq + 1 === first.seq) {
       // The batch is stored, which is all the caller waits for: this process's hint moves now, and the head cache
       // document (for other processes) follows without holding the answer; a lost write only means a longer walk.

@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { signEvent } from '../../src/domain/event-chain.ts';
+import { eventIdHash } from '../../src/store/event-id-index.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { appendEvents, createRun, events, registerAgent, type TestAgent } from '../helpers/agents.ts';
 
@@ -130,6 +131,44 @@ describe('runs and signed events', () => {
     const altered = signEvent({ ...batch[0]!, payload: { a: 'changed' } }, null, agent.privateKey, agent.keyId);
     const clash = await appendEvents(t, auth, runId, [altered]);
     expect(clash.statusCode).toBe(409);
+    expect(await storedEvents(runId)).toBe(2);
+  });
+
+  it('refuses an event id the run already used, at a new position, whichever process stored the first one', async () => {
+    const runId = await createRun(t, auth, { agentId: agent.agentId });
+    const first = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: { n: 1 } }, { type: 'log', payload: { n: 2 } }]);
+    expect((await appendEvents(second, auth, runId, first)).statusCode).toBe(201); // stored by the other process
+    let head = { seq: 2, chainHash: first[1]!.chainHash };
+    for (const [app, reused] of [[t, first[0]!], [second, first[1]!]] as const) {
+      // A new, properly signed event at the next position, carrying an id the run already holds.
+      const [fresh] = events(runId, head, agent, [{ type: 'log', payload: { n: 'again' } }]);
+      const clash = await appendEvents(app, auth, runId, [signEvent({ ...fresh!, id: reused.id }, head.chainHash, agent.privateKey, agent.keyId)]);
+      expect(clash.statusCode, clash.body).toBe(409);
+      expect(clash.json()).toMatchObject({ code: 'CHAIN_CONFLICT', details: { eventId: reused.id, head } });
+      // The position is still free: the same event under a new id takes it.
+      const ok = await appendEvents(app, auth, runId, [fresh!]);
+      expect(ok.statusCode, ok.body).toBe(201);
+      head = ok.json().head;
+    }
+    expect(await storedEvents(runId)).toBe(4);
+  });
+
+  it('accepts two different event ids whose index hashes collide', async () => {
+    const seen = new Map<number, string>();
+    let pair: [string, string] | null = null;
+    for (let i = 0; !pair; i++) {
+      const id = `evt_collide_${i}`;
+      const other = seen.get(eventIdHash(id));
+      if (other) pair = [other, id];
+      seen.set(eventIdHash(id), id);
+    }
+    const runId = await createRun(t, auth, { agentId: agent.agentId });
+    const [a] = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: { n: 1 } }]);
+    const first = signEvent({ ...a!, id: pair[0] }, null, agent.privateKey, agent.keyId);
+    expect((await appendEvents(t, auth, runId, [first])).statusCode).toBe(201);
+    const [b] = events(runId, { seq: 1, chainHash: first.chainHash }, agent, [{ type: 'log', payload: { n: 2 } }]);
+    const res = await appendEvents(t, auth, runId, [signEvent({ ...b!, id: pair[1] }, first.chainHash, agent.privateKey, agent.keyId)]);
+    expect(res.statusCode, res.body).toBe(201);
     expect(await storedEvents(runId)).toBe(2);
   });
 
