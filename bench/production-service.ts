@@ -80,7 +80,14 @@ export function cpuProfileFlags(label: string): (name: string) => string[] {
 }
 
 /**
- * Starts `node dist/main.js api` and `worker`; resolves once the API is ready and the worker has had the time its
+ * The node flags production starts the service with (the Dockerfile's ENTRYPOINT, `npm run start:prod`): V8's young
+ * generation capped at 8 MB a semi-space instead of 16, which kept the API's peak RSS under load about 20-30 MB lower
+ * with no loss of throughput (see README, "Cost that follows the work").
+ */
+export const PRODUCTION_NODE_FLAGS = ['--max-semi-space-size=8'];
+
+/**
+ * Starts `node dist/main.js api` and `worker` (with PRODUCTION_NODE_FLAGS); resolves once the API is ready and the worker has had the time its
  * start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof); logs go to `<label>-*.log`.
  */
 export async function startServiceProcesses(
@@ -90,8 +97,8 @@ export async function startServiceProcesses(
 ): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
   const port = await freePort();
   const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...service.env, PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` };
-  const api = startChild('api', [...nodeArgs('api'), 'dist/main.js', 'api'], env, join(service.logDir, `${label}-api.log`), ROOT);
-  const worker = startChild('worker', [...nodeArgs('worker'), 'dist/main.js', 'worker'], env, join(service.logDir, `${label}-worker.log`), ROOT);
+  const api = startChild('api', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('api'), 'dist/main.js', 'api'], env, join(service.logDir, `${label}-api.log`), ROOT);
+  const worker = startChild('worker', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('worker'), 'dist/main.js', 'worker'], env, join(service.logDir, `${label}-worker.log`), ROOT);
   await waitHealthy(api, `http://127.0.0.1:${port}/readyz`);
   await new Promise((r) => setTimeout(r, 2_000));
   if (worker.proc.exitCode !== null) throw new Error(`worker exited; see ${worker.logFile}`);
