@@ -17,6 +17,6 @@ COPY src ./src
 COPY openapi ./openapi
 ENV NODE_ENV=production HOST=0.0.0.0 PORT=3000
 USER node
-# A young generation of 8 MB a semi-space (16 by default) keeps peak RSS under load 20-30 MB lower (bench/).
+# A young generation of 8 MB a semi-space (16 by default) lowers peak RSS under load (README, bench/).
 ENTRYPOINT ["node", "--max-semi-space-size=8", "dist/main.js"]
 CMD ["api"]

@@ -122,6 +122,10 @@ interface PhaseResult {
   finalize10k: { events: number; samplesMs: number[]; p50Ms: number; appendEventsPerSecondSequential: number };
   verifyColdMs: number[];
   peakRssUnder16ClientsMB: Record<string, number>;
+  /** Diagnostic: the API's peak RSS in each 16-client step. */
+  apiPeakRssByStep16ClientsMB: Record<string, number>;
+  /** How long FerretDB took to go quiet before the phase started its service (backendSettled). */
+  backendSettled: { seconds: number; ticks: number };
   peakRssWholePhaseMB: Record<string, number>;
 }
 
@@ -139,11 +143,29 @@ async function measureIdle(pids: Record<string, number | null>, seconds: number)
   return { seconds: round(elapsed, 1), percentOfOneCore, ticks, machineBusyPercent: machineBusyPercent(machineBefore, machineJiffies()) };
 }
 
+/**
+ * Waits until FerretDB has been quiet (at most one clock tick in a 5 s window) before a phase starts its service,
+ * at most 120 s. Right after seeding a million events it is still busy with what the bulk load left behind, which
+ * would otherwise land in the seeded phase's idle window as if the service had caused it. Both phases wait alike.
+ */
+async function backendSettled(ferretdbPid: number | null): Promise<{ seconds: number; ticks: number }> {
+  if (ferretdbPid === null) return { seconds: 0, ticks: 0 };
+  const started = performance.now();
+  const first = cpuTicks(ferretdbPid);
+  for (;;) {
+    const before = cpuTicks(ferretdbPid);
+    await sleep(5_000);
+    const seconds = round((performance.now() - started) / 1000, 1);
+    if (cpuTicks(ferretdbPid) - before <= 1 || seconds >= 120) return { seconds, ticks: cpuTicks(ferretdbPid) - first };
+  }
+}
+
 async function runPhase(
   phase: 'empty' | 'seeded',
   ctx: { receiver: WebhookReceiver; receiverPort: number; bare: HttpClient; mongo: MongoClient; backendPids: Record<string, number | null>; seededRunIds: string[] },
 ): Promise<PhaseResult> {
-  log(`${phase}: starting API and worker`);
+  const settled = await backendSettled(ctx.backendPids.ferretdb ?? null);
+  log(`${phase}: FerretDB quiet after ${settled.seconds} s (${settled.ticks} ticks meanwhile); starting API and worker`);
   const machineAtStart = machineJiffies();
   const services = await startServices(phase);
   const { http, api, worker } = services;
@@ -168,10 +190,16 @@ async function runPhase(
     const raw = ctx.mongo.db(dbName);
     const findTargets = phase === 'seeded' && ctx.seededRunIds.length > 0 ? ctx.seededRunIds : createdRuns;
     let peakUnderLoad: Record<string, number> = { api: 0, worker: 0 };
+    let step = '';
+    const stepLog = (c: number, name: string) => {
+      step = name;
+      log(`${phase}: ${c} client(s): ${name}`);
+    };
+    let apiPeakByStep: Record<string, number> = {};
 
     for (const c of CONCURRENCY) {
       const measureAll = async () => {
-        log(`${phase}: ${c} client(s): create run`);
+        stepLog(c, 'create run');
         let r = await concurrently(c, SIZES.create[c], async () => {
           const reply = await http.expect(201, 'POST', '/v1/runs', { token, body: { agentId: workerAgent.agentId, terms: { accuracy: { min: 0.9 } } } });
           createdRuns.push(reply.json.runId);
@@ -179,13 +207,13 @@ async function runPhase(
         });
         put(operations, 'createRun', c, summarize(r.latencies, r.wallMs));
 
-        log(`${phase}: ${c} client(s): single-event append`);
+        stepLog(c, 'single-event append');
         const singleRuns = await Promise.all(Array.from({ length: c }, () => createRunFor()));
         const singles = singleRuns.map((runId) => sampleEvents(runId, EMPTY_HEAD, SIZES.appendSingle[c], workerAgent));
         r = await concurrently(c, SIZES.appendSingle[c], async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${singleRuns[k]}/events`, { token, body: { event: singles[k]![i] } })).ms);
         put(operations, 'appendSingleEvent', c, { ...summarize(r.latencies, r.wallMs), eventsPerSecond: round(r.latencies.length / (r.wallMs / 1000), 1) });
 
-        log(`${phase}: ${c} client(s): 100-event batch append`);
+        stepLog(c, '100-event batch append');
         const batchRuns = await Promise.all(Array.from({ length: c }, () => createRunFor()));
         const batches = batchRuns.map((runId) => {
           const out: EventEnvelope[][] = [];
@@ -200,11 +228,11 @@ async function runPhase(
         r = await concurrently(c, SIZES.appendBatches[c], async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${batchRuns[k]}/events`, { token, body: { events: batches[k]![i] } })).ms);
         put(operations, 'appendBatch100', c, { ...summarize(r.latencies, r.wallMs), eventsPerSecond: round((r.latencies.length * 100) / (r.wallMs / 1000), 1) });
 
-        log(`${phase}: ${c} client(s): GET run`);
+        stepLog(c, 'GET run');
         r = await concurrently(c, SIZES.get[c], async (k, i) => (await http.expect(200, 'GET', `/v1/runs/${createdRuns[(k * 7919 + i * 31) % createdRuns.length]}`, { token })).ms);
         put(operations, 'getRun', c, summarize(r.latencies, r.wallMs));
 
-        log(`${phase}: ${c} client(s): finalize -> run.finalized, settle -> settlement.completed`);
+        stepLog(c, 'finalize -> run.finalized, settle -> settlement.completed');
         const settleLatencies: number[] = [];
         r = await concurrently(c, SIZES.webhook[c], async () => {
           const runId = await createRunFor(true);
@@ -221,7 +249,7 @@ async function runPhase(
         put(operations, 'finalizeToWebhook', c, summarize(r.latencies, r.wallMs));
         put(operations, 'settleToWebhook', c, summarize(settleLatencies, r.wallMs));
 
-        log(`${phase}: ${c} client(s): ceilings`);
+        stepLog(c, 'ceilings');
         r = await concurrently(c, SIZES.bare[c], async () => (await ctx.bare.expect(200, 'GET', '/ok')).ms);
         put(ceilings, 'bareFastifyRoute', c, summarize(r.latencies, r.wallMs));
         const scratch = raw.collection<{ _id: string }>('bench_ceiling');
@@ -240,7 +268,8 @@ async function runPhase(
         });
         put(ceilings, 'rawFindOneById', c, summarize(r.latencies, r.wallMs));
       };
-      if (c === 16) peakUnderLoad = (await withPeakRss({ api: api.pid, worker: worker.pid }, measureAll)).peakMiB;
+      step = 'start';
+      if (c === 16) ({ peakMiB: peakUnderLoad, byLabel: apiPeakByStep } = await withPeakRss({ api: api.pid, worker: worker.pid }, measureAll, 100, () => step));
       else await measureAll();
     }
 
@@ -289,6 +318,8 @@ async function runPhase(
       },
       verifyColdMs,
       peakRssUnder16ClientsMB: { api: mb(peakUnderLoad.api!), worker: mb(peakUnderLoad.worker!) },
+      apiPeakRssByStep16ClientsMB: Object.fromEntries(Object.entries(apiPeakByStep).map(([name, v]) => [name, mb(v)])),
+      backendSettled: settled,
       peakRssWholePhaseMB: { api: mb(hwm.api), worker: mb(hwm.worker) },
       machineBusyPercent: machineBusyPercent(machineAtStart, machineJiffies()),
       loadAverageAtEnd: loadavg().map((x) => round(x)),
@@ -437,6 +468,8 @@ async function main(): Promise<void> {
     console.log(`\n${table(empty, seeded, verdicts.p50Ratios)}\n`);
     console.log(`seeding: ${seed.runs} runs, ${seed.events} events in ${seed.seconds} s`);
     console.log(`idle CPU % of one core over ${IDLE_SECONDS} s: empty ${JSON.stringify(empty.idleCpu.percentOfOneCore)}; seeded ${JSON.stringify(seeded.idleCpu.percentOfOneCore)}`);
+    console.log(`API peak RSS MB per 16-client step: empty ${JSON.stringify(empty.apiPeakRssByStep16ClientsMB)}; seeded ${JSON.stringify(seeded.apiPeakRssByStep16ClientsMB)}`);
+    console.log(`FerretDB went quiet before each phase after: empty ${JSON.stringify(empty.backendSettled)}; seeded ${JSON.stringify(seeded.backendSettled)}`);
     console.log(`machine busy (all cores): empty phase ${empty.machineBusyPercent}% (idle window ${empty.idleCpu.machineBusyPercent}%), seeded phase ${seeded.machineBusyPercent}% (idle window ${seeded.idleCpu.machineBusyPercent}%)`);
     for (const t of verdicts.targets) console.log(`${t.met ? 'MET   ' : 'MISSED'} ${t.name} ${t.target}: ${JSON.stringify(t.values)}`);
     console.log(`written to ${out}`);

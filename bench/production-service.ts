@@ -81,14 +81,14 @@ export function cpuProfileFlags(label: string): (name: string) => string[] {
 
 /**
  * The node flags production starts the service with (the Dockerfile's ENTRYPOINT, `npm run start:prod`): V8's young
- * generation capped at 8 MB a semi-space instead of 16, which kept the API's peak RSS under load about 20-30 MB lower
+ * generation capped at 8 MB a semi-space instead of 16, which lowered the API's peak RSS under load in most runs,
  * with no loss of throughput (see README, "Cost that follows the work").
  */
 export const PRODUCTION_NODE_FLAGS = ['--max-semi-space-size=8'];
 
 /**
- * Starts `node dist/main.js api` and `worker` (with PRODUCTION_NODE_FLAGS); resolves once the API is ready and the worker has had the time its
- * start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof); logs go to `<label>-*.log`.
+ * Starts `node dist/main.js api` and `worker` (with PRODUCTION_NODE_FLAGS); resolves once the API is ready and the
+ * worker has had the time its start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof); logs go to `<label>-*.log`.
  */
 export async function startServiceProcesses(
   service: BenchService,

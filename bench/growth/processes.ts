@@ -93,12 +93,21 @@ export function pidOfServer(port: number, pidFiles: string[]): number | null {
 }
 
 /** Samples the peak VmRSS of some processes while `work` runs (every `everyMs`). */
-export async function withPeakRss<T>(pids: Record<string, number>, work: () => Promise<T>, everyMs = 100): Promise<{ result: T; peakMiB: Record<string, number> }> {
+export async function withPeakRss<T>(
+  pids: Record<string, number>,
+  work: () => Promise<T>,
+  everyMs = 100,
+  label?: () => string,
+): Promise<{ result: T; peakMiB: Record<string, number>; byLabel: Record<string, number> }> {
   const peakMiB: Record<string, number> = Object.fromEntries(Object.keys(pids).map((k) => [k, 0]));
+  /** The first process's peak per label (what `label` names when the sample is taken), to find what peaks. */
+  const byLabel: Record<string, number> = {};
   const sample = () => {
-    for (const [name, pid] of Object.entries(pids)) {
+    for (const [i, [name, pid]] of Object.entries(pids).entries()) {
       try {
-        peakMiB[name] = Math.max(peakMiB[name]!, memoryMiB(pid).rss);
+        const rss = memoryMiB(pid).rss;
+        peakMiB[name] = Math.max(peakMiB[name]!, rss);
+        if (i === 0 && label) byLabel[label()] = Math.max(byLabel[label()] ?? 0, rss);
       } catch {
         // the process is gone; its peak so far stands
       }
@@ -109,7 +118,7 @@ export async function withPeakRss<T>(pids: Record<string, number>, work: () => P
   try {
     const result = await work();
     sample();
-    return { result, peakMiB };
+    return { result, peakMiB, byLabel };
   } finally {
     clearInterval(timer);
   }
