@@ -177,8 +177,9 @@ describe('finalize, artifacts and verification', () => {
     let head = { seq: 0, chainHash: null as string | null };
     const acknowledged: string[] = [];
     const refused: number[] = [];
+    // Appends until the seal refuses one (however fast appends are); finalize lands once a few are acknowledged.
     const appender = (async () => {
-      for (let i = 0; i < 40; i++) {
+      for (let i = 0; refused.length === 0 && i < 5_000; i++) {
         const batch = events(runId, head, agent, [{ type: 'log', payload: { i, part: 1 } }, { type: 'log', payload: { i, part: 2 } }]);
         const res = await appendEvents(t, auth, runId, batch);
         if (res.statusCode === 201) {
@@ -190,7 +191,7 @@ describe('finalize, artifacts and verification', () => {
         }
       }
     })();
-    await new Promise((r) => setTimeout(r, 150));
+    while (acknowledged.length < 10) await new Promise((r) => setTimeout(r, 5));
     expect((await finalize(runId)).statusCode).toBe(202);
     await appender;
     const run = await waitFinalized(t, auth, runId);
