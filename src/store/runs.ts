@@ -199,6 +199,9 @@ export class RunStore {
    */
   private readonly headHints = new Map<string, { head: ChainHead; sealed: boolean }>();
 
+  /** Which event ids the run's batches hold, for the runs this process appends to (see EventIdIndex). */
+  private readonly eventIds = new EventIdIndex();
+
   private remember(runId: string, known: { head: ChainHead; sealed: boolean }): void {
     if (known.sealed) {
       this.appendable.delete(runId);
@@ -249,9 +252,6 @@ export class RunStore {
       if (!isDuplicateKey(err)) throw err;
     });
   }
-
-  /** Which event ids the run's batches hold, for the runs this process appends to (see EventIdIndex). */
-  private readonly eventIds = new EventIdIndex();
 
   /**
    * Stored events of the run with these ids, among positions 1..head.seq (the head the caller verified against; all

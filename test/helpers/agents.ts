@@ -3,6 +3,7 @@ import { expect } from 'vitest';
 import { generateEd25519KeyPair, newId } from '../../src/domain/crypto.ts';
 import { signEvents, type ChainHead, type EventEnvelope } from '../../src/domain/event-chain.ts';
 import type { JsonValue } from '../../src/domain/canonical-json.ts';
+import { eventIdHash } from '../../src/store/event-id-index.ts';
 import type { TestApp } from './context.ts';
 
 export interface TestAgent {
@@ -48,5 +49,16 @@ export async function waitFinalized(t: TestApp, auth: Record<string, string>, ru
     if (run.status === 'finalized') return run;
     if (Date.now() > deadline) throw new Error(`run ${runId} still ${run.status}`);
     await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Two different event ids with the same event-id index hash (a birthday search: about 80,000 tries, under 1 s). */
+export function collidingEventIds(prefix = 'evt_'): [string, string] {
+  const seen = new Map<number, string>();
+  for (let i = 0; ; i++) {
+    const id = `${prefix}${i}`;
+    const other = seen.get(eventIdHash(id));
+    if (other) return [other, id];
+    seen.set(eventIdHash(id), id);
   }
 }

@@ -1,8 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { signEvent } from '../../src/domain/event-chain.ts';
-import { eventIdHash } from '../../src/store/event-id-index.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
-import { appendEvents, createRun, events, registerAgent, type TestAgent } from '../helpers/agents.ts';
+import { appendEvents, collidingEventIds, createRun, events, registerAgent, type TestAgent } from '../helpers/agents.ts';
 
 describe('runs and signed events', () => {
   let t: TestApp;
@@ -154,14 +153,7 @@ describe('runs and signed events', () => {
   });
 
   it('accepts two different event ids whose index hashes collide', async () => {
-    const seen = new Map<number, string>();
-    let pair: [string, string] | null = null;
-    for (let i = 0; !pair; i++) {
-      const id = `evt_collide_${i}`;
-      const other = seen.get(eventIdHash(id));
-      if (other) pair = [other, id];
-      seen.set(eventIdHash(id), id);
-    }
+    const pair = collidingEventIds('evt_collide_');
     const runId = await createRun(t, auth, { agentId: agent.agentId });
     const [a] = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: { n: 1 } }]);
     const first = signEvent({ ...a!, id: pair[0] }, null, agent.privateKey, agent.keyId);

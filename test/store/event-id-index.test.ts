@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { EventIdIndex, eventIdHash } from '../../src/store/event-id-index.ts';
+import { EventIdIndex } from '../../src/store/event-id-index.ts';
+import { collidingEventIds } from '../helpers/agents.ts';
 
 describe('EventIdIndex (which event ids a run holds, as appenders see it)', () => {
   it('points an id at the batch that holds it, and knows nothing of ids it was never given', () => {
@@ -25,15 +26,8 @@ describe('EventIdIndex (which event ids a run holds, as appenders see it)', () =
   });
 
   it('keeps every batch of ids whose hashes collide, so a lookup confirms each', () => {
-    // Birthday search for two ids with the same 32-bit hash: both must come back as candidates.
-    const seen = new Map<number, string>();
-    let pair: [string, string] | null = null;
-    for (let i = 0; !pair; i++) {
-      const id = `evt_${i}`;
-      const other = seen.get(eventIdHash(id));
-      if (other) pair = [other, id];
-      seen.set(eventIdHash(id), id);
-    }
+    // Two ids with the same 32-bit hash: both batches must come back as candidates.
+    const pair = collidingEventIds('evt_');
     const index = new EventIdIndex();
     index.add('run_a', 1, 1, [pair[0]]);
     index.add('run_a', 2, 2, [pair[1]]);
