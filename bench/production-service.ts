@@ -88,7 +88,8 @@ export const PRODUCTION_NODE_FLAGS = ['--max-semi-space-size=8'];
 
 /**
  * Starts `node dist/main.js api` and `worker` (with PRODUCTION_NODE_FLAGS); resolves once the API is ready and the
- * worker has had the time its start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof); logs go to `<label>-*.log`.
+ * worker has had the time its start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof);
+ * logs go to `<label>-*.log`.
  */
 export async function startServiceProcesses(
   service: BenchService,
