@@ -7,7 +7,7 @@ export default defineConfig({
   test: {
     include: ['test/faults/**/*.test.ts', 'test/contract/**/*.test.ts'],
     globalSetup: ['test/global-setup.ts'],
-    testTimeout: 240_000, // an outage test may wait out a whole retry schedule (test/faults/outage.ts)
+    testTimeout: 180_000,
     hookTimeout: 120_000,
     pool: 'forks',
     maxWorkers: 1,

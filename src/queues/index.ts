@@ -92,14 +92,24 @@ export class Producers {
    * Makes sure a job with this id will run: enqueues it, retries it if it failed for good, or enqueues it again if
    * it completed while the work it stands for is still pending (what the sweepers use to repair state). Safe from
    * several sweepers at once: one id is only ever one job.
+   *
+   * A job waiting out a retry backoff (delayed after an attempt) is run now: the caller has found its work overdue,
+   * and after an outage that used up the first attempts the backoff alone would leave it for a minute or more. The
+   * sweepers' interval still bounds how often that happens. A job delayed before its first attempt (a holdback timer,
+   * a webhook's scheduled attempt) keeps its time.
    */
-  async ensure<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, name?: string): Promise<'enqueued' | 'retried' | 'live'> {
+  async ensure<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, name?: string): Promise<'enqueued' | 'retried' | 'promoted' | 'live'> {
     const existing = await this.withDeadline(this.queues[queue].getJob(jobId));
     if (existing) {
       const state = await this.withDeadline(existing.getState());
       if (state === 'failed') {
         await this.withDeadline(existing.retry('failed'));
         return 'retried';
+      }
+      if (state === 'delayed' && existing.attemptsMade > 0) {
+        // It may have left the delayed set since getState (its backoff ran out): then it is running anyway.
+        const promoted = await this.withDeadline(existing.promote().then(() => true, () => false));
+        return promoted ? 'promoted' : 'live';
       }
       if (state !== 'completed' && state !== 'unknown') return 'live';
       await this.withDeadline(existing.remove()).catch(() => undefined);
