@@ -242,6 +242,8 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
 
 /** Runs whose finalize is owed: left in finalizing, or finalized before run.finalized was recorded (job lost or failed). */
 export async function sweepFinalizing(rt: Runtime, limit: number): Promise<{ checked: number; repaired: number }> {
+  const audit = await rt.stores.runs.finalizeDue.audit();
+  if (audit) rt.logger.info(audit, 'finalize due index audited against its records');
   const stale = await rt.stores.runs.staleFinalizing(new Date(Date.now() - rt.config.sweeper.staleAfterMs), limit);
   let repaired = 0;
   for (const run of stale) {

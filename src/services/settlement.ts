@@ -251,6 +251,8 @@ function nextCheck({ view, facts }: SettlementState, staleAfterMs: number): Date
 
 /** Advances every settlement that is due (their job lost, or a step waiting for its time). */
 export async function sweepSettlements(rt: Runtime, limit: number): Promise<number> {
+  const audit = await rt.stores.settlements.due.audit();
+  if (audit) rt.logger.info(audit, 'settlement due index audited against its records');
   const now = Date.now();
   const due = await rt.stores.settlements.due.due(new Date(now), limit);
   for (const record of due) {

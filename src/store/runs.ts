@@ -1,4 +1,5 @@
 import type { Collection, Db } from 'mongodb';
+import type { RedisClient } from '../redis.ts';
 import { canonicalize } from '../domain/canonical-json.ts';
 import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
@@ -136,12 +137,12 @@ export class RunStore {
   /** Runs whose finalize is requested and not yet done (see DueWorkStore). */
   readonly finalizeDue: DueWorkStore;
 
-  constructor(db: Db) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
     this.runs = db.collection<RunDoc>('runs');
     this.batches = db.collection<RunBatchDoc>('run_batches');
     this.heads = db.collection<RunHeadDoc>('run_heads');
     this.artifacts = db.collection<ArtifactDoc>('artifacts');
-    this.finalizeDue = new DueWorkStore(db, 'finalize');
+    this.finalizeDue = new DueWorkStore(db, 'finalize', redis, redisPrefix);
   }
 
   async create(run: RunDoc): Promise<RunDoc> {

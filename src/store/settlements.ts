@@ -1,4 +1,5 @@
 import type { Collection, Db } from 'mongodb';
+import type { RedisClient } from '../redis.ts';
 import { sha256Hex } from '../domain/crypto.ts';
 import type {
   DecisionFact,
@@ -57,11 +58,11 @@ export class SettlementStore {
   /** Settlements with a step still to come (see DueWorkStore); removed once final. */
   readonly due: DueWorkStore;
 
-  constructor(db: Db) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
     this.settlements = db.collection<SettlementDoc>('settlements');
     this.facts = db.collection<FactDoc>('settlement_facts');
     this.disputeRefs = db.collection<DisputeRefDoc>('dispute_refs');
-    this.due = new DueWorkStore(db, 'settlements');
+    this.due = new DueWorkStore(db, 'settlements', redis, redisPrefix);
   }
 
   /** One settlement per run (its id derives from the run): a repeat or a racing duplicate gets the existing one. */

@@ -13,10 +13,9 @@ import { DELIVERY_OVERRIDES, startReceiver, type Receiver } from '../webhooks/ha
 const FILTERED = ['find', 'update', 'delete', 'findAndModify', 'count', 'distinct', 'aggregate'] as const;
 
 /**
- * Collections that hold only work still due (their records are removed when done): reading them whole is the point.
- * Besides these, only a due index's rare, bounded reconciliation pass (marked with RECONCILIATION_COMMENT) may scan.
+ * Only a due index's rare, bounded reconciliation pass (marked with RECONCILIATION_COMMENT) may scan. The due
+ * indexes themselves are no exception: a settlement's record waits in one for its whole dispute window.
  */
-const BOUNDED = /^due_/;
 
 function filtersOf(e: CommandStartedEvent): unknown[] {
   const c = e.command;
@@ -46,7 +45,7 @@ export function scansIn(events: CommandStartedEvent[]): string[] {
   for (const e of events) {
     if (!(FILTERED as readonly string[]).includes(e.commandName)) continue;
     const collection = String(e.command[e.commandName]);
-    if (BOUNDED.test(collection) || e.command.comment === RECONCILIATION_COMMENT) continue;
+    if (e.command.comment === RECONCILIATION_COMMENT) continue;
     for (const filter of filtersOf(e)) {
       if (!isPointLookup(filter)) offenders.push(`${e.commandName} ${collection} ${JSON.stringify(filter)}`);
     }
