@@ -39,6 +39,10 @@ export function testEnv(overrides: Record<string, string> = {}): TestEnv {
       REDIS_PREFIX: redisPrefix,
       SERVICE_ADMIN_KEY: adminKey,
       MONGO_SERVER_SELECTION_TIMEOUT_MS: '800',
+      // The request deadline answers 503 once a MongoDB command has waited half of it (a stalled server). With every
+      // test file on the same FerretDB and two cores, a command can wait 400 ms without anything being stalled; the
+      // deadline itself is tested against real outages in test/faults/, whose services keep the default.
+      REQUEST_DEADLINE_MS: '5000',
       // Tests observe the commands the stores send (test/store/id-lookups.test.ts and others).
       MONGO_COMMAND_MONITORING: 'true',
       SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
@@ -77,8 +81,10 @@ export async function startTestApp(
     admin,
     async tenantWithKey(scopes, name = 'tenant') {
       const tenant = await app.inject({ method: 'POST', url: '/ops/tenants', headers: admin, payload: { name } });
+      if (tenant.statusCode !== 201) throw new Error(`POST /ops/tenants answered ${tenant.statusCode}: ${tenant.body}`);
       const tenantId = tenant.json().tenantId as string;
       const key = await app.inject({ method: 'POST', url: '/ops/api-keys', headers: admin, payload: { tenantId, scopes } });
+      if (key.statusCode !== 201) throw new Error(`POST /ops/api-keys answered ${key.statusCode}: ${key.body}`);
       const { keyId, token } = key.json() as { keyId: string; token: string };
       return { tenantId, keyId, token, auth: { authorization: `Bearer ${token}` } };
     },
