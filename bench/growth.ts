@@ -1,12 +1,12 @@
 // Growth benchmark (issue 8): one run on this machine measures the service as production runs it (compiled
 // JavaScript, an API process and a worker process) over real HTTP on loopback, first on an empty database, then on
-// one seeded directly through the stores with BENCH_SEED_RUNS runs and BENCH_SEED_EVENTS events (100,000 and
+// another, seeded directly through the stores with BENCH_SEED_RUNS runs and BENCH_SEED_EVENTS events (100,000 and
 // 1,000,000 by default). It reports latency percentiles and throughput at 1 and 16 clients, finalize and public
 // verification of a 10,000-event run, webhook delivery after finalize and settle, idle CPU of every process, peak
 // RSS under load, and ceilings measured in the same run (a bare Fastify route, raw driver insertOne/findOne).
 // Writes bench/results/growth.json (bench/results/growth-quick.json with --quick) and prints it and a table.
 //
-//   npm run bench               # full: 15-25 minutes on 2 cores
+//   npm run bench               # full: about 10 minutes on 2 cores
 //   npm run bench -- --quick    # small sizes and short idle windows, for development
 // Env: BENCH_SEED_RUNS, BENCH_SEED_EVENTS, BENCH_IDLE_SECONDS, BENCH_SEED_REAL_SIGNATURES=1,
 //      BENCH_CPU_PROF=<dir> (API and worker write .cpuprofile files there), BENCH_KEEP_DATA=1 (skip the cleanup).
@@ -42,15 +42,20 @@ function envInt(name: string, fallback: number): number {
 /** Calls per client for each operation, at 1 and at 16 clients. */
 const SIZES = QUICK
   ? { create: { 1: 40, 16: 8 }, appendSingle: { 1: 40, 16: 8 }, appendBatches: { 1: 6, 16: 3 }, get: { 1: 100, 16: 20 }, webhook: { 1: 3, 16: 1 }, verifyWarm: { 1: 10, 16: 3 }, bare: { 1: 200, 16: 50 }, rawInsert: { 1: 50, 16: 10 }, finalizeSamples: 1 }
-  : { create: { 1: 200, 16: 40 }, appendSingle: { 1: 200, 16: 40 }, appendBatches: { 1: 30, 16: 10 }, get: { 1: 500, 16: 100 }, webhook: { 1: 10, 16: 3 }, verifyWarm: { 1: 30, 16: 10 }, bare: { 1: 1000, 16: 200 }, rawInsert: { 1: 300, 16: 50 }, finalizeSamples: 2 };
+  : { create: { 1: 200, 16: 40 }, appendSingle: { 1: 200, 16: 40 }, appendBatches: { 1: 30, 16: 10 }, get: { 1: 500, 16: 100 }, webhook: { 1: 30, 16: 6 }, verifyWarm: { 1: 30, 16: 10 }, bare: { 1: 1000, 16: 200 }, rawInsert: { 1: 300, 16: 50 }, finalizeSamples: 2 };
 // Quick mode finalizes a smaller run: appending 10,000 events takes a minute on a busy machine.
 const FINALIZE_EVENTS = QUICK ? 2_000 : 10_000;
 const SEED_RUNS = envInt('BENCH_SEED_RUNS', QUICK ? 5_000 : 100_000);
 const SEED_EVENTS = envInt('BENCH_SEED_EVENTS', QUICK ? 50_000 : 1_000_000);
 const IDLE_SECONDS = envInt('BENCH_IDLE_SECONDS', QUICK ? 5 : 60);
-const service = benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' });
-const { dbName, redisPrefix, adminKey, logDir } = service;
-const serviceEnv = service.env;
+// Each phase on a database and Redis prefix of its own: the seeded phase's holds the seed and nothing the empty
+// phase left (its settlements in their dispute windows, its webhook work the sweepers look at once it is a minute
+// old), so the two differ only by the stored data.
+const SERVICES = {
+  empty: benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' }),
+  seeded: benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' }),
+};
+type Phase = keyof typeof SERVICES;
 
 const log = (line: string) => console.error(`[bench ${new Date().toISOString().slice(11, 19)}] ${line}`);
 const round = (x: number, digits = 2) => Number(x.toFixed(digits));
@@ -65,8 +70,8 @@ interface Services {
   http: HttpClient;
 }
 
-async function startServices(phase: string): Promise<Services> {
-  const { api, worker, http } = await startServiceProcesses(service, phase, cpuProfileFlags(phase));
+async function startServices(phase: Phase): Promise<Services> {
+  const { api, worker, http } = await startServiceProcesses(SERVICES[phase], phase, cpuProfileFlags(phase));
   return { api, worker, http };
 }
 
@@ -79,7 +84,7 @@ interface Client {
   payerAgentId: string;
 }
 
-async function bootstrap(http: HttpClient, receiverPort: number): Promise<Client> {
+async function bootstrap(http: HttpClient, receiverPort: number, adminKey: string): Promise<Client> {
   const tenant = (await http.expect(201, 'POST', '/ops/tenants', { token: adminKey, body: { name: `bench-${newId('t')}` } })).json;
   const scopes = ['agents:write', 'runs:write', 'runs:read', 'wallets:write', 'webhooks:write'];
   const token = (await http.expect(201, 'POST', '/ops/api-keys', { token: adminKey, body: { tenantId: tenant.tenantId, scopes } })).json.token as string;
@@ -170,7 +175,7 @@ async function runPhase(
   const services = await startServices(phase);
   const { http, api, worker } = services;
   try {
-    const client = await bootstrap(http, ctx.receiverPort);
+    const client = await bootstrap(http, ctx.receiverPort, SERVICES[phase].adminKey);
     const { token, workerAgent } = client;
     const settlementTerms = { payerAgentId: client.payerAgentId, amount: 100, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 3_600 };
     const createRunFor = async (settlement = false) =>
@@ -186,8 +191,19 @@ async function runPhase(
       table[name] ??= {} as ByConcurrency;
       table[name]![`c${c}`] = summary;
     };
+    // Where a step's time went: every process's CPU over it, per call (read like the x402 bench's cpuMsPerCall).
+    const watched: Record<string, number> = { api: api.pid, worker: worker.pid, bench: process.pid };
+    for (const [name, pid] of Object.entries(ctx.backendPids)) if (pid !== null) watched[name] = pid;
+    const measured = async (...args: Parameters<typeof concurrently>) => {
+      const before = Object.fromEntries(Object.entries(watched).map(([name, pid]) => [name, cpuTicks(pid)]));
+      const r = await concurrently(...args);
+      const msPerTick = 1000 / CLOCK_TICKS_PER_SECOND;
+      const cpuMsPerCall = Object.fromEntries(Object.entries(watched).map(([name, pid]) => [name, round(((cpuTicks(pid) - before[name]!) * msPerTick) / Math.max(1, r.latencies.length))]));
+      return { ...r, cpuMsPerCall };
+    };
+    const withCpu = (r: { latencies: number[]; wallMs: number; cpuMsPerCall: Record<string, number> }) => ({ ...summarize(r.latencies, r.wallMs), cpuMsPerCall: r.cpuMsPerCall });
     const createdRuns: string[] = [];
-    const raw = ctx.mongo.db(dbName);
+    const raw = ctx.mongo.db(SERVICES[phase].dbName);
     const findTargets = phase === 'seeded' && ctx.seededRunIds.length > 0 ? ctx.seededRunIds : createdRuns;
     let peakUnderLoad: Record<string, number> = { api: 0, worker: 0 };
     let step = '';
@@ -200,18 +216,18 @@ async function runPhase(
     for (const c of CONCURRENCY) {
       const measureAll = async () => {
         stepLog(c, 'create run');
-        let r = await concurrently(c, SIZES.create[c], async () => {
+        let r = await measured(c, SIZES.create[c], async () => {
           const reply = await http.expect(201, 'POST', '/v1/runs', { token, body: { agentId: workerAgent.agentId, terms: { accuracy: { min: 0.9 } } } });
           createdRuns.push(reply.json.runId);
           return reply.ms;
         });
-        put(operations, 'createRun', c, summarize(r.latencies, r.wallMs));
+        put(operations, 'createRun', c, withCpu(r));
 
         stepLog(c, 'single-event append');
         const singleRuns = await Promise.all(Array.from({ length: c }, () => createRunFor()));
         const singles = singleRuns.map((runId) => sampleEvents(runId, EMPTY_HEAD, SIZES.appendSingle[c], workerAgent));
-        r = await concurrently(c, SIZES.appendSingle[c], async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${singleRuns[k]}/events`, { token, body: { event: singles[k]![i] } })).ms);
-        put(operations, 'appendSingleEvent', c, { ...summarize(r.latencies, r.wallMs), eventsPerSecond: round(r.latencies.length / (r.wallMs / 1000), 1) });
+        r = await measured(c, SIZES.appendSingle[c], async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${singleRuns[k]}/events`, { token, body: { event: singles[k]![i] } })).ms);
+        put(operations, 'appendSingleEvent', c, { ...withCpu(r), eventsPerSecond: round(r.latencies.length / (r.wallMs / 1000), 1) });
 
         stepLog(c, '100-event batch append');
         const batchRuns = await Promise.all(Array.from({ length: c }, () => createRunFor()));
@@ -225,16 +241,16 @@ async function runPhase(
           }
           return out;
         });
-        r = await concurrently(c, SIZES.appendBatches[c], async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${batchRuns[k]}/events`, { token, body: { events: batches[k]![i] } })).ms);
-        put(operations, 'appendBatch100', c, { ...summarize(r.latencies, r.wallMs), eventsPerSecond: round((r.latencies.length * 100) / (r.wallMs / 1000), 1) });
+        r = await measured(c, SIZES.appendBatches[c], async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${batchRuns[k]}/events`, { token, body: { events: batches[k]![i] } })).ms);
+        put(operations, 'appendBatch100', c, { ...withCpu(r), eventsPerSecond: round((r.latencies.length * 100) / (r.wallMs / 1000), 1) });
 
         stepLog(c, 'GET run');
-        r = await concurrently(c, SIZES.get[c], async (k, i) => (await http.expect(200, 'GET', `/v1/runs/${createdRuns[(k * 7919 + i * 31) % createdRuns.length]}`, { token })).ms);
-        put(operations, 'getRun', c, summarize(r.latencies, r.wallMs));
+        r = await measured(c, SIZES.get[c], async (k, i) => (await http.expect(200, 'GET', `/v1/runs/${createdRuns[(k * 7919 + i * 31) % createdRuns.length]}`, { token })).ms);
+        put(operations, 'getRun', c, withCpu(r));
 
         stepLog(c, 'finalize -> run.finalized, settle -> settlement.completed');
         const settleLatencies: number[] = [];
-        r = await concurrently(c, SIZES.webhook[c], async () => {
+        r = await measured(c, SIZES.webhook[c], async () => {
           const runId = await createRunFor(true);
           const [metric] = signEvents([{ id: newId('evt'), runId, type: 'metric', at: new Date().toISOString(), payload: { name: 'accuracy', value: 1 } }], EMPTY_HEAD, workerAgent.privateKey, workerAgent.keyId);
           await http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: metric } });
@@ -246,27 +262,27 @@ async function runPhase(
           settleLatencies.push((await ctx.receiver.waitFor('settlement.completed', runId)) - settleAt);
           return finalizedAt - finalizeAt;
         });
-        put(operations, 'finalizeToWebhook', c, summarize(r.latencies, r.wallMs));
+        put(operations, 'finalizeToWebhook', c, withCpu(r));
         put(operations, 'settleToWebhook', c, summarize(settleLatencies, r.wallMs));
 
         stepLog(c, 'ceilings');
-        r = await concurrently(c, SIZES.bare[c], async () => (await ctx.bare.expect(200, 'GET', '/ok')).ms);
-        put(ceilings, 'bareFastifyRoute', c, summarize(r.latencies, r.wallMs));
+        r = await measured(c, SIZES.bare[c], async () => (await ctx.bare.expect(200, 'GET', '/ok')).ms);
+        put(ceilings, 'bareFastifyRoute', c, withCpu(r));
         const scratch = raw.collection<{ _id: string }>('bench_ceiling');
-        r = await concurrently(c, SIZES.rawInsert[c], async () => {
+        r = await measured(c, SIZES.rawInsert[c], async () => {
           const t0 = performance.now();
           await scratch.insertOne({ _id: newId('run'), tenantId: 'ten_bench', agentId: workerAgent.agentId, terms: { accuracy: { min: 0.9 } }, status: 'in_progress', createdAt: new Date() } as { _id: string });
           return performance.now() - t0;
         });
-        put(ceilings, 'rawInsertOne', c, summarize(r.latencies, r.wallMs));
+        put(ceilings, 'rawInsertOne', c, withCpu(r));
         const runsCollection = raw.collection<{ _id: string }>('runs');
-        r = await concurrently(c, SIZES.get[c], async (k, i) => {
+        r = await measured(c, SIZES.get[c], async (k, i) => {
           const t0 = performance.now();
           const found = await runsCollection.findOne({ _id: findTargets[(k * 7919 + i * 31) % findTargets.length]! });
           if (!found) throw new Error('raw findOne found nothing');
           return performance.now() - t0;
         });
-        put(ceilings, 'rawFindOneById', c, summarize(r.latencies, r.wallMs));
+        put(ceilings, 'rawFindOneById', c, withCpu(r));
       };
       step = 'start';
       if (c === 16) ({ peakMiB: peakUnderLoad, byLabel: apiPeakByStep } = await withPeakRss({ api: api.pid, worker: worker.pid }, measureAll, 100, () => step));
@@ -395,12 +411,12 @@ function table(empty: PhaseResult, seeded: PhaseResult, ratios: Record<string, n
 async function cleanup(mongo: MongoClient | null): Promise<void> {
   killAllChildren();
   if (process.env.BENCH_KEEP_DATA === '1') return;
-  await dropBenchData(service, mongo, log);
+  for (const service of Object.values(SERVICES)) await dropBenchData(service, mongo, log);
 }
 
 async function main(): Promise<void> {
   const startedAt = new Date();
-  log(`mode ${QUICK ? 'quick' : 'full'}; database ${dbName}, Redis prefix ${redisPrefix}; child logs in ${logDir}`);
+  for (const [phase, service] of Object.entries(SERVICES)) log(`mode ${QUICK ? 'quick' : 'full'}; ${phase}: database ${service.dbName}, Redis prefix ${service.redisPrefix}; child logs in ${service.logDir}`);
   log('building: tsc -p tsconfig.build.json');
   buildService();
 
@@ -410,7 +426,7 @@ async function main(): Promise<void> {
   };
   if (!backendPids.ferretdb || !backendPids.redis) throw new Error(`FerretDB on 27027 and Redis on 6390 must be running (scripts/services.sh up): ${JSON.stringify(backendPids)}`);
 
-  const mongo = new MongoClient(`${MONGO_BASE}/${dbName}`, { maxPoolSize: 32 });
+  const mongo = new MongoClient(MONGO_BASE, { maxPoolSize: 32 });
   const receiver = new WebhookReceiver();
   let bareChild: Child | null = null;
   cleanUpOnSignals(() => cleanup(mongo), log);
@@ -418,14 +434,14 @@ async function main(): Promise<void> {
   try {
     await mongo.connect();
     const receiverPort = await receiver.start();
-    const bare = await startBareFastify(logDir);
+    const bare = await startBareFastify(SERVICES.empty.logDir);
     bareChild = bare.child;
     const ctx = { receiver, receiverPort, bare: bare.http, mongo, backendPids, seededRunIds: [] as string[] };
 
     const empty = await runPhase('empty', ctx);
 
     log(`seeding ${SEED_RUNS} runs and ${SEED_EVENTS} events through the stores`);
-    const config = loadConfig({ ...serviceEnv, LOG_LEVEL: 'warn' });
+    const config = loadConfig({ ...SERVICES.seeded.env, LOG_LEVEL: 'warn' });
     const runtime = createRuntime(config, createLogger(config, 'bench-seed'));
     let seed: SeedReport;
     try {
@@ -449,6 +465,7 @@ async function main(): Promise<void> {
       setup: {
         backend: 'FerretDB 1.24 (SQLite) on 127.0.0.1:27027, Redis on 127.0.0.1:6390 (shared with other users of this machine)',
         processes: 'node dist/main.js api + node dist/main.js worker (NODE_ENV=production), load from this process over keep-alive HTTP',
+        databases: 'each phase on a database and Redis prefix of its own; the seeded one holds only the seed',
         callsPerClient: SIZES,
         idleSeconds: IDLE_SECONDS,
         batchAppend: 'each client appends batches of 100 events to its own run',
@@ -468,6 +485,9 @@ async function main(): Promise<void> {
     console.log(`\n${table(empty, seeded, verdicts.p50Ratios)}\n`);
     console.log(`seeding: ${seed.runs} runs, ${seed.events} events in ${seed.seconds} s`);
     console.log(`idle CPU % of one core over ${IDLE_SECONDS} s: empty ${JSON.stringify(empty.idleCpu.percentOfOneCore)}; seeded ${JSON.stringify(seeded.idleCpu.percentOfOneCore)}`);
+    const cpuOf = (p: PhaseResult) =>
+      Object.fromEntries(Object.entries(p.operations).flatMap(([name, byC]) => Object.entries(byC).filter(([, v]) => v.cpuMsPerCall).map(([c, v]) => [`${name}@${c.slice(1)}`, `${v.cpuMsPerCall!.api}/${v.cpuMsPerCall!.ferretdb}`])));
+    console.log(`CPU ms per call, API/FerretDB: empty ${JSON.stringify(cpuOf(empty))}; seeded ${JSON.stringify(cpuOf(seeded))}`);
     console.log(`API peak RSS MB per 16-client step: empty ${JSON.stringify(empty.apiPeakRssByStep16ClientsMB)}; seeded ${JSON.stringify(seeded.apiPeakRssByStep16ClientsMB)}`);
     console.log(`FerretDB went quiet before each phase after: empty ${JSON.stringify(empty.backendSettled)}; seeded ${JSON.stringify(seeded.backendSettled)}`);
     console.log(`machine busy (all cores): empty phase ${empty.machineBusyPercent}% (idle window ${empty.idleCpu.machineBusyPercent}%), seeded phase ${seeded.machineBusyPercent}% (idle window ${seeded.idleCpu.machineBusyPercent}%)`);

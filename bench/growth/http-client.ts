@@ -65,6 +65,8 @@ export interface LatencySummary {
   max: number;
   /** Operations per second over the wall time of the whole measurement. */
   opsPerSecond: number;
+  /** CPU each process spent per call over the measurement (ms; clock ticks, so 10 ms / calls is its resolution). */
+  cpuMsPerCall?: Record<string, number>;
 }
 
 /** Nearest-rank percentile of sorted values. */
