@@ -26,6 +26,7 @@ describe('due-work index', () => {
   afterAll(async () => {
     await client.db().dropDatabase().catch(() => undefined);
     await client.close();
+    await redis.del(`${env.redisPrefix}:{due:things}:at`, `${env.redisPrefix}:{due:things}:audit`);
     redis.disconnect();
   });
 
