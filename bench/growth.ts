@@ -51,10 +51,8 @@ const IDLE_SECONDS = envInt('BENCH_IDLE_SECONDS', QUICK ? 5 : 60);
 // Each phase on a database and Redis prefix of its own: the seeded phase's holds the seed and nothing the empty
 // phase left (its settlements in their dispute windows, its webhook work the sweepers look at once it is a minute
 // old), so the two differ only by the stored data.
-const SERVICES = {
-  empty: benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' }),
-  seeded: benchService('growth', { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' }),
-};
+const WEBHOOKS_TO_LOOPBACK = { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true' };
+const SERVICES = { empty: benchService('growth', WEBHOOKS_TO_LOOPBACK), seeded: benchService('growth', WEBHOOKS_TO_LOOPBACK) };
 type Phase = keyof typeof SERVICES;
 
 const log = (line: string) => console.error(`[bench ${new Date().toISOString().slice(11, 19)}] ${line}`);

@@ -118,8 +118,6 @@ export async function outageScenario(backend: Backend, processes: ServiceProcess
   const recoveryMs = Date.now() - upAt;
   expect(recoveryMs, `first success after ${backend.name} restarted`).toBeLessThan(CONTRACT_RECOVERY_MS);
 
-  // A finalize job that failed through the whole outage waits out its retry backoff (1, 2, 4 ... 64 s; the sweeper
-  // leaves a delayed job alone), so a run may finish up to two minutes after the restart: the bound is that schedule.
   for (const runId of runIds) {
     await eventually(async () => (await call(base, 'GET', `/v1/runs/${runId}`, { headers: tenant.auth })).body?.status === 'finalized', FINISH_WITHIN_MS, `run ${runId} finalized`, 250);
   }
