@@ -253,7 +253,7 @@ async function seed(target: Target): Promise<number> {
       }));
     }
     await seeder.close();
-    // The warm-up stored gates too: every stored gate's records are cloned alike.
+    // As many clones of every stored gate's records as make SEED_GATES gates in all.
     const stored = await runtime.db.collection('x402_gates').countDocuments();
     const copies = Math.max(0, Math.ceil(SEED_GATES / stored) - 1);
     for (const name of SEEDED_COLLECTIONS) {
