@@ -46,7 +46,7 @@ const SEEDED_COLLECTIONS = [
 ];
 /** Uncounted whole flows per client pair before anything is measured. */
 const WARM_UP_ROUNDS = 3;
-/** Chunks per step and target (they alternate between the targets with --seed-gates). */
+/** Chunks per step and target (they alternate between the targets with --seed-gates or --twins). */
 const CHUNKS = 6;
 const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50').split(',').map(Number);
 
@@ -167,8 +167,11 @@ interface Target {
   probe: Collection<{ _id: string }>;
 }
 
-const call = async (target: Target, method: string, path: string, body?: unknown, expect = [200, 201], token = target.token) => {
-  const res = await target.http.request(method, path, { token, body });
+/** A caller of one service: its HTTP client and the credential it presents. */
+type Caller = Pick<Target, 'http' | 'token'>;
+
+const call = async ({ http, token }: Caller, method: string, path: string, body?: unknown, expect = [200, 201]) => {
+  const res = await http.request(method, path, { token, body });
   if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
   if (!expect.includes(res.status)) throw new Rejected(`${method} ${path} -> ${res.status} ${res.text.slice(0, 300)}`);
   return JSON.parse(res.text);
@@ -196,22 +199,22 @@ async function startTarget(name: Target['name']): Promise<Target> {
   log(`${name}: database ${service.dbName}, Redis prefix ${service.redisPrefix}; child logs in ${service.logDir}`);
   const { api, worker, http } = await startServiceProcesses(service, name, cpuProfileFlags(`x402-${name}`));
   running.add(api).add(worker);
-  const admin = { http, token: service.adminKey } as Target;
+  const admin: Caller = { http, token: service.adminKey };
   const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench' });
-  const token = (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token as string;
-  const target = { name, service, api, worker, http, token, tenantId: tenant.tenantId as string, pairs: [], probe: mongo.db(service.dbName).collection<{ _id: string }>('bench_probe') } as Target;
-  await target.probe.insertOne({ _id: 'probe' });
+  const tenantKey: Caller = { http, token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token };
+  const probe = mongo.db(service.dbName).collection<{ _id: string }>('bench_probe');
+  await probe.insertOne({ _id: 'probe' });
   // One payer and one payee per client, as independent agents paying for their own calls would be.
-  target.pairs = await Promise.all(
+  const pairs = await Promise.all(
     Array.from({ length: Math.max(...CONCURRENCY) }, async (_, i) => {
-      const agent = async (role: string) => (await call(target, 'POST', '/v1/agents', { name: `${role}${i}`, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
+      const agent = async (role: string) => (await call(tenantKey, 'POST', '/v1/agents', { name: `${role}${i}`, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
       const payer = await agent('payer');
       const payee = await agent('payee');
-      await call(target, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, { amount: 1_000_000_000, currency: 'USD' }, [200, 201], service.adminKey);
+      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, { amount: 1_000_000_000, currency: 'USD' });
       return { payer, payee };
     }),
   );
-  return target;
+  return { name, service, api, worker, http, token: tenantKey.token, tenantId: tenant.tenantId, pairs, probe };
 }
 
 /** Uncounted whole flows, so that no measured step pays for compiling its code. */
