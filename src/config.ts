@@ -59,6 +59,10 @@ export interface Config {
     /** CAIP-2 style network id this deployment's x402 payment requirements name. */
     network: `${string}:${string}`;
   };
+  reserves: {
+    /** A run's escrow reserve not captured by its settlement this long after it was locked goes back to the payer. */
+    runDeadlineSeconds: number;
+  };
   sweeper: {
     intervalMs: number;
     /** Work older than this in a pending state without a live job is re-enqueued. */
@@ -242,6 +246,9 @@ export function loadConfig(env: Env = process.env): Config {
       timeoutMs: int(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
     },
     x402: { network: x402Network as `${string}:${string}` },
+    reserves: {
+      runDeadlineSeconds: int(env, 'RUN_RESERVE_DEADLINE_SECONDS', 30 * 86_400, 1, 365 * 86_400),
+    },
     sweeper: {
       intervalMs: int(env, 'SWEEP_INTERVAL_MS', 30_000, 100, 3_600_000),
       staleAfterMs: int(env, 'SWEEP_STALE_AFTER_MS', 60_000, 0, 86_400_000),

@@ -15,6 +15,7 @@ import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
 import { LedgerDueIndex } from './store/ledger-due.ts';
 import { SettlementStore } from './store/settlements.ts';
+import { ReserveStore } from './store/reserves.ts';
 import { TenantStore } from './store/tenants.ts';
 import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
 import { WebhookDueIndex } from './store/webhook-due.ts';
@@ -40,6 +41,7 @@ export interface Runtime {
     runs: RunStore;
     ledger: LedgerStore;
     settlements: SettlementStore;
+    reserves: ReserveStore;
     webhookEndpoints: WebhookEndpointStore;
     webhookDeliveries: WebhookDeliveryStore;
     webhookDue: WebhookDueIndex;
@@ -98,6 +100,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       runs: new RunStore(db, redis, config.redisPrefix),
       ledger: new LedgerStore(db, new LedgerDueIndex(redis, config.redisPrefix)),
       settlements: new SettlementStore(db, redis, config.redisPrefix),
+      reserves: new ReserveStore(db, redis, config.redisPrefix),
       webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
       webhookDue,

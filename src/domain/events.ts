@@ -5,6 +5,7 @@ export const EVENT_TYPES = [
   'settlement.held',
   'dispute.opened',
   'dispute.resolved',
+  'escrow.returned',
   'x402.escalation.created',
   'x402.escalation.approved',
   'x402.escalation.denied',

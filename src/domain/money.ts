@@ -26,3 +26,16 @@ export function disputeSplit(frozen: number, outcome: 'payee' | 'payer' | 'split
   const toPayer = bpsShare(frozen, bps);
   return { toPayer, toPayee: frozen - toPayer };
 }
+
+/**
+ * A money path found its own books inconsistent (a split that does not add up, a capture beyond its reserve): the
+ * operation stops loudly instead of moving money wrongly, and the sweeper counts it and tries again later.
+ */
+export class MoneyInvariantError extends Error {
+  override readonly name = 'MoneyInvariantError';
+}
+
+/** Stops with a MoneyInvariantError unless `holds`. */
+export function assertMoney(holds: boolean, what: string): asserts holds {
+  if (!holds) throw new MoneyInvariantError(`money invariant broken: ${what}`);
+}

@@ -17,6 +17,8 @@ export interface SettlementTerms {
 
 export interface DecisionFact {
   verdict: Verdict;
+  /** The escrow reserve (lock entry id) the settlement captured before deciding; absent on a gate's decision. */
+  reserveId?: string;
   reason: string | null;
   releaseNow: number;
   holdback: number;

@@ -1,7 +1,7 @@
 import { ArtifactBuildError, buildArtifact } from '../domain/artifact.ts';
 import { CanonicalJsonError } from '../domain/canonical-json.ts';
 import { assertClientJsonDepth } from '../domain/client-json.ts';
-import { newId, publicKeyFromRaw } from '../domain/crypto.ts';
+import { idFromIdempotency, newId, publicKeyFromRaw } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
 import { createHmac, type KeyObject } from 'node:crypto';
 import { attestationHolds, batchAttestation, sameEvent, signatureKey, verifyEventBatch, type ChainHead, type EventEnvelope, type SignatureVerified } from '../domain/event-chain.ts';
@@ -59,8 +59,12 @@ export interface RunWithHead {
   head: ChainHead;
 }
 
-/** Starts a run of an agent under terms; with settlement terms the amount is locked in the payer's escrow first. */
-export async function createRun(rt: Runtime, tenantId: string, input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput }): Promise<RunWithHead> {
+/**
+ * Starts a run of an agent under terms; with settlement terms the amount is locked in the payer's escrow first.
+ * `idempotencyScope` (the client's Idempotency-Key and who sent it) names the run: a retry after a crash or a 5xx
+ * finishes that same run and its one reserve instead of starting a second.
+ */
+export async function createRun(rt: Runtime, tenantId: string, input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput }, idempotencyScope: string | null = null): Promise<RunWithHead> {
   const { runs, agents } = rt.stores;
   const terms: Terms = input.terms ?? {};
   const problems = termsProblems(terms);
@@ -68,10 +72,10 @@ export async function createRun(rt: Runtime, tenantId: string, input: { agentId:
   const agent = await agents.get(tenantId, input.agentId);
   if (!agent) throw errors.notFound('agent');
   if (agent.status !== 'active') throw errors.transitionIllegal(`agent is ${agent.status}`, agent.status);
-  const runId = newId('run');
+  const runId = idempotencyScope ? idFromIdempotency('run', idempotencyScope) : newId('run');
   const settlement = input.settlement ? settlementTerms(input.settlement) : null;
   const insert = () =>
-    runs.create({
+    runs.createOrResume({
       _id: runId,
       tenantId,
       agentId: agent._id,

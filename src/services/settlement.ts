@@ -1,6 +1,7 @@
 import { canonicalize } from '../domain/canonical-json.ts';
 import { errors } from '../domain/errors.ts';
-import { holdbackOf } from '../domain/money.ts';
+import { failpoint as crashPoint } from '../domain/failpoints.ts';
+import { assertMoney, holdbackOf } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
 import { entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
@@ -8,12 +9,16 @@ import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
 import type { RunDoc } from '../store/runs.ts';
 import { readSettlement, settlementState, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
-import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
+import { captureRunReserve, settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
+import { sweepItems } from './sweep-items.ts';
 
-/** Fault injection for tests: called after each step that moved money or state; throwing there simulates a crash. */
+/**
+ * Fault injection for tests: called after each step that moved money or state; throwing there simulates a crash. By
+ * default the step is the crash point `settlement.<step>` (domain/failpoints.ts), inert unless a test armed it.
+ */
 export type Failpoint = (step: string) => void;
-const noFailpoint: Failpoint = () => undefined;
+const namedCrashPoints: Failpoint = (step) => crashPoint(`settlement.${step}`);
 
 /** How long a settlement waiting for a person (a held one, an open dispute) goes before the sweeper looks again. */
 const AWAITING_RULING_RECHECK_MS = 60 * 60 * 1000;
@@ -100,7 +105,7 @@ export async function resolveHeldSettlement(rt: Runtime, settlementId: string, o
 export async function advanceSettlement(
   rt: Runtime,
   settlementId: string,
-  failpoint: Failpoint = noFailpoint,
+  failpoint: Failpoint = namedCrashPoints,
   /**
    * The settlement and its facts as the caller just read or claimed them (a snapshot is as good as a read made a
    * moment later: facts only ever get added, and every claim below hands back the winner's). `decidedNow`: the
@@ -129,7 +134,9 @@ export async function advanceSettlement(
   if (!facts.decision) {
     const run = await runs.get(s.tenantId, s.runId);
     if (!run || run.status !== 'finalized' || !run.verdict) throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
-    await ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent');
+    // The run's reserve becomes this settlement's before anything is decided: every later move takes from it.
+    const [reserveId] = await Promise.all([captureRunReserve(rt, s), ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent')]);
+    failpoint('reserve-captured');
     const pass = run.verdict === 'pass' && run.artifactId !== null;
     const { holdback, releaseNow } = pass ? holdbackOf(s.amount, s.holdbackBps) : { holdback: 0, releaseNow: 0 };
     const decidedAt = new Date();
@@ -154,6 +161,7 @@ export async function advanceSettlement(
     facts.decision = (
       await settlements.claim(s._id, 'decision', {
         verdict: pass ? 'pass' : 'fail',
+        reserveId,
         reason: pass ? null : (run.finalizeError?.code ?? 'TERMS_NOT_MET'),
         releaseNow,
         holdback,
@@ -165,6 +173,12 @@ export async function advanceSettlement(
   }
   const d = facts.decision;
   const pass = d.verdict === 'pass';
+  assertMoney(!pass || d.releaseNow + d.holdback === s.amount, `settlement ${s._id}: release ${d.releaseNow} + holdback ${d.holdback} != amount ${s.amount}`);
+  assertMoney(pass || d.releaseNow + d.holdback === 0, `settlement ${s._id}: a failed verdict releases nothing`);
+  if (facts.ruling) {
+    const frozen = facts.holdback?.fate === 'dispute' ? facts.holdback.frozenAmount : -1;
+    assertMoney(facts.ruling.toPayer + facts.ruling.toPayee === frozen && frozen === d.holdback, `settlement ${s._id}: ruling ${facts.ruling.toPayer}+${facts.ruling.toPayee} does not split the frozen holdback ${d.holdback}`);
+  }
 
   // The decision's announcement and the holdback's timer go out while the pass goes on (they move no money and are
   // repeated by every pass: event ids derive from the settlement, the job id from its step). The pass waits for them
@@ -249,16 +263,26 @@ function nextCheck({ view, facts }: SettlementState, staleAfterMs: number): Date
   return new Date(Date.now() + staleAfterMs);
 }
 
-/** Advances every settlement that is due (their job lost, or a step waiting for its time). */
-export async function sweepSettlements(rt: Runtime, limit: number): Promise<number> {
+/**
+ * Advances every settlement that is due (their job lost, or a step waiting for its time). One that fails backs off
+ * alone (its due record moves later) and is counted; the sweep goes on with the others.
+ */
+export async function sweepSettlements(rt: Runtime, limit: number): Promise<{ looked: number; failed: number }> {
   const audit = await rt.stores.settlements.due.audit();
   if (audit) rt.logger.info(audit, 'settlement due index audited against its records');
   const now = Date.now();
   const due = await rt.stores.settlements.due.due(new Date(now), limit);
+  const items = sweepItems(rt, 'settlements');
+  let failed = 0;
   for (const record of due) {
-    const advanced = await advanceSettlement(rt, record._id);
+    const outcome = await items.run(record._id, () => advanceSettlement(rt, record._id));
+    if (!outcome.ok) {
+      failed++;
+      await rt.stores.settlements.due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
+      continue;
+    }
     // A record is written just before its settlement: only one long without a settlement outlived a failed create.
-    if (!advanced && record.dueAt.getTime() < now - rt.config.sweeper.staleAfterMs) await rt.stores.settlements.due.done(record._id);
+    if (!outcome.value && record.dueAt.getTime() < now - rt.config.sweeper.staleAfterMs) await rt.stores.settlements.due.done(record._id);
   }
-  return due.length;
+  return { looked: due.length, failed };
 }

@@ -19,6 +19,16 @@ export interface CreditInput {
 }
 
 /**
+ * The credit's entry id, one per wallet and reference. Wallet ids (an agent's among them) and references may both
+ * contain ':', so `credit:<wallet>:<reference>` alone is ambiguous ('a:b' + 'c' and 'a' + 'b:c' meet). That form is
+ * kept for a colon-free reference (its last ':' then splits it one way only, and every id made before stays the
+ * same); a reference with a ':' gets the wallet id length-prefixed instead.
+ */
+export function creditEntryId(walletId: string, reference: string): string {
+  return reference.includes(':') ? `credit~${walletId.length}~${walletId}:${reference}` : `credit:${walletId}:${reference}`;
+}
+
+/**
  * Ops funding: credits a wallet, creating it first if needed (an agent id names the agent's wallet; any other id a
  * sponsor wallet of an existing tenant). The entry id derives from the reference, so a repeat credits once; the
  * same reference with another amount or currency is refused.
@@ -34,7 +44,7 @@ export async function creditWallet(rt: Runtime, input: CreditInput): Promise<Wal
     if (!agent && !(await tenants.get(tenantId))) throw errors.notFound('tenant');
     wallet = await ledger.ensureWallet(walletId, tenantId, agent ? 'agent' : 'sponsor');
   }
-  const entryId = `credit:${walletId}:${reference ?? newId('crd')}`;
+  const entryId = creditEntryId(walletId, reference ?? newId('crd'));
   const entry = await ledger.apply({ _id: entryId, tenantId: wallet.tenantId, kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: { walletId } });
   if (entry.legs[0]!.delta !== amount || entry.currency !== currency) {
     throw errors.conflict('TRANSITION_ILLEGAL', `reference ${reference} was already used for another credit`, { status: 'applied' });

@@ -16,7 +16,8 @@ const AUDIT_KEY_VALUE = '1';
  * - `pending`: one member `<entryId>@<ms>` per apply() that records an attempt, added BEFORE the attempt is
  *   inserted and removed after it is applied or refused, so a crash anywhere in between leaves it findable.
  * - `locks`: escrow locks to check against their run, added once the lock's legs are posted and BEFORE the entry
- *   is marked applied (while its `pending` member still stands), removed by markReconciled.
+ *   is marked applied (while its `pending` member still stands), moved to its reserve's deadline once its run holds
+ *   it, removed once its reserve's fate is decided (markReconciled, lockSettled).
  *
  * Redis keeps these with AOF like the queues themselves; `claimAudit` lets one process now and then rebuild them
  * from MongoDB in case Redis lost writes.
@@ -61,6 +62,11 @@ export class LedgerDueIndex {
 
   async lockApplied(entryId: string, appliedAt: Date): Promise<void> {
     await this.redis.zadd(this.locksKey, 'NX', appliedAt.getTime(), entryId);
+  }
+
+  /** Looks at the lock again at `at` (its reserve's deadline), whatever time it was indexed under before. */
+  async lockCheckAt(entryId: string, at: Date): Promise<void> {
+    await this.redis.zadd(this.locksKey, at.getTime(), entryId);
   }
 
   async lockReconciled(entryId: string): Promise<void> {

@@ -297,6 +297,14 @@ export class LedgerStore {
     const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
     const given = options.prepared && options.prepared.accounts.length === accounts.length && options.prepared.accounts.every((a, i) => a === accounts[i]) ? options.prepared : null;
     const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), given ?? this.prepare(entry)]);
+    // Every leg's limit before anything is recorded: a credit refused after its debit posted would make money vanish
+    // (and leave an entry no sweep can finish). The heads may trail their chains; a chain end that did grow past
+    // them is checked again when the leg is claimed.
+    const over = entry.legs.findIndex((l, i) => l.delta > 0 && !Number.isSafeInteger(heads[i]!.balance + l.delta));
+    if (over >= 0) {
+      await this.due.entryDone(marker);
+      throw new ServiceError(409, 'BALANCE_LIMIT', `wallet ${entry.legs[over]!.walletId} would hold more ${entry.currency} than this ledger can count`, { walletId: entry.legs[over]!.walletId, currency: entry.currency });
+    }
     const floors = heads.map((h) => h.seq);
     let told = false;
     const recorded = () => {
@@ -660,7 +668,24 @@ export class LedgerStore {
     return locks;
   }
 
-  /** The lock's run exists: nothing for the sweeper to return. */
+  /**
+   * The lock's reserve is owned: the sweeper looks at it again only at `at` (read `staleAfterMs` behind, like every
+   * lock of the index), to return it then unless its settlement captured it.
+   */
+  async checkLockAt(entryId: string, at: Date): Promise<void> {
+    await this.due.lockCheckAt(entryId, at);
+  }
+
+  /**
+   * The lock's reserve was captured: nothing left for the sweeper to decide. Only the index entry goes (one Redis
+   * command on the settlement's path); the entry's `reconciled` hint stays unset, so a rare index audit may put it
+   * back, and the sweeper then finds the fate decided and marks it.
+   */
+  async lockSettled(entryId: string): Promise<void> {
+    await this.due.lockReconciled(entryId);
+  }
+
+  /** The lock's reserve is decided (or its run exists and the check is done): nothing for the sweeper to return. */
   async markReconciled(entryId: string): Promise<void> {
     const lock = await this.latestAttempt(entryId);
     if (lock) await this.entries.updateOne({ _id: lock._id }, { $set: { reconciled: true } });

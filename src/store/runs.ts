@@ -3,7 +3,7 @@ import type { RedisClient } from '../redis.ts';
 import { canonicalize } from '../domain/canonical-json.ts';
 import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
-import { errors } from '../domain/errors.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
 import { DueWorkStore } from './due-work.ts';
 import { EventIdIndex } from './event-id-index.ts';
@@ -145,8 +145,17 @@ export class RunStore {
     this.finalizeDue = new DueWorkStore(db, 'finalize', redis, redisPrefix);
   }
 
-  async create(run: RunDoc): Promise<RunDoc> {
-    await this.runs.insertOne(run);
+  /**
+   * Stores a new run; a run already stored under this id (a create retried under the same idempotency key) is
+   * answered as it is, unless it was made from another request (then 422 IDEMPOTENCY_KEY_REUSED).
+   */
+  async createOrResume(run: RunDoc): Promise<RunDoc> {
+    if (!(await insertFirst(this.runs, run))) {
+      const existing = (await this.runs.findOne({ _id: run._id }))!;
+      const same = (r: RunDoc) => canonicalize({ t: r.tenantId, a: r.agentId, terms: r.terms, s: r.settlement });
+      if (same(existing) !== same(run)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
+      return existing;
+    }
     this.remember(run._id, { head: { seq: 0, chainHash: null }, sealed: false }); // a new run starts empty
     return run;
   }

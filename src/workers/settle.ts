@@ -1,6 +1,7 @@
 import type { Runtime } from '../runtime.ts';
-import { returnOrphanedLock } from '../services/escrow.ts';
+import { reconcileRunReserve } from '../services/escrow.ts';
 import { advanceSettlement, sweepSettlements } from '../services/settlement.ts';
+import { sweepItems } from '../services/sweep-items.ts';
 import type { QueueProcessor } from './runner.ts';
 
 const SWEEP_BATCH = 200;
@@ -25,10 +26,19 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
       const { looked: entries, failed } = await ledger.finishStalledEntries(staleBefore, SWEEP_BATCH);
       if (failed > 0) runtime.logger.warn({ failed }, 'ledger entries could not be finished; retrying later');
       const settlements = await sweepSettlements(runtime, SWEEP_BATCH);
+      const reserves = sweepItems(runtime, 'run-reserves');
       let unlocked = 0;
+      let reservesFailed = 0;
       const locks = await ledger.locksToReconcile(staleBefore, SWEEP_BATCH);
-      for (const lock of locks) if (await returnOrphanedLock(runtime, lock)) unlocked++;
-      return { entries, settlements, locksChecked: locks.length, unlocked };
+      for (const lock of locks) {
+        const outcome = await reserves.run(lock.entryId, () => reconcileRunReserve(runtime, lock));
+        if (outcome.ok && outcome.value) unlocked++;
+        if (!outcome.ok) {
+          reservesFailed++;
+          await ledger.checkLockAt(lock.entryId, outcome.retryAt).catch(() => undefined);
+        }
+      }
+      return { entries, entriesFailed: failed, settlements: settlements.looked, settlementsFailed: settlements.failed, locksChecked: locks.length, unlocked, reservesFailed };
     },
   };
 }

@@ -114,7 +114,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       });
       const runId = newId('run');
       const insertRun = () =>
-        rt.stores.runs.create({
+        rt.stores.runs.createOrResume({
           _id: runId, tenantId, agentId: payee, terms: {}, settlement: terms, status: 'finalized', verdict: random() < 0.7 ? 'pass' : 'fail',
           artifactId: `art_${sha256Hex(runId)}`, createdAt: new Date(), finalizeRequestedAt: new Date(), finalHead: { seq: 0, chainHash: null }, finalizedAt: new Date(), finalizeError: null,
         });

@@ -27,6 +27,11 @@ const setCookieAad = (redisKey: string) => `${redisKey}\nset-cookie`;
 declare module 'fastify' {
   interface FastifyRequest {
     idempotencyClaim: { redisKey: string; fingerprint: string } | null;
+    /**
+     * Who sent which Idempotency-Key to which route, when the request carries one: creates derive the new object's
+     * id from it (idFromIdempotency), so a retry after a crash or a released key resumes that object.
+     */
+    idempotencyScope: string | null;
   }
 }
 
@@ -67,6 +72,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
   const { config, redis } = opts.runtime;
   const atRestKey = config.webhooks.encryptionKey;
   app.decorateRequest('idempotencyClaim', null);
+  app.decorateRequest('idempotencyScope', null);
 
   app.addHook('preHandler', async (request, reply) => {
     if (request.method !== 'POST' && request.method !== 'PUT') return;
@@ -75,7 +81,8 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     const principal = request.principal;
     // Scoped to tenant + credential: an onboarding principal (admin key, tenant key or session) acts for its tenant.
     const owner = principal && principal.kind !== 'admin' ? `${principal.tenantId}:${principal.credentialId}` : (principal?.credentialId ?? `ip:${request.ip}`);
-    const redisKey = `${config.redisPrefix}:idem:${owner}:${request.method}:${request.routeOptions.url}:${key}`;
+    const scope = `${owner}:${request.method}:${request.routeOptions.url}:${key}`;
+    const redisKey = `${config.redisPrefix}:idem:${scope}`;
     const print = fingerprint(request);
 
     const claimed = await redis.set(
@@ -87,6 +94,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     );
     if (claimed === 'OK') {
       request.idempotencyClaim = { redisKey, fingerprint: print };
+      request.idempotencyScope = scope;
       return;
     }
     const raw = await redis.get(redisKey);

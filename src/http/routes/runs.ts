@@ -15,7 +15,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     config: { access: 'runs:write' },
     schema: { tags, summary: 'Start a run of an agent under terms; with settlement, the amount is locked in the payer escrow', body: CreateRun, response: { 201: RunView, ...errorResponses(400, 401, 402, 403, 404, 409) } },
   }, async (request, reply) => {
-    const { run, head } = await createRun(rt, tenantOf(request), request.body);
+    const { run, head } = await createRun(rt, tenantOf(request), request.body, request.idempotencyScope);
     return reply.status(201).send(runView(run, head));
   });
 

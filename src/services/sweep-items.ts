@@ -1,0 +1,100 @@
+import type { Logger } from 'pino';
+import { Counter, Gauge } from 'prom-client';
+import { processMetrics } from '../metrics.ts';
+import type { Runtime } from '../runtime.ts';
+
+const itemFailures = new Counter({
+  name: 'sweep_item_failures_total',
+  help: 'Items a sweeper failed to finish, by sweeper (each backs off alone; the sweep goes on)',
+  labelNames: ['sweeper'] as const,
+  registers: [processMetrics],
+});
+
+const itemsParked = new Gauge({
+  name: 'sweep_items_parked',
+  help: 'Items that failed PARK_AFTER looks in a row and are now looked at hourly, by sweeper (an alert: a person should look)',
+  labelNames: ['sweeper'] as const,
+  registers: [processMetrics],
+});
+
+/** Looks in a row after which an item is parked: looked at hourly, logged at error level, counted in the gauge. */
+export const PARK_AFTER = 8;
+const FIRST_BACKOFF_MS = 5_000;
+const MAX_BACKOFF_MS = 15 * 60_000;
+const PARKED_RECHECK_MS = 60 * 60_000;
+/** Failing items remembered at most (one finished elsewhere is never seen again; its memory must not pile up). */
+const MAX_REMEMBERED = 10_000;
+
+interface Failing {
+  attempts: number;
+  message: string;
+}
+
+/**
+ * What a sweeper remembers about items that fail: each backs off on its own (exponentially, then parked), is logged
+ * when its failure starts or changes (not on every look) and counted in /metrics, and the sweep goes on with the
+ * rest. Kept in the process: a restarted worker starts each item's backoff again, which only costs a few early looks.
+ */
+export class SweepItems {
+  private readonly failing = new Map<string, Failing>();
+
+  constructor(
+    readonly sweeper: string,
+    private readonly logger: Logger,
+  ) {}
+
+  /**
+   * Runs `work` for one item; a throw is recorded and answered with when to look again (never thrown on). Answers
+   * `{ ok: true, value }` or `{ ok: false, retryAt }`.
+   */
+  async run<T>(id: string, work: () => Promise<T>): Promise<{ ok: true; value: T } | { ok: false; retryAt: Date }> {
+    try {
+      const value = await work();
+      this.succeeded(id);
+      return { ok: true, value };
+    } catch (err) {
+      return { ok: false, retryAt: this.failed(id, err) };
+    }
+  }
+
+  private succeeded(id: string): void {
+    const was = this.failing.get(id);
+    if (!was) return;
+    this.failing.delete(id);
+    if (was.attempts >= PARK_AFTER) itemsParked.dec({ sweeper: this.sweeper });
+    this.logger.info({ sweeper: this.sweeper, item: id, attempts: was.attempts }, 'sweep item recovered');
+  }
+
+  private failed(id: string, err: unknown): Date {
+    const message = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    const was = this.failing.get(id);
+    const attempts = (was?.attempts ?? 0) + 1;
+    if (!was && this.failing.size >= MAX_REMEMBERED) this.failing.delete(this.failing.keys().next().value!); // oldest
+    this.failing.set(id, { attempts, message });
+    itemFailures.inc({ sweeper: this.sweeper });
+    const parked = attempts >= PARK_AFTER;
+    if (attempts === PARK_AFTER) {
+      itemsParked.inc({ sweeper: this.sweeper });
+      this.logger.error({ sweeper: this.sweeper, item: id, attempts, err: message }, 'sweep item parked: it keeps failing and needs a look');
+    } else if (!was || was.message !== message) {
+      this.logger.warn({ sweeper: this.sweeper, item: id, attempts, err: message }, 'sweep item failed; it backs off alone');
+    }
+    const backoff = parked ? PARKED_RECHECK_MS : Math.min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS * 2 ** (attempts - 1));
+    return new Date(Date.now() + backoff);
+  }
+
+  /** How many items are failing now (for the sweep's summary). */
+  get failingCount(): number {
+    return this.failing.size;
+  }
+}
+
+/** One SweepItems per sweeper and runtime. */
+const registry = new WeakMap<Runtime, Map<string, SweepItems>>();
+export function sweepItems(rt: Runtime, sweeper: string): SweepItems {
+  let byName = registry.get(rt);
+  if (!byName) registry.set(rt, (byName = new Map()));
+  let items = byName.get(sweeper);
+  if (!items) byName.set(sweeper, (items = new SweepItems(sweeper, rt.logger)));
+  return items;
+}

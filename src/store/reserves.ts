@@ -1,0 +1,40 @@
+import type { Collection, Db } from 'mongodb';
+import type { RedisClient } from '../redis.ts';
+import { DueWorkStore } from './due-work.ts';
+import { insertFirst } from './mongo.ts';
+
+/**
+ * The fate of an escrow reserve (a run's lock entry): taken by its owner's settlement, or given back to the payer.
+ * Decided once, by a unique insert under the lock entry's id that every path races through (the settlement's
+ * capture, the sweeper's return of an orphaned or overdue reserve): the loser sees the winner's fate and acts on
+ * it, so one reserve can never be both paid out and returned.
+ */
+export interface ReserveFateDoc {
+  _id: string;
+  fate: 'captured' | 'returned';
+  /** The settlement that captured it, or why it was returned. */
+  by: string;
+  at: Date;
+}
+
+export class ReserveStore {
+  readonly fates: Collection<ReserveFateDoc>;
+  /** Reserves bound to a run that has not settled yet, due at their deadline (then returned, unless captured). */
+  readonly deadlines: DueWorkStore;
+
+  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
+    this.fates = db.collection<ReserveFateDoc>('reserve_fates');
+    this.deadlines = new DueWorkStore(db, 'reserves', redis, redisPrefix);
+  }
+
+  /** Claims the reserve's fate; answers the fate that stands (this claim's, or the one that got there first). */
+  async claim(lockEntryId: string, fate: ReserveFateDoc['fate'], by: string): Promise<ReserveFateDoc> {
+    const doc: ReserveFateDoc = { _id: lockEntryId, fate, by, at: new Date() };
+    if (await insertFirst(this.fates, doc)) return doc;
+    return (await this.fates.findOne({ _id: lockEntryId }))!;
+  }
+
+  fateOf(lockEntryId: string): Promise<ReserveFateDoc | null> {
+    return this.fates.findOne({ _id: lockEntryId });
+  }
+}
