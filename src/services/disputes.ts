@@ -1,7 +1,9 @@
 import { assertClientJsonDepth, toStoredJson } from '../domain/client-json.ts';
 import { newId } from '../domain/crypto.ts';
 import { errors } from '../domain/errors.ts';
+import { failpoint } from '../domain/failpoints.ts';
 import { disputeSplit } from '../domain/money.ts';
+import type { RulingFact } from '../domain/settlement.ts';
 import type { Runtime } from '../runtime.ts';
 import type { SettlementState } from '../store/settlements.ts';
 import { emitEvent } from './events.ts';
@@ -50,8 +52,14 @@ export async function resolveDispute(
   const { facts, view } = await read(rt, s);
   if (facts.holdback?.fate !== 'dispute' || facts.holdback.disputeId !== disputeId) throw errors.notFound('dispute');
   const { toPayer, toPayee } = disputeSplit(facts.holdback.frozenAmount, outcome, payerShareBps);
-  await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
-  const { won } = await settlements.claim(s._id, 'ruling', { outcome, payerShareBps: payerShareBps ?? null, toPayer, toPayee, at: new Date().toISOString() });
-  if (!won) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
+  const sameRuling = (r: RulingFact) => r.outcome === outcome && r.payerShareBps === (payerShareBps ?? null);
+  // The same ruling again (a retry after a crash or a lost answer) finishes applying it; another one is refused.
+  if (facts.ruling && !sameRuling(facts.ruling)) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
+  if (!facts.ruling) {
+    await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
+    const { fact } = await settlements.claim(s._id, 'ruling', { outcome, payerShareBps: payerShareBps ?? null, toPayer, toPayee, at: new Date().toISOString() });
+    if (!sameRuling(fact)) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
+  }
+  failpoint('dispute.ruled');
   return applyRuling(rt, s, `dispute-${disputeId}`);
 }

@@ -89,11 +89,14 @@ export async function resolveHeldSettlement(rt: Runtime, settlementId: string, o
   const { settlements } = rt.stores;
   const s = await settlements.get(settlementId);
   if (!s) throw errors.notFound('settlement');
-  const { view } = await read(rt, s);
+  const { view, facts } = await read(rt, s);
+  // The same ruling again (a retry after a crash or a lost answer) finishes applying it; another one is refused.
+  if (facts.heldRuling?.outcome === outcome) return applyRuling(rt, s, 'held-ruling');
   if (view.status !== 'held') throw errors.transitionIllegal(`a ${view.status} settlement cannot be resolved this way`, view.status);
   await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
-  const { won } = await settlements.claim(s._id, 'heldRuling', { outcome, at: new Date().toISOString() });
-  if (!won) throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
+  const { fact } = await settlements.claim(s._id, 'heldRuling', { outcome, at: new Date().toISOString() });
+  if (fact.outcome !== outcome) throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
+  crashPoint('settlement.held-ruled');
   return applyRuling(rt, s, 'held-ruling');
 }
 

@@ -1,5 +1,6 @@
 import type { Collection, Db } from 'mongodb';
 import { errors, ServiceError } from '../domain/errors.ts';
+import { failpoint } from '../domain/failpoints.ts';
 import type { LedgerDueIndex } from './ledger-due.ts';
 import { insertFirst, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts';
 
@@ -384,6 +385,7 @@ export class LedgerStore {
           throw insufficientFunds(spec.walletId, attempt.currency, -spec.delta, mark.balanceAfter);
         }
         this.failAfterLeg?.(attempt.entryId, leg);
+        failpoint('ledger.leg-posted');
       }
       // Indexed while the attempt's pending marker still stands, so a crash here cannot lose the lock's check; scored
       // by when it was applied, as its run is stored right after that.
@@ -451,6 +453,7 @@ export class LedgerStore {
       if (await insertFirst(this.postings, posting)) {
         this.handoff.set(account, { seq: posting.seq, balance: posting.balanceAfter });
         this.failAfterClaim?.(attempt.entryId, leg);
+        failpoint('ledger.position-claimed');
         // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,
         // within the sweeper's staleness); that walk from the floor finds this posting all the same.
         return this.markLeg(attempt, leg, posting, account, cached, !head);

@@ -67,6 +67,7 @@ describe('Idempotency-Key (Redis, shared by every API process)', () => {
         if (r === fresh[0]) continue;
         if (r.statusCode === 409) {
           expect(r.json().code).toBe('IDEMPOTENCY_IN_PROGRESS');
+          expect(r.headers['retry-after']).toBe('1');
           inProgress++;
         } else {
           expect(r.headers['idempotent-replayed']).toBe('true');

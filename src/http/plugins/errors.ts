@@ -99,7 +99,9 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   } else {
     request.log.info({ code: body.code, status }, 'request refused');
   }
-  if (status === 503) reply.header('retry-after', '1');
+  // A retry helps after a moment: the backend is back, or the first request with this key has finished (or its
+  // claim, left by a process that died, has expired).
+  if (status === 503 || body.code === 'IDEMPOTENCY_IN_PROGRESS') reply.header('retry-after', '1');
   return reply.status(status).send(body);
 }
 
