@@ -1,6 +1,7 @@
 // A settlement is its fixed terms plus immutable facts, each recorded once by a unique insert (first writer wins).
 // Everything a client sees (status, amounts, where the holdback is) is derived from those facts and from which
 // ledger entries have been applied: nothing relies on an update of a shared document being atomic.
+import { assertMoney, holdbackOf } from './money.ts';
 import type { SignedReceipt } from './receipt.ts';
 import type { Verdict } from './terms.ts';
 
@@ -67,6 +68,42 @@ export interface SettlementView {
 }
 
 /** The ledger entry each money step uses; deterministic, so a step applied twice is one entry. */
+/** What the decision's receipt states about the money; the signer adds what names the settled subject. */
+export interface DecidedMoney {
+  verdict: Verdict;
+  releasedNow: number;
+  holdback: number;
+  decidedAt: string;
+}
+
+/**
+ * The one settlement decision, for runs and x402 gates alike: a pass releases the amount less its holdback now and
+ * keeps the holdback for the dispute window; a fail releases nothing (the escrow stays for a ruling, or a gate's
+ * refund). `sign` makes the subject's signed receipt from the decided money.
+ */
+export function decideSettlement(
+  terms: { settlementId: string; amount: number; holdbackBps: number; disputeWindowSeconds: number },
+  verdict: Verdict,
+  reason: string | null,
+  decidedAt: Date,
+  sign: (money: DecidedMoney) => SignedReceipt,
+  reserveId?: string,
+): DecisionFact {
+  const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(terms.amount, terms.holdbackBps) : { holdback: 0, releaseNow: 0 };
+  assertMoney(releaseNow >= 0 && holdback >= 0 && releaseNow + holdback === (verdict === 'pass' ? terms.amount : 0), `settlement ${terms.settlementId}: release ${releaseNow} + holdback ${holdback} does not make the ${verdict} of ${terms.amount}`);
+  const at = decidedAt.toISOString();
+  return {
+    verdict,
+    ...(reserveId ? { reserveId } : {}),
+    reason: verdict === 'pass' ? null : reason,
+    releaseNow,
+    holdback,
+    decidedAt: at,
+    disputeWindowEndsAt: new Date(decidedAt.getTime() + terms.disputeWindowSeconds * 1000).toISOString(),
+    receipt: sign({ verdict, releasedNow: releaseNow, holdback, decidedAt: at }),
+  };
+}
+
 export const entryIds = {
   release: (settlementId: string) => `settle:${settlementId}:release`,
   holdback: (settlementId: string) => `settle:${settlementId}:holdback`,

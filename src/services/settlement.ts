@@ -1,9 +1,9 @@
 import { canonicalize } from '../domain/canonical-json.ts';
 import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
-import { assertMoney, holdbackOf } from '../domain/money.ts';
+import { assertMoney } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
@@ -140,39 +140,27 @@ export async function advanceSettlement(
     // The run's reserve becomes this settlement's before anything is decided: every later move takes from it.
     const [reserveId] = await Promise.all([captureRunReserve(rt, s), ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent')]);
     failpoint('reserve-captured');
-    const pass = run.verdict === 'pass' && run.artifactId !== null;
-    const { holdback, releaseNow } = pass ? holdbackOf(s.amount, s.holdbackBps) : { holdback: 0, releaseNow: 0 };
-    const decidedAt = new Date();
-    const receipt = signReceipt(
-      {
-        schema: 'SettlementReceipt.v1',
-        settlementId: s._id,
-        runId: s.runId,
-        payerWalletId: s.payerWalletId,
-        payeeWalletId: s.payeeWalletId,
-        amount: s.amount,
-        releasedNow: releaseNow,
-        holdback,
-        currency: s.currency,
-        verdict: pass ? 'pass' : 'fail',
-        artifactId: run.artifactId,
-        artifactHash: run.artifactId?.slice('art_'.length) ?? null,
-        decidedAt: decidedAt.toISOString(),
-      },
-      rt.keys.active,
-    );
-    facts.decision = (
-      await settlements.claim(s._id, 'decision', {
-        verdict: pass ? 'pass' : 'fail',
-        reserveId,
-        reason: pass ? null : (run.finalizeError?.code ?? 'TERMS_NOT_MET'),
-        releaseNow,
-        holdback,
-        decidedAt: decidedAt.toISOString(),
-        disputeWindowEndsAt: new Date(decidedAt.getTime() + s.disputeWindowSeconds * 1000).toISOString(),
-        receipt,
-      })
-    ).fact;
+    const verdict = run.verdict === 'pass' && run.artifactId !== null ? 'pass' : 'fail';
+    const decision = decideSettlement({ settlementId: s._id, ...s }, verdict, run.finalizeError?.code ?? 'TERMS_NOT_MET', new Date(), (money) =>
+      signReceipt(
+        {
+          schema: 'SettlementReceipt.v1',
+          settlementId: s._id,
+          runId: s.runId,
+          payerWalletId: s.payerWalletId,
+          payeeWalletId: s.payeeWalletId,
+          amount: s.amount,
+          releasedNow: money.releasedNow,
+          holdback: money.holdback,
+          currency: s.currency,
+          verdict: money.verdict,
+          artifactId: run.artifactId,
+          artifactHash: run.artifactId?.slice('art_'.length) ?? null,
+          decidedAt: money.decidedAt,
+        },
+        rt.keys.active,
+      ), reserveId);
+    facts.decision = (await settlements.claim(s._id, 'decision', decision)).fact;
   }
   const d = facts.decision;
   const pass = d.verdict === 'pass';
