@@ -58,6 +58,10 @@ export interface Config {
   x402: {
     /** CAIP-2 style network id this deployment's x402 payment requirements name. */
     network: `${string}:${string}`;
+    /** How long a funded gate nobody authorized keeps its reserve (longer while its current quote lives). */
+    gateTtlSeconds: number;
+    /** How long after an authorization's token expires the call may still be reported; then the payer is refunded. */
+    authorizationGraceSeconds: number;
   };
   reserves: {
     /** A run's escrow reserve not captured by its settlement this long after it was locked goes back to the payer. */
@@ -245,7 +249,11 @@ export function loadConfig(env: Env = process.env): Config {
       retryScale: num(env, 'WEBHOOK_RETRY_SCALE', 1, 0, 100),
       timeoutMs: int(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
     },
-    x402: { network: x402Network as `${string}:${string}` },
+    x402: {
+      network: x402Network as `${string}:${string}`,
+      gateTtlSeconds: int(env, 'X402_GATE_TTL_SECONDS', 3600, 1, 30 * 86_400),
+      authorizationGraceSeconds: int(env, 'X402_AUTHORIZATION_GRACE_SECONDS', 300, 0, 86_400),
+    },
     reserves: {
       runDeadlineSeconds: int(env, 'RUN_RESERVE_DEADLINE_SECONDS', 30 * 86_400, 1, 365 * 86_400),
     },

@@ -105,7 +105,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
       webhookDue,
       onboarding: new OnboardingStore(db),
-      x402: new X402Store(db),
+      x402: new X402Store(db, redis, config.redisPrefix),
     },
     keys: loadServiceKeys(config),
     credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),

@@ -45,6 +45,8 @@ export const X402_ERROR_STATUS = {
   X402_OVERRIDE_INVALID: 409,
   X402_OVERRIDE_REPLAYED: 409,
   X402_PAYMENT_NOT_AUTHORIZED: 409,
+  /** A success report after the authorization's deadline (its token's expiry plus the grace): the payer is refunded. */
+  X402_AUTHORIZATION_EXPIRED: 409,
   X402_AGENT_WOUND_DOWN: 410,
 } as const;
 

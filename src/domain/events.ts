@@ -10,6 +10,7 @@ export const EVENT_TYPES = [
   'x402.escalation.approved',
   'x402.escalation.denied',
   'x402.agent.wound_down',
+  'x402.gate.expired',
 ] as const;
 
 export type EventType = (typeof EVENT_TYPES)[number];

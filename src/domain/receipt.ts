@@ -30,8 +30,9 @@ export interface GateSettlementReceiptBody extends ReceiptMoney {
   authorizationRef: string | null;
   quoteId: string | null;
   requestSha256: string | null;
-  responseSha256: string;
-  verificationStatus: 'verified' | 'failed';
+  /** null when nobody reported the call: the gate was returned (expired, or an agent wound down). */
+  responseSha256: string | null;
+  verificationStatus: 'verified' | 'failed' | 'expired' | 'wound_down';
 }
 
 export interface SignedReceipt {

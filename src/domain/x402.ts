@@ -22,7 +22,7 @@ export const TOKEN_AUDIENCE = {
   escalationOverride: 'x402:escalation-override',
 } as const;
 
-export type GateStatus = 'unfunded' | 'held' | 'authorized' | 'settling' | 'released' | 'refunded' | 'cancelled';
+export type GateStatus = 'unfunded' | 'held' | 'authorized' | 'settling' | 'released' | 'refunded' | 'cancelled' | 'expired';
 
 /** PaymentRequirements of x402 v2 (field names as in @x402/core's types). */
 export interface PaymentRequirementsV2 {
@@ -159,12 +159,50 @@ export function paymentTokenClaims(input: Omit<PaymentTokenClaims, 'scheme'>): P
 export type VerificationStatus = 'verified' | 'failed';
 
 /**
- * The verify rule: the payee is paid (minus holdback) only for an authorized gate whose call was not reported as
- * failed; a failed call is refunded in full, authorized or not. A success report for a gate nobody authorized is
- * refused (X402_PAYMENT_NOT_AUTHORIZED) before anything is recorded.
+ * What fills a gate's one verification slot: the provider's report, or the gate's return when nobody may report any
+ * more (its authorization's deadline passed, or its payer or payee was wound down). Both race for the slot by the
+ * same unique insert, so a gate is either paid or returned, never both.
  */
-export function verifyVerdict(authorized: boolean, status: VerificationStatus): 'pass' | 'fail' {
-  return authorized && status !== 'failed' ? 'pass' : 'fail';
+export type VerificationOutcome = VerificationStatus | 'expired' | 'wound_down';
+
+/**
+ * The verify rule: the payee is paid (minus holdback) only for an authorized gate whose call was reported verified;
+ * a failed call or a returned gate is refunded in full, authorized or not. A success report for a gate nobody
+ * authorized is refused (X402_PAYMENT_NOT_AUTHORIZED) before anything is recorded.
+ */
+export function verifyVerdict(authorized: boolean, status: VerificationOutcome): 'pass' | 'fail' {
+  return authorized && status === 'verified' ? 'pass' : 'fail';
+}
+
+/** Why a gate's settlement refunds the payer (the decision's reason), or null when it pays the payee. */
+export function refundReason(authorized: boolean, status: VerificationOutcome): string | null {
+  if (verifyVerdict(authorized, status) === 'pass') return null;
+  if (!authorized) return 'NOT_AUTHORIZED';
+  return status === 'expired' ? 'AUTHORIZATION_EXPIRED' : status === 'wound_down' ? 'AGENT_WOUND_DOWN' : 'VERIFICATION_FAILED';
+}
+
+/** Deadlines of a gate's reserve (config X402_GATE_TTL_SECONDS and X402_AUTHORIZATION_GRACE_SECONDS). */
+export interface GateDeadlineRules {
+  gateTtlSeconds: number;
+  authorizationGraceSeconds: number;
+}
+
+/** A funded gate nobody authorized expires after the gate TTL, or with its current quote if that lives longer. */
+export function heldGateDeadline(createdAt: Date, currentQuoteExpiresAt: Date | null, rules: GateDeadlineRules): Date {
+  return new Date(Math.max(createdAt.getTime() + rules.gateTtlSeconds * 1000, currentQuoteExpiresAt?.getTime() ?? 0));
+}
+
+/** An authorized gate can be reported until its token's expiry plus the grace; then it is returned to the payer. */
+export function authorizationDeadline(tokenExpiresAt: Date, rules: GateDeadlineRules): Date {
+  return new Date(tokenExpiresAt.getTime() + rules.authorizationGraceSeconds * 1000);
+}
+
+/**
+ * When the sweeper first looks at a new gate: no gate's reserve can fall due earlier (an authorization comes after
+ * the gate, so its deadline is at least the grace away; a held gate lasts the TTL).
+ */
+export function firstGateCheck(createdAt: Date, rules: GateDeadlineRules): Date {
+  return new Date(createdAt.getTime() + Math.min(rules.gateTtlSeconds, rules.authorizationGraceSeconds) * 1000);
 }
 
 /**

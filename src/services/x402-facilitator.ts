@@ -69,6 +69,17 @@ function reasonOf(err: ServiceError): string {
   return err.code.replace(/^X402_/, '').toLowerCase();
 }
 
+/** Why a settled payment did not pay the payee, or null when it did (the gate released). */
+function unpaidReason(decided: boolean, state: GateState): { reason: string; message: string } | null {
+  if (state.status === 'released') return null;
+  const decision = state.settlement?.facts.decision;
+  if (!decided || !decision) return { reason: 'settlement_pending', message: 'the payment is still being decided; the gate status URL tells when it is' };
+  if (decision.verdict === 'pass') return { reason: 'settlement_pending', message: 'the payee\'s release is decided but not yet moved' };
+  // The decision's reason in the protocol's terms: verification_failed, authorization_expired, agent_wound_down, …
+  const reason = (decision.reason ?? 'payment_refunded').toLowerCase();
+  return { reason, message: `the payer was refunded (${reason}); the payee was not paid` };
+}
+
 export class X402FacilitatorService {
   private readonly gates: X402Service;
   private readonly jwks;
@@ -89,6 +100,8 @@ export class X402FacilitatorService {
   async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
     try {
       const { claims, state } = await this.check(tenantId, request);
+      if (state.verification?.verificationStatus === 'expired') throw new Refusal('authorization_expired', 'the authorization expired before the call was reported');
+      if (state.verification?.verificationStatus === 'wound_down') throw new Refusal('agent_wound_down', 'the gate was returned: its payer or payee is wound down');
       if (state.verification) throw new Refusal('payment_already_settled', 'this payment has already been settled');
       return { isValid: true, payer: claims.payer };
     } catch (err) {
@@ -99,7 +112,8 @@ export class X402FacilitatorService {
 
   /**
    * Settles by the gate's verify with the provider's evidence: the first settle records the report, a repeat finds
-   * it and answers the same settlement. Whatever the payload, money moves once per gate.
+   * it and answers the same settlement. Whatever the payload, money moves once per gate. `success` is true only when
+   * the payee was paid (the gate released); a refunded, expired or still undecided gate answers why it was not.
    */
   async settle(tenantId: string, request: FacilitatorRequest): Promise<SettleAnswer> {
     const failed = (reason: string, message: string, payer?: string): SettleAnswer => ({
@@ -126,6 +140,8 @@ export class X402FacilitatorService {
         evidence: { responseSha256: isSha256Hex(evidence) ? evidence : sha256Hex('') },
       });
       const decision = state.settlement?.facts.decision ?? null;
+      const unpaid = unpaidReason(decided, state);
+      if (unpaid) return { ...failed(unpaid.reason, unpaid.message, claims.payer), transaction: state.settlement?.doc._id ?? '' };
       return {
         success: true,
         payer: claims.payer,
@@ -192,7 +208,7 @@ export class X402FacilitatorService {
       throw new Refusal('request_binding_mismatch', 'the payment was made for another request');
     }
 
-    if (state.status === 'cancelled' || state.status === 'unfunded') throw new Refusal('gate_closed', `the gate is ${state.status}`);
+    if (state.status === 'cancelled' || state.status === 'unfunded' || (state.status === 'expired' && !state.verification)) throw new Refusal('gate_closed', `the gate is ${state.status}`);
     const commitment = state.commitment;
     if (commitment?.kind !== 'authorization' || commitment.authorizationRef !== claims.authorizationRef) {
       throw new Refusal('payment_not_authorized', 'the gate holds no authorization for this token');

@@ -2,21 +2,25 @@
 // decided here; routes and the x402-verify worker call these and nothing else.
 import { QueueEvents } from 'bullmq';
 import { createLocalJWKSet, jwtVerify, SignJWT, type JWTPayload } from 'jose';
-import { newId } from '../domain/crypto.ts';
+import { idFromIdempotency, newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
-import { holdbackOf } from '../domain/money.ts';
+import { failpoint } from '../domain/failpoints.ts';
+import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
 import { entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
 import {
+  authorizationDeadline,
   DEFAULT_QUOTE_TTL_SECONDS,
   escalationIdFor,
   evaluateDailyLimit,
   evaluateStaticPolicy,
+  firstGateCheck,
   OVERRIDE_TTL_SECONDS,
   paymentRequiredHeader,
   paymentRequirements,
   paymentTokenClaims,
   quoteSha256,
+  refundReason,
   TOKEN_AUDIENCE,
   utcDay,
   verifyVerdict,
@@ -30,7 +34,7 @@ import {
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
-import type { WalletDoc } from '../store/ledger.ts';
+import type { NewLedgerEntry, PreparedEntry, WalletDoc } from '../store/ledger.ts';
 import { bucketMove, isInsufficientFunds } from '../store/ledger.ts';
 import { insertFirst } from '../store/mongo.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
@@ -113,7 +117,28 @@ export interface VerifyOutcome {
 }
 
 function isTerminal(status: GateStatus): boolean {
-  return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'unfunded';
+  return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'expired' || status === 'unfunded';
+}
+
+/** What a create retried under the same Idempotency-Key must ask for again to resume the gate it made. */
+function sameGateTerms(a: GateDoc, b: GateDoc): boolean {
+  return (
+    a.tenantId === b.tenantId &&
+    a.payerAgentId === b.payerAgentId &&
+    a.payeeAgentId === b.payeeAgentId &&
+    a.escrowWalletId === b.escrowWalletId &&
+    a.sponsorWalletId === b.sponsorWalletId &&
+    a.toolId === b.toolId &&
+    a.amount === b.amount &&
+    a.currency === b.currency &&
+    a.holdbackBps === b.holdbackBps &&
+    a.disputeWindowSeconds === b.disputeWindowSeconds
+  );
+}
+
+/** A wound-down agent's refusal (410), as the lifecycle check words it. */
+function woundDownError(agentId: string): ServiceError {
+  return x402Error('X402_AGENT_WOUND_DOWN', `agent ${agentId} is wound down`, { agentId, status: 'wound_down' });
 }
 
 /** The value of a settled read, or its error: reads go out together, their failures are met in the checks' order. */
@@ -178,13 +203,17 @@ export class X402Service {
   // ---------------------------------------------------------------------------------------------------------------
   // Gates
 
-  async createGate(tenantId: string, input: CreateGateInput): Promise<GateState> {
-    const { ledger } = this.runtime.stores;
+  /**
+   * Creates a gate and locks its amount. With an Idempotency-Key (`idempotencyScope`) the gate id derives from the
+   * key, so a retry after a crash or a 5xx (which frees the key) resumes that gate and its one lock instead of
+   * making a second; a retry asking for other terms is 422 IDEMPOTENCY_KEY_REUSED.
+   */
+  async createGate(tenantId: string, input: CreateGateInput, idempotencyScope: string | null = null): Promise<GateState> {
     if (input.payerAgentId === input.payeeAgentId) {
       throw errors.unprocessable('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
     }
-    const gate: GateDoc = {
-      _id: newId('gate'),
+    const fresh: GateDoc = {
+      _id: idempotencyScope ? idFromIdempotency('gate', idempotencyScope) : newId('gate'),
       tenantId,
       payerAgentId: input.payerAgentId,
       payeeAgentId: input.payeeAgentId,
@@ -197,18 +226,11 @@ export class X402Service {
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
       createdAt: new Date(),
     };
-    const lock = {
-      _id: x402EntryIds.lock(gate._id),
-      tenantId,
-      kind: 'x402_escrow_lock',
-      currency: gate.currency,
-      legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
-      ref: { gateId: gate._id },
-    };
+    const lock = this.lockEntry(fresh);
     // The lock's reads (its accounts' heads) go out at once; the checks' reads beside them, when they are not served
     // from memory (agents and their wind-down facts from the credential cache, wallets once seen). Nothing is
     // written until the checks pass; once warm, the gate's inserts below thus go out beside the heads' reads.
-    const prepared = ledger.prepare(lock);
+    const prepared = this.runtime.stores.ledger.prepare(lock);
     prepared.catch(() => undefined); // only a head start: apply reads the heads itself without it
     const [lifecycle, sponsor] = await Promise.allSettled([
       this.requireLiveAgents(tenantId, [input.payerAgentId, input.payeeAgentId]),
@@ -222,25 +244,66 @@ export class X402Service {
       // Only once the payer is known to be the tenant's live agent: this may create its wallet.
       await this.ensureAgentWallet(input.payerAgentId, tenantId);
     }
-    // The gate and its place in both agents' indexes first, so a wind-down can always find a gate that holds money.
-    await Promise.all([
-      this.store.gates.insertOne(gate),
-      this.store.agentGates.append(gate.payerAgentId, () => ({ ref: gate._id })),
-      this.store.agentGates.append(gate.payeeAgentId, () => ({ ref: gate._id })),
+    // The gate, its due record (so the sweeper finds a reserve whatever happens next) and its place in both agents'
+    // indexes first, so a wind-down can always find a gate that holds money. A resumed gate is appended again: the
+    // wind-down walk skips a gate it has seen.
+    const [recorded] = await Promise.all([
+      this.store.recordGate(fresh),
+      this.store.due.mark(fresh._id, tenantId, firstGateCheck(fresh.createdAt, this.runtime.config.x402)),
+      this.store.agentGates.append(fresh.payerAgentId, () => ({ ref: fresh._id })),
+      this.store.agentGates.append(fresh.payeeAgentId, () => ({ ref: fresh._id })),
     ]);
+    const gate = recorded.gate;
+    if (!recorded.created) {
+      if (!sameGateTerms(gate, fresh)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key made a gate with other terms', { gateId: gate._id });
+      // Whatever the first attempt left half-done, the sweeper looks at it within a staleness period.
+      await this.store.due.mark(gate._id, tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
+      const commitment = await this.store.commitmentOf(gate._id);
+      if (commitment) return this.resumedGateAnswer(gate, commitment);
+    }
+    failpoint('x402.create.recorded');
     const heads = await prepared.catch(() => undefined);
+    await this.fundGate(gate, lock, recorded.created, heads);
+    failpoint('x402.create.locked');
+    // What a resumed create cannot rule out: the sweeper expired the gate (or a wind-down cancelled it) before its lock.
+    const closed = recorded.created ? null : await this.store.commitmentOf(gate._id);
+    if (closed) return this.resumedGateAnswer(gate, closed);
+    // What this process now knows for good: the gate, that it is funded, that it has no quote yet.
+    this.store.rememberGate(gate);
+    remember(this.fundedGates, gate._id);
+    if (recorded.created) this.store.quoteSlots.startEmpty(gate._id);
+    return recorded.created ? { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null } : this.gateState(gate, true);
+  }
+
+  private lockEntry(gate: GateDoc): NewLedgerEntry {
+    return {
+      _id: x402EntryIds.lock(gate._id),
+      tenantId: gate.tenantId,
+      kind: 'x402_escrow_lock',
+      currency: gate.currency,
+      legs: bucketMove(gate.escrowWalletId, 'available', 'escrow', gate.amount),
+      ref: { gateId: gate._id },
+    };
+  }
+
+  /**
+   * Applies the gate's lock (a resumed gate's lock finishes the first attempt's, never a second one), then checks
+   * whether a wind-down raced it: then the gate is cancelled, its lock returned, and the create refused (410).
+   */
+  private async fundGate(gate: GateDoc, lock: NewLedgerEntry, fresh: boolean, heads: PreparedEntry | undefined): Promise<void> {
     // A wind-down that ran while this gate was being funded may not have seen the lock. Read once the lock entry is
     // recorded, its fact is either seen here, or was recorded after the lock entry, so that its walk meets the lock
     // (pending or applied) and returns it: reading while the legs are posted misses nothing.
     let raced: Promise<string | null> = Promise.resolve(null);
     try {
-      // The gate id is brand new, so its lock is too: the ledger skips looking for an earlier attempt.
-      await ledger.apply(lock, {
-        expectNew: true,
+      // A brand-new gate has a brand-new lock: the ledger skips looking for an earlier attempt (its insert still tells).
+      await this.runtime.stores.ledger.apply(lock, {
+        expectNew: fresh,
         ...(heads ? { prepared: heads } : {}),
         onRecorded: () => {
           raced = this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
           raced.catch(() => undefined); // awaited below; a failure must not go unhandled while the legs are posted
+          failpoint('x402.create.lock-recorded');
         },
       });
     } catch (err) {
@@ -254,13 +317,18 @@ export class X402Service {
     const racedWindDown = await raced;
     if (racedWindDown) {
       await this.cancelGate(gate, racedWindDown);
-      throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${racedWindDown} is wound down`, { agentId: racedWindDown, status: 'wound_down' });
+      throw woundDownError(racedWindDown);
     }
-    // What this process now knows for good: the gate, that it is funded, that it has no quote yet.
-    this.store.rememberGate(gate);
-    remember(this.fundedGates, gate._id);
-    this.store.quoteSlots.startEmpty(gate._id);
-    return { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null };
+  }
+
+  /** A resumed create of a gate that has moved on: a cancelled one is refused as its first attempt was; else its state. */
+  private async resumedGateAnswer(gate: GateDoc, commitment: CommitmentDoc): Promise<GateState> {
+    if (commitment.kind === 'cancellation') {
+      await this.cancelGate(gate, commitment.windDownOf); // finishes the return the first attempt may have left undone
+      throw woundDownError(commitment.windDownOf);
+    }
+    if (commitment.kind === 'expired') await this.returnReserve(gate);
+    return this.gateState(gate, true);
   }
 
   /** Opens the agent's wallet unless this process has seen it. */
@@ -280,7 +348,7 @@ export class X402Service {
   }
 
   /** The first of these agents whose wind-down fact is recorded, read now (not from any cache). */
-  private async anyWoundDown(agentIds: string[]): Promise<string | null> {
+  async anyWoundDown(agentIds: string[]): Promise<string | null> {
     const woundDown = await Promise.all(agentIds.map((id) => this.isWoundDown(id)));
     return agentIds[woundDown.indexOf(true)] ?? null;
   }
@@ -610,8 +678,10 @@ export class X402Service {
       jti,
     );
     const doc: AuthorizationDoc = { _id: gate._id, tenantId, at: now, kind: 'authorization', authorizationRef, quoteId: quote._id, requestSha256: quote.requestSha256, token, tokenKid: this.runtime.keys.active.keyId, jti, expiresAt, escalationId };
+    failpoint('x402.authorize.checked');
     if (await insertFirst(this.store.commitments, doc)) {
       this.store.rememberCommitment(doc);
+      failpoint('x402.authorize.committed');
       return this.authorizationOf(gate, doc);
     }
     // The gate already had a commitment: the same authorization repeated (from another process), or it is closed.
@@ -793,7 +863,9 @@ export class X402Service {
 
   /**
    * Records the provider's report (first report wins) and has the x402-verify worker decide; waits briefly for it.
-   * `decided` false means the worker is still on it: the caller answers 202 with the status URL.
+   * `decided` false means the worker is still on it: the caller answers 202 with the status URL. A success report
+   * after the authorization's deadline (its token's expiry plus the grace), or once the payer or payee is wound down,
+   * is refused (X402_AUTHORIZATION_EXPIRED, X402_AGENT_WOUND_DOWN): the gate is returned to the payer instead.
    */
   async verify(
     tenantId: string,
@@ -803,10 +875,15 @@ export class X402Service {
     const status = input.verificationStatus ?? 'verified';
     // The gate's commitment decides the path (from memory when this process authorized the gate or saw it). A
     // verification is only ever recorded after the commitment, and its unique insert below tells a first report
-    // from a repeat, so it is read here only off the hot path (a gate nobody authorized).
-    const [funded, known] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
+    // from a repeat, so it is read here only off the hot path (a gate nobody authorized). Whether an agent is wound
+    // down comes from the credential cache, like every lifecycle check.
+    const [funded, known, woundDown] = await Promise.all([
+      this.isFunded(gate),
+      this.store.commitmentOf(gate._id),
+      status === 'verified' ? this.woundDownParty(gate) : null,
+    ]);
     let commitment = known;
-    if (commitment?.kind === 'cancellation') throw await this.terminal(gate, 'cannot be verified');
+    if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired') throw await this.terminal(gate, 'cannot be verified');
     if (commitment?.kind !== 'authorization') {
       const reported = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
       if (reported) return this.repeatVerify(gate);
@@ -815,11 +892,18 @@ export class X402Service {
         throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: statusOf(funded, commitment, null, null) });
       }
     }
+    if (commitment?.kind === 'authorization' && status === 'verified') {
+      const returned = woundDown ? 'wound_down' : Date.now() > authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).getTime() ? 'expired' : null;
+      if (returned) return this.returnInsteadOfPaying(gate, returned, woundDown);
+    }
     if (!commitment) {
-      // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded.
-      await insertFirst(this.store.commitments, { _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
-      commitment = await this.store.commitmentOf(gate._id);
-      if (commitment?.kind === 'cancellation') throw x402Error('X402_GATE_TERMINAL', 'a cancelled gate cannot be verified', { status: 'cancelled' });
+      // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded. Due for
+      // the sweeper first: a crash between the voiding and the report still ends refunded.
+      await this.store.due.mark(gate._id, tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
+      commitment = await this.store.commit({ _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
+      // An authorization that got there first takes the failure report as any authorized gate does.
+      if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw await this.terminal(gate, 'cannot be verified');
+      failpoint('x402.verify.voided');
     }
     const verification: VerificationDoc = {
       _id: gate._id,
@@ -828,11 +912,12 @@ export class X402Service {
       evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
       at: new Date(),
     };
-    const [won, settlement] = await Promise.all([
-      insertFirst(this.store.verifications, verification),
+    const [recorded, settlement] = await Promise.all([
+      this.store.recordVerification(verification),
       this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
     ]);
-    if (!won) return this.repeatVerify(gate);
+    if (!recorded.won) return this.answerRepeat(gate, status, recorded.verification);
+    failpoint('x402.verify.reported');
     const outcome = await this.runVerifyJob(gate, true);
     if (!outcome) return this.verifiedState(gate);
     // The worker's answer carries the settlement as it left it: no need to read it all back.
@@ -841,6 +926,48 @@ export class X402Service {
     // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
     const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
     return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
+  }
+
+  /** The gate's payer or payee if wound down (from the credential cache, as every lifecycle check), else null. */
+  private async woundDownParty(gate: GateDoc): Promise<string | null> {
+    const { agents } = this.runtime.stores;
+    const parties = [gate.payerAgentId, gate.payeeAgentId];
+    const lifecycles = await Promise.all(parties.map((id) => this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.isWoundDown(agentId))));
+    return parties[lifecycles.findIndex((l) => l.woundDown)] ?? null;
+  }
+
+  /**
+   * Fills the gate's verification slot with its return instead of a report (nobody may report any more): the same
+   * unique insert a report makes, so exactly one of "paid" and "returned" wins. The x402-verify job then refunds
+   * the payer. Answers the verification that holds the slot (this return, or a report that got there first).
+   */
+  async recordReturn(gate: GateDoc, outcome: 'expired' | 'wound_down'): Promise<VerificationDoc> {
+    const { verification } = await this.store.recordVerification({ _id: gate._id, tenantId: gate.tenantId, verificationStatus: outcome, evidence: { responseSha256: null, providerSignature: null }, at: new Date() });
+    return verification;
+  }
+
+  /** A success report that may no longer pay: the gate is returned (the worker refunds the payer) and the report refused. */
+  private async returnInsteadOfPaying(gate: GateDoc, outcome: 'expired' | 'wound_down', woundDownAgent: string | null): Promise<{ state: GateState; decided: boolean }> {
+    const verification = await this.recordReturn(gate, outcome);
+    if (verification.verificationStatus === 'verified' || verification.verificationStatus === 'failed') return this.repeatVerify(gate);
+    failpoint('x402.verify.returned');
+    await this.runtime.producers.ensure('x402-verify', { tenantId: gate.tenantId, gateId: gate._id }, jobIdFor('x402-verify', gate._id));
+    throw await this.refusalOf(gate, verification, woundDownAgent);
+  }
+
+  /** A repeated report: the first one stands, unless it was the gate's return and this one claims success (refused). */
+  private async answerRepeat(gate: GateDoc, status: VerificationStatus, first: VerificationDoc): Promise<{ state: GateState; decided: boolean }> {
+    if (status === 'verified' && (first.verificationStatus === 'expired' || first.verificationStatus === 'wound_down')) throw await this.refusalOf(gate, first, null);
+    return this.repeatVerify(gate);
+  }
+
+  private async refusalOf(gate: GateDoc, returned: VerificationDoc, woundDownAgent: string | null): Promise<ServiceError> {
+    if (returned.verificationStatus === 'wound_down') {
+      return woundDownError(woundDownAgent ?? (await this.anyWoundDown([gate.payerAgentId, gate.payeeAgentId])) ?? gate.payerAgentId);
+    }
+    const commitment = await this.store.commitmentOf(gate._id);
+    const deadline = commitment?.kind === 'authorization' ? authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).toISOString() : null;
+    return x402Error('X402_AUTHORIZATION_EXPIRED', 'the authorization expired before the call was reported; the payer is refunded', { gateId: gate._id, status: 'expired', reportableUntil: deadline });
   }
 
   /** A repeated report: the first report stands; answer the decision, or make sure a job is on it and wait. */
@@ -854,7 +981,7 @@ export class X402Service {
   /** A verified gate's state read in full, and whether its decision is made. */
   private async verifiedState(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
     const state = await this.gateState(gate, true);
-    return { state, decided: state.status === 'released' || state.status === 'refunded' };
+    return { state, decided: state.status === 'released' || state.status === 'refunded' || state.status === 'expired' };
   }
 
   private ensureQueueEvents(): QueueEvents {
@@ -925,6 +1052,8 @@ export class X402Service {
     if (!gate) return { skipped: 'no such gate' };
     if (!verification) return { skipped: 'nothing reported' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
+    // A cancelled or expired gate's lock goes back by its unlock entry; it must never be refunded a second time here.
+    if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw new MoneyInvariantError(`gate ${gateId} is ${commitment.kind} yet has a report`);
     const [s] = await Promise.all([
       existing ?? settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
       this.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
@@ -966,7 +1095,7 @@ export class X402Service {
       );
       const claimed = await settlements.claim(s._id, 'decision', {
         verdict,
-        reason: verdict === 'pass' ? null : authorization ? 'VERIFICATION_FAILED' : 'NOT_AUTHORIZED',
+        reason: refundReason(authorization !== null, verification.verificationStatus),
         releaseNow,
         holdback,
         decidedAt: decidedAt.toISOString(),
@@ -975,6 +1104,7 @@ export class X402Service {
       });
       decision = claimed.fact;
       decidedNow = claimed.won;
+      failpoint('x402.verify-job.decided');
       // Won: every other fact needs the decision first, so there is none yet to read.
       facts = claimed.won ? { decision } : await settlements.factsOf(s._id);
     }
@@ -983,32 +1113,55 @@ export class X402Service {
     const heads = await prepared.catch(() => null);
     const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
+    if (verification.verificationStatus === 'expired') {
+      await emitEvent(this.runtime, tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount), `x402.gate.expired:${gateId}`);
+    }
+    // The gate's money is its settlement's now (final, or due in the settlement sweeper): the gate sweeper is done.
+    await this.store.due.done(gateId);
     return { decision, view: settled.view };
   }
 
   // ---------------------------------------------------------------------------------------------------------------
   // Wind-down
 
-  /** Cancels a gate nobody authorized and returns its escrow; true when this wind-down is what cancelled it. */
-  private async cancelGate(gate: GateDoc, agentId: string): Promise<CommitmentDoc | null> {
+  /**
+   * Cancels a gate nobody authorized and returns its escrow; answers the gate's commitment (a cancellation by this
+   * wind-down, or whatever got there first). Due for the sweeper before the cancellation, so a crash between the
+   * cancellation and the return (or a create that locks after it) still ends with the money returned.
+   */
+  async cancelGate(gate: GateDoc, agentId: string): Promise<CommitmentDoc | null> {
+    await this.store.due.mark(gate._id, gate.tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
+    const commitment = await this.store.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf: agentId });
+    if (commitment.kind !== 'cancellation') return commitment;
+    failpoint('x402.cancel.committed');
+    await this.returnReserve(gate);
+    return commitment;
+  }
+
+  /**
+   * Returns a cancelled or expired gate's lock (entry `x402:<gate>:unlock`, once): a lock left pending by a crash is
+   * finished first. Answers what the lock is: `returned` (now or before), or `none` (refused or not recorded, so
+   * nothing was ever held; a create still running may record it yet).
+   */
+  async returnReserve(gate: GateDoc): Promise<'returned' | 'none'> {
     const { ledger } = this.runtime.stores;
-    await insertFirst(this.store.commitments, { _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf: agentId });
-    const commitment = await this.store.commitmentOf(gate._id);
-    if (commitment?.kind !== 'cancellation') return commitment;
-    const lock = await ledger.getEntry(x402EntryIds.lock(gate._id));
-    // A lock left pending by a crash would be finished by the ledger sweeper: finish it now, then return it.
-    if (lock?.state === 'pending') await ledger.resume(lock._id).catch(() => undefined);
-    if ((await ledger.getEntry(x402EntryIds.lock(gate._id)))?.state === 'applied') {
-      await ledger.apply({
-        _id: x402EntryIds.unlock(gate._id),
-        tenantId: gate.tenantId,
-        kind: 'x402_escrow_unlock',
-        currency: gate.currency,
-        legs: bucketMove(gate.escrowWalletId, 'escrow', 'available', gate.amount),
-        ref: { gateId: gate._id },
+    let lock = await ledger.getEntry(x402EntryIds.lock(gate._id));
+    if (lock?.state === 'pending') {
+      lock = await ledger.resume(lock.entryId).catch((err) => {
+        if (isInsufficientFunds(err)) return null; // refused: it never held anything
+        throw err;
       });
     }
-    return commitment;
+    if (lock?.state !== 'applied') return 'none';
+    await ledger.apply({
+      _id: x402EntryIds.unlock(gate._id),
+      tenantId: gate.tenantId,
+      kind: 'x402_escrow_unlock',
+      currency: gate.currency,
+      legs: bucketMove(gate.escrowWalletId, 'escrow', 'available', gate.amount),
+      ref: { gateId: gate._id },
+    });
+    return 'returned';
   }
 
   /**
@@ -1023,6 +1176,7 @@ export class X402Service {
     const recorded = await this.store.windDownSummaries.findOne({ _id: agentId });
     if (recorded) return recorded.summary;
     await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
+    failpoint('x402.wind-down.recorded');
     // Every process caches whether an agent is wound down (requireLiveAgents): tell them at once, before the slower
     // unwinding below, so that staleness is bounded by the pub/sub latency (and this answer comes after it). If the
     // publish fails this answers 503 with the fact recorded: a repeat (the summary is not recorded yet) publishes
@@ -1048,9 +1202,12 @@ export class X402Service {
     };
     const returned = new Map<string, { walletId: string; currency: string; amount: number }>();
     const head = await this.store.agentGates.head(agentId);
+    const walked = new Set<string>();
     for (let seq = 1; seq <= head; seq++) {
       const slot = await this.store.agentGates.get(agentId, seq);
-      const gate = slot && (await this.store.gates.findOne({ _id: slot.ref }));
+      if (!slot || walked.has(slot.ref)) continue; // a resumed create indexes its gate again
+      walked.add(slot.ref);
+      const gate = await this.store.gates.findOne({ _id: slot.ref });
       if (!gate) continue; // a gate whose funding was refused
       const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verifications.findOne({ _id: gate._id })]);
       const commitment = existing ?? (verification ? null : await this.cancelGate(gate, agentId));
@@ -1064,7 +1221,9 @@ export class X402Service {
         const { quote } = await this.store.currentQuote(gate._id);
         if (quote && quote.expiresAt > commitment.at) summary.quotesCancelled.push(quote._id);
       } else if (commitment?.kind === 'authorization' && !verification) {
+        // No success report may come any more: the sweeper returns it at its next pass (verify refuses meanwhile).
         summary.gatesLeftReserved.push(gate._id);
+        await this.store.due.mark(gate._id, gate.tenantId, new Date());
       }
       for (const escalationId of await this.gateEscalationIds(gate._id)) {
         const escalation = await this.store.escalations.findOne({ _id: escalationId });
@@ -1094,7 +1253,12 @@ export class X402Service {
 /** The gate's status from its facts (the settlement, when read, tells how far a verified gate got). */
 function statusOf(funded: boolean, commitment: CommitmentDoc | null, verification: VerificationDoc | null, settlement: SettlementState | null): GateStatus {
   if (commitment?.kind === 'cancellation') return 'cancelled';
-  if (verification) return settlement ? settledStatus(settlement) : 'settling';
+  if (commitment?.kind === 'expired') return 'expired';
+  if (verification) {
+    const status = settlement ? settledStatus(settlement) : 'settling';
+    // An authorization nobody reported in time: its refund is the gate's expiry.
+    return status === 'refunded' && verification.verificationStatus === 'expired' ? 'expired' : status;
+  }
   if (commitment?.kind === 'authorization') return 'authorized';
   return funded ? 'held' : 'unfunded';
 }
@@ -1103,6 +1267,19 @@ function statusOf(funded: boolean, commitment: CommitmentDoc | null, verificatio
 function settledStatus(s: SettlementState): GateStatus {
   if (!s.facts.decision) return 'settling';
   return s.view.status === 'completed' ? 'released' : s.view.status === 'refunded' ? 'refunded' : 'settling';
+}
+
+/** The `x402.gate.expired` event: whose reserve went back, how much, and why (`gate_ttl` or `authorization_expired`). */
+export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired', returned: number): Record<string, unknown> {
+  return {
+    gateId: gate._id,
+    reason,
+    payerAgentId: gate.payerAgentId,
+    payeeAgentId: gate.payeeAgentId,
+    escrowWalletId: gate.escrowWalletId,
+    amount: returned,
+    currency: gate.currency,
+  };
 }
 
 export function escalationStatus(e: EscalationState): 'pending' | 'approved' | 'denied' {

@@ -1,5 +1,7 @@
 import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb';
-import type { PolicyBreach, VerificationStatus, WalletPolicy } from '../domain/x402.ts';
+import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/x402.ts';
+import type { RedisClient } from '../redis.ts';
+import { DueWorkStore } from './due-work.ts';
 import { insertFirst } from './mongo.ts';
 
 // The x402 gate's records. Every one is found by `_id` (on FerretDB nothing else uses an index), and every fact is
@@ -42,8 +44,8 @@ export interface SlotDoc extends Document {
 
 /**
  * What a gate's escrow is committed to, first writer wins (`_id` = gateId): a payment authorization, a
- * cancellation by wind-down, or voiding by a failed verification. So a wind-down and an authorization racing on
- * one gate can never both happen.
+ * cancellation by wind-down, voiding by a failed verification, or expiry (the sweeper, past the held gate's
+ * deadline). So a wind-down, an expiry and an authorization racing on one gate can never both happen.
  */
 export type CommitmentDoc = {
   _id: string;
@@ -63,13 +65,18 @@ export type CommitmentDoc = {
     }
   | { kind: 'cancellation'; windDownOf: string }
   | { kind: 'voided' }
+  | { kind: 'expired' }
 );
 
+/**
+ * The gate's one verification slot (`_id` = gateId), first writer wins: the provider's report, or the gate's return
+ * (`expired`, `wound_down`: no report may come any more; evidence null). Whatever wins is what the settlement decides.
+ */
 export interface VerificationDoc {
   _id: string;
   tenantId: string;
-  verificationStatus: VerificationStatus;
-  evidence: { responseSha256: string; providerSignature: string | null };
+  verificationStatus: VerificationOutcome;
+  evidence: { responseSha256: string | null; providerSignature: string | null };
   at: Date;
 }
 
@@ -281,8 +288,13 @@ export class X402Store {
   readonly policies: SlotChain<PolicyVersionDoc & Document>;
   /** `<walletId>#<day>#<n>`: authorized spends with the day's running total. */
   readonly spends: SlotChain<SpendDoc>;
+  /**
+   * Gates whose reserve is not settled yet (see DueWorkStore), due when the sweeper should look: marked before the
+   * gate's lock, removed once its money is returned or handed to its settlement.
+   */
+  readonly due: DueWorkStore;
 
-  constructor(db: Db) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
     this.gates = db.collection('x402_gates');
     this.quotes = db.collection('x402_quotes');
     this.commitments = db.collection('x402_gate_commitments');
@@ -299,6 +311,7 @@ export class X402Store {
     this.tenantEscalations = new SlotChain(db.collection('x402_tenant_escalations'), heads, 'tenant-escalations');
     this.policies = new SlotChain(db.collection('x402_wallet_policies'), null, 'policies');
     this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends');
+    this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix);
   }
 
   /**
@@ -343,6 +356,42 @@ export class X402Store {
     const found = (await collection.findOne({ _id: id } as never)) as T | null;
     if (found) remember(known, found);
     return found;
+  }
+
+  /** A gate of any tenant (the sweeper's read), from memory once seen. */
+  gateById(gateId: string): Promise<GateDoc | null> {
+    return this.immutableById(this.knownGates, this.gates, gateId);
+  }
+
+  /**
+   * Records the gate, or finds the one recorded before under the same id (a create resumed after a crash or a
+   * 5xx: its id derives from the client's Idempotency-Key). `created` false hands back the earlier gate.
+   */
+  async recordGate(gate: GateDoc): Promise<{ created: boolean; gate: GateDoc }> {
+    if (await insertFirst(this.gates, gate)) return { created: true, gate };
+    const existing = await this.gates.findOne({ _id: gate._id });
+    if (!existing) throw new Error(`gate ${gate._id} collided but is not stored`);
+    return { created: false, gate: existing };
+  }
+
+  /** Claims the gate's commitment (first writer wins) and hands back whichever commitment won. */
+  async commit(commitment: CommitmentDoc): Promise<CommitmentDoc> {
+    if (await insertFirst(this.commitments, commitment)) {
+      this.rememberCommitment(commitment);
+      return commitment;
+    }
+    return (await this.commitmentOf(commitment._id))!;
+  }
+
+  /** What holds the gate's verification slot, if anything (read every time: its absence is no fact). */
+  verificationOf(gateId: string): Promise<VerificationDoc | null> {
+    return this.verifications.findOne({ _id: gateId });
+  }
+
+  /** Claims the gate's verification slot (first writer wins): whether this one won, and the one that did. */
+  async recordVerification(verification: VerificationDoc): Promise<{ won: boolean; verification: VerificationDoc }> {
+    if (await insertFirst(this.verifications, verification)) return { won: true, verification };
+    return { won: false, verification: (await this.verifications.findOne({ _id: verification._id }))! };
   }
 
   /** The tenant's gate (another tenant's is not found), from memory once seen. */

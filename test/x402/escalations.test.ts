@@ -112,9 +112,13 @@ describe('x402 escalations, wind-down, tenants and scopes', () => {
     expect(newGate.statusCode).toBe(410);
     expect(newGate.json()).toMatchObject({ code: 'X402_AGENT_WOUND_DOWN', details: { agentId: payer } });
     expect((await authorize({ gateId: open.gateId, quoteId: liveQuote.quoteId, requestSha256: liveQuote.requestSha256 })).statusCode).toBe(410);
-    // The reserved gate still settles: the provider served under a valid authorization.
-    expect((await post(t, auth, '/x402/gate/verify', { gateId: reserved.gateId, evidence: { responseSha256: requestHash() } })).json()).toMatchObject({ status: 'released' });
-    expect(await balances(t, auth, payee)).toEqual({ available: 200, escrow: 0 });
+    // The reserved gate can no longer pay (contract 11: no verify after a wind-down): the payer is refunded instead.
+    const late = await post(t, auth, '/x402/gate/verify', { gateId: reserved.gateId, evidence: { responseSha256: requestHash() } });
+    expect(late.statusCode).toBe(410);
+    expect(late.json()).toMatchObject({ code: 'X402_AGENT_WOUND_DOWN', details: { agentId: payer } });
+    for (let i = 0; i < 50 && (await balances(t, auth, payer)).escrow > 0; i++) await new Promise((resolve) => setTimeout(resolve, 100));
+    expect(await balances(t, auth, payer)).toEqual({ available: 5_000, escrow: 0 });
+    expect(await balances(t, auth, payee)).toEqual({ available: 0, escrow: 0 });
   });
 
   it('another tenant sees 404 for every gate, quote, wallet and escalation; scopes are enforced (403)', async () => {

@@ -11,7 +11,9 @@ import { createGate, expectLedgerBalances, gateParties, post, quote } from './he
  * shares what the x402 store keeps in memory (the gate, its commitment): a worker process of its own reads those two
  * (in the same wave as the rest of its reads), one more command each per verify.
  */
-const BUDGET = { create: 13, quote: 3, authorize: 2, verify: 17 };
+// create and verify each carry one command of the gate's due record (marked before the lock, removed by the verify
+// job once the settlement holds the money): what lets the gate sweeper return a reserve past its deadline.
+const BUDGET = { create: 13, quote: 3, authorize: 2, verify: 18 };
 
 /** Commands that read by anything but an exact `_id` (due-work collections hold only what is due: those may). */
 function scansIn(events: CommandStartedEvent[]): string[] {

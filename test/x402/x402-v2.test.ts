@@ -138,6 +138,21 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     expect((await facilitator('verify', reader.json().token, body({}))).statusCode).toBe(403);
   });
 
+  it('settle answers success only when the payee was paid: a gate refunded by a failed verification is success false', async () => {
+    const { requirements, paymentPayload } = await pay(`${toolUrl}/search?q=refunded`);
+    const gateId = paymentPayload.payload.gateId as string;
+    const before = await balances(t, payerAuth, payee);
+    const failed = await t.app.inject({ method: 'POST', url: '/x402/gate/verify', headers: payerAuth, payload: { gateId, evidence: { responseSha256: 'b'.repeat(64) }, verificationStatus: 'failed' } });
+    expect(failed.statusCode, failed.body).toBe(200);
+    expect(failed.json()).toMatchObject({ status: 'refunded' });
+
+    const body = { x402Version: 2, paymentPayload, paymentRequirements: requirements };
+    const settled = await facilitator('settle', providerKey, body);
+    expect(settled.statusCode).toBe(200);
+    expect(settled.json()).toMatchObject({ success: false, errorReason: 'verification_failed', payer, network });
+    expect(await balances(t, payerAuth, payee)).toEqual(before);
+  });
+
   it('refuses a payment whose quote has expired, and moves no money', async () => {
     const { requirements, paymentPayload } = await pay(`${toolUrl}/search?q=late`, { maxTimeoutSeconds: 1 });
     const before = await balances(t, payerAuth, payee);

@@ -45,8 +45,13 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.post<{ Body: Static<typeof CreateGateBody> }>('/x402/gate/create', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Create a payment gate: locks the amount in the payer\'s (or the sponsor wallet\'s) escrow', body: CreateGateBody, response: { 201: Gate, ...x402Errors(402, 410) } },
-  }, async (request, reply) => reply.status(201).send(gateView(await service.createGate(tenantOf(request), request.body))));
+    schema: {
+      tags,
+      summary: 'Create a payment gate: locks the amount in the payer\'s (or the sponsor wallet\'s) escrow; a retry with the same Idempotency-Key resumes the same gate',
+      body: CreateGateBody,
+      response: { 201: Gate, ...x402Errors(402, 410, 422) },
+    },
+  }, async (request, reply) => reply.status(201).send(gateView(await service.createGate(tenantOf(request), request.body, request.idempotencyScope))));
 
   app.post<{ Body: Static<typeof QuoteBody> }>('/x402/gate/quote', {
     config: { access: 'x402:write' },
@@ -96,7 +101,7 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.post<{ Body: Static<typeof VerifyBody> }>('/x402/gate/verify', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Report the provider\'s response: releases (minus holdback) or refunds; 202 with statusUrl while still deciding', body: VerifyBody, response: { 200: VerifyResult, 202: VerifyResult, ...x402Errors(409) } },
+    schema: { tags, summary: 'Report the provider\'s response: releases (minus holdback) or refunds; 202 with statusUrl while still deciding', body: VerifyBody, response: { 200: VerifyResult, 202: VerifyResult, ...x402Errors(409, 410) } },
   }, async (request, reply) => {
     const { state, decided } = await service.verify(tenantOf(request), request.body);
     return reply.status(decided ? 200 : 202).send({ ...gateView(state), statusUrl: `/x402/gate/${state.gate._id}` });

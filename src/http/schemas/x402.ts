@@ -135,7 +135,7 @@ const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T)
 
 export const Gate = Type.Object({
   gateId: Type.String(),
-  status: Type.String({ description: 'held | authorized | settling | released | refunded | cancelled | unfunded' }),
+  status: Type.String({ description: 'held | authorized | settling | released | refunded | cancelled | expired | unfunded; expired: nobody authorized it within the gate TTL, or nobody reported the authorized call by its deadline (the payer is refunded)' }),
   payerAgentId: Type.String(),
   payeeAgentId: Type.String(),
   escrowWalletId: Type.String(),
@@ -148,7 +148,13 @@ export const Gate = Type.Object({
   createdAt: Timestamp,
   quote: Nullable(Type.Object({ quoteId: Type.String(), requestSha256: Type.String(), quoteSha256: Type.String(), expiresAt: Timestamp, status: Type.String({ description: 'live | expired | used | cancelled' }) })),
   authorization: Nullable(Type.Object({ authorizationRef: Type.String(), quoteId: Type.String(), requestSha256: Type.String(), tokenKid: Type.String(), expiresAt: Timestamp, reserve: Reserve })),
-  verification: Nullable(Type.Object({ verificationStatus: Type.String(), responseSha256: Type.String(), at: Timestamp })),
+  verification: Nullable(
+    Type.Object({
+      verificationStatus: Type.String({ description: 'verified | failed (the provider\'s report) | expired | wound_down (the gate was returned: no report may come any more)' }),
+      responseSha256: Nullable(Type.String({ description: 'null when the gate was returned without a report' })),
+      at: Timestamp,
+    }),
+  ),
   settlement: Nullable(
     Type.Object({
       settlementId: Type.String(),
