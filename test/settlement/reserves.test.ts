@@ -130,6 +130,11 @@ describe('escrow reserves: one owner, one fate', () => {
     expect(reused.statusCode).toBe(422);
     expect(reused.json()).toMatchObject({ code: 'IDEMPOTENCY_KEY_REUSED' });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 250, escrow: 750 });
+    // The key still belongs to the run its first request made: that request, sent again, resumes it.
+    const resumed = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed3, payload: body });
+    expect(resumed.statusCode, resumed.body).toBe(201);
+    expect(await t.runtime.db.collection('runs').countDocuments({ agentId: p.worker.agentId })).toBe(3);
+    expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 250, escrow: 750 });
   });
 
   it('one failing settlement backs off alone: the sweep settles every other one, and counts the failure', async () => {

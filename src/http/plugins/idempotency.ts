@@ -124,7 +124,9 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
       if (request.answeredByDeadline) {
         // The handler may still be running and may yet succeed: the key stays in progress (a retry gets 409) until
         // the claim expires, rather than letting a retry run the same request a second time beside it.
-      } else if (status >= 500 || status === 429) {
+      } else if (status >= 500 || status === 429 || (status === 422 && typeof payload === 'string' && payload.includes('"code":"IDEMPOTENCY_KEY_REUSED"'))) {
+        // Released, so the caller's retry runs: after a 5xx or 429, and after a create refused for asking other terms
+        // than the object this key already made (the key stays that object's: its own request resumes it).
         await redis.del(redisKey);
       } else {
         const setCookie = reply.getHeader('set-cookie');
