@@ -1,19 +1,34 @@
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { MongoClient } from 'mongodb';
 import { afterAll, describe, expect, inject, it } from 'vitest';
 import { newId } from '../../src/domain/crypto.ts';
 import { signEvents } from '../../src/domain/event-chain.ts';
-import { call, createTenant, credit, eventually, registerAgent, ServiceProcess, serviceEnv, type Agent, type Answer, type Tenant } from './service.ts';
+import { call, credit, eventually, must, registerAgent, ServiceProcess, serviceEnv, type Agent, type Answer, type Tenant } from './service.ts';
 
 // Issue 22's chaos run: concurrent clients drive run money flows (create with escrow, events, finalize, settle,
-// some with settle-time terms) through an API process and two workers while a seeded killer SIGKILLs one of them
-// every second or two and starts it again. Clients behave as honest ones do: a call that got no definitive answer
+// some with settle-time terms) and x402 paid calls (gate create, quote, authorize-payment, verify) through an API
+// process and two workers while a seeded killer SIGKILLs one of them every second or two and starts it again. Clients behave as honest ones do: a call that got no definitive answer
 // is repeated with the same Idempotency-Key. Bounded in time; then the money must add up exactly: every flow a
 // client finished was paid once, no run was minted twice, no escrow is left behind.
 
+/** The load runs at least this long and until MIN_KILLS kills, at most MAX_LOAD_MS (a restart takes longer on a busy machine). */
 const LOAD_MS = 25_000;
+const MIN_KILLS = 8;
+const MAX_LOAD_MS = 75_000;
 const CLIENTS = 6;
 const AMOUNT = 100;
+const GATE_AMOUNT = 30;
+
+/** A tenant whose key drives runs and gates. */
+async function chaosTenant(base: string, adminKey: string): Promise<Tenant> {
+  const admin = { authorization: `Bearer ${adminKey}` };
+  const { tenantId } = await must(base, 'POST', '/ops/tenants', 201, { headers: { ...admin, 'idempotency-key': newId('k') }, body: { name: 'chaos' } });
+  const { token } = await must(base, 'POST', '/ops/api-keys', 201, {
+    headers: { ...admin, 'idempotency-key': newId('k') },
+    body: { tenantId, scopes: ['agents:write', 'runs:write', 'wallets:write', 'x402:write'] },
+  });
+  return { tenantId, token, auth: { authorization: `Bearer ${token}` } };
+}
 
 /** mulberry32: a small seeded generator, so a failing run can be replayed with its seed. */
 function seeded(seed: number): () => number {
@@ -46,7 +61,7 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
     const workers = [await ServiceProcess.start('worker', env), await ServiceProcess.start('worker', env)];
     processes.push(api, ...workers);
 
-    const tenant: Tenant = await createTenant(api.url, admin);
+    const tenant: Tenant = await chaosTenant(api.url, admin);
     const payers: Agent[] = [];
     const payees: Agent[] = [];
     for (let i = 0; i < CLIENTS; i++) {
@@ -56,7 +71,7 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
     }
 
     /** Calls until a definitive answer: no answer, 5xx and 409 in progress are repeated with the same key. */
-    let stopAt = Date.now() + LOAD_MS + 150_000;
+    let stopAt = Date.now() + MAX_LOAD_MS + 150_000;
     const definitive = async (method: string, path: string, body: unknown, key: string | null): Promise<Answer> => {
       for (let attempt = 0; ; attempt++) {
         const answer = await call(api.url, method, path, { body, headers: { ...tenant.auth, ...(key ? { 'idempotency-key': key } : {}) }, timeoutMs: 10_000 });
@@ -70,11 +85,31 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
     const created: string[] = [];
     const finished: string[] = [];
     const refused: string[] = [];
+    /** Gates per client whose verify was answered: paid once each. */
+    const gatesPaid = new Map<number, string[]>();
     let loading = true;
+    /** One paid call through the x402 gate, each step repeated with its own key until it is definitive. */
+    const paidCall = async (i: number) => {
+      const gate = await definitive('POST', '/x402/gate/create', { payerAgentId: payers[i]!.agentId, payeeAgentId: payees[i]!.agentId, amount: GATE_AMOUNT, currency: 'USD' }, newId('k'));
+      expect(gate.status, JSON.stringify(gate.body)).toBe(201);
+      const gateId = gate.body.gateId as string;
+      const requestSha256 = createHash('sha256').update(gateId).digest('hex');
+      const quote = await definitive('POST', '/x402/gate/quote', { gateId, requestSha256 }, newId('k'));
+      expect(quote.status, JSON.stringify(quote.body)).toBe(200);
+      const authorized = await definitive('POST', '/x402/gate/authorize-payment', { gateId, quoteId: quote.body.quoteId, requestSha256 }, newId('k'));
+      expect(authorized.status, JSON.stringify(authorized.body)).toBe(200);
+      const verified = await definitive('POST', '/x402/gate/verify', { gateId, evidence: { responseSha256: requestSha256 } }, newId('k'));
+      expect([200, 202], JSON.stringify(verified.body)).toContain(verified.status);
+      gatesPaid.set(i, [...(gatesPaid.get(i) ?? []), gateId]);
+    };
     const client = async (i: number) => {
       const payer = payers[i]!;
       const worker = payees[i]!;
       for (let n = 0; loading; n++) {
+        if (n % 2 === 1) {
+          await paidCall(i);
+          continue;
+        }
         const termsAtSettle = n % 3 === 2; // a third get their terms only when settled
         const settlement = { payerAgentId: payer.agentId, amount: AMOUNT, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 3600 };
         const runAnswer = await definitive('POST', '/v1/runs', { agentId: worker.agentId, terms: { accuracy: { min: 0.9 } }, ...(termsAtSettle ? {} : { settlement }) }, newId('k'));
@@ -113,13 +148,15 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
 
     const clients = Array.from({ length: CLIENTS }, (_, i) => client(i));
     const chaos = killer();
-    await sleep(LOAD_MS);
+    const loadStarted = Date.now();
+    while ((Date.now() - loadStarted < LOAD_MS || kills.length < MIN_KILLS) && Date.now() - loadStarted < MAX_LOAD_MS) await sleep(250);
     loading = false;
     await chaos;
     stopAt = Date.now() + 150_000;
     await Promise.all(clients);
-    console.log(JSON.stringify({ seed, kills: kills.length, created: created.length, finished: finished.length, refused }));
-    expect(kills.length).toBeGreaterThan(5);
+    const gates = [...gatesPaid.values()].flat();
+    console.log(JSON.stringify({ seed, kills: kills.length, created: created.length, finished: finished.length, gates: gates.length, refused }));
+    expect(kills.length).toBeGreaterThanOrEqual(3); // the run did meet crashes (MIN_KILLS unless the machine crawled)
     expect(refused).toEqual([]);
 
     // Every settlement the clients started completes (the sweepers finish what the kills cut short).
@@ -128,7 +165,7 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
       const db = client2.db();
       await eventually(async () => {
         const settlements = await db.collection<any>('settlements').find({}).toArray();
-        return settlements.length === finished.length && settlements.every((s) => s.view?.status === 'completed');
+        return settlements.length === finished.length + gates.length && settlements.every((s) => s.view?.status === 'completed');
       }, 120_000, 'every settlement completed', 500);
       // No run minted twice: the tenant's runs are exactly those the clients were told of.
       const runs = await db.collection<any>('runs').find({ tenantId: tenant.tenantId }).toArray();
@@ -140,10 +177,18 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
       }, 120_000, 'every escrow empty', 500);
       for (let i = 0; i < CLIENTS; i++) {
         const paidRuns = finished.filter((runId) => runs.find((r) => r._id === runId)?.agentId === payees[i]!.agentId).length;
+        const paid = paidRuns * AMOUNT + (gatesPaid.get(i)?.length ?? 0) * GATE_AMOUNT;
         const payer = await call(api.url, 'GET', `/v1/wallets/${encodeURIComponent(payers[i]!.agentId)}`, { headers: tenant.auth });
         const payee = await call(api.url, 'GET', `/v1/wallets/${encodeURIComponent(payees[i]!.agentId)}`, { headers: tenant.auth });
-        expect(payer.body.balances.USD, `payer ${i}`).toEqual({ available: 1_000_000 - paidRuns * AMOUNT, escrow: 0 });
-        expect(payee.body.balances.USD, `payee ${i}`).toEqual({ available: paidRuns * AMOUNT, escrow: 0 });
+        expect(payer.body.balances.USD, `payer ${i}`).toEqual({ available: 1_000_000 - paid, escrow: 0 });
+        expect(payee.body.balances.USD, `payee ${i}`).toEqual({ available: paid, escrow: 0 });
+      }
+      // No gate minted twice either: the tenant's gates are exactly those the clients were told of.
+      const storedGates = await db.collection<any>('x402_gates').find({ tenantId: tenant.tenantId }).toArray();
+      expect(storedGates.map((g) => g._id).sort()).toEqual([...gates].sort());
+      for (const gateId of gates) {
+        const state = await call(api.url, 'GET', `/x402/gate/${gateId}`, { headers: tenant.auth });
+        expect(state.body.status, gateId).toBe('released');
       }
     } finally {
       await client2.close();
