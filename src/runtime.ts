@@ -16,6 +16,8 @@ import { LedgerStore } from './store/ledger.ts';
 import { LedgerDueIndex } from './store/ledger-due.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { ReserveStore } from './store/reserves.ts';
+import { LedgerAuditStore } from './store/ledger-audit.ts';
+import { SweepParkedIndex } from './store/sweep-parked.ts';
 import { TenantStore } from './store/tenants.ts';
 import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
 import { WebhookDueIndex } from './store/webhook-due.ts';
@@ -42,6 +44,8 @@ export interface Runtime {
     ledger: LedgerStore;
     settlements: SettlementStore;
     reserves: ReserveStore;
+    ledgerAudit: LedgerAuditStore;
+    sweepParked: SweepParkedIndex;
     webhookEndpoints: WebhookEndpointStore;
     webhookDeliveries: WebhookDeliveryStore;
     webhookDue: WebhookDueIndex;
@@ -84,6 +88,8 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   const redis = createApiRedis(config, logger);
   const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl), (cause) => logger.warn({ cause }, 'job queue unavailable: answering 503'));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
+  const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix);
+  const ledger = new LedgerStore(db, ledgerDue);
   return {
     config,
     logger,
@@ -98,9 +104,11 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       outbox: new OutboxStore(db, webhookDue),
       agents: new AgentStore(db),
       runs: new RunStore(db, redis, config.redisPrefix),
-      ledger: new LedgerStore(db, new LedgerDueIndex(redis, config.redisPrefix)),
+      ledger,
       settlements: new SettlementStore(db, redis, config.redisPrefix),
       reserves: new ReserveStore(db, redis, config.redisPrefix),
+      ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
+      sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
       webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
       webhookDue,

@@ -2,6 +2,7 @@ import type { Logger } from 'pino';
 import { Counter, Gauge } from 'prom-client';
 import { processMetrics } from '../metrics.ts';
 import type { Runtime } from '../runtime.ts';
+import type { SweepParkedIndex } from '../store/sweep-parked.ts';
 
 const itemFailures = new Counter({
   name: 'sweep_item_failures_total',
@@ -41,6 +42,8 @@ export class SweepItems {
   constructor(
     readonly sweeper: string,
     private readonly logger: Logger,
+    /** Where parked items are shown to every process (the ledger audit reads it); best effort. */
+    private readonly parkedIndex?: SweepParkedIndex,
   ) {}
 
   /**
@@ -61,7 +64,10 @@ export class SweepItems {
     const was = this.failing.get(id);
     if (!was) return;
     this.failing.delete(id);
-    if (was.attempts >= PARK_AFTER) itemsParked.dec({ sweeper: this.sweeper });
+    if (was.attempts >= PARK_AFTER) {
+      itemsParked.dec({ sweeper: this.sweeper });
+      this.parkedIndex?.unpark(this.sweeper, id).catch(() => undefined);
+    }
     this.logger.info({ sweeper: this.sweeper, item: id, attempts: was.attempts }, 'sweep item recovered');
   }
 
@@ -75,6 +81,7 @@ export class SweepItems {
     const parked = attempts >= PARK_AFTER;
     if (attempts === PARK_AFTER) {
       itemsParked.inc({ sweeper: this.sweeper });
+      this.parkedIndex?.park(this.sweeper, id).catch(() => undefined);
       this.logger.error({ sweeper: this.sweeper, item: id, attempts, err: message }, 'sweep item parked: it keeps failing and needs a look');
     } else if (!was || was.message !== message) {
       this.logger.warn({ sweeper: this.sweeper, item: id, attempts, err: message }, 'sweep item failed; it backs off alone');
@@ -95,6 +102,6 @@ export function sweepItems(rt: Runtime, sweeper: string): SweepItems {
   let byName = registry.get(rt);
   if (!byName) registry.set(rt, (byName = new Map()));
   let items = byName.get(sweeper);
-  if (!items) byName.set(sweeper, (items = new SweepItems(sweeper, rt.logger)));
+  if (!items) byName.set(sweeper, (items = new SweepItems(sweeper, rt.logger, rt.stores.sweepParked)));
   return items;
 }

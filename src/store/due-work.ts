@@ -76,6 +76,16 @@ export class DueWorkStore {
   }
 
   /**
+   * Records due before `before`, at most `limit`, read without changing the index (the ledger audit's look for
+   * work left behind): the index's ids by score, then each record by `_id`, kept when its own `dueAt` agrees.
+   */
+  async overdue(before: Date, limit: number): Promise<DueRecord[]> {
+    const ids = await this.redis.zrangebyscore(this.dueKey, '-inf', before.getTime(), 'LIMIT', 0, limit);
+    const records = await Promise.all(ids.map((id) => this.records.findOne({ _id: id })));
+    return records.filter((r): r is DueRecord => r !== null && r.dueAt.getTime() <= before.getTime());
+  }
+
+  /**
    * Puts back into the index every record it lacks (those it has keep their time), when this process may: the
    * claim lasts AUDIT_EVERY_MS, so all processes together audit at most that often, and at once after Redis lost
    * its data (the claim went with it). Null when it was not this process's turn.

@@ -60,6 +60,18 @@ export class LedgerDueIndex {
     });
   }
 
+  /**
+   * Every started entry, oldest score first, at most `limit` (the ledger audit's look at what is in flight; a
+   * postponed member keeps its start time in its name, so the caller reads that, not the score).
+   */
+  async startedEntries(limit: number): Promise<StartedEntry[]> {
+    const members = await this.redis.zrange(this.pendingKey, 0, limit - 1);
+    return members.map((member) => {
+      const at = member.lastIndexOf('@');
+      return { member, entryId: member.slice(0, at), startedAt: Number(member.slice(at + 1)) };
+    });
+  }
+
   async lockApplied(entryId: string, appliedAt: Date): Promise<void> {
     await this.redis.zadd(this.locksKey, 'NX', appliedAt.getTime(), entryId);
   }

@@ -149,7 +149,8 @@ export class MongoHealthWatch {
 }
 
 /**
- * The comment on the only queries allowed to read a growing collection whole: a due index's rare reconciliation
- * pass (bounded and logged), never a request or job path. test/store/id-lookups.test.ts lets exactly these through.
+ * The comment on the only queries allowed to read a collection whole: a due index's rare reconciliation pass
+ * (bounded and logged), and the ledger audit's reads of small collections (wallets, its own checkpoints and open
+ * reserves); never a request or job path. test/store/id-lookups.test.ts lets exactly these through.
  */
 export const RECONCILIATION_COMMENT = 'due-index-reconciliation';

@@ -1,5 +1,6 @@
 import type { Runtime } from '../runtime.ts';
 import { reconcileRunReserve } from '../services/escrow.ts';
+import { periodicLedgerAudit } from '../services/ledger-audit.ts';
 import { advanceSettlement, sweepSettlements } from '../services/settlement.ts';
 import { sweepItems } from '../services/sweep-items.ts';
 import type { QueueProcessor } from './runner.ts';
@@ -38,6 +39,9 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
           await ledger.checkLockAt(lock.entryId, outcome.retryAt).catch(() => undefined);
         }
       }
+
+      // The money invariant audit: at most every 10 minutes across all processes; it logs what it finds.
+      await periodicLedgerAudit(runtime);
       return { entries, entriesFailed: failed, settlements: settlements.looked, settlementsFailed: settlements.failed, locksChecked: locks.length, unlocked, reservesFailed };
     },
   };

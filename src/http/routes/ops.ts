@@ -3,11 +3,16 @@ import { Type, type Static } from 'typebox';
 import type { Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { BUYER_SESSION_COOKIE } from '../../domain/buyer-session.ts';
+import { ServiceError } from '../../domain/errors.ts';
+import { auditLedger } from '../../services/ledger-audit.ts';
 import { issueBuyerSession } from '../../services/onboarding.ts';
 import { createTenant, issueApiKey, listApiKeys, listTenants, revokeApiKey, rotateApiKey } from '../../services/tenants.ts';
 import { emptyBodyIsObject, errorResponses } from '../schemas/common.ts';
 import { BuyerSession, TenantParams } from '../schemas/onboarding.ts';
-import { ApiKey, ApiKeyParams, CreateApiKey, CreateTenant, IssuedApiKey, keyView, ListQuery, Rotate, Tenant, tenantView } from '../schemas/ops.ts';
+import { ApiKey, ApiKeyParams, CreateApiKey, CreateTenant, IssuedApiKey, keyView, LedgerAudit, LedgerAuditQuery, ListQuery, Rotate, Tenant, tenantView } from '../schemas/ops.ts';
+
+/** How long the audit route waits for another process's audit before answering 409. */
+const AUDIT_WAIT_MS = 5_000;
 
 export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
   const rt = opts.runtime;
@@ -57,6 +62,23 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     config: admin,
     schema: { tags, summary: 'Revoke an API key now, on every API process', params: ApiKeyParams, response: { 200: ApiKey, ...errorResponses(401, 403, 404) } },
   }, async (request) => keyView(await revokeApiKey(rt, request.params.keyId)));
+
+  app.get<{ Querystring: Static<typeof LedgerAuditQuery> }>('/ops/ledger/audit', {
+    config: admin,
+    schema: {
+      tags,
+      summary: 'Audit the money invariants per currency (contract section 11); incremental from the last audit, or `full=true` from scratch',
+      querystring: LedgerAuditQuery,
+      response: { 200: LedgerAudit, ...errorResponses(400, 401, 403, 409) },
+    },
+  }, async (request, reply) => {
+    try {
+      return await auditLedger(rt, { full: request.query.full === true, waitMs: AUDIT_WAIT_MS });
+    } catch (err) {
+      if (err instanceof ServiceError && err.code === 'AUDIT_IN_PROGRESS') reply.header('retry-after', '5');
+      throw err;
+    }
+  });
 
   app.post<{ Params: Static<typeof TenantParams> }>('/ops/tenants/:tenantId/buyer-sessions', {
     config: admin,

@@ -72,3 +72,41 @@ export function keyView(k: ApiKeyDoc, now = new Date()): Static<typeof ApiKey> {
   };
 }
 
+
+export const LedgerAuditQuery = Type.Object(
+  {
+    full: Type.Optional(Type.Boolean({ default: false, description: 'Recompute from the first posting of every account, ignoring (and checking) the audit checkpoints; writes nothing' })),
+  },
+  { additionalProperties: false },
+);
+const AuditViolation = Type.Object({
+  kind: Type.String({ description: 'sum_mismatch, escrow_mismatch, escrow_unattributed, reserve_negative, reserve_owner_missing, reserve_owner_cancelled, reserve_owner_finished, reserve_overdue, entry_overdue, entry_unbalanced, leg_posted_twice, chain_broken, checkpoint_mismatch, settlement_stuck' }),
+  currency: Type.Optional(Type.String()),
+  walletId: Type.Optional(Type.String()),
+  owner: Type.Optional(Type.String({ description: 'The settlement id of the run or gate that owns the reserve' })),
+  detail: Type.String(),
+  amount: Type.Optional(Type.Integer({ description: 'integer minor units' })),
+});
+const AuditCurrency = Type.Object({
+  credits: Type.Integer({ description: 'Everything ever credited (there are no payouts): equals available + escrow + legs in flight' }),
+  available: Type.Integer(),
+  escrow: Type.Integer(),
+  openReserves: Type.Integer({ description: 'The sum of open reserves: equals escrow' }),
+});
+export const LedgerAudit = Type.Object({
+  clean: Type.Boolean({ description: 'No violation, and every account was read to its end' }),
+  complete: Type.Boolean({ description: 'Every account was read to its end within the time budget; else the next audit goes on from there' }),
+  violations: Type.Array(AuditViolation),
+  currencies: Type.Record(Type.String(), AuditCurrency),
+  checked: Type.Object({
+    wallets: Type.Integer(),
+    accounts: Type.Integer(),
+    accountsBehind: Type.Integer(),
+    postingsRead: Type.Integer(),
+    openReserves: Type.Integer(),
+    inFlightEntries: Type.Integer({ description: 'Ledger entries being applied, not yet overdue' }),
+  }),
+  incremental: Type.Boolean(),
+  tookMs: Type.Integer(),
+  at: Timestamp,
+});

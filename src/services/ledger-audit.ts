@@ -1,0 +1,522 @@
+import { Gauge } from 'prom-client';
+import { errors } from '../domain/errors.ts';
+import { deriveSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { processMetrics } from '../metrics.ts';
+import type { Runtime } from '../runtime.ts';
+import type { LedgerEntryDoc, PostingDoc } from '../store/ledger.ts';
+import { ledgerAttemptId, type AuditAccountDoc, type AuditEntryDoc, type AuditReserveDoc } from '../store/ledger-audit.ts';
+import { settlementIdFor, termsOf, type SettlementDoc } from '../store/settlements.ts';
+import { escrowEntryIds } from './escrow.ts';
+import { gateSettlementId, x402EntryIds } from './x402.ts';
+
+// The money invariant audit (contract section 11), per currency: credits equal the sum of balances (no payouts
+// exist; every other entry's legs sum to zero), each escrow account equals the sum of its owners' open reserves and
+// none is negative, no open reserve belongs to a missing, cancelled or finished owner or outlives its deadline by more
+// than a sweep, no ledger entry or settlement is stuck.
+//
+// Incremental: each pass walks every account's chain by exact `_id` from its checkpoint to its end (or until the
+// pass's time budget runs out: a large backlog is read over several passes), folds each posting into the reserve it
+// belongs to and into the entries still seen in part, then writes the reserves and entries it touched before the
+// account's checkpoint (see store/ledger-audit.ts for why a crash anywhere leaves it right). Its cost follows what
+// was posted since the last pass plus the wallets and open reserves, never the runs stored.
+
+export interface AuditViolation {
+  kind: string;
+  currency?: string;
+  walletId?: string;
+  owner?: string;
+  detail: string;
+  amount?: number;
+}
+
+export interface CurrencyTotals {
+  credits: number;
+  available: number;
+  escrow: number;
+  openReserves: number;
+}
+
+export interface LedgerAuditReport {
+  /** No violation, and every account was read to its end. */
+  clean: boolean;
+  /** Every account was read to its end within the time budget (else the next pass goes on from where this stopped). */
+  complete: boolean;
+  violations: AuditViolation[];
+  currencies: Record<string, CurrencyTotals>;
+  checked: { wallets: number; accounts: number; accountsBehind: number; postingsRead: number; openReserves: number; inFlightEntries: number };
+  incremental: boolean;
+  tookMs: number;
+  at: string;
+}
+
+export interface AuditOptions {
+  /** Ignore the checkpoints: recompute from the first position, write nothing, and compare with the checkpoints. */
+  full?: boolean;
+  /** Stop walking chains after this long (the pass still checks what it has read). */
+  budgetMs?: number;
+  /** How long to wait for another process's audit to finish before answering 409. */
+  waitMs?: number;
+}
+
+const DEFAULT_BUDGET_MS = 20_000;
+const LOCK_TTL_MS = 60_000;
+const LOCK_RENEW_MS = 15_000;
+const ACCOUNT_CONCURRENCY = 8;
+const READ_CONCURRENCY = 16;
+/** Positions read at once on one chain: starts at 1 (the usual pass finds 0 or a few new), doubles while full. */
+const MAX_CHAIN_BATCH = 128;
+const MAX_VIOLATIONS = 500;
+const MAX_STARTED_ENTRIES = 10_000;
+const MAX_STUCK_SETTLEMENTS = 1_000;
+/** A settlement's due record this late means its sweeper cannot move it. */
+const SETTLEMENT_STUCK_AFTER_MS = 3_600_000;
+/** A gate reserve nothing captured is overdue a day after its TTL (its sweeper returns it at the TTL). */
+const GATE_DEADLINE_SLACK_MS = 86_400_000;
+/** How often, at most, the periodic audit runs (all processes together). Wanted as config: LEDGER_AUDIT_INTERVAL_MS. */
+export const AUDIT_EVERY_MS = 10 * 60_000;
+
+const SETTLEMENT_KINDS = new Set(['settlement_release', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
+const LOCK_KINDS = new Set(['escrow_lock', 'x402_escrow_lock']);
+
+const violationsGauge = new Gauge({ name: 'ledger_audit_violations', help: 'Violations the last ledger audit of this process found, by kind', labelNames: ['kind'] as const, registers: [processMetrics] });
+const lastRunGauge = new Gauge({ name: 'ledger_audit_last_run_timestamp_seconds', help: 'When this process last finished a ledger audit', registers: [processMetrics] });
+const completeGauge = new Gauge({ name: 'ledger_audit_complete', help: '1 when the last ledger audit read every account to its end', registers: [processMetrics] });
+const durationGauge = new Gauge({ name: 'ledger_audit_duration_seconds', help: 'How long the last ledger audit took', registers: [processMetrics] });
+const postingsGauge = new Gauge({ name: 'ledger_audit_postings_read', help: 'Postings the last ledger audit read', registers: [processMetrics] });
+
+type Subject = NonNullable<AuditReserveDoc['subject']>;
+
+/** The reserve an escrow posting belongs to: its owner's settlement id (the one key shared by lock, moves and unlock). */
+async function ownerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; subject: Subject | null } | null> {
+  if (p.kind === 'escrow_lock' || p.kind === 'escrow_unlock') {
+    const m = /^escrow:([^:]+):(lock|unlock)(?::(\d+))?$/.exec(p.entryId);
+    if (m && escrowEntryIds[m[2] as 'lock' | 'unlock'](m[1]!, m[3] ? Number(m[3]) : 1) === p.entryId) return { owner: settlementIdFor(m[1]!), subject: { kind: 'run', id: m[1]! } };
+    return null;
+  }
+  if (p.kind === 'x402_escrow_lock' || p.kind === 'x402_escrow_unlock') {
+    const m = /^x402:(.+):(lock|unlock)$/.exec(p.entryId);
+    if (m && x402EntryIds[m[2] as 'lock' | 'unlock'](m[1]!) === p.entryId) return { owner: gateSettlementId(m[1]!), subject: { kind: 'gate', id: m[1]! } };
+    return null;
+  }
+  if (!SETTLEMENT_KINDS.has(p.kind)) return null;
+  // A settlement's own steps name it in their id; checked against the ids it would make, else read from the entry.
+  const m = /^settle:([^:]+):/.exec(p.entryId);
+  if (m && [entryIds.release(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
+  const entry = await rt.stores.ledgerAudit.entryAttempt(ledgerAttemptId(p.entryId, p.attempt));
+  return entry?.ref.settlementId ? { owner: entry.ref.settlementId, subject: null } : null;
+}
+
+/** What is wrong with this posting as the next position of the chain, if anything. */
+function chainProblem(p: PostingDoc, account: string, seq: number, balance: number): string | null {
+  if (p.account !== account || p.seq !== seq + 1) return `position ${seq + 1} of ${account} holds ${p.account}#${p.seq}`;
+  if (!Number.isSafeInteger(p.delta) || !Number.isSafeInteger(p.balanceAfter)) return `${p._id}: amounts are not safe integers`;
+  if (p.refused ? p.delta !== 0 || p.balanceAfter !== balance : p.balanceAfter !== balance + p.delta) return `${p._id}: balance ${balance} + ${p.delta} is not ${p.balanceAfter}`;
+  if (p.balanceAfter < 0) return `${p._id}: balance ${p.balanceAfter} is negative`;
+  return null;
+}
+
+function isComplete(e: AuditEntryDoc): boolean {
+  return e.duplicates.length === 0 && e.legs.some((l) => l.leg === 0) && e.legs.reduce((sum, l) => sum + l.delta, 0) === 0;
+}
+
+/** Runs `work` on every item, `limit` at a time; on a failure takes no more and throws once all running ones ended. */
+async function eachLimited<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
+  let next = 0;
+  let failure: { err: unknown } | null = null;
+  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, async () => {
+    while (!failure && next < items.length) {
+      try {
+        await work(items[next++]!);
+      } catch (err) {
+        failure ??= { err };
+      }
+    }
+  }));
+  if (failure) throw (failure as { err: unknown }).err;
+}
+
+function splitAccount(account: string): { walletId: string; currency: string; bucket: 'available' | 'escrow' } {
+  const bucketAt = account.lastIndexOf('|');
+  const currencyAt = account.lastIndexOf('|', bucketAt - 1);
+  return { walletId: account.slice(0, currencyAt), currency: account.slice(currencyAt + 1, bucketAt), bucket: account.slice(bucketAt + 1) as 'available' | 'escrow' };
+}
+
+/** One audit pass. Throws 409 AUDIT_IN_PROGRESS when another process's audit holds the lock past `waitMs`. */
+export async function auditLedger(rt: Runtime, options: AuditOptions = {}): Promise<LedgerAuditReport> {
+  const store = rt.stores.ledgerAudit;
+  const waitUntil = Date.now() + (options.waitMs ?? 0);
+  let token = await store.lock(LOCK_TTL_MS);
+  while (!token && Date.now() < waitUntil) {
+    await new Promise((r) => setTimeout(r, 100));
+    token = await store.lock(LOCK_TTL_MS);
+  }
+  // Two passes at once would both fold the same postings into the reserves: refuse instead of answering an older
+  // report, which would say "clean" about money moved since.
+  if (!token) throw errors.conflict('AUDIT_IN_PROGRESS', 'another ledger audit is running; retry shortly', { retryAfterSeconds: 5 });
+  let lost = false;
+  const renewal = setInterval(() => {
+    store.renew(token, LOCK_TTL_MS).then((held) => { if (!held) lost = true; }, () => undefined);
+  }, LOCK_RENEW_MS);
+  try {
+    const report = await runPass(rt, options, () => lost);
+    recordMetrics(report);
+    return report;
+  } finally {
+    clearInterval(renewal);
+    await store.unlock(token).catch(() => undefined);
+  }
+}
+
+async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boolean): Promise<LedgerAuditReport> {
+  const store = rt.stores.ledgerAudit;
+  const full = options.full === true;
+  const startedAt = Date.now();
+  const deadline = startedAt + (options.budgetMs ?? DEFAULT_BUDGET_MS);
+  const sweepMs = rt.config.sweeper.staleAfterMs + rt.config.sweeper.intervalMs;
+  const violations: AuditViolation[] = [];
+  const report = (v: AuditViolation) => {
+    if (violations.length < MAX_VIOLATIONS) violations.push(v);
+  };
+
+  const stored = await store.loadState();
+  const storedCheckpoints = new Map(stored.accounts.map((a) => [a._id, a]));
+  const checkpoints = new Map<string, AuditAccountDoc>(full ? [] : storedCheckpoints);
+  const reserves = new Map<string, AuditReserveDoc>(full ? [] : stored.reserves.map((r) => [r._id, r]));
+  const entries = new Map<string, AuditEntryDoc>(full ? [] : stored.entries.map((e) => [e._id, e]));
+  // What is stored: only these need a write when they close (the others never left memory).
+  const storedReserves = new Set(reserves.keys());
+  const storedEntries = new Set(entries.keys());
+
+  // The accounts: every wallet's currencies, both buckets.
+  const walletIds = await store.walletIds();
+  const accounts: string[] = [];
+  await eachLimited(walletIds, READ_CONCURRENCY, async (walletId) => {
+    for (const currency of await store.currenciesOf(walletId)) accounts.push(`${walletId}|${currency}|available`, `${walletId}|${currency}|escrow`);
+  });
+
+  let postingsRead = 0;
+  const caughtUp = new Set<string>();
+
+  const walkAccount = async (account: string) => {
+    const { walletId, currency, bucket } = splitAccount(account);
+    const from = checkpoints.get(account);
+    let seq = from?.seq ?? 0;
+    let balance = from?.balance ?? 0;
+    let credits = from?.credits ?? 0;
+    const compareAt = full ? storedCheckpoints.get(account) : undefined;
+    const touchedReserves = new Set<AuditReserveDoc>();
+
+    const fold = async (p: PostingDoc) => {
+      if (p.refused) return; // a refused debit moved nothing
+      if (p.kind === 'credit') credits += p.delta;
+      else {
+        const id = ledgerAttemptId(p.entryId, p.attempt);
+        let e = entries.get(id);
+        if (!e) entries.set(id, (e = { _id: id, entryId: p.entryId, currency: p.currency, legs: [], duplicates: [], firstAt: p.at }));
+        const same = e.legs.find((l) => l.leg === p.leg);
+        if (!same) e.legs.push({ leg: p.leg, delta: p.delta, account, seq: p.seq, posting: p._id });
+        else if (same.posting !== p._id && !e.duplicates.includes(p._id)) e.duplicates.push(p._id);
+        if (isComplete(e) && !storedEntries.has(id)) entries.delete(id); // memory stays at the entries in flight
+      }
+      if (bucket !== 'escrow') return;
+      const owner = await ownerOf(rt, p);
+      if (!owner) {
+        report({ kind: 'escrow_unattributed', currency, walletId, detail: `${p._id} (${p.kind}, entry ${p.entryId}) belongs to no reserve`, amount: p.delta });
+        return;
+      }
+      const id = `${owner.owner}@${account}`;
+      let r = reserves.get(id);
+      if (!r) reserves.set(id, (r = { _id: id, owner: owner.owner, subject: owner.subject, account, walletId, currency, amount: 0, throughSeq: 0, openedAt: p.at, lockedAt: null, negative: null }));
+      if (p.seq <= r.throughSeq) return; // folded in before a crash
+      r.amount += p.delta;
+      r.throughSeq = p.seq;
+      r.subject ??= owner.subject;
+      if (LOCK_KINDS.has(p.kind) && p.delta > 0) r.lockedAt = p.at;
+      if (r.amount < 0 && !r.negative) r.negative = { seq: p.seq, amount: r.amount };
+      touchedReserves.add(r);
+    };
+
+    let batch = 1;
+    walk: for (;;) {
+      if (Date.now() > deadline) break;
+      if (lockLost()) throw new Error('ledger audit lost its lock');
+      const docs = await store.postingsAt(account, seq + 1, batch);
+      for (const [i, p] of docs.entries()) {
+        if (!p) {
+          if (docs.slice(i + 1).some((d) => d !== null)) report({ kind: 'chain_broken', currency, walletId, detail: `${account} has a gap at position ${seq + 1}` });
+          caughtUp.add(account);
+          break walk;
+        }
+        postingsRead++;
+        const problem = chainProblem(p, account, seq, balance);
+        if (problem) {
+          report({ kind: 'chain_broken', currency, walletId, detail: problem });
+          caughtUp.add(account); // nothing past a broken position is trusted; every pass reports it again
+          break walk;
+        }
+        await fold(p);
+        seq = p.seq;
+        balance = p.balanceAfter;
+        if (compareAt && compareAt.seq === seq && (compareAt.balance !== balance || compareAt.credits !== credits)) {
+          report({ kind: 'checkpoint_mismatch', currency, walletId, detail: `${account} at ${seq}: checkpoint says balance ${compareAt.balance} credits ${compareAt.credits}, the chain ${balance} and ${credits}` });
+        }
+      }
+      batch = Math.min(batch * 2, MAX_CHAIN_BATCH);
+    }
+    const checkpoint: AuditAccountDoc = { _id: account, walletId, currency, bucket, seq, balance, credits, at: new Date() };
+    checkpoints.set(account, checkpoint);
+    if (full || (from && from.seq === seq)) return;
+    // The reserves the checkpoint covers are written first: a crash before it replays postings they skip. A reserve
+    // opened and closed within this walk never needs a write (a replay meets all of its postings again).
+    const changed = [...touchedReserves].filter((r) => storedReserves.has(r._id) || r.amount !== 0 || r.negative);
+    await store.saveReserves(changed);
+    for (const r of changed) storedReserves.add(r._id);
+    await store.saveAccount(checkpoint);
+  };
+  await eachLimited(accounts, ACCOUNT_CONCURRENCY, walkAccount);
+  const complete = caughtUp.size === accounts.length;
+
+  // Entries seen in part are a cache: rebuilt from the ledger for those in question, the ones still incomplete and
+  // the ledger's started ones (a pass that died after an account's checkpoint and before saving them forgot legs).
+  const startedEntries = await store.startedEntries(MAX_STARTED_ENTRIES);
+  await recoverEntryLegs(rt, entries, checkpoints, startedEntries.map((e) => e.entryId));
+  for (const e of entries.values()) if (isComplete(e) && !storedEntries.has(e._id)) entries.delete(e._id);
+
+  if (!full) {
+    // Closed reserves go once their account's checkpoint is past them (no replay can meet their postings again).
+    const passed = (account: string, seq: number) => (checkpoints.get(account)?.seq ?? 0) >= seq;
+    const closed = [...reserves.values()].filter((r) => r.amount === 0 && !r.negative && passed(r.account, r.throughSeq) && storedReserves.has(r._id));
+    const completed = [...entries.values()].filter((e) => isComplete(e));
+    await store.saveEntries([...entries.values()].filter((e) => !isComplete(e)));
+    await Promise.all([store.deleteReserves(closed.map((r) => r._id)), store.deleteEntries(completed.map((e) => e._id))]);
+    for (const r of closed) reserves.delete(r._id);
+    for (const e of completed) entries.delete(e._id);
+  }
+  for (const r of reserves.values()) if (r.amount === 0 && !r.negative) reserves.delete(r._id);
+
+  // (a) and (b): per currency and per escrow account, from the checkpoints, reserves and partly seen entries.
+  const totals = new Map<string, { credits: bigint; available: bigint; escrow: bigint; openReserves: bigint; inFlight: bigint }>();
+  const totalsOf = (currency: string) => {
+    let t = totals.get(currency);
+    if (!t) totals.set(currency, (t = { credits: 0n, available: 0n, escrow: 0n, openReserves: 0n, inFlight: 0n }));
+    return t;
+  };
+  const reservedIn = new Map<string, bigint>();
+  for (const r of reserves.values()) {
+    reservedIn.set(r.account, (reservedIn.get(r.account) ?? 0n) + BigInt(r.amount));
+    totalsOf(r.currency).openReserves += BigInt(r.amount);
+    if (r.negative || r.amount < 0) {
+      report({ kind: 'reserve_negative', currency: r.currency, walletId: r.walletId, owner: r.owner, detail: `reserve of ${r.owner} in ${r.account} went to ${r.negative?.amount ?? r.amount} at position ${r.negative?.seq ?? r.throughSeq}: paid out more than was locked for it`, amount: r.negative?.amount ?? r.amount });
+    }
+  }
+  for (const a of checkpoints.values()) {
+    const t = totalsOf(a.currency);
+    t.credits += BigInt(a.credits);
+    t[a.bucket] += BigInt(a.balance);
+    // Checked where the walk reached the chain's end (a reserve replayed after a crash may run ahead of a
+    // checkpoint the time budget stopped short).
+    if (a.bucket === 'escrow' && caughtUp.has(a._id)) {
+      const reserved = reservedIn.get(a._id) ?? 0n;
+      if (reserved !== BigInt(a.balance)) report({ kind: 'escrow_mismatch', currency: a.currency, walletId: a.walletId, detail: `${a._id} holds ${a.balance} at position ${a.seq}, its open reserves ${reserved}`, amount: Number(BigInt(a.balance) - reserved) });
+    }
+  }
+  const partial = [...entries.values()].filter((e) => !isComplete(e));
+  for (const e of partial) totalsOf(e.currency).inFlight += BigInt(e.legs.reduce((sum, l) => sum + l.delta, 0));
+  for (const [currency, t] of totals) {
+    const off = t.available + t.escrow - t.credits - t.inFlight;
+    if (off !== 0n) report({ kind: 'sum_mismatch', currency, detail: `balances ${t.available + t.escrow} != credits ${t.credits} + legs in flight ${t.inFlight}`, amount: Number(off) });
+  }
+
+  // (d) entries: the ledger's started entries and the ones seen in part, overdue once older than a sweep.
+  const now = Date.now();
+  const overdueEntries = new Set<string>();
+  let inFlightEntries = 0;
+  for (const started of startedEntries) {
+    if (started.startedAt >= now - sweepMs) inFlightEntries++;
+    else if (!overdueEntries.has(started.entryId)) {
+      overdueEntries.add(started.entryId);
+      report({ kind: 'entry_overdue', detail: `ledger entry ${started.entryId} started ${new Date(started.startedAt).toISOString()} and is not finished` });
+    }
+  }
+  await eachLimited(partial, READ_CONCURRENCY, async (e) => {
+    if (e.duplicates.length > 0) {
+      report({ kind: 'leg_posted_twice', currency: e.currency, detail: `entry ${e._id}: a leg is posted again at ${e.duplicates.join(', ')}` });
+      return;
+    }
+    if (e.firstAt.getTime() >= now - sweepMs || overdueEntries.has(e.entryId)) return;
+    const attempt = await store.entryAttempt(e._id);
+    if (attempt?.state === 'pending') {
+      overdueEntries.add(e.entryId);
+      report({ kind: 'entry_overdue', currency: e.currency, detail: `ledger entry ${e._id} has legs ${e.legs.map((l) => l.leg).join(',')} posted since ${e.firstAt.toISOString()} and is not finished` });
+    } else if (complete) {
+      // Every account was read to its end, so what was not seen was never posted.
+      report({ kind: 'entry_unbalanced', currency: e.currency, detail: `ledger entry ${e._id} (${attempt?.state ?? 'not recorded'}) has legs ${e.legs.map((l) => `${l.leg}:${l.delta}`).join(' ')} posted, which do not balance` });
+    }
+  });
+
+  // (c) and (d) reserves: each open reserve whose account was read to its end, against its owner's facts.
+  const open = [...reserves.values()].filter((r) => r.amount > 0 && caughtUp.has(r.account));
+  await eachLimited(open, READ_CONCURRENCY, async (r) => {
+    const problem = await reserveProblem(rt, r, now, startedAt, sweepMs);
+    if (problem) report({ currency: r.currency, walletId: r.walletId, owner: r.owner, amount: r.amount, ...problem });
+  });
+
+  // (e) settlements whose due step is long overdue, or that the sweeper parked.
+  for (const v of await stuckSettlements(rt, now)) report(v);
+
+  const currencies: Record<string, CurrencyTotals> = {};
+  for (const [currency, t] of [...totals].sort(([a], [b]) => a.localeCompare(b))) {
+    currencies[currency] = { credits: Number(t.credits), available: Number(t.available), escrow: Number(t.escrow), openReserves: Number(t.openReserves) };
+  }
+  return {
+    clean: complete && violations.length === 0,
+    complete,
+    violations,
+    currencies,
+    checked: {
+      wallets: walletIds.length,
+      accounts: accounts.length,
+      accountsBehind: accounts.length - caughtUp.size,
+      postingsRead,
+      openReserves: [...reserves.values()].filter((r) => r.amount !== 0).length,
+      inFlightEntries,
+    },
+    incremental: !full,
+    tookMs: Date.now() - startedAt,
+    at: new Date(startedAt).toISOString(),
+  };
+}
+
+/** Positions searched per missing leg, from the entry's floor, when the audit rebuilds an entry's legs. */
+const MAX_LEG_SEARCH = 512;
+
+/**
+ * Rebuilds the legs of entries in question (incomplete ones, and these started ones) from the ledger: a leg missing
+ * from the cache is looked for from its floor up to its account's checkpoint, where it would have been counted.
+ */
+async function recoverEntryLegs(rt: Runtime, entries: Map<string, AuditEntryDoc>, checkpoints: Map<string, AuditAccountDoc>, startedEntryIds: string[]): Promise<void> {
+  const store = rt.stores.ledgerAudit;
+  const inQuestion = [...entries.values()].filter((e) => !isComplete(e) && e.duplicates.length === 0).map((e) => e._id);
+  await eachLimited([...new Set(inQuestion)], READ_CONCURRENCY, async (id) => {
+    const attempt = await store.entryAttempt(id);
+    if (attempt) await recoverLegsOf(rt, entries, checkpoints, attempt);
+  });
+  await eachLimited(startedEntryIds, READ_CONCURRENCY, async (entryId) => {
+    const attempt = await rt.stores.ledger.getEntry(entryId);
+    if (attempt && !entries.has(attempt._id)) await recoverLegsOf(rt, entries, checkpoints, attempt);
+  });
+}
+
+async function recoverLegsOf(rt: Runtime, entries: Map<string, AuditEntryDoc>, checkpoints: Map<string, AuditAccountDoc>, attempt: LedgerEntryDoc): Promise<void> {
+  if (attempt.kind === 'credit') return;
+  const e = entries.get(attempt._id) ?? { _id: attempt._id, entryId: attempt.entryId, currency: attempt.currency, legs: [], duplicates: [], firstAt: attempt.createdAt };
+  for (const [leg, spec] of attempt.legs.entries()) {
+    if (e.legs.some((l) => l.leg === leg)) continue;
+    const account = `${spec.walletId}|${attempt.currency}|${spec.bucket}`;
+    const upTo = Math.min(checkpoints.get(account)?.seq ?? 0, (attempt.floors[leg] ?? 0) + MAX_LEG_SEARCH);
+    for (let from = (attempt.floors[leg] ?? 0) + 1; from <= upTo; from += 32) {
+      const found = (await rt.stores.ledgerAudit.postingsAt(account, from, Math.min(32, upTo - from + 1))).find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);
+      if (found) {
+        if (!found.refused) e.legs.push({ leg, delta: found.delta, account, seq: found.seq, posting: found._id });
+        break;
+      }
+    }
+  }
+  if (e.legs.length > 0) entries.set(e._id, e);
+}
+
+/**
+ * Whether the settlement is final with every entry it applied settled before `before` (so every posting of it was
+ * on its chain when the pass began, and its reserve must read 0).
+ */
+async function finishedBefore(rt: Runtime, s: SettlementDoc, facts: SettlementFacts, before: number): Promise<boolean> {
+  const ids = [entryIds.release(s._id), entryIds.holdback(s._id), entryIds.held(s._id, 'release'), entryIds.held(s._id, 'refund')];
+  if (facts.holdback?.fate === 'dispute') ids.push(entryIds.disputeToPayer(facts.holdback.disputeId), entryIds.disputeToPayee(facts.holdback.disputeId));
+  const latest = await Promise.all(ids.map((id) => rt.stores.ledger.getEntry(id)));
+  const applied = latest.filter((e) => e?.state === 'applied');
+  if (!deriveSettlement(termsOf(s), facts, new Set(applied.map((e) => e!.entryId)), new Date()).final) return false;
+  return applied.every((e) => e!.settledAt !== null && e!.settledAt.getTime() < before);
+}
+
+/** What is wrong with an open reserve given its owner's facts (read by `_id`), if anything. */
+async function reserveProblem(rt: Runtime, r: AuditReserveDoc, now: number, passStartedAt: number, sweepMs: number): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
+  const { settlements, runs, x402 } = rt.stores;
+  const olderThanASweep = (at: Date | null) => at !== null && at.getTime() < now - sweepMs;
+  const s = await settlements.get(r.owner);
+  const subject: Subject | null = r.subject ?? (s ? (s.gateId ? { kind: 'gate', id: s.gateId } : { kind: 'run', id: s.runId }) : null);
+  if (!subject) return { kind: 'reserve_owner_missing', detail: `reserve ${r._id} has neither a lock nor a settlement` };
+  let deadline: number;
+  if (subject.kind === 'run') {
+    const run = await runs.getAny(subject.id);
+    if (!run) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} does not exist` } : null;
+    if (!run.settlement) return olderThanASweep(r.lockedAt ?? r.openedAt) ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} never took the terms its reserve was locked for` } : null;
+    deadline = (r.lockedAt ?? r.openedAt).getTime() + rt.config.reserves.runDeadlineSeconds * 1000;
+  } else {
+    const [gate, commitment] = await Promise.all([x402.gates.findOne({ _id: subject.id }), x402.commitmentOf(subject.id)]);
+    if (!gate) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `gate ${subject.id} does not exist` } : null;
+    if ((commitment?.kind === 'cancellation' || commitment?.kind === 'expired') && olderThanASweep(commitment.at)) {
+      return { kind: 'reserve_owner_cancelled', detail: `gate ${subject.id} was ${commitment.kind === 'expired' ? 'expired' : 'cancelled'} at ${commitment.at.toISOString()} and still holds its reserve` };
+    }
+    deadline = gate.createdAt.getTime() + rt.config.x402.gateTtlSeconds * 1000 + GATE_DEADLINE_SLACK_MS;
+  }
+  if (s) {
+    const facts = await settlements.factsOf(s._id);
+    if (facts.decision) {
+      // Captured: what remains is the settlement's to move (a settlement that cannot is reported as stuck).
+      if (await finishedBefore(rt, s, facts, passStartedAt)) return { kind: 'reserve_owner_finished', detail: `settlement ${s._id} of ${subject.kind} ${subject.id} is final yet its reserve holds ${r.amount}` };
+      return null;
+    }
+  }
+  if (now > deadline + sweepMs) return { kind: 'reserve_overdue', detail: `the reserve of ${subject.kind} ${subject.id} was due back at ${new Date(deadline).toISOString()}` };
+  return null;
+}
+
+async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolation[]> {
+  const { settlements, sweepParked } = rt.stores;
+  const found = new Map<string, AuditViolation>();
+  for (const record of await settlements.due.overdue(new Date(now - SETTLEMENT_STUCK_AFTER_MS), MAX_STUCK_SETTLEMENTS)) {
+    found.set(record._id, { kind: 'settlement_stuck', owner: record._id, detail: `settlement ${record._id} has had a step due since ${record.dueAt.toISOString()}` });
+  }
+  for (const { id, parkedAt } of await sweepParked.list('settlements', MAX_STUCK_SETTLEMENTS)) {
+    if (found.has(id)) continue;
+    // A worker that died with the item parked never unparks it: a settlement no longer due is not stuck.
+    if (!(await settlements.due.records.findOne({ _id: id }))) {
+      await sweepParked.unpark('settlements', id);
+      continue;
+    }
+    found.set(id, { kind: 'settlement_stuck', owner: id, detail: `settlement ${id} was parked by its sweeper at ${new Date(parkedAt).toISOString()} after failing again and again` });
+  }
+  return [...found.values()];
+}
+
+function recordMetrics(report: LedgerAuditReport): void {
+  violationsGauge.reset();
+  for (const v of report.violations) violationsGauge.inc({ kind: v.kind });
+  lastRunGauge.set(Date.parse(report.at) / 1000 + report.tookMs / 1000);
+  completeGauge.set(report.complete ? 1 : 0);
+  durationGauge.set(report.tookMs / 1000);
+  postingsGauge.set(report.checked.postingsRead);
+}
+
+/**
+ * The settle sweeper's audit: at most every AUDIT_EVERY_MS across all processes (sooner while a backlog is still
+ * being read), logged at error level when it finds violations. Null when it was not due, another audit runs or it
+ * failed (logged; it never fails the sweep).
+ */
+export async function periodicLedgerAudit(rt: Runtime): Promise<LedgerAuditReport | null> {
+  const store = rt.stores.ledgerAudit;
+  if (!(await store.claimPeriodic(AUDIT_EVERY_MS))) return null;
+  let report: LedgerAuditReport;
+  try {
+    report = await auditLedger(rt);
+  } catch (err) {
+    // Never fails the sweep it runs in; the next claim tries again.
+    if ((err as { code?: string }).code !== 'AUDIT_IN_PROGRESS') rt.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'ledger audit failed');
+    return null;
+  }
+  const summary = { violations: report.violations.length, complete: report.complete, checked: report.checked, tookMs: report.tookMs };
+  if (report.violations.length > 0) rt.logger.error({ ...summary, first: report.violations.slice(0, 20) }, 'ledger audit found money invariant violations');
+  else rt.logger.info(summary, report.complete ? 'ledger audit clean' : 'ledger audit read part of its backlog; it goes on next sweep');
+  if (!report.complete) await store.claimPeriodicAgainIn(rt.config.sweeper.intervalMs / 2);
+  return report;
+}
