@@ -190,6 +190,14 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
         const state = await call(api.url, 'GET', `/x402/gate/${gateId}`, { headers: tenant.auth });
         expect(state.body.status, gateId).toBe('released');
       }
+      // And the service's own audit of the books agrees: nothing moved twice, no reserve left open or overdue.
+      let audit: Answer | null = null;
+      await eventually(async () => {
+        audit = await call(api.url, 'GET', '/ops/ledger/audit', { headers: { authorization: `Bearer ${admin}` }, timeoutMs: 60_000 });
+        return audit.status === 200 && audit.body.complete === true; // 409 while the sweeper's own audit runs
+      }, 120_000, 'a complete ledger audit', 1_000);
+      expect(audit!.body.violations).toEqual([]);
+      expect(audit!.body.clean).toBe(true);
     } finally {
       await client2.close();
     }

@@ -4,6 +4,7 @@ import { advanceSettlement } from '../../src/services/settlement.ts';
 import { RUN_GRACE_MS } from '../../src/store/ledger.ts';
 import { settlementIdFor } from '../../src/store/settlements.ts';
 import { createSettleProcessor } from '../../src/workers/settle.ts';
+import { expectCleanAudit } from '../helpers/audit.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { appendEvents, events, waitFinalized } from '../helpers/agents.ts';
 import { balances, parties, settle, type Parties } from '../helpers/money.ts';
@@ -48,6 +49,7 @@ describe('crash points of the run money flows', () => {
   async function expectSettledOnce(p: Parties, paid: number) {
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: FUNDS - paid, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: paid, escrow: 0 });
+    await expectCleanAudit(t);
   }
 
   for (const point of LOCK_POINTS) {
@@ -128,6 +130,7 @@ describe('crash points of the run money flows', () => {
       expect(retry.json()).toMatchObject({ status: 'partially_refunded', releasedAmount: 450, refundedAmount: 150 });
       expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: FUNDS - 600 + 150, escrow: 0 });
       expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 450, escrow: 0 });
+      await expectCleanAudit(t);
     });
   }
 
@@ -142,6 +145,7 @@ describe('crash points of the run money flows', () => {
       expect(retry.statusCode, retry.body).toBe(201);
       await sweep();
       expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 250, escrow: 0 });
+      await expectCleanAudit(t);
     });
   }
 });

@@ -6,6 +6,7 @@ import { createProcessors } from '../../src/workers/index.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';
 import { expectLedgerBalances, gateParties, get, post, requestHash, X402_SCOPES } from './helpers.ts';
+import { expectCleanAudit } from '../helpers/audit.ts';
 
 // Every step between the first and the last durable write of the gate's flows, crashed at: the request dies there
 // (answers 500), the sweepers run, the client retries with the same Idempotency-Key, the flow goes on to its end.
@@ -120,6 +121,7 @@ function client(h: Harness, point: string) {
       expect(payee.escrow).toBe(0);
       expect(payee.available).toBe(final === 'released' ? AMOUNT : 0);
       await expectLedgerBalances(h.t);
+      await expectCleanAudit(h.t);
     },
   };
 }
