@@ -5,9 +5,9 @@ import { createLocalJWKSet, jwtVerify, SignJWT, type JWTPayload } from 'jose';
 import { idFromIdempotency, newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
-import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
+import { MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
+import { decideSettlement, entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
 import {
   authorizationDeadline,
   DEFAULT_QUOTE_TTL_SECONDS,
@@ -1070,38 +1070,35 @@ export class X402Service {
     let decidedNow = false;
     let decision = facts?.decision;
     if (!decision) {
-      const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(gate.amount, gate.holdbackBps) : { holdback: 0, releaseNow: 0 };
-      const decidedAt = new Date();
-      const receipt = signReceipt(
-        {
-          schema: 'SettlementReceipt.v1',
-          settlementId: s._id,
-          gateId,
-          authorizationRef: authorization?.authorizationRef ?? null,
-          quoteId: authorization?.quoteId ?? null,
-          requestSha256: authorization?.requestSha256 ?? null,
-          responseSha256: verification.evidence.responseSha256,
-          verificationStatus: verification.verificationStatus,
-          payerWalletId: s.payerWalletId,
-          payeeWalletId: s.payeeWalletId,
-          amount: gate.amount,
-          releasedNow: releaseNow,
-          holdback,
-          currency: gate.currency,
-          verdict,
-          decidedAt: decidedAt.toISOString(),
-        },
-        this.runtime.keys.active,
-      );
-      const claimed = await settlements.claim(s._id, 'decision', {
+      const decided = decideSettlement(
+        { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds },
         verdict,
-        reason: refundReason(authorization !== null, verification.verificationStatus),
-        releaseNow,
-        holdback,
-        decidedAt: decidedAt.toISOString(),
-        disputeWindowEndsAt: new Date(decidedAt.getTime() + gate.disputeWindowSeconds * 1000).toISOString(),
-        receipt,
-      });
+        refundReason(authorization !== null, verification.verificationStatus),
+        new Date(),
+        (money) =>
+          signReceipt(
+            {
+              schema: 'SettlementReceipt.v1',
+              settlementId: s._id,
+              gateId,
+              authorizationRef: authorization?.authorizationRef ?? null,
+              quoteId: authorization?.quoteId ?? null,
+              requestSha256: authorization?.requestSha256 ?? null,
+              responseSha256: verification.evidence.responseSha256,
+              verificationStatus: verification.verificationStatus,
+              payerWalletId: s.payerWalletId,
+              payeeWalletId: s.payeeWalletId,
+              amount: gate.amount,
+              releasedNow: money.releasedNow,
+              holdback: money.holdback,
+              currency: gate.currency,
+              verdict: money.verdict,
+              decidedAt: money.decidedAt,
+            },
+            this.runtime.keys.active,
+          ),
+      );
+      const claimed = await settlements.claim(s._id, 'decision', decided);
       decision = claimed.fact;
       decidedNow = claimed.won;
       failpoint('x402.verify-job.decided');
