@@ -146,7 +146,7 @@ export class X402GateExpiry {
       const { authorizationGraceSeconds } = this.runtime.config.x402;
       return { lookAgainAt: new Date(Math.min(deadline, now + Math.max(authorizationGraceSeconds * 1000, this.runtime.config.sweeper.intervalMs))) };
     }
-    await this.store.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'expired' });
+    await this.store.recordExpiry(gate);
     failpoint('x402.expire.committed');
     // Whichever commitment won (the expiry, or an authorization or cancellation just before it) is carried out.
     return this.settleGate(gate._id, summary);

@@ -36,7 +36,6 @@ import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
 import type { NewLedgerEntry, PreparedEntry, WalletDoc } from '../store/ledger.ts';
 import { bucketMove, isInsufficientFunds } from '../store/ledger.ts';
-import { insertFirst } from '../store/mongo.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
 import {
   OtherKeyTaken,
@@ -188,7 +187,7 @@ export class X402Service {
     const { agents } = this.runtime.stores;
     const found = await Promise.all(
       agentIds.map(async (id) => {
-        const { agent, woundDown } = await this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.isWoundDown(agentId));
+        const { agent, woundDown } = await this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.store.isWoundDown(agentId));
         return { id, agent, windDown: woundDown };
       }),
     );
@@ -311,7 +310,7 @@ export class X402Service {
       // Refused whole: the gate never held money, so it goes (its index entries point at nothing and are skipped).
       // Any other failure may come after the lock was recorded (an answer lost on the way back, say), and the
       // ledger's sweeper then finishes it: the gate stays, so the money it holds can be found, shown and returned.
-      if (isInsufficientFunds(err)) await this.store.gates.deleteOne({ _id: gate._id });
+      if (isInsufficientFunds(err)) await this.store.removeRefusedGate(gate._id);
       throw err;
     }
     const racedWindDown = await raced;
@@ -342,14 +341,9 @@ export class X402Service {
     this.walletDocs.set(wallet._id, wallet);
   }
 
-  /** Whether the agent's wind-down fact is recorded: an exact read, never cached. */
-  private async isWoundDown(agentId: string): Promise<boolean> {
-    return (await this.store.windDowns.findOne({ _id: agentId }, { projection: { _id: 1 } })) !== null;
-  }
-
   /** The first of these agents whose wind-down fact is recorded, read now (not from any cache). */
   async anyWoundDown(agentIds: string[]): Promise<string | null> {
-    const woundDown = await Promise.all(agentIds.map((id) => this.isWoundDown(id)));
+    const woundDown = await Promise.all(agentIds.map((id) => this.store.isWoundDown(id)));
     return agentIds[woundDown.indexOf(true)] ?? null;
   }
 
@@ -362,7 +356,7 @@ export class X402Service {
   /** Funded means its escrow lock was applied (the ledger is the truth; a crash can leave a gate without one). */
   private async isFunded(gate: GateDoc): Promise<boolean> {
     if (this.fundedGates.has(gate._id)) return true;
-    const funded = (await this.runtime.stores.ledger.entries.findOne({ _id: x402EntryIds.lock(gate._id) }, { projection: { state: 1 } }))?.state === 'applied';
+    const funded = await this.runtime.stores.ledger.firstAttemptApplied(x402EntryIds.lock(gate._id));
     if (funded) remember(this.fundedGates, gate._id);
     return funded;
   }
@@ -372,7 +366,7 @@ export class X402Service {
     const [funded, commitment, verification] = await Promise.all([
       this.isFunded(gate),
       this.store.commitmentOf(gate._id),
-      this.store.verifications.findOne({ _id: gate._id }),
+      this.store.verificationOf(gate._id),
     ]);
     let settlement: SettlementState | null = null;
     let quote: QuoteDoc | null = null;
@@ -391,7 +385,7 @@ export class X402Service {
    */
   private async checkState(gate: GateDoc): Promise<GateState> {
     const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
-    const verification = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
+    const verification = commitment ? await this.store.verificationOf(gate._id) : null;
     return { gate, status: statusOf(funded, commitment, verification, null), funded, commitment, verification, quote: null, settlement: null };
   }
 
@@ -445,8 +439,8 @@ export class X402Service {
     const quote = live as QuoteDoc | null;
     if (!quote) throw x402Error('X402_GATE_TERMINAL', 'the gate is already authorized for another request', { status: 'authorized' });
     // The slot names the quote before the quote exists; a crash in between leaves a slot the next quote supersedes.
-    if (created) await this.store.quotes.insertOne(quote);
-    this.store.rememberQuote(quote);
+    if (created) await this.store.recordQuote(quote);
+    else this.store.rememberQuote(quote);
     return this.quoteResult(gate, quote);
   }
 
@@ -552,7 +546,7 @@ export class X402Service {
       this.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
       this.checkState(gate),
       this.readQuote(gate, input.quoteId),
-      this.store.walletDecisions.findOne({ _id: decisionId }),
+      this.store.walletDecisionOf(decisionId),
       this.policyInForce(walletId),
     ]);
     valueOf(lifecycle);
@@ -574,13 +568,9 @@ export class X402Service {
 
     const expiresAt = new Date(Math.min(now.getTime() + WALLET_DECISION_TTL_SECONDS * 1000, quote.expiresAt.getTime()));
     const token = await this.sign({ walletId, gateId: gate._id, quoteId: quote._id, requestSha256: quote.requestSha256, policyVersion: version.version }, TOKEN_AUDIENCE.walletDecision, walletId, expiresAt);
-    const decision = { _id: decisionId, tenantId, token, expiresAt, at: now };
-    if (existing) await this.store.walletDecisions.deleteOne({ _id: decisionId }); // expired: a fresh decision replaces it
-    if (!(await insertFirst(this.store.walletDecisions, decision))) {
-      const winner = await this.store.walletDecisions.findOne({ _id: decisionId });
-      if (winner) return { walletDecisionToken: winner.token, expiresAt: winner.expiresAt };
-    }
-    return { walletDecisionToken: token, expiresAt };
+    // An expired decision is replaced; a concurrent one that got there first is the answer.
+    const recorded = await this.store.recordWalletDecision({ _id: decisionId, tenantId, token, expiresAt, at: now }, existing !== null);
+    return { walletDecisionToken: recorded.token, expiresAt: recorded.expiresAt };
   }
 
   // ---------------------------------------------------------------------------------------------------------------
@@ -660,7 +650,7 @@ export class X402Service {
         throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
       }
     } else {
-      if (!(await insertFirst(this.store.overrideUses, { _id: escalationId, gateId: gate._id, at: now }))) {
+      if (!(await this.store.recordOverrideUse(escalationId, gate._id, now))) {
         throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
       }
       const walletId = gate.escrowWalletId;
@@ -679,8 +669,7 @@ export class X402Service {
     );
     const doc: AuthorizationDoc = { _id: gate._id, tenantId, at: now, kind: 'authorization', authorizationRef, quoteId: quote._id, requestSha256: quote.requestSha256, token, tokenKid: this.runtime.keys.active.keyId, jti, expiresAt, escalationId };
     failpoint('x402.authorize.checked');
-    if (await insertFirst(this.store.commitments, doc)) {
-      this.store.rememberCommitment(doc);
+    if (await this.store.recordAuthorization(doc)) {
       failpoint('x402.authorize.committed');
       return this.authorizationOf(gate, doc);
     }
@@ -737,7 +726,7 @@ export class X402Service {
     if (!claims || typeof claims.sub !== 'string') throw invalid('bad signature, audience or expiry');
     if (claims.gateId !== gate._id || claims.quoteId !== quote._id) throw invalid('it was issued for another gate or quote');
     const escalationId = claims.sub;
-    const [resolution, used] = await Promise.all([this.store.resolutions.findOne({ _id: escalationId }), this.store.overrideUses.findOne({ _id: escalationId })]);
+    const [resolution, used] = await Promise.all([this.store.resolutionOf(escalationId), this.store.isOverrideUsed(escalationId)]);
     if (resolution?.action !== 'approve') throw invalid('the escalation is not approved');
     if (used) throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
     return escalationId;
@@ -762,7 +751,7 @@ export class X402Service {
       breach,
       createdAt: new Date(),
     };
-    if (await insertFirst(this.store.escalations, doc)) {
+    if (await this.store.recordEscalation(doc)) {
       await this.store.tenantEscalations.append(gate.tenantId, () => ({ ref: _id }));
     }
     const state = await this.escalationState(_id);
@@ -771,15 +760,15 @@ export class X402Service {
   }
 
   private async escalationState(escalationId: string): Promise<EscalationState> {
-    const [escalation, resolution] = await Promise.all([this.store.escalations.findOne({ _id: escalationId }), this.store.resolutions.findOne({ _id: escalationId })]);
+    const [escalation, resolution] = await Promise.all([this.store.escalationOf(escalationId), this.store.resolutionOf(escalationId)]);
     if (!escalation) throw errors.notFound('escalation');
     return { escalation, resolution };
   }
 
   async getEscalation(tenantId: string, escalationId: string): Promise<EscalationState> {
-    const escalation = await this.store.ofTenant(this.store.escalations, escalationId, tenantId);
+    const escalation = await this.store.escalationOfTenant(escalationId, tenantId);
     if (!escalation) throw errors.notFound('escalation');
-    return { escalation, resolution: await this.store.resolutions.findOne({ _id: escalationId }) };
+    return { escalation, resolution: await this.store.resolutionOf(escalationId) };
   }
 
   /** Ids of the escalations a gate can have: one per quote it issued (derived, so read by `_id`). */
@@ -803,7 +792,7 @@ export class X402Service {
 
     if (query.gateId) {
       // A gate's escalations are derived from its quotes: no index needed, and at most a handful.
-      const gate = await this.store.ofTenant(this.store.gates, query.gateId, tenantId);
+      const gate = await this.store.gateOfTenant(query.gateId, tenantId);
       const all = gate ? (await load(await this.gateEscalationIds(gate._id))).filter(matches).reverse() : [];
       const start = query.cursor ?? 0;
       return { items: all.slice(start, start + limit), nextCursor: all.length > start + limit ? start + limit : null };
@@ -832,8 +821,9 @@ export class X402Service {
   ): Promise<EscalationState & { escalationOverrideToken: string | null; overrideExpiresAt: Date | null }> {
     const { escalation } = await this.getEscalation(tenantId, escalationId);
     const resolution: ResolutionDoc = { _id: escalationId, action: input.action, reason: input.reason ?? null, by: { kind: 'tenant' }, at: new Date() };
-    if (!(await insertFirst(this.store.resolutions, resolution))) {
-      const winner = await this.store.resolutions.findOne({ _id: escalationId });
+    const recorded = await this.store.recordResolution(resolution);
+    if (!recorded.won) {
+      const winner = recorded.resolution;
       throw x402Error('X402_ESCALATION_TERMINAL', 'the escalation has already been resolved', { status: winner?.action === 'approve' ? 'approved' : 'denied' });
     }
     const state = { escalation, resolution };
@@ -885,7 +875,7 @@ export class X402Service {
     let commitment = known;
     if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired') throw await this.terminal(gate, 'cannot be verified');
     if (commitment?.kind !== 'authorization') {
-      const reported = commitment ? await this.store.verifications.findOne({ _id: gate._id }) : null;
+      const reported = commitment ? await this.store.verificationOf(gate._id) : null;
       if (reported) return this.repeatVerify(gate);
       if (!funded) throw await this.terminal(gate, 'cannot be verified');
       if (status === 'verified') {
@@ -900,7 +890,7 @@ export class X402Service {
       // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded. Due for
       // the sweeper first: a crash between the voiding and the report still ends refunded.
       await this.store.due.mark(gate._id, tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
-      commitment = await this.store.commit({ _id: gate._id, tenantId, at: new Date(), kind: 'voided' });
+      commitment = await this.store.recordVoiding(gate);
       // An authorization that got there first takes the failure report as any authorized gate does.
       if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw await this.terminal(gate, 'cannot be verified');
       failpoint('x402.verify.voided');
@@ -932,7 +922,7 @@ export class X402Service {
   private async woundDownParty(gate: GateDoc): Promise<string | null> {
     const { agents } = this.runtime.stores;
     const parties = [gate.payerAgentId, gate.payeeAgentId];
-    const lifecycles = await Promise.all(parties.map((id) => this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.isWoundDown(agentId))));
+    const lifecycles = await Promise.all(parties.map((id) => this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.store.isWoundDown(agentId))));
     return parties[lifecycles.findIndex((l) => l.woundDown)] ?? null;
   }
 
@@ -1045,7 +1035,7 @@ export class X402Service {
     // All keyed by the gate id, so read at once (the settlement too: the request that reported created it).
     const [gate, verification, commitment, existing] = await Promise.all([
       this.store.gateOfTenant(gateId, tenantId),
-      this.store.verifications.findOne({ _id: gateId }),
+      this.store.verificationOf(gateId),
       this.store.commitmentOf(gateId),
       settlements.get(gateSettlementId(gateId)),
     ]);
@@ -1128,7 +1118,7 @@ export class X402Service {
    */
   async cancelGate(gate: GateDoc, agentId: string): Promise<CommitmentDoc | null> {
     await this.store.due.mark(gate._id, gate.tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
-    const commitment = await this.store.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf: agentId });
+    const commitment = await this.store.recordCancellation(gate, agentId);
     if (commitment.kind !== 'cancellation') return commitment;
     failpoint('x402.cancel.committed');
     await this.returnReserve(gate);
@@ -1168,11 +1158,10 @@ export class X402Service {
    */
   async windDown(tenantId: string, agentId: string, input: { reasonCode?: string; reasonMessage?: string }): Promise<WindDownSummary> {
     const { agents } = this.runtime.stores;
-    const agent = await agents.agents.findOne({ _id: agentId });
-    if (!agent || agent.tenantId !== tenantId) throw errors.notFound('agent');
-    const recorded = await this.store.windDownSummaries.findOne({ _id: agentId });
-    if (recorded) return recorded.summary;
-    await insertFirst(this.store.windDowns, { _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
+    if (!(await agents.belongsTo(tenantId, agentId))) throw errors.notFound('agent');
+    const recorded = await this.store.windDownSummaryOf(agentId);
+    if (recorded) return recorded;
+    await this.store.recordWindDown({ _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
     failpoint('x402.wind-down.recorded');
     // Every process caches whether an agent is wound down (requireLiveAgents): tell them at once, before the slower
     // unwinding below, so that staleness is bounded by the pub/sub latency (and this answer comes after it). If the
@@ -1180,8 +1169,8 @@ export class X402Service {
     // again and finishes the unwinding; meanwhile commitments and the create's exact re-read keep the money right.
     await this.runtime.credentials.invalidate('agent', agentId, { required: true });
     const [fact] = await Promise.all([
-      this.store.windDowns.findOne({ _id: agentId }),
-      agents.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } }), // a cache of the fact
+      this.store.windDownOf(agentId),
+      agents.markWoundDown(agentId),
     ]);
     await this.runtime.credentials.invalidate('agent', agentId); // so cached documents show that status too
 
@@ -1204,9 +1193,9 @@ export class X402Service {
       const slot = await this.store.agentGates.get(agentId, seq);
       if (!slot || walked.has(slot.ref)) continue; // a resumed create indexes its gate again
       walked.add(slot.ref);
-      const gate = await this.store.gates.findOne({ _id: slot.ref });
+      const gate = await this.store.gateById(slot.ref);
       if (!gate) continue; // a gate whose funding was refused
-      const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verifications.findOne({ _id: gate._id })]);
+      const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verificationOf(gate._id)]);
       const commitment = existing ?? (verification ? null : await this.cancelGate(gate, agentId));
       if (commitment?.kind === 'cancellation' && commitment.windDownOf === agentId) {
         if (existing) await this.cancelGate(gate, agentId); // finish a return a crash may have left undone
@@ -1223,11 +1212,10 @@ export class X402Service {
         await this.store.due.mark(gate._id, gate.tenantId, new Date());
       }
       for (const escalationId of await this.gateEscalationIds(gate._id)) {
-        const escalation = await this.store.escalations.findOne({ _id: escalationId });
+        const escalation = await this.store.escalationOf(escalationId);
         if (!escalation) continue;
         const deny: ResolutionDoc = { _id: escalationId, action: 'deny', reason: 'agent wound down', by: { kind: 'wind-down', agentId }, at: new Date() };
-        await insertFirst(this.store.resolutions, deny);
-        const resolution = await this.store.resolutions.findOne({ _id: escalationId });
+        const { resolution } = await this.store.recordResolution(deny);
         if (resolution?.by.kind === 'wind-down' && resolution.by.agentId === agentId) {
           summary.escalationsDenied.push(escalationId);
           await emitEvent(this.runtime, tenantId, 'x402.escalation.denied', escalationEvent(escalation, resolution), `x402.escalation.denied:${escalationId}`);
@@ -1235,8 +1223,7 @@ export class X402Service {
       }
     }
     summary.escrowReturned = [...returned.values()];
-    await insertFirst(this.store.windDownSummaries, { _id: agentId, summary });
-    const final = (await this.store.windDownSummaries.findOne({ _id: agentId }))!.summary;
+    const final = await this.store.recordWindDownSummary(agentId, summary);
     await emitEvent(this.runtime, tenantId, 'x402.agent.wound_down', { ...final }, `x402.agent.wound_down:${agentId}`);
     return final;
   }
