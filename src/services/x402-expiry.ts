@@ -15,7 +15,8 @@ import type { Runtime } from '../runtime.ts';
 import type { CommitmentDoc, GateDoc, VerificationDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
 import { sweepItems } from './sweep-items.ts';
-import { gateExpiredEvent, type X402Service } from './x402.ts';
+import { gateExpiredEvent } from './x402-gates.ts';
+import type { X402Service } from './x402.ts';
 
 /** Gates read from the due index at a time; a sweep reads batches until none is due or its time is up. */
 const SWEEP_BATCH = 200;
