@@ -336,7 +336,7 @@ export class X402Store {
    */
   private readonly knownCommitments = new Map<string, CommitmentDoc>();
 
-  rememberCommitment(commitment: CommitmentDoc): void {
+  private rememberCommitment(commitment: CommitmentDoc): void {
     remember(this.knownCommitments, commitment);
   }
 
