@@ -15,7 +15,8 @@ import type { Runtime } from '../runtime.ts';
 import type { CommitmentDoc, GateDoc, VerificationDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
 import { sweepItems } from './sweep-items.ts';
-import { gateExpiredEvent, type X402Service } from './x402.ts';
+import { gateExpiredEvent } from './x402-gates.ts';
+import type { X402Service } from './x402.ts';
 
 /** Gates read from the due index at a time; a sweep reads batches until none is due or its time is up. */
 const SWEEP_BATCH = 200;
@@ -146,7 +147,7 @@ export class X402GateExpiry {
       const { authorizationGraceSeconds } = this.runtime.config.x402;
       return { lookAgainAt: new Date(Math.min(deadline, now + Math.max(authorizationGraceSeconds * 1000, this.runtime.config.sweeper.intervalMs))) };
     }
-    await this.store.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'expired' });
+    await this.store.recordExpiry(gate);
     failpoint('x402.expire.committed');
     // Whichever commitment won (the expiry, or an authorization or cancellation just before it) is carried out.
     return this.settleGate(gate._id, summary);

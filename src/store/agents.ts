@@ -107,6 +107,16 @@ export class AgentStore {
     return this.withRevocations(await this.agents.findOne({ _id: agentId }));
   }
 
+  /** Whether the agent exists and is the tenant's: one read, keys' revocations left out. */
+  async belongsTo(tenantId: string, agentId: string): Promise<boolean> {
+    return (await this.agents.findOne({ _id: agentId }, { projection: { tenantId: 1 } }))?.tenantId === tenantId;
+  }
+
+  /** Shows the agent as wound down: a cache of its wind-down record (store/x402.ts), which is the truth. */
+  async markWoundDown(agentId: string): Promise<void> {
+    await this.agents.updateOne({ _id: agentId }, { $set: { status: 'wound_down' } });
+  }
+
   async addKey(tenantId: string, agentId: string, key: AgentKeyDoc): Promise<AgentDoc> {
     const agent = await this.get(tenantId, agentId);
     if (!agent) throw errors.notFound('agent');

@@ -719,4 +719,9 @@ export class LedgerStore {
   getEntry(entryId: string): Promise<LedgerEntryDoc | null> {
     return this.latestAttempt(entryId);
   }
+
+  /** Whether the entry's first attempt (`_id` = the entry id) is applied: for entries never retried, like a gate's lock. */
+  async firstAttemptApplied(entryId: string): Promise<boolean> {
+    return (await this.entries.findOne({ _id: entryId }, { projection: { state: 1 } }))?.state === 'applied';
+  }
 }

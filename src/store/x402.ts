@@ -336,7 +336,7 @@ export class X402Store {
    */
   private readonly knownCommitments = new Map<string, CommitmentDoc>();
 
-  rememberCommitment(commitment: CommitmentDoc): void {
+  private rememberCommitment(commitment: CommitmentDoc): void {
     remember(this.knownCommitments, commitment);
   }
 
@@ -374,13 +374,43 @@ export class X402Store {
     return { created: false, gate: existing };
   }
 
-  /** Claims the gate's commitment (first writer wins) and hands back whichever commitment won. */
-  async commit(commitment: CommitmentDoc): Promise<CommitmentDoc> {
-    if (await insertFirst(this.commitments, commitment)) {
-      this.rememberCommitment(commitment);
-      return commitment;
-    }
+  /** Claims the gate's commitment (first writer wins): whether this one won. */
+  private async claimCommitment(commitment: CommitmentDoc): Promise<boolean> {
+    const won = await insertFirst(this.commitments, commitment);
+    if (won) this.rememberCommitment(commitment);
+    return won;
+  }
+
+  /** Claims the gate's commitment and hands back whichever commitment won. */
+  private async commit(commitment: CommitmentDoc): Promise<CommitmentDoc> {
+    if (await this.claimCommitment(commitment)) return commitment;
     return (await this.commitmentOf(commitment._id))!;
+  }
+
+  /** The gate's payment authorization, if the gate had no commitment yet: whether it is now the gate's. */
+  recordAuthorization(authorization: Extract<CommitmentDoc, { kind: 'authorization' }>): Promise<boolean> {
+    return this.claimCommitment(authorization);
+  }
+
+  /** The gate cancelled by this agent's wind-down; answers the commitment that won (this one or an earlier one). */
+  recordCancellation(gate: Pick<GateDoc, '_id' | 'tenantId'>, windDownOf: string): Promise<CommitmentDoc> {
+    return this.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'cancellation', windDownOf });
+  }
+
+  /** The held gate expired (the sweeper, past its deadline); answers the commitment that won. */
+  recordExpiry(gate: Pick<GateDoc, '_id' | 'tenantId'>): Promise<CommitmentDoc> {
+    return this.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'expired' });
+  }
+
+  /** The gate voided by a failure report before anyone authorized it; answers the commitment that won. */
+  recordVoiding(gate: Pick<GateDoc, '_id' | 'tenantId'>): Promise<CommitmentDoc> {
+    return this.commit({ _id: gate._id, tenantId: gate.tenantId, at: new Date(), kind: 'voided' });
+  }
+
+  /** A gate whose lock was refused whole: it never held money, so it goes (its index entries then point at nothing). */
+  async removeRefusedGate(gateId: string): Promise<void> {
+    this.knownGates.delete(gateId);
+    await this.gates.deleteOne({ _id: gateId });
   }
 
   /** What holds the gate's verification slot, if anything (read every time: its absence is no fact). */
@@ -391,7 +421,7 @@ export class X402Store {
   /** Claims the gate's verification slot (first writer wins): whether this one won, and the one that did. */
   async recordVerification(verification: VerificationDoc): Promise<{ won: boolean; verification: VerificationDoc }> {
     if (await insertFirst(this.verifications, verification)) return { won: true, verification };
-    return { won: false, verification: (await this.verifications.findOne({ _id: verification._id }))! };
+    return { won: false, verification: (await this.verificationOf(verification._id))! };
   }
 
   /** The tenant's gate (another tenant's is not found), from memory once seen. */
@@ -406,10 +436,10 @@ export class X402Store {
     return quote && quote.tenantId === tenantId ? quote : null;
   }
 
-  /** A record of the tenant, or null: another tenant's record is not found (404), never revealed. */
-  async ofTenant<T extends { tenantId: string }>(collection: Collection<T & Document>, id: string, tenantId: string): Promise<T | null> {
-    const doc = (await collection.findOne({ _id: id } as never)) as T | null;
-    return doc && doc.tenantId === tenantId ? doc : null;
+  /** Stores a quote the gate's quote chain already names; served from memory afterwards. */
+  async recordQuote(quote: QuoteDoc): Promise<void> {
+    await this.quotes.insertOne(quote);
+    this.rememberQuote(quote);
   }
 
   /** The gate's current quote: the last of its quote chain. */
@@ -424,5 +454,80 @@ export class X402Store {
   async policyOf(walletId: string): Promise<PolicyVersionDoc | null> {
     const version = await this.policies.head(walletId);
     return version === 0 ? null : this.policies.get(walletId, version);
+  }
+
+  /** The sponsor wallet's decision on one gate and quote (`_id` = wallet#gate#quote), expired or not. */
+  walletDecisionOf(decisionId: string): Promise<WalletDecisionDoc | null> {
+    return this.walletDecisions.findOne({ _id: decisionId });
+  }
+
+  /**
+   * Records a wallet decision (first writer wins), replacing an expired one first; answers the decision that holds
+   * the slot (a concurrent decision that got there first is handed back instead).
+   */
+  async recordWalletDecision(decision: WalletDecisionDoc, replacesExpired: boolean): Promise<WalletDecisionDoc> {
+    if (replacesExpired) await this.walletDecisions.deleteOne({ _id: decision._id });
+    if (await insertFirst(this.walletDecisions, decision)) return decision;
+    return (await this.walletDecisionOf(decision._id)) ?? decision;
+  }
+
+  /** The escalation raised for one gate and quote (first writer wins): whether this one was recorded. */
+  recordEscalation(escalation: EscalationDoc): Promise<boolean> {
+    return insertFirst(this.escalations, escalation);
+  }
+
+  escalationOf(escalationId: string): Promise<EscalationDoc | null> {
+    return this.escalations.findOne({ _id: escalationId });
+  }
+
+  /** The tenant's escalation (another tenant's is not found, never revealed). */
+  async escalationOfTenant(escalationId: string, tenantId: string): Promise<EscalationDoc | null> {
+    const escalation = await this.escalationOf(escalationId);
+    return escalation && escalation.tenantId === tenantId ? escalation : null;
+  }
+
+  /** How the escalation was resolved, if it was. */
+  resolutionOf(escalationId: string): Promise<ResolutionDoc | null> {
+    return this.resolutions.findOne({ _id: escalationId });
+  }
+
+  /** Resolves the escalation (first writer wins): whether this resolution won, and the one that did. */
+  async recordResolution(resolution: ResolutionDoc): Promise<{ won: boolean; resolution: ResolutionDoc | null }> {
+    if (await insertFirst(this.resolutions, resolution)) return { won: true, resolution };
+    return { won: false, resolution: await this.resolutionOf(resolution._id) };
+  }
+
+  /** The approved escalation's override spent on this gate (once): whether this use is the one recorded. */
+  recordOverrideUse(escalationId: string, gateId: string, at: Date): Promise<boolean> {
+    return insertFirst(this.overrideUses, { _id: escalationId, gateId, at });
+  }
+
+  async isOverrideUsed(escalationId: string): Promise<boolean> {
+    return (await this.overrideUses.findOne({ _id: escalationId }, { projection: { _id: 1 } })) !== null;
+  }
+
+  /** Records the agent's wind-down (first call wins): whether this call recorded it. */
+  recordWindDown(windDown: WindDownDoc): Promise<boolean> {
+    return insertFirst(this.windDowns, windDown);
+  }
+
+  windDownOf(agentId: string): Promise<WindDownDoc | null> {
+    return this.windDowns.findOne({ _id: agentId });
+  }
+
+  /** Whether the agent's wind-down is recorded: an exact read, never cached. */
+  async isWoundDown(agentId: string): Promise<boolean> {
+    return (await this.windDowns.findOne({ _id: agentId }, { projection: { _id: 1 } })) !== null;
+  }
+
+  /** What the agent's wind-down did, once it finished. */
+  async windDownSummaryOf(agentId: string): Promise<WindDownSummary | null> {
+    return (await this.windDownSummaries.findOne({ _id: agentId }))?.summary ?? null;
+  }
+
+  /** Records what the wind-down did (first writer wins) and answers the summary recorded. */
+  async recordWindDownSummary(agentId: string, summary: WindDownSummary): Promise<WindDownSummary> {
+    if (await insertFirst(this.windDownSummaries, { _id: agentId, summary })) return summary;
+    return (await this.windDownSummaryOf(agentId))!;
   }
 }

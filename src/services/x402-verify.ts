@@ -1,0 +1,308 @@
+// x402 verification: the provider reports the served call (first report wins; a report that may no longer pay
+// returns the gate instead), and the x402-verify job decides from the gate's facts through the one settlement
+// decision (domain/settlement.ts), signs the receipt and hands the money to the settlement machinery.
+import { QueueEvents } from 'bullmq';
+import { x402Error, type ServiceError } from '../domain/errors.ts';
+import { failpoint } from '../domain/failpoints.ts';
+import { MoneyInvariantError } from '../domain/money.ts';
+import { signReceipt } from '../domain/receipt.ts';
+import { decideSettlement, entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
+import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
+import { bullPrefix, jobIdFor } from '../queues/index.ts';
+import type { Runtime } from '../runtime.ts';
+import type { SettlementState } from '../store/settlements.ts';
+import type { GateDoc, VerificationDoc } from '../store/x402.ts';
+import { emitEvent } from './events.ts';
+import { advanceSettlement } from './settlement.ts';
+import { gateExpiredEvent, gateSettlementId, settledStatus, statusOf, woundDownError, type GateState, type X402Gates } from './x402-gates.ts';
+
+/** How long verify waits for its job before answering 202 with the status URL. */
+const VERIFY_WAIT_MS = 2_000;
+
+/** What the x402-verify job answers (through its completion event) to the request waiting for it. */
+export interface VerifyOutcome {
+  decision: DecisionFact;
+  view: SettlementView;
+}
+
+export class X402Verification {
+  private queueEvents: QueueEvents | null = null;
+  /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
+  private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
+
+  constructor(
+    private readonly runtime: Runtime,
+    private readonly gates: X402Gates,
+  ) {}
+
+  private get store() {
+    return this.runtime.stores.x402;
+  }
+
+  private settlementInput(gate: GateDoc) {
+    return {
+      tenantId: gate.tenantId,
+      gateId: gate._id,
+      payerWalletId: gate.escrowWalletId,
+      payeeWalletId: gate.payeeAgentId,
+      amount: gate.amount,
+      currency: gate.currency,
+      holdbackBps: gate.holdbackBps,
+      disputeWindowSeconds: gate.disputeWindowSeconds,
+    };
+  }
+
+  /**
+   * Records the provider's report (first report wins) and has the x402-verify worker decide; waits briefly for it.
+   * `decided` false means the worker is still on it: the caller answers 202 with the status URL. A success report
+   * after the authorization's deadline (its token's expiry plus the grace), or once the payer or payee is wound down,
+   * is refused (X402_AUTHORIZATION_EXPIRED, X402_AGENT_WOUND_DOWN): the gate is returned to the payer instead.
+   */
+  async verify(
+    tenantId: string,
+    input: { gateId: string; evidence: { responseSha256: string; providerSignature?: string }; verificationStatus?: VerificationStatus },
+  ): Promise<{ state: GateState; decided: boolean }> {
+    const gate = await this.gates.requireGate(tenantId, input.gateId);
+    const status = input.verificationStatus ?? 'verified';
+    // The gate's commitment decides the path (from memory when this process authorized the gate or saw it). A
+    // verification is only ever recorded after the commitment, and its unique insert below tells a first report
+    // from a repeat, so it is read here only off the hot path (a gate nobody authorized). Whether an agent is wound
+    // down comes from the credential cache, like every lifecycle check.
+    const [funded, known, woundDown] = await Promise.all([
+      this.gates.isFunded(gate),
+      this.store.commitmentOf(gate._id),
+      status === 'verified' ? this.gates.woundDownParty(gate) : null,
+    ]);
+    let commitment = known;
+    if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired') throw await this.gates.terminal(gate, 'cannot be verified');
+    if (commitment?.kind !== 'authorization') {
+      const reported = commitment ? await this.store.verificationOf(gate._id) : null;
+      if (reported) return this.repeatVerify(gate);
+      if (!funded) throw await this.gates.terminal(gate, 'cannot be verified');
+      if (status === 'verified') {
+        throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: statusOf(funded, commitment, null, null) });
+      }
+    }
+    if (commitment?.kind === 'authorization' && status === 'verified') {
+      const returned = woundDown ? 'wound_down' : Date.now() > authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).getTime() ? 'expired' : null;
+      if (returned) return this.returnInsteadOfPaying(gate, returned, woundDown);
+    }
+    if (!commitment) {
+      // A failure report on a gate nobody authorized voids it (no authorization can follow); it is refunded. Due for
+      // the sweeper first: a crash between the voiding and the report still ends refunded.
+      await this.store.due.mark(gate._id, tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
+      commitment = await this.store.recordVoiding(gate);
+      // An authorization that got there first takes the failure report as any authorized gate does.
+      if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw await this.gates.terminal(gate, 'cannot be verified');
+      failpoint('x402.verify.voided');
+    }
+    const verification: VerificationDoc = {
+      _id: gate._id,
+      tenantId,
+      verificationStatus: status,
+      evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
+      at: new Date(),
+    };
+    const [recorded, settlement] = await Promise.all([
+      this.store.recordVerification(verification),
+      this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
+    ]);
+    if (!recorded.won) return this.answerRepeat(gate, status, recorded.verification);
+    failpoint('x402.verify.reported');
+    const outcome = await this.runVerifyJob(gate, true);
+    if (!outcome) return this.verifiedState(gate);
+    // The worker's answer carries the settlement as it left it: no need to read it all back.
+    const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
+    const gateStatus = settledStatus(settled);
+    // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
+    const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
+    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
+  }
+
+  /**
+   * Fills the gate's verification slot with its return instead of a report (nobody may report any more): the same
+   * unique insert a report makes, so exactly one of "paid" and "returned" wins. The x402-verify job then refunds
+   * the payer. Answers the verification that holds the slot (this return, or a report that got there first).
+   */
+  async recordReturn(gate: GateDoc, outcome: 'expired' | 'wound_down'): Promise<VerificationDoc> {
+    const { verification } = await this.store.recordVerification({ _id: gate._id, tenantId: gate.tenantId, verificationStatus: outcome, evidence: { responseSha256: null, providerSignature: null }, at: new Date() });
+    return verification;
+  }
+
+  /** A success report that may no longer pay: the gate is returned (the worker refunds the payer) and the report refused. */
+  private async returnInsteadOfPaying(gate: GateDoc, outcome: 'expired' | 'wound_down', woundDownAgent: string | null): Promise<{ state: GateState; decided: boolean }> {
+    const verification = await this.recordReturn(gate, outcome);
+    if (verification.verificationStatus === 'verified' || verification.verificationStatus === 'failed') return this.repeatVerify(gate);
+    failpoint('x402.verify.returned');
+    await this.runtime.producers.ensure('x402-verify', { tenantId: gate.tenantId, gateId: gate._id }, jobIdFor('x402-verify', gate._id));
+    throw await this.refusalOf(gate, verification, woundDownAgent);
+  }
+
+  /** A repeated report: the first one stands, unless it was the gate's return and this one claims success (refused). */
+  private async answerRepeat(gate: GateDoc, status: VerificationStatus, first: VerificationDoc): Promise<{ state: GateState; decided: boolean }> {
+    if (status === 'verified' && (first.verificationStatus === 'expired' || first.verificationStatus === 'wound_down')) throw await this.refusalOf(gate, first, null);
+    return this.repeatVerify(gate);
+  }
+
+  private async refusalOf(gate: GateDoc, returned: VerificationDoc, woundDownAgent: string | null): Promise<ServiceError> {
+    if (returned.verificationStatus === 'wound_down') {
+      return woundDownError(woundDownAgent ?? (await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId])) ?? gate.payerAgentId);
+    }
+    const commitment = await this.store.commitmentOf(gate._id);
+    const deadline = commitment?.kind === 'authorization' ? authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).toISOString() : null;
+    return x402Error('X402_AUTHORIZATION_EXPIRED', 'the authorization expired before the call was reported; the payer is refunded', { gateId: gate._id, status: 'expired', reportableUntil: deadline });
+  }
+
+  /** A repeated report: the first report stands; answer the decision, or make sure a job is on it and wait. */
+  private async repeatVerify(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
+    const first = await this.verifiedState(gate);
+    if (first.decided) return first;
+    await this.runVerifyJob(gate, false);
+    return this.verifiedState(gate);
+  }
+
+  /** A verified gate's state read in full, and whether its decision is made. */
+  private async verifiedState(gate: GateDoc): Promise<{ state: GateState; decided: boolean }> {
+    const state = await this.gates.gateState(gate, true);
+    return { state, decided: state.status === 'released' || state.status === 'refunded' || state.status === 'expired' };
+  }
+
+  private ensureQueueEvents(): QueueEvents {
+    if (this.queueEvents) return this.queueEvents;
+    const events = new QueueEvents('x402-verify', { connection: { url: this.runtime.config.redisUrl }, prefix: bullPrefix(this.runtime.config.redisPrefix) });
+    events.on('error', () => undefined); // it reconnects by itself; a missed event only means a 202
+    const settle = (jobId: string, outcome: VerifyOutcome | null) => {
+      const waiters = this.verifyWaiters.get(jobId);
+      this.verifyWaiters.delete(jobId);
+      for (const resolve of waiters ?? []) resolve(outcome);
+    };
+    events.on('completed', ({ jobId, returnvalue }) => {
+      const value: unknown = typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue;
+      settle(jobId, value && typeof value === 'object' && 'decision' in value ? (value as VerifyOutcome) : null);
+    });
+    events.on('failed', ({ jobId }) => settle(jobId, null));
+    this.queueEvents = events;
+    return events;
+  }
+
+  /**
+   * Enqueues the gate's verify job (or makes sure one runs, on a repeat) and waits for its completion event, at
+   * most VERIFY_WAIT_MS; null when it did not finish in time. Listening starts before the job exists.
+   */
+  private async runVerifyJob(gate: GateDoc, first: boolean): Promise<VerifyOutcome | null> {
+    await this.ensureQueueEvents().waitUntilReady();
+    const jobId = jobIdFor('x402-verify', gate._id);
+    let timer: NodeJS.Timeout | undefined;
+    const done = new Promise<VerifyOutcome | null>((resolve) => {
+      const waiter = (outcome: VerifyOutcome | null) => {
+        clearTimeout(timer);
+        resolve(outcome);
+      };
+      this.verifyWaiters.set(jobId, [...(this.verifyWaiters.get(jobId) ?? []), waiter]);
+      timer = setTimeout(() => {
+        const rest = (this.verifyWaiters.get(jobId) ?? []).filter((w) => w !== waiter);
+        if (rest.length > 0) this.verifyWaiters.set(jobId, rest);
+        else this.verifyWaiters.delete(jobId);
+        resolve(null);
+      }, VERIFY_WAIT_MS);
+    });
+    const payload = { tenantId: gate.tenantId, gateId: gate._id };
+    try {
+      if (first) await this.runtime.producers.enqueue('x402-verify', payload, jobId);
+      else await this.runtime.producers.ensure('x402-verify', payload, jobId);
+    } catch (err) {
+      clearTimeout(timer);
+      this.verifyWaiters.delete(jobId);
+      throw err;
+    }
+    return done;
+  }
+
+  /**
+   * The x402-verify job: decides from the gate's facts and records the decision (with its signed receipt) as the
+   * settlement's fact, then lets the settlement machinery move the money. A refund is ruled with the decision.
+   * Run twice, by two workers at once, it moves the money once: facts by unique insert, ledger ids derived.
+   */
+  async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
+    const { settlements } = this.runtime.stores;
+    // All keyed by the gate id, so read at once (the settlement too: the request that reported created it).
+    const [gate, verification, commitment, existing] = await Promise.all([
+      this.store.gateOfTenant(gateId, tenantId),
+      this.store.verificationOf(gateId),
+      this.store.commitmentOf(gateId),
+      settlements.get(gateSettlementId(gateId)),
+    ]);
+    if (!gate) return { skipped: 'no such gate' };
+    if (!verification) return { skipped: 'nothing reported' };
+    if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
+    // A cancelled or expired gate's lock goes back by its unlock entry; it must never be refunded a second time here.
+    if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw new MoneyInvariantError(`gate ${gateId} is ${commitment.kind} yet has a report`);
+    const [s] = await Promise.all([
+      existing ?? settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
+      this.gates.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
+    ]);
+    const authorization = commitment.kind === 'authorization' ? commitment : null;
+    const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
+    // The heads of the accounts the verdict moves money between, read beside the decision (see ledger.prepare).
+    const movement = verdict === 'pass' ? { id: entryIds.release(s._id), to: s.payeeWalletId } : { id: entryIds.held(s._id, 'refund'), to: s.payerWalletId };
+    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, { walletId: movement.to, bucket: 'available' }] });
+    prepared.catch(() => undefined); // only a head start: apply reads again without it
+    // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
+    // hands back the winner's). Any other view means one was decided: read the facts.
+    let facts: SettlementFacts | null = s.view.status === 'pending' ? null : await settlements.factsOf(s._id);
+    let decidedNow = false;
+    let decision = facts?.decision;
+    if (!decision) {
+      const decided = decideSettlement(
+        { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds },
+        verdict,
+        refundReason(authorization !== null, verification.verificationStatus),
+        new Date(),
+        (money) =>
+          signReceipt(
+            {
+              schema: 'SettlementReceipt.v1',
+              settlementId: s._id,
+              gateId,
+              authorizationRef: authorization?.authorizationRef ?? null,
+              quoteId: authorization?.quoteId ?? null,
+              requestSha256: authorization?.requestSha256 ?? null,
+              responseSha256: verification.evidence.responseSha256,
+              verificationStatus: verification.verificationStatus,
+              payerWalletId: s.payerWalletId,
+              payeeWalletId: s.payeeWalletId,
+              amount: gate.amount,
+              releasedNow: money.releasedNow,
+              holdback: money.holdback,
+              currency: gate.currency,
+              verdict: money.verdict,
+              decidedAt: money.decidedAt,
+            },
+            this.runtime.keys.active,
+          ),
+      );
+      const claimed = await settlements.claim(s._id, 'decision', decided);
+      decision = claimed.fact;
+      decidedNow = claimed.won;
+      failpoint('x402.verify-job.decided');
+      // Won: every other fact needs the decision first, so there is none yet to read.
+      facts = claimed.won ? { decision } : await settlements.factsOf(s._id);
+    }
+    // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
+    if (decision.verdict === 'fail') facts!.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
+    const heads = await prepared.catch(() => null);
+    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
+    if (!settled) throw new Error(`settlement ${s._id} vanished`);
+    if (verification.verificationStatus === 'expired') {
+      await emitEvent(this.runtime, tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount), `x402.gate.expired:${gateId}`);
+    }
+    // The gate's money is its settlement's now (final, or due in the settlement sweeper): the gate sweeper is done.
+    await this.store.due.done(gateId);
+    return { decision, view: settled.view };
+  }
+
+  async close(): Promise<void> {
+    await this.queueEvents?.close().catch(() => undefined);
+    this.queueEvents = null;
+  }
+}
