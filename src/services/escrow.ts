@@ -1,4 +1,4 @@
-import { errors } from '../domain/errors.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { MoneyInvariantError } from '../domain/money.ts';
 import type { Runtime } from '../runtime.ts';
@@ -86,13 +86,18 @@ export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: str
   let lock: LedgerEntryDoc | null = null;
   for (let generation = 1; !lock; generation++) {
     if (generation > MAX_RESERVE_GENERATIONS) throw new Error(`run ${runId}: every escrow reserve was returned`);
-    const candidate = await ledger.apply(runLockEntry(tenantId, runId, payer._id, terms, generation));
-    // A lock recorded before this call (a retry) may have been returned meanwhile: then lock under the next one.
-    if (candidate.createdAt.getTime() < started && (await reserves.fateOf(candidate.entryId))?.fate === 'returned') continue;
-    // One reserve per run: a lock already made under other terms is not this one.
-    if (!lockHolds(candidate, payer._id, terms.amount, terms.currency)) {
+    const lockId = escrowEntryIds.lock(runId, generation);
+    let candidate: LedgerEntryDoc;
+    try {
+      candidate = await ledger.apply(runLockEntry(tenantId, runId, payer._id, terms, generation));
+    } catch (err) {
+      if (!(err instanceof ServiceError && err.code === 'TRANSITION_ILLEGAL')) throw err;
+      // One reserve per run: a lock made under other terms is not this one, unless it was returned meanwhile.
+      if ((await reserves.fateOf(lockId))?.fate === 'returned') continue;
       throw errors.conflict('TRANSITION_ILLEGAL', 'escrow for this run is already locked under other terms', { status: 'locked' });
     }
+    // A lock recorded before this call (a retry) may have been returned meanwhile: then lock under the next one.
+    if (candidate.createdAt.getTime() < started && (await reserves.fateOf(lockId))?.fate === 'returned') continue;
     lock = candidate;
   }
   failpoint('run.escrow.locked');

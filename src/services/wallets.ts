@@ -1,5 +1,5 @@
 import { newId } from '../domain/crypto.ts';
-import { errors } from '../domain/errors.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Balances, PostingDoc, WalletDoc } from '../store/ledger.ts';
 
@@ -45,9 +45,14 @@ export async function creditWallet(rt: Runtime, input: CreditInput): Promise<Wal
     wallet = await ledger.ensureWallet(walletId, tenantId, agent ? 'agent' : 'sponsor');
   }
   const entryId = creditEntryId(walletId, reference ?? newId('crd'));
-  const entry = await ledger.apply({ _id: entryId, tenantId: wallet.tenantId, kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: { walletId } });
-  if (entry.legs[0]!.delta !== amount || entry.currency !== currency) {
-    throw errors.conflict('TRANSITION_ILLEGAL', `reference ${reference} was already used for another credit`, { status: 'applied' });
+  try {
+    await ledger.apply({ _id: entryId, tenantId: wallet.tenantId, kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: { walletId } });
+  } catch (err) {
+    // The ledger refuses an entry id asked for another movement: here, a reference reused with another amount.
+    if (err instanceof ServiceError && err.code === 'TRANSITION_ILLEGAL') {
+      throw errors.conflict('TRANSITION_ILLEGAL', `reference ${reference} was already used for another credit`, { status: 'applied' });
+    }
+    throw err;
   }
   return { wallet, balances: await ledger.balances(walletId), entryId };
 }

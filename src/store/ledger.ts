@@ -183,6 +183,17 @@ function insufficientFunds(walletId: string, currency: string, needed: number, a
   });
 }
 
+/**
+ * A repeat of an entry id must ask for the same movement (kind, currency, every leg's wallet, bucket and amount):
+ * an id reused for another one is refused whole, never answered with the first one's outcome.
+ */
+function assertSameMovement(recorded: NewLedgerEntry, asked: NewLedgerEntry): void {
+  const movement = (e: NewLedgerEntry) => JSON.stringify([e.kind, e.currency, e.legs.map((l) => [l.walletId, l.bucket, l.delta])]);
+  if (movement(recorded) !== movement(asked)) {
+    throw errors.conflict('TRANSITION_ILLEGAL', `ledger entry ${asked._id} already records another movement`, { status: recorded.kind });
+  }
+}
+
 /** The ledger's definite refusal of a debit: the entry moved nothing, and no later pass will move it. */
 export function isInsufficientFunds(err: unknown): boolean {
   return err instanceof ServiceError && err.code === 'INSUFFICIENT_FUNDS';
@@ -290,6 +301,7 @@ export class LedgerStore {
     let latest: LedgerEntryDoc | null = null;
     if (!options.expectNew) {
       latest = await this.latestAttempt(entry._id);
+      if (latest) assertSameMovement(latest, entry);
       if (latest && latest.state !== 'rejected') return this.finish(latest);
     }
 
@@ -323,6 +335,7 @@ export class LedgerStore {
           // A concurrent apply recorded this attempt first (or, with expectNew, the entry already existed).
           const current = await this.latestAttempt(entry._id);
           if (!current) throw new Error(`ledger entry ${doc._id} vanished`); // attempts are never deleted
+          assertSameMovement(current, entry);
           if (current.state === 'rejected' && options.expectNew && current.attempt >= attempt) {
             attempt = current.attempt + 1; // refused before: try again under a new attempt, as apply does
             continue;

@@ -172,6 +172,31 @@ describe('escrow reserves: one owner, one fate', () => {
     expect(await sweep()).toMatchObject({ entries: 0, entriesFailed: 0 });
   });
 
+  it('an entry id asked again for another movement (another wallet, amount or currency) is refused whole', async () => {
+    const p = await parties(t, auth, 500);
+    const { ledger } = t.runtime.stores;
+    const entry = (walletId: string, amount: number) => ({ _id: `test:${p.payer.agentId}:move`, tenantId: 'ten_x', kind: 'test_move', currency: 'USD', legs: [{ walletId, bucket: 'available' as const, delta: -amount }, { walletId, bucket: 'escrow' as const, delta: amount }], ref: {} });
+    await ledger.apply(entry(p.payer.agentId, 100));
+    await ledger.ensureWallet(p.worker.agentId, 'ten_x', 'agent');
+    await expect(ledger.apply(entry(p.worker.agentId, 100))).rejects.toMatchObject({ status: 409, code: 'TRANSITION_ILLEGAL' });
+    await expect(ledger.apply(entry(p.payer.agentId, 101))).rejects.toMatchObject({ status: 409, code: 'TRANSITION_ILLEGAL' });
+    expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 400, escrow: 100 });
+    expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 0, escrow: 0 });
+  });
+
+  it('settle with terms retried with other terms after its first reserve was returned: the new terms are locked and paid once', async () => {
+    const p = await parties(t, auth, 1_000);
+    const runId = await finalizedRunWithoutTerms(t, auth, p);
+    armFailpoint('run.escrow.locked');
+    expect((await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 300, currency: 'USD' } })).statusCode).toBe(500);
+    await sleep(RUN_GRACE_MS + 100);
+    expect(await sweep()).toMatchObject({ unlocked: 1 });
+    expect((await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 250, currency: 'USD' } })).statusCode).toBe(202);
+    await sweep();
+    expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 750, escrow: 0 });
+    expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 250, escrow: 0 });
+  });
+
   it('credit references cannot collide across wallet ids that contain ":"', async () => {
     const { tenantId } = await t.tenantWithKey(['wallets:write']);
     const a = await t.app.inject({ method: 'POST', url: `/ops/wallets/${encodeURIComponent('acme:ops')}/credit`, headers: t.admin, payload: { tenantId, amount: 100, currency: 'USD', reference: 'x' } });
