@@ -91,17 +91,19 @@ export const PRODUCTION_NODE_FLAGS = ['--max-semi-space-size=8', '--heap-growing
 /**
  * Starts `node dist/main.js api` and `worker` (with PRODUCTION_NODE_FLAGS); resolves once the API is ready and the
  * worker has had the time its start takes (it has no HTTP port). `nodeArgs` adds flags per process (say --cpu-prof);
- * logs go to `<label>-*.log`.
+ * logs go to `<label>-*.log`. `root` is the checkout whose dist/ runs (its working directory): this one unless a
+ * bench compares with another build (bench/money-side-by-side.ts runs a baseline commit's from a worktree of its own).
  */
 export async function startServiceProcesses(
   service: BenchService,
   label: string,
   nodeArgs: (name: 'api' | 'worker') => string[] = () => [],
+  root: string = ROOT,
 ): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
   const port = await freePort();
   const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...service.env, PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` };
-  const api = startChild('api', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('api'), 'dist/main.js', 'api'], env, join(service.logDir, `${label}-api.log`), ROOT);
-  const worker = startChild('worker', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('worker'), 'dist/main.js', 'worker'], env, join(service.logDir, `${label}-worker.log`), ROOT);
+  const api = startChild('api', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('api'), 'dist/main.js', 'api'], env, join(service.logDir, `${label}-api.log`), root);
+  const worker = startChild('worker', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('worker'), 'dist/main.js', 'worker'], env, join(service.logDir, `${label}-worker.log`), root);
   await waitHealthy(api, `http://127.0.0.1:${port}/readyz`);
   await new Promise((r) => setTimeout(r, 2_000));
   if (worker.proc.exitCode !== null) throw new Error(`worker exited; see ${worker.logFile}`);

@@ -21,13 +21,13 @@ import { cpus, loadavg } from 'node:os';
 import { dirname, join } from 'node:path';
 import { MongoClient, type Collection } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
 import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
 import { benchService, buildService, cleanUpOnSignals, CPU_PROF_DIR, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, pidOfServer, stopChild, type Child } from './growth/processes.ts';
+import { call, percentiles, quiesce, Refused, registerAgent, type Caller } from './side-by-side.ts';
 
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(name);
@@ -51,29 +51,6 @@ const CHUNKS = 6;
 const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50').split(',').map(Number);
 
 const log = (line: string) => console.error(`[bench x402 ${new Date().toISOString().slice(11, 19)}] ${line}`);
-
-class Refused extends Error {}
-
-/**
- * Waits until the service's processes are idle (under 5% of a core each over half a second; at most `limitMs`), so
- * that what a measurement times is not the tail of the previous one (the worker fans out webhook events after verify).
- */
-async function quiesce(pids: number[], limitMs = 30_000): Promise<number> {
-  const started = Date.now();
-  while (Date.now() - started < limitMs) {
-    const before = pids.map(cpuTicks);
-    await new Promise((r) => setTimeout(r, 500));
-    const busiest = Math.max(...pids.map((pid, i) => cpuTicks(pid) - before[i]!));
-    if (busiest / CLOCK_TICKS_PER_SECOND / 0.5 < 0.05) break;
-  }
-  return Date.now() - started;
-}
-
-function percentiles(samples: number[]) {
-  const sorted = [...samples].sort((a, b) => a - b);
-  const at = (p: number) => Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
-  return { n: sorted.length, p50: at(50), p95: at(95), p99: at(99) };
-}
 
 /** One chunk's latencies, refusals and service CPU (clock ticks per watched process). */
 interface Chunk {
@@ -151,8 +128,6 @@ function ratios(first: Record<string, unknown>, second: Record<string, unknown>)
 
 const requestSha = (i: number) => createHash('sha256').update(`bench request ${i}`).digest('hex');
 
-class Rejected extends Error {}
-
 /** One service under test: its own database, Redis prefix, API and worker processes, tenant and agents. */
 interface Target {
   name: 'empty' | 'seeded' | 'twin';
@@ -166,16 +141,6 @@ interface Target {
   /** The database's own probe document, for the raw driver ceiling. */
   probe: Collection<{ _id: string }>;
 }
-
-/** A caller of one service: its HTTP client and the credential it presents. */
-type Caller = Pick<Target, 'http' | 'token'>;
-
-const call = async ({ http, token }: Caller, method: string, path: string, body?: unknown, expect = [200, 201]) => {
-  const res = await http.request(method, path, { token, body });
-  if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
-  if (!expect.includes(res.status)) throw new Rejected(`${method} ${path} -> ${res.status} ${res.text.slice(0, 300)}`);
-  return JSON.parse(res.text);
-};
 
 const running = new Set<Child>();
 const services: BenchService[] = [];
@@ -207,7 +172,7 @@ async function startTarget(name: Target['name']): Promise<Target> {
   // One payer and one payee per client, as independent agents paying for their own calls would be.
   const pairs = await Promise.all(
     Array.from({ length: Math.max(...CONCURRENCY) }, async (_, i) => {
-      const agent = async (role: string) => (await call(tenantKey, 'POST', '/v1/agents', { name: `${role}${i}`, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
+      const agent = async (role: string) => (await registerAgent(tenantKey, `${role}${i}`)).agentId;
       const payer = await agent('payer');
       const payee = await agent('payee');
       await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, { amount: 1_000_000_000, currency: 'USD' });

@@ -4,6 +4,12 @@ import http from 'node:http';
 
 const agent = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
+export interface RequestOptions {
+  token?: string;
+  body?: unknown;
+  headers?: Record<string, string>;
+}
+
 export interface Reply {
   status: number;
   text: string;
@@ -16,7 +22,8 @@ export class HttpClient {
     private readonly timeoutMs = 60_000,
   ) {}
 
-  async request(method: string, path: string, options: { token?: string; body?: unknown } = {}): Promise<Reply> {
+  /** `headers` are sent as given, beside the ones derived from `token` and `body` (say an Idempotency-Key). */
+  async request(method: string, path: string, options: RequestOptions = {}): Promise<Reply> {
     try {
       return await this.once(method, path, options);
     } catch (err) {
@@ -27,9 +34,9 @@ export class HttpClient {
     }
   }
 
-  private once(method: string, path: string, options: { token?: string; body?: unknown }): Promise<Reply> {
+  private once(method: string, path: string, options: RequestOptions): Promise<Reply> {
     const payload = options.body === undefined ? undefined : JSON.stringify(options.body);
-    const headers: Record<string, string> = {};
+    const headers: Record<string, string> = { ...options.headers };
     if (options.token) headers.authorization = `Bearer ${options.token}`;
     if (payload !== undefined) {
       headers['content-type'] = 'application/json';
@@ -50,7 +57,7 @@ export class HttpClient {
   }
 
   /** Like request, but anything other than the expected status is an error that names the call. */
-  async expect(status: number, method: string, path: string, options: { token?: string; body?: unknown } = {}): Promise<Reply & { json: any }> {
+  async expect(status: number, method: string, path: string, options: RequestOptions = {}): Promise<Reply & { json: any }> {
     const reply = await this.request(method, path, options);
     if (reply.status !== status) throw new Error(`${method} ${path} -> ${reply.status} (expected ${status}): ${reply.text.slice(0, 300)}`);
     return { ...reply, json: reply.text ? JSON.parse(reply.text) : null };
