@@ -15,6 +15,26 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
           'Registers agents, takes agent-signed hash-chained run events, finalizes runs into content-addressed ' +
           'artifacts anyone can verify offline, and settles escrowed money. Errors: {code, message, details?, requestId}.',
       },
+      // Fixed, so the document does not depend on who generates it: '/' is wherever the document was fetched from.
+      servers: [
+        { url: '/', description: 'This service: the origin this document was fetched from' },
+        { url: 'http://127.0.0.1:3000', description: 'Local development (`npm start`, default PORT)' },
+      ],
+      tags: [
+        { name: 'agents', description: 'Agent identities and their Ed25519 signing keys' },
+        { name: 'runs', description: 'Runs: agent-signed, hash-chained events, finalized into an artifact' },
+        { name: 'verification', description: 'Artifacts, their verification (public by id) and the service signing keys' },
+        { name: 'settlement', description: 'Settling a run from escrow, disputes and the operator\'s rulings' },
+        { name: 'wallets', description: 'Balances, their history, and funding by the operator' },
+        { name: 'webhooks', description: 'Webhook endpoints, their signing secrets and deliveries' },
+        { name: 'x402', description: 'Payment gates for x402 paid calls: quotes, authorizations, verification, wallet policies, escalations' },
+        { name: 'x402 facilitator', description: 'The x402 v2 facilitator API, for stock x402 clients' },
+        { name: 'onboarding', description: 'A tenant\'s first steps: runtime bootstrap, MCP smoke test, first paid call, conformance matrix' },
+        { name: 'identity', description: 'Who the calling API key is' },
+        { name: 'ops', description: 'Operator routes under the admin key: tenants, API keys, ledger audit, buyer sessions' },
+        { name: 'health', description: 'Liveness, readiness and Prometheus metrics' },
+        { name: 'docs', description: 'The service index and this API reference' },
+      ],
       components: {
         securitySchemes: {
           bearer: { type: 'http', scheme: 'bearer', description: 'Tenant API key `sk_<keyId>.<secret>`, or the admin key on /ops' },
@@ -46,6 +66,8 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
       const access = route.config?.access;
       const transformed = { ...(schema ?? {}) } as Record<string, unknown>;
       if (url.startsWith(BULL_BOARD_PATH)) transformed.hide = true;
+      // Public routes say so (`security: []`), so linters and clients do not take a missing rule for an oversight.
+      if (access === 'public') transformed.security = [];
       if (access && access !== 'public') {
         transformed.security =
           access === 'admin' ? [{ bearer: [] }, { adminBasic: [] }] : access === 'onboarding' ? [{ apiKeyHeader: [] }, { buyerSession: [] }] : [{ bearer: [] }];

@@ -16,9 +16,10 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
       'another tenant gets 409 `AGENT_NAMESPACE_TAKEN` whatever the name, so no id tells it which agents exist. A name ' +
       'without a namespace goes to the tenant\'s own namespace; no name at all gives a generated one in the shared ' +
       'namespace `agents`, which takes no chosen names (422). 409 `AGENT_EXISTS`: the tenant already has this id.',
-    body: RegisterAgent, response: { 201: Registered, ...errorResponses(400, 401, 403, 409) } };
-  for (const url of ['/v1/agents', '/agents/register']) {
-    app.post<{ Body: Static<typeof RegisterAgent> }>(url, { config: { access: 'agents:write' }, schema: registerSchema }, async (request, reply) => {
+    body: RegisterAgent, response: { 201: Registered, ...errorResponses(400, 401, 403, { 409: ['AGENT_EXISTS', 'AGENT_NAMESPACE_TAKEN'] }) } };
+  // One operation under two paths; each needs its own operationId.
+  for (const [url, operationId] of [['/v1/agents', 'registerAgent'], ['/agents/register', 'registerAgentAtContractPath']] as const) {
+    app.post<{ Body: Static<typeof RegisterAgent> }>(url, { config: { access: 'agents:write' }, schema: { ...registerSchema, operationId } }, async (request, reply) => {
       const { agent, key } = await registerAgent(rt, tenantOf(request), request.body);
       return reply.status(201).send({ agentId: agent._id, keyId: key.keyId, status: 'active' as const, createdAt: agent.createdAt.toISOString() });
     });
@@ -26,12 +27,12 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
 
   app.get<{ Params: Static<typeof AgentParams> }>('/v1/agents/:agentId', {
     config: { access: 'runs:read' },
-    schema: { tags, summary: 'An agent with all its keys', params: AgentParams, response: { 200: Agent, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'getAgent', summary: 'An agent with all its keys', params: AgentParams, response: { 200: Agent, ...errorResponses(401, 403, 404) } },
   }, async (request) => agentView(await getAgent(rt, tenantOf(request), request.params.agentId)));
 
   app.post<{ Params: Static<typeof AgentParams>; Body: Static<typeof AddKey> }>('/v1/agents/:agentId/keys', {
     config: { access: 'agents:write' },
-    schema: { tags, summary: 'Add a signing key to an agent', params: AgentParams, body: AddKey, response: { 201: AgentKeyOfAgent, ...errorResponses(400, 401, 403, 404, 409) } },
+    schema: { tags, operationId: 'addAgentKey', summary: 'Add a signing key to an agent', params: AgentParams, body: AddKey, response: { 201: AgentKeyOfAgent, ...errorResponses(400, 401, 403, 404, { 409: ['KEY_EXISTS'] }) } },
   }, async (request, reply) => {
     const key = await addAgentKey(rt, tenantOf(request), request.params.agentId, request.body.publicKey);
     return reply.status(201).send({ agentId: request.params.agentId, ...keyView(key) });
@@ -39,7 +40,7 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
 
   app.post<{ Params: Static<typeof KeyParams> }>('/v1/agents/:agentId/keys/:keyId/revoke', {
     config: { access: 'agents:write' },
-    schema: { tags, summary: 'Revoke an agent key: events it signs are refused from now on', params: KeyParams, response: { 200: AgentKeyOfAgent, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'revokeAgentKey', summary: 'Revoke an agent key: events it signs are refused from now on', params: KeyParams, response: { 200: AgentKeyOfAgent, ...errorResponses(401, 403, 404) } },
   }, async (request) => {
     const key = await revokeAgentKey(rt, tenantOf(request), request.params.agentId, request.params.keyId);
     return { agentId: request.params.agentId, ...keyView(key) };

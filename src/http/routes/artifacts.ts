@@ -14,7 +14,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
 
   app.get('/.well-known/jwks.json', {
     config: { access: 'public' },
-    schema: { tags, summary: 'The service public signing keys, current and retired', response: { 200: Jwks } },
+    schema: { tags, operationId: 'getJwks', summary: 'The service public signing keys, current and retired', response: { 200: Jwks } },
   }, async (_request, reply) => {
     reply.header('cache-control', 'public, max-age=300');
     return rt.keys.jwks;
@@ -22,7 +22,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
 
   app.get<{ Params: Static<typeof ArtifactParams> }>('/v1/artifacts/:artifactId', {
     config: { access: 'runs:read' },
-    schema: { tags, summary: 'The full RunArtifact.v1: every event envelope, the evaluation, the service signature', params: ArtifactParams, response: { 200: ArtifactBody, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'getArtifact', summary: 'The full RunArtifact.v1: every event envelope, the evaluation, the service signature', params: ArtifactParams, response: { 200: ArtifactBody, ...errorResponses(401, 403, 404) } },
   }, async (request, reply) => {
     const artifact = await getArtifact(rt, tenantOf(request), request.params.artifactId);
     // Serialised once here: artifacts can hold many thousands of events.
@@ -32,12 +32,12 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
   /** Public: anyone holding a run or artifact id can check it; nothing beyond the artifact's own content is shown. */
   app.get<{ Params: Static<typeof VerifyParams> }>('/v1/verify/:id', {
     config: { access: 'public' },
-    schema: { tags, summary: 'Verify an artifact (by artifact or run id) without credentials', params: VerifyParams, response: { 200: PublicVerification, ...errorResponses(404) } },
+    schema: { tags, operationId: 'verifyArtifact', summary: 'Verify an artifact (by artifact or run id) without credentials', params: VerifyParams, response: { 200: PublicVerification, ...errorResponses(404) } },
   }, async (request) => verificationView(await verifyPublic(rt, request.params.id), jwksUrl));
 
   app.get<{ Params: Static<typeof RunParams> }>('/runs/:runId/verification', {
     config: { access: 'runs:read' },
-    schema: { tags, summary: 'The verification of one of your runs, with its status and size', params: RunParams, response: { 200: RunVerification, ...errorResponses(401, 403, 404, 409) } },
+    schema: { tags, operationId: 'getRunVerification', summary: 'The verification of one of your runs, with its status and size', params: RunParams, response: { 200: RunVerification, ...errorResponses(401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) } },
   }, async (request) => {
     const verification = await verifyRun(rt, tenantOf(request), request.params.runId);
     const { run, artifact } = verification;

@@ -33,12 +33,12 @@ export async function healthRoutes(app: FastifyInstance, opts: { runtime: Runtim
 
   app.get('/healthz', {
     config: probe,
-    schema: { tags: ['health'], summary: 'Liveness: the process answers', response: { 200: Type.Object({ status: Type.Literal('ok') }) } },
+    schema: { tags: ['health'], operationId: 'getLiveness', summary: 'Liveness: the process answers', response: { 200: Type.Object({ status: Type.Literal('ok') }) } },
   }, async () => ({ status: 'ok' as const }));
 
   app.get('/readyz', {
     config: probe,
-    schema: { tags: ['health'], summary: 'Readiness: Redis and MongoDB answer', response: { 200: Readiness, 503: Readiness } },
+    schema: { tags: ['health'], operationId: 'getReadiness', summary: 'Readiness: Redis and MongoDB answer', response: { 200: Readiness, 503: Readiness } },
   }, async (_request, reply) => {
     const [redis, mongo] = await Promise.all([pingRedis(runtime), pingMongo(runtime.db, PING_TIMEOUT_MS)]);
     const ready = redis && mongo;
@@ -48,12 +48,19 @@ export async function healthRoutes(app: FastifyInstance, opts: { runtime: Runtim
 
   app.get('/metrics', {
     config: { access: runtime.config.metricsPublic ? 'public' : 'admin', rateLimit: false },
-    schema: { tags: ['health'], summary: 'Prometheus metrics', produces: ['text/plain'] },
+    schema: {
+      tags: ['health'],
+      operationId: 'getMetrics',
+      summary: 'Prometheus metrics',
+      // Per status, so the platform's error answers (JSON) are not documented as text too.
+      response: { 200: { description: 'Prometheus text exposition format', content: { 'text/plain': { schema: Type.String() } } } },
+    },
   }, async (_request, reply) => {
     reply.type(app.metricsRegistry.contentType);
     return app.metricsRegistry.metrics();
   });
 
+  // Left out of the document it serves (it would only describe itself); GET / and /docs point at it.
   app.get('/openapi.json', {
     config: { access: 'public' },
     schema: { tags: ['health'], summary: 'This OpenAPI 3.1 document', hide: true },

@@ -33,17 +33,18 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
 
   app.post<{ Params: Static<typeof TenantParams> }>(`${prefix}/runtime-bootstrap`, {
     config: { access },
-    schema: { tags, summary: 'Issue a runtime API key and the MCP configuration carrying it (the key is shown once)', params: TenantParams, response: { 201: RuntimeBootstrap, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'bootstrapRuntime', summary: 'Issue a runtime API key and the MCP configuration carrying it (the key is shown once)', params: TenantParams, response: { 201: RuntimeBootstrap, ...errorResponses(401, 403, 404) } },
   }, async (request, reply) => reply.status(201).send(await bootstrapRuntime(rt, tenantOf(request))));
 
   app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof SmokeTestBody> }>(`${prefix}/runtime-bootstrap/smoke-test`, {
     config: { access },
     schema: {
       tags,
+      operationId: 'runSmokeTest',
       summary: 'Start the MCP server with this env on the smoke-test queue: initialize, tools/list and a whoami call; 502 names the failing step',
       params: TenantParams,
       body: SmokeTestBody,
-      response: { 200: SmokeTestResult, ...errorResponses(400, 401, 403, 404, 502) },
+      response: { 200: SmokeTestResult, ...errorResponses(400, 401, 403, 404, { 502: ['MCP_SMOKE_TEST_FAILED'] }) },
     },
   }, async (request) => smokeTestView(await smokeTest(rt, tenantOf(request), request.body.env)));
 
@@ -52,10 +53,11 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
     preValidation: emptyBodyIsObject,
     schema: {
       tags,
+      operationId: 'runFirstPaidCall',
       summary: 'A real x402 paid call through this API; retrying with the same Idempotency-Key resumes the same attempt',
       params: TenantParams,
       body: FirstPaidCallBody,
-      response: { 200: FirstPaidCall, ...errorResponses(400, 401, 403, 404, 409, 502) },
+      response: { 200: FirstPaidCall, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'], 502: ['SETTLD_API_CALL_FAILED'] }) },
     },
   }, async (request) => {
     const idempotencyKey = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
@@ -66,7 +68,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
 
   app.get<{ Params: Static<typeof TenantParams>; Querystring: Static<typeof HistoryQuery> }>(`${prefix}/first-paid-call/history`, {
     config: { access },
-    schema: { tags, summary: 'First paid call attempts, newest first (paged)', params: TenantParams, querystring: HistoryQuery, response: { 200: History, ...errorResponses(400, 401, 403, 404) } },
+    schema: { tags, operationId: 'listFirstPaidCalls', summary: 'First paid call attempts, newest first (paged)', params: TenantParams, querystring: HistoryQuery, response: { 200: History, ...errorResponses(400, 401, 403, 404) } },
   }, async (request) => {
     const tenantId = tenantOf(request);
     const page = await firstPaidCallHistory(rt, tenantId, request.query.limit ?? 20, historyBefore(tenantId, request.query.cursor));
@@ -78,6 +80,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
     preValidation: emptyBodyIsObject,
     schema: {
       tags,
+      operationId: 'runConformanceMatrix',
       summary: 'Bootstrap, smoke test and first paid call once; each runtime\'s configuration snippet with the checks (rate-limited per tenant)',
       params: TenantParams,
       body: ConformanceBody,

@@ -21,17 +21,17 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
 
   app.post<{ Body: Static<typeof CreateTenant> }>('/ops/tenants', {
     config: admin,
-    schema: { tags, summary: 'Create a tenant', body: CreateTenant, response: { 201: Tenant, ...errorResponses(400, 401, 403) } },
+    schema: { tags, operationId: 'createTenant', summary: 'Create a tenant', body: CreateTenant, response: { 201: Tenant, ...errorResponses(400, 401, 403) } },
   }, async (request, reply) => reply.status(201).send(tenantView(await createTenant(rt, request.body))));
 
   app.get<{ Querystring: Static<typeof ListQuery> }>('/ops/tenants', {
     config: admin,
-    schema: { tags, summary: 'List tenants, newest first', querystring: ListQuery, response: { 200: Type.Object({ items: Type.Array(Tenant) }) } },
+    schema: { tags, operationId: 'listTenants', summary: 'List tenants, newest first', querystring: ListQuery, response: { 200: Type.Object({ items: Type.Array(Tenant) }) } },
   }, async (request) => ({ items: (await listTenants(rt, request.query.limit ?? 100)).map(tenantView) }));
 
   app.post<{ Body: Static<typeof CreateApiKey> }>('/ops/api-keys', {
     config: admin,
-    schema: { tags, summary: 'Issue an API key for a tenant (token shown once)', body: CreateApiKey, response: { 201: IssuedApiKey, ...errorResponses(400, 401, 403, 404) } },
+    schema: { tags, operationId: 'issueApiKey', summary: 'Issue an API key for a tenant (token shown once)', body: CreateApiKey, response: { 201: IssuedApiKey, ...errorResponses(400, 401, 403, 404) } },
   }, async (request, reply) => {
     const { tenantId, scopes, description, expiresAt } = request.body;
     const { key, token } = await issueApiKey(rt, { tenantId, scopes: scopes as Scope[], description, expiresAt: expiresAt ? new Date(expiresAt) : null });
@@ -40,7 +40,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
 
   app.get<{ Querystring: Static<typeof ListQuery> }>('/ops/api-keys', {
     config: admin,
-    schema: { tags, summary: 'List API keys (never their secrets)', querystring: ListQuery, response: { 200: Type.Object({ items: Type.Array(ApiKey) }) } },
+    schema: { tags, operationId: 'listApiKeys', summary: 'List API keys (never their secrets)', querystring: ListQuery, response: { 200: Type.Object({ items: Type.Array(ApiKey) }) } },
   }, async (request) => ({ items: (await listApiKeys(rt, { tenantId: request.query.tenantId }, request.query.limit ?? 100)).map((k) => keyView(k)) }));
 
   app.post<{ Params: Static<typeof ApiKeyParams>; Body: Static<typeof Rotate> }>('/ops/api-keys/:keyId/rotate', {
@@ -48,10 +48,11 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     preValidation: emptyBodyIsObject,
     schema: {
       tags,
+      operationId: 'rotateApiKey',
       summary: 'Issue a successor key; the old one keeps working for gracePeriodSeconds (default 0). The body is optional.',
       params: ApiKeyParams,
       body: Rotate,
-      response: { 201: Type.Object({ previous: ApiKey, current: IssuedApiKey }), ...errorResponses(400, 401, 403, 404) },
+      response: { 201: Type.Object({ previous: ApiKey, current: IssuedApiKey }), ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) },
     },
   }, async (request, reply) => {
     const { old, issued } = await rotateApiKey(rt, request.params.keyId, request.body.gracePeriodSeconds ?? 0);
@@ -60,16 +61,17 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
 
   app.post<{ Params: Static<typeof ApiKeyParams> }>('/ops/api-keys/:keyId/revoke', {
     config: admin,
-    schema: { tags, summary: 'Revoke an API key now, on every API process', params: ApiKeyParams, response: { 200: ApiKey, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'revokeApiKey', summary: 'Revoke an API key now, on every API process', params: ApiKeyParams, response: { 200: ApiKey, ...errorResponses(401, 403, 404) } },
   }, async (request) => keyView(await revokeApiKey(rt, request.params.keyId)));
 
   app.get<{ Querystring: Static<typeof LedgerAuditQuery> }>('/ops/ledger/audit', {
     config: admin,
     schema: {
       tags,
+      operationId: 'auditLedger',
       summary: 'Audit the money invariants per currency (contract section 11); incremental from the last audit, or `full=true` from scratch',
       querystring: LedgerAuditQuery,
-      response: { 200: LedgerAudit, ...errorResponses(400, 401, 403, 409) },
+      response: { 200: LedgerAudit, ...errorResponses(400, 401, 403, { 409: ['AUDIT_IN_PROGRESS'] }) },
     },
   }, async (request, reply) => {
     try {
@@ -84,6 +86,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     config: admin,
     schema: {
       tags,
+      operationId: 'createBuyerSession',
       summary: 'Start a buyer session for the tenant\'s onboarding routes: Set-Cookie ml_buyer_session (HttpOnly, Secure, SameSite=Strict)',
       params: TenantParams,
       response: { 201: BuyerSession, ...errorResponses(401, 403, 404) },

@@ -12,7 +12,7 @@ export async function walletRoutes(app: FastifyInstance, opts: { runtime: Runtim
 
   app.post<{ Params: Static<typeof WalletParams>; Body: Static<typeof CreditBody> }>('/ops/wallets/:walletId/credit', {
     config: { access: 'admin' },
-    schema: { tags, summary: 'Fund a wallet (agent wallet = agent id; any other id is a sponsor wallet)', params: WalletParams, body: CreditBody, response: { 201: CreditedWallet, ...errorResponses(400, 401, 403, 404) } },
+    schema: { tags, operationId: 'creditWallet', summary: 'Fund a wallet (agent wallet = agent id; any other id is a sponsor wallet)', params: WalletParams, body: CreditBody, response: { 201: CreditedWallet, ...errorResponses(400, 401, 403, 404, { 409: ['BALANCE_LIMIT', 'TRANSITION_ILLEGAL'] }) } },
   }, async (request, reply) => {
     const { wallet, balances, entryId } = await creditWallet(runtime, { walletId: request.params.walletId, ...request.body });
     return reply.status(201).send({ ...walletView(wallet, balances), entryId });
@@ -20,7 +20,7 @@ export async function walletRoutes(app: FastifyInstance, opts: { runtime: Runtim
 
   app.get<{ Params: Static<typeof WalletParams> }>('/v1/wallets/:walletId', {
     config: { access: 'wallets:write' },
-    schema: { tags, summary: 'Balances per currency: available and in escrow', params: WalletParams, response: { 200: Wallet, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'getWallet', summary: 'Balances per currency: available and in escrow', params: WalletParams, response: { 200: Wallet, ...errorResponses(401, 403, 404) } },
   }, async (request) => {
     const { wallet, balances } = await getWallet(runtime, tenantOf(request), request.params.walletId);
     return walletView(wallet, balances);
@@ -30,6 +30,7 @@ export async function walletRoutes(app: FastifyInstance, opts: { runtime: Runtim
     config: { access: 'wallets:write' },
     schema: {
       tags,
+      operationId: 'listWalletEntries',
       summary: 'Every balance change of the wallet, newest first (paged)',
       params: WalletParams,
       querystring: EntriesQuery,

@@ -55,23 +55,24 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
 
   app.post<Create>('/v1/webhooks', {
     config,
-    schema: { ...createSchema, summary: 'Register a webhook endpoint (its signing secret is shown once)' },
+    schema: { ...createSchema, operationId: 'createWebhookEndpoint', summary: 'Register a webhook endpoint (its signing secret is shown once)' },
   }, create);
 
   app.get<List>('/v1/webhooks', {
     config,
-    schema: { ...listSchema, summary: 'List webhook endpoints, newest first (never their secrets)' },
+    schema: { ...listSchema, operationId: 'listWebhookEndpoints', summary: 'List webhook endpoints, newest first (never their secrets)' },
   }, list);
 
   app.get<Params>('/v1/webhooks/:endpointId', {
     config,
-    schema: { tags, summary: 'Get a webhook endpoint', params: EndpointParams, response: { 200: Endpoint, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'getWebhookEndpoint', summary: 'Get a webhook endpoint', params: EndpointParams, response: { 200: Endpoint, ...errorResponses(401, 403, 404) } },
   }, async (request) => endpointView(await webhooks.getEndpoint(runtime, tenantOf(request), request.params.endpointId)));
 
   app.delete<Params>('/v1/webhooks/:endpointId', {
     config,
     schema: {
       tags,
+      operationId: 'deleteWebhookEndpoint',
       summary: 'Delete (revoke) a webhook endpoint; its pending deliveries are cancelled',
       params: EndpointParams,
       response: { 204: Type.Null({ description: 'Deleted' }), ...errorResponses(401, 403, 404) },
@@ -84,7 +85,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
 
   app.post<Rotate>('/v1/webhooks/:endpointId/rotate-secret', {
     config,
-    schema: { ...rotateSchema, summary: 'Issue a new signing secret; the previous one keeps signing deliveries for gracePeriodSeconds' },
+    schema: { ...rotateSchema, operationId: 'rotateWebhookEndpointSecret', summary: 'Issue a new signing secret; the previous one keeps signing deliveries for gracePeriodSeconds' },
     preValidation: emptyBodyIsObject,
   }, rotate);
 
@@ -92,6 +93,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
     config,
     schema: {
       tags,
+      operationId: 'enableWebhookEndpoint',
       summary: 'Re-enable a disabled endpoint and replay its failed and abandoned deliveries (harmless on an active one)',
       params: EndpointParams,
       response: { 200: EnabledEndpoint, ...errorResponses(401, 403, 404) },
@@ -106,6 +108,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
     config,
     schema: {
       tags,
+      operationId: 'listWebhookDeliveries',
       summary: 'Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one',
       params: EndpointParams,
       querystring: DeliveryListQuery,
@@ -121,17 +124,17 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
 
   app.post<Create>('/x402/webhooks/endpoints', {
     config,
-    schema: { ...createSchema, summary: 'Register a webhook endpoint (same registry as /v1/webhooks)' },
+    schema: { ...createSchema, operationId: 'createX402WebhookEndpoint', summary: 'Register a webhook endpoint (same registry as /v1/webhooks)' },
   }, create);
 
   app.get<List>('/x402/webhooks/endpoints', {
     config,
-    schema: { ...listSchema, summary: 'List webhook endpoints (same registry as /v1/webhooks)' },
+    schema: { ...listSchema, operationId: 'listX402WebhookEndpoints', summary: 'List webhook endpoints (same registry as /v1/webhooks)' },
   }, list);
 
   app.post<Rotate>('/x402/webhooks/endpoints/:endpointId/rotate-secret', {
     config,
-    schema: { ...rotateSchema, summary: 'Issue a new signing secret (same as /v1/webhooks/{endpointId}/rotate-secret)' },
+    schema: { ...rotateSchema, operationId: 'rotateX402WebhookEndpointSecret', summary: 'Issue a new signing secret (same as /v1/webhooks/{endpointId}/rotate-secret)' },
     preValidation: emptyBodyIsObject,
   }, rotate);
 }

@@ -14,16 +14,16 @@ export async function x402FacilitatorRoutes(app: FastifyInstance, opts: { runtim
 
   app.post<{ Body: Static<typeof FacilitatorBody> }>('/x402/facilitator/verify', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Verify an escrow-gate payment before serving: the token offline against the key ring, its bindings, the gate', body: FacilitatorBody, response: { 200: VerifyResponse, ...errorResponses(400, 401, 403) } },
+    schema: { tags, operationId: 'verifyFacilitatorPayment', summary: 'Verify an escrow-gate payment before serving: the token offline against the key ring, its bindings, the gate', body: FacilitatorBody, response: { 200: VerifyResponse, ...errorResponses(400, 401, 403) } },
   }, async (request) => service.verify(tenantOf(request), request.body));
 
   app.post<{ Body: Static<typeof FacilitatorBody> }>('/x402/facilitator/settle', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Settle a served escrow-gate payment through the gate\'s verify; a repeat answers the same settlement', body: FacilitatorBody, response: { 200: SettleResponse, ...errorResponses(400, 401, 403) } },
+    schema: { tags, operationId: 'settleFacilitatorPayment', summary: 'Settle a served escrow-gate payment through the gate\'s verify; a repeat answers the same settlement', body: FacilitatorBody, response: { 200: SettleResponse, ...errorResponses(400, 401, 403) } },
   }, async (request) => service.settle(tenantOf(request), request.body));
 
   app.get('/x402/facilitator/supported', {
     config: { access: 'x402:read' },
-    schema: { tags, summary: 'The payment kinds this facilitator settles: x402 v2, scheme escrow-gate, this deployment\'s network', response: { 200: SupportedResponse, ...errorResponses(401, 403) } },
+    schema: { tags, operationId: 'getFacilitatorSupported', summary: 'The payment kinds this facilitator settles: x402 v2, scheme escrow-gate, this deployment\'s network', response: { 200: SupportedResponse, ...errorResponses(401, 403) } },
   }, async () => service.supported());
 }

@@ -3,7 +3,7 @@ import type { Static } from 'typebox';
 import type { Runtime } from '../../runtime.ts';
 import { X402Service } from '../../services/x402.ts';
 import { tenantOf } from '../plugins/auth.ts';
-import { emptyBodyIsObject, errorResponses } from '../schemas/common.ts';
+import { emptyBodyIsObject, errorResponses, type ErrorCodes } from '../schemas/common.ts';
 import {
   AgentParams,
   Authorization,
@@ -36,7 +36,9 @@ import {
 } from '../schemas/x402.ts';
 
 /** x402 errors a call can meet, beside the platform's own. */
-const x402Errors = (...statuses: number[]) => errorResponses(400, 401, 403, 404, ...statuses);
+const x402Errors = (...statuses: Array<number | ErrorCodes>) => errorResponses(400, 401, 403, 404, ...statuses);
+/** What a quote can be refused for when a call names it (services/x402-quotes.ts). */
+const QUOTE_CODES = ['X402_GATE_TERMINAL', 'X402_QUOTE_NOT_FOUND', 'X402_QUOTE_EXPIRED', 'X402_QUOTE_MISMATCH', 'X402_REQUEST_BINDING_MISMATCH'];
 
 export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime }) {
   const service = new X402Service(opts.runtime);
@@ -47,20 +49,21 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
     config: { access: 'x402:write' },
     schema: {
       tags,
+      operationId: 'createGate',
       summary: 'Create a payment gate: locks the amount in the payer\'s (or the sponsor wallet\'s) escrow; a retry with the same Idempotency-Key resumes the same gate',
       body: CreateGateBody,
-      response: { 201: Gate, ...x402Errors(402, 410, 422) },
+      response: { 201: Gate, ...x402Errors(402, 410, 422, { 409: ['X402_WALLET_POLICY_VIOLATION'] }) },
     },
   }, async (request, reply) => reply.status(201).send(gateView(await service.createGate(tenantOf(request), request.body, request.idempotencyScope))));
 
   app.post<{ Body: Static<typeof QuoteBody> }>('/x402/gate/quote', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Quote a gate for one request: x402 v2 payment requirements; a live identical quote is returned unchanged', body: QuoteBody, response: { 200: Quote, ...x402Errors(409, 410) } },
+    schema: { tags, operationId: 'quoteGate', summary: 'Quote a gate for one request: x402 v2 payment requirements; a live identical quote is returned unchanged', body: QuoteBody, response: { 200: Quote, ...x402Errors(410, { 409: ['X402_GATE_TERMINAL'] }) } },
   }, async (request) => quoteView(await service.quote(tenantOf(request), request.body)));
 
   app.get<{ Querystring: Static<typeof EscalationQuery> }>('/x402/gate/escalations', {
     config: { access: 'x402:read' },
-    schema: { tags, summary: 'Escalations of the tenant, newest first (paged)', querystring: EscalationQuery, response: { 200: EscalationPage, ...errorResponses(400, 401, 403) } },
+    schema: { tags, operationId: 'listEscalations', summary: 'Escalations of the tenant, newest first (paged)', querystring: EscalationQuery, response: { 200: EscalationPage, ...errorResponses(400, 401, 403) } },
   }, async (request) => {
     const { cursor, ...query } = request.query;
     const page = await service.listEscalations(tenantOf(request), { ...query, ...(cursor ? { cursor: Number(cursor) } : {}) });
@@ -69,12 +72,12 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.get<{ Params: Static<typeof GateParams> }>('/x402/gate/:gateId', {
     config: { access: 'x402:read' },
-    schema: { tags, summary: 'The gate with its current quote, authorization, decision and receipt', params: GateParams, response: { 200: Gate, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'getGate', summary: 'The gate with its current quote, authorization, decision and receipt', params: GateParams, response: { 200: Gate, ...errorResponses(401, 403, 404) } },
   }, async (request) => gateView(await service.getGate(tenantOf(request), request.params.gateId)));
 
   app.put<{ Params: Static<typeof WalletParams>; Body: Static<typeof PolicyBody> }>('/x402/wallets/:walletId/policy', {
     config: { access: 'wallets:write' },
-    schema: { tags, summary: 'Set a wallet\'s x402 spending policy (a new version; the last one is in force)', params: WalletParams, body: PolicyBody, response: { 200: Policy, ...errorResponses(400, 401, 403, 404) } },
+    schema: { tags, operationId: 'setWalletPolicy', summary: 'Set a wallet\'s x402 spending policy (a new version; the last one is in force)', params: WalletParams, body: PolicyBody, response: { 200: Policy, ...errorResponses(400, 401, 403, 404) } },
   }, async (request) => {
     const b = request.body;
     const policy = { currency: b.currency, perCallLimit: b.perCallLimit ?? null, dailyLimit: b.dailyLimit ?? null, allowedPayeeAgentIds: b.allowedPayeeAgentIds ?? null, allowedToolIds: b.allowedToolIds ?? null };
@@ -83,12 +86,12 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.get<{ Params: Static<typeof WalletParams> }>('/x402/wallets/:walletId/policy', {
     config: { access: 'wallets:write' },
-    schema: { tags, summary: 'The wallet\'s policy in force', params: WalletParams, response: { 200: Policy, ...errorResponses(401, 403, 404) } },
+    schema: { tags, operationId: 'getWalletPolicy', summary: 'The wallet\'s policy in force', params: WalletParams, response: { 200: Policy, ...errorResponses(401, 403, 404) } },
   }, async (request) => policyView(await service.getPolicy(tenantOf(request), request.params.walletId)));
 
   app.post<{ Params: Static<typeof WalletParams>; Body: Static<typeof WalletAuthorizeBody> }>('/x402/wallets/:walletId/authorize', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'A sponsor wallet\'s decision on one quoted call, under its policy (daily limit included)', params: WalletParams, body: WalletAuthorizeBody, response: { 200: WalletDecision, ...x402Errors(409, 410) } },
+    schema: { tags, operationId: 'authorizeWalletPayment', summary: 'A sponsor wallet\'s decision on one quoted call, under its policy (daily limit included)', params: WalletParams, body: WalletAuthorizeBody, response: { 200: WalletDecision, ...x402Errors(410, { 409: [...QUOTE_CODES, 'X402_WALLET_POLICY_VIOLATION'] }) } },
   }, async (request) => {
     const d = await service.authorizeWallet(tenantOf(request), request.params.walletId, request.body);
     return { walletDecisionToken: d.walletDecisionToken, expiresAt: d.expiresAt.toISOString() };
@@ -96,12 +99,12 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.post<{ Body: Static<typeof AuthorizePaymentBody> }>('/x402/gate/authorize-payment', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Authorize the payment of a quoted call: a signed token for the provider; repeats get the same token', body: AuthorizePaymentBody, response: { 200: Authorization, ...x402Errors(409, 410) } },
+    schema: { tags, operationId: 'authorizePayment', summary: 'Authorize the payment of a quoted call: a signed token for the provider; repeats get the same token', body: AuthorizePaymentBody, response: { 200: Authorization, ...x402Errors(410, { 409: [...QUOTE_CODES, 'X402_WALLET_DECISION_REQUIRED', 'X402_WALLET_POLICY_VIOLATION', 'X402_AUTHORIZATION_ESCALATION_REQUIRED', 'X402_OVERRIDE_INVALID', 'X402_OVERRIDE_REPLAYED'] }) } },
   }, async (request) => authorizationView(await service.authorizePayment(tenantOf(request), request.body)));
 
   app.post<{ Body: Static<typeof VerifyBody> }>('/x402/gate/verify', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Report the provider\'s response: releases (minus holdback) or refunds; 202 with statusUrl while still deciding', body: VerifyBody, response: { 200: VerifyResult, 202: VerifyResult, ...x402Errors(409, 410) } },
+    schema: { tags, operationId: 'verifyGate', summary: 'Report the provider\'s response: releases (minus holdback) or refunds; 202 with statusUrl while still deciding', body: VerifyBody, response: { 200: VerifyResult, 202: VerifyResult, ...x402Errors(410, { 409: ['X402_GATE_TERMINAL', 'X402_PAYMENT_NOT_AUTHORIZED', 'X402_AUTHORIZATION_EXPIRED', 'X402_REQUEST_BINDING_MISMATCH'] }) } },
   }, async (request, reply) => {
     const { state, decided } = await service.verify(tenantOf(request), request.body);
     return reply.status(decided ? 200 : 202).send({ ...gateView(state), statusUrl: `/x402/gate/${state.gate._id}` });
@@ -109,7 +112,7 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.post<{ Params: Static<typeof EscalationParams>; Body: Static<typeof ResolveBody> }>('/x402/gate/escalations/:escalationId/resolve', {
     config: { access: 'x402:write' },
-    schema: { tags, summary: 'Approve (a single-use override token) or deny an escalation', params: EscalationParams, body: ResolveBody, response: { 200: Resolved, ...x402Errors(409) } },
+    schema: { tags, operationId: 'resolveEscalation', summary: 'Approve (a single-use override token) or deny an escalation', params: EscalationParams, body: ResolveBody, response: { 200: Resolved, ...x402Errors({ 409: ['X402_ESCALATION_TERMINAL'] }) } },
   }, async (request) => {
     const r = await service.resolveEscalation(tenantOf(request), request.params.escalationId, request.body);
     return { ...escalationView(r), escalationOverrideToken: r.escalationOverrideToken, overrideExpiresAt: r.overrideExpiresAt?.toISOString() ?? null };
@@ -118,6 +121,6 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
   app.post<{ Params: Static<typeof AgentParams>; Body: Static<typeof WindDownBody> }>('/x402/gate/agents/:agentId/wind-down', {
     config: { access: 'x402:write' },
     preValidation: emptyBodyIsObject,
-    schema: { tags, summary: 'Wind an agent down: no new gates or authorizations; unauthorized gates cancelled and their escrow returned', params: AgentParams, body: WindDownBody, response: { 200: WindDownSummary, ...errorResponses(400, 401, 403, 404) } },
+    schema: { tags, operationId: 'windDownAgent', summary: 'Wind an agent down: no new gates or authorizations; unauthorized gates cancelled and their escrow returned', params: AgentParams, body: WindDownBody, response: { 200: WindDownSummary, ...errorResponses(400, 401, 403, 404) } },
   }, async (request) => windDownView(await service.windDown(tenantOf(request), request.params.agentId, request.body)));
 }

@@ -33,7 +33,7 @@ export const RegisterAgent = Type.Union([
     { namespace: Type.Optional(NAMESPACE), name: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._-]{1,128}$' })), ...agentFields },
     { additionalProperties: false },
   ),
-]);
+], { examples: [{ agentId: 'acme:agent:summarizer', publicKey: 'u5jlaizlZFrJIj9vQZISq1AqnPx_OTCSPTQVISUxia0', displayName: 'Summarizer', metadata: { model: 'gpt-4o-mini', team: 'research' } }] });
 export const Registered = Type.Object({ agentId: Type.String(), keyId: Type.String(), status: Type.Literal('active'), createdAt: Timestamp });
 export const AgentKey = Type.Object({
   keyId: Type.String(),
@@ -53,7 +53,7 @@ export const Agent = Type.Object({
 });
 export const AgentParams = Type.Object({ agentId: AgentId });
 export const KeyParams = Type.Object({ agentId: AgentId, keyId: KEY_ID });
-export const AddKey = Type.Object({ publicKey: PublicKey }, { additionalProperties: false });
+export const AddKey = Type.Object({ publicKey: PublicKey }, { additionalProperties: false, examples: [{ publicKey: 'u5jlaizlZFrJIj9vQZISq1AqnPx_OTCSPTQVISUxia0' }] });
 
 export function keyView(k: AgentKeyDoc): Static<typeof AgentKey> {
   return { keyId: k.keyId, publicKey: k.publicKey, status: k.status, createdAt: k.createdAt.toISOString(), revokedAt: k.revokedAt?.toISOString() ?? null };

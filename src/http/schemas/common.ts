@@ -25,9 +25,23 @@ export const TenantId = Type.String({ pattern: '^[A-Za-z0-9_-]{1,128}$', descrip
 
 export const Timestamp = Type.String({ format: 'date-time', description: 'RFC 3339 UTC' });
 
-/** Standard error responses a route can produce, keyed by status. */
-export function errorResponses(...statuses: number[]): Record<number, TSchema> {
-  return Object.fromEntries(statuses.map((status) => [status, Type.Ref('ErrorBody')]));
+/** Error codes a route answers under a status, beside the ones the platform gives every route (plugins/contract.ts). */
+export type ErrorCodes = Partial<Record<number, readonly string[]>>;
+
+/** Where a route's own error codes ride on its response schema until the contract plugin lists them. */
+export const ERROR_CODES_KEY = 'x-error-codes';
+
+/**
+ * Standard error responses a route can produce, keyed by status; `{ 409: ['AGENT_EXISTS'] }` names the codes a
+ * status carries on this route, so the document lists them for every operation.
+ */
+export function errorResponses(...statuses: Array<number | ErrorCodes>): Record<number, TSchema> {
+  const responses: Record<number, TSchema> = {};
+  for (const entry of statuses) {
+    if (typeof entry === 'number') responses[entry] ??= Type.Ref('ErrorBody');
+    else for (const [status, codes] of Object.entries(entry)) responses[Number(status)] = Type.Ref('ErrorBody', { [ERROR_CODES_KEY]: [...(codes ?? [])] });
+  }
+  return responses;
 }
 
 export const IdempotencyHeaders = Type.Object({

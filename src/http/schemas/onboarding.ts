@@ -32,7 +32,13 @@ export const BuyerSession = Type.Object({
   cookie: Type.Object({ name: Type.String(), path: Type.String(), sameSite: Type.Literal('Strict') }, { description: 'The session itself is only in Set-Cookie (HttpOnly)' }),
 });
 
-export const SmokeTestBody = Type.Object({ env: McpEnv }, { additionalProperties: false });
+export const SmokeTestBody = Type.Object(
+  { env: McpEnv },
+  {
+    additionalProperties: false,
+    examples: [{ env: { SERVICE_BASE_URL: 'http://127.0.0.1:3000', SERVICE_TENANT_ID: 'ten_8JcW2nQ5rT7yB4mK1xZ9pLs3', SERVICE_API_KEY: 'sk_key_3vR8tY1uI6oP0aS5dF2gH7jK.secret-from-runtime-bootstrap' } }],
+  },
+);
 export const SmokeTestResult = Type.Object({
   smokeTestId: Type.String(),
   passed: Type.Boolean(),
@@ -49,7 +55,7 @@ export function smokeTestView(doc: SmokeTestDoc): Static<typeof SmokeTestResult>
 
 export const FirstPaidCallBody = Type.Object(
   { sponsorWalletId: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:-]{2,200}$', description: 'pay from this sponsor wallet (needs its x402 policy) instead of a funded test payer' })) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ sponsorWalletId: 'acme-sponsor-main' }] },
 );
 
 const Step = Type.Object({ step: Type.String(), ok: Type.Boolean(), ms: Type.Integer(), status: Type.Optional(Type.Integer()), code: Type.Optional(Type.String()) });
@@ -110,7 +116,7 @@ export function historyView(
 const Target = Type.Union(RUNTIME_TARGETS.map((t) => Type.Literal(t)));
 export const ConformanceBody = Type.Object(
   { targets: Type.Optional(Type.Array(Target, { minItems: 1, maxItems: RUNTIME_TARGETS.length, uniqueItems: true, description: 'default: all five' })) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ targets: ['claude', 'cursor'] }] },
 );
 const Check = Type.Union([Type.Literal('passed'), Type.Literal('degraded'), Type.Literal('failed')]);
 export const ConformanceMatrix = Type.Object({

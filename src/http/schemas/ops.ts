@@ -10,7 +10,7 @@ const RateLimitPolicy = Type.Object(
 );
 export const CreateTenant = Type.Object(
   { name: Type.String({ minLength: 1, maxLength: 200 }), rateLimit: Type.Optional(RateLimitPolicy) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ name: 'Acme Research', rateLimit: { limit: 600, windowSeconds: 60 } }] },
 );
 export const Tenant = Type.Object({
   tenantId: Type.String(),
@@ -26,7 +26,10 @@ export const CreateApiKey = Type.Object(
     description: Type.Optional(Type.String({ maxLength: 500 })),
     expiresAt: Type.Optional(Timestamp),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    examples: [{ tenantId: 'ten_8JcW2nQ5rT7yB4mK1xZ9pLs3', scopes: ['agents:write', 'runs:write', 'runs:read'], description: 'CI runner', expiresAt: '2027-01-01T00:00:00Z' }],
+  },
 );
 export const ApiKey = Type.Object({
   keyId: Type.String(),
@@ -46,7 +49,7 @@ export const IssuedApiKey = Type.Intersect([
 export const ApiKeyParams = Type.Object({ keyId: Type.String({ pattern: '^key_[A-Za-z0-9_-]{1,64}$' }) });
 export const Rotate = Type.Object(
   { gracePeriodSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 0 })) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ gracePeriodSeconds: 3600 }] },
 );
 export const ListQuery = Type.Object({
   tenantId: Type.Optional(TenantId),

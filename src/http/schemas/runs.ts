@@ -45,9 +45,13 @@ export const EventSchema = Type.Object(
   { additionalProperties: false, description: 'Agent-signed, hash-chained event (contract section 5)' },
 );
 
+const SETTLEMENT_EXAMPLE = { payerAgentId: 'acme:agent:buyer', amount: 2500, currency: 'USD', holdbackBps: 1000, disputeWindowSeconds: 86_400 };
 export const CreateRun = Type.Object(
   { agentId: AgentId, terms: Type.Optional(TermsSchema), settlement: Type.Optional(SettlementTermsSchema) },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    examples: [{ agentId: 'acme:agent:summarizer', terms: { accuracy: { min: 0.9 }, latencyP95: { max: 800 } }, settlement: SETTLEMENT_EXAMPLE }],
+  },
 );
 export const RunView = Type.Object({
   runId: Type.String(),
@@ -66,10 +70,28 @@ export const RunView = Type.Object({
   }),
 });
 export const RunParams = Type.Object({ runId: Type.String({ maxLength: 128 }) });
-export const AppendBody = Type.Union([
-  Type.Object({ event: EventSchema }, { additionalProperties: false }),
-  Type.Object({ events: Type.Array(EventSchema, { minItems: 1, maxItems: 100 }) }, { additionalProperties: false }),
-]);
+/** A real envelope: signed with the example key of the agents examples, first in its run's chain. */
+const EVENT_EXAMPLE = {
+  v: 1,
+  id: 'evt_0001',
+  runId: 'run_7Qm2xK9pLs4VbN8cT3wZ5hRj',
+  seq: 1,
+  type: 'metric',
+  at: '2026-03-14T09:26:53.589Z',
+  payload: { name: 'accuracy', value: 0.94 },
+  prevChainHash: null,
+  payloadHash: '0fc7133b082c7229f690864ddd8c7c4807ed3808d8b5737213a3490c80216540',
+  chainHash: '4d54a3d2e67927b101269b398653318292b1899f34bd2cb091e92e270eb2b519',
+  signerKeyId: 'key_5f2b9c0e4a7d1f3b8e6c2a90',
+  signature: '0aQkIt2I359Tb9tdg-7G_THRtnm5OnFJAKnVhvJWlJmgm5f2WgL6yJU3DbZDfIWZr6Wd3ZyjnPOmFv0yF292AQ',
+};
+export const AppendBody = Type.Union(
+  [
+    Type.Object({ event: EventSchema }, { additionalProperties: false }),
+    Type.Object({ events: Type.Array(EventSchema, { minItems: 1, maxItems: 100 }) }, { additionalProperties: false }),
+  ],
+  { examples: [{ event: EVENT_EXAMPLE }] },
+);
 export const Appended = Type.Object({
   runId: Type.String(),
   accepted: Type.Integer({ description: 'events of the request now in the chain (identical resends count, and change nothing)' }),

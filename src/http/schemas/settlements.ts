@@ -3,11 +3,14 @@ import type { SettlementState } from '../../store/settlements.ts';
 import { Timestamp } from './common.ts';
 import { SettlementTermsSchema } from './runs.ts';
 
-export const SettleBody = Type.Object({ settlement: Type.Optional(SettlementTermsSchema) }, { additionalProperties: false });
+export const SettleBody = Type.Object(
+  { settlement: Type.Optional(SettlementTermsSchema) },
+  { additionalProperties: false, examples: [{ settlement: { payerAgentId: 'acme:agent:buyer', amount: 2500, currency: 'USD', holdbackBps: 1000, disputeWindowSeconds: 86_400 } }] },
+);
 export const SettleAccepted = Type.Object({ runId: Type.String(), settlementId: Type.String(), status: Type.String() });
 export const DisputeBody = Type.Object(
   { reason: Type.String({ minLength: 1, maxLength: 2_000 }), evidence: Type.Optional(Type.Unknown({ description: 'any JSON nested at most 128 deep' })) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ reason: 'The summaries cite sources that do not exist', evidence: { sampleIds: ['s-17', 's-42'], reviewer: 'qa@acme.example' } }] },
 );
 export const DisputeOpened = Type.Object({ disputeId: Type.String(), status: Type.Literal('open'), settlementId: Type.String(), runId: Type.String(), frozenAmount: Type.Integer() });
 export const DisputeRuling = Type.Object(
@@ -15,10 +18,10 @@ export const DisputeRuling = Type.Object(
     outcome: Type.Union([Type.Literal('payee'), Type.Literal('payer'), Type.Literal('split')]),
     payerShareBps: Type.Optional(Type.Integer({ minimum: 0, maximum: 10_000 })),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ outcome: 'split', payerShareBps: 5000 }] },
 );
 export const DisputeParams = Type.Object({ disputeId: Type.String({ maxLength: 128 }) });
-export const HeldRuling = Type.Object({ outcome: Type.Union([Type.Literal('release'), Type.Literal('refund')]) }, { additionalProperties: false });
+export const HeldRuling = Type.Object({ outcome: Type.Union([Type.Literal('release'), Type.Literal('refund')]) }, { additionalProperties: false, examples: [{ outcome: 'refund' }] });
 export const SettlementParams = Type.Object({ settlementId: Type.String({ maxLength: 128 }) });
 const Dispute = Type.Object({
   disputeId: Type.String(),

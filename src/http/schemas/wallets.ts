@@ -13,7 +13,7 @@ export const CreditBody = Type.Object(
     tenantId: Type.Optional(Type.String({ description: 'owner of a new sponsor wallet (agent wallets belong to the agent\'s tenant)' })),
     reference: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._:-]{1,128}$', description: 'external reference; crediting the same reference twice credits once' })),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ amount: 100_000, currency: 'USD', reference: 'invoice:2026-03-0042' }] },
 );
 const Balance = Type.Object({ available: Type.Integer(), escrow: Type.Integer() });
 export const Wallet = Type.Object({

@@ -17,7 +17,10 @@ export const CreateEndpoint = Type.Object(
     }),
     description: Type.Optional(Type.String({ maxLength: 500 })),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    examples: [{ url: 'https://hooks.acme.example/agent-settlement', events: ['run.finalized', 'settlement.completed'], description: 'Billing service' }],
+  },
 );
 
 export const Endpoint = Type.Object({
@@ -49,7 +52,7 @@ export const RotateSecret = Type.Object(
       Type.Integer({ minimum: 0, maximum: MAX_GRACE_SECONDS, description: `How long the previous secret keeps signing deliveries (default ${DEFAULT_GRACE_SECONDS})` }),
     ),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ gracePeriodSeconds: 3600 }] },
 );
 
 export const EndpointListQuery = Type.Object({

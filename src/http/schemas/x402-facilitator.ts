@@ -20,11 +20,30 @@ const PaymentPayload = Type.Object({
   extensions: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
 });
 
-export const FacilitatorBody = Type.Object({
-  x402Version: Type.Integer(),
-  paymentPayload: PaymentPayload,
-  paymentRequirements: PaymentRequirements,
-});
+const REQUIREMENTS_EXAMPLE = {
+  scheme: 'escrow-gate',
+  network: 'agent-settlement:default',
+  asset: 'USD',
+  amount: '25',
+  payTo: 'tools:agent:weather',
+  maxTimeoutSeconds: 120,
+  extra: { method: 'GET', resource: 'https://tools.example/weather/forecast?city=Lisbon', holdbackBps: 500, disputeWindowSeconds: 3600 },
+};
+export const FacilitatorBody = Type.Object(
+  { x402Version: Type.Integer(), paymentPayload: PaymentPayload, paymentRequirements: PaymentRequirements },
+  {
+    examples: [{
+      x402Version: 2,
+      paymentPayload: {
+        x402Version: 2,
+        resource: { url: 'https://tools.example/weather/forecast?city=Lisbon' },
+        accepted: REQUIREMENTS_EXAMPLE,
+        payload: { token: 'eyJhbGciOiJFZERTQSJ9.payment-token-from-authorize-payment', gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08' },
+      },
+      paymentRequirements: REQUIREMENTS_EXAMPLE,
+    }],
+  },
+);
 
 export const VerifyResponse = Type.Object({
   isValid: Type.Boolean(),

@@ -27,7 +27,10 @@ export const CreateGateBody = Type.Object(
     toolId: Type.Optional(ToolId),
     sponsorWalletId: Type.Optional(Type.String({ ...WalletId, description: 'a sponsor wallet of the tenant: it pays, so its escrow is locked instead of the payer\'s' })),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    examples: [{ payerAgentId: 'acme:agent:buyer', payeeAgentId: 'tools:agent:weather', amount: 25, currency: 'USD', holdbackBps: 500, disputeWindowSeconds: 3600, toolId: 'weather/forecast' }],
+  },
 );
 
 export const QuoteBody = Type.Object(
@@ -36,7 +39,7 @@ export const QuoteBody = Type.Object(
     requestSha256: Sha256,
     ttlSeconds: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_QUOTE_TTL_SECONDS, default: 300 })),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08', ttlSeconds: 120 }] },
 );
 
 export const PolicyBody = Type.Object(
@@ -47,10 +50,16 @@ export const PolicyBody = Type.Object(
     allowedPayeeAgentIds: Type.Optional(Type.Array(AgentId, { maxItems: 1000, uniqueItems: true })),
     allowedToolIds: Type.Optional(Type.Array(ToolId, { maxItems: 1000, uniqueItems: true })),
   },
-  { additionalProperties: false },
+  {
+    additionalProperties: false,
+    examples: [{ currency: 'USD', perCallLimit: 100, dailyLimit: 5000, allowedPayeeAgentIds: ['tools:agent:weather'], allowedToolIds: ['weather/forecast'] }],
+  },
 );
 
-export const WalletAuthorizeBody = Type.Object({ gateId: Id, quoteId: Id, requestSha256: Sha256 }, { additionalProperties: false });
+export const WalletAuthorizeBody = Type.Object(
+  { gateId: Id, quoteId: Id, requestSha256: Sha256 },
+  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08' }] },
+);
 
 export const AuthorizePaymentBody = Type.Object(
   {
@@ -60,7 +69,7 @@ export const AuthorizePaymentBody = Type.Object(
     walletDecisionToken: Type.Optional(Type.String({ maxLength: 4096 })),
     escalationOverrideToken: Type.Optional(Type.String({ maxLength: 4096 })),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08' }] },
 );
 
 export const VerifyBody = Type.Object(
@@ -72,7 +81,7 @@ export const VerifyBody = Type.Object(
     ),
     verificationStatus: Type.Optional(Type.Union([Type.Literal('verified'), Type.Literal('failed')], { description: 'default verified; failed refunds the payer' })),
   },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', evidence: { responseSha256: '2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae' }, verificationStatus: 'verified' }] },
 );
 
 export const EscalationQuery = Type.Object({
@@ -85,12 +94,12 @@ export const EscalationQuery = Type.Object({
 
 export const ResolveBody = Type.Object(
   { action: Type.Union([Type.Literal('approve'), Type.Literal('deny')]), reason: Type.Optional(Type.String({ maxLength: 2000 })) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ action: 'approve', reason: 'One-off forecast for the quarterly report' }] },
 );
 
 export const WindDownBody = Type.Object(
   { reasonCode: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,64}$' })), reasonMessage: Type.Optional(Type.String({ maxLength: 2000 })) },
-  { additionalProperties: false },
+  { additionalProperties: false, examples: [{ reasonCode: 'decommissioned', reasonMessage: 'Replaced by acme:agent:buyer-v2' }] },
 );
 
 const PaymentRequirements = Type.Object({
