@@ -185,7 +185,8 @@ function insufficientFunds(walletId: string, currency: string, needed: number, a
 
 /**
  * A repeat of an entry id must ask for the same movement (kind, currency, every leg's wallet, bucket and amount):
- * an id reused for another one is refused whole, never answered with the first one's outcome.
+ * an id reused for another one is refused whole, never answered with the first one's outcome. A refused attempt
+ * moved nothing, so the next attempt may ask for another movement (a settle retried with terms the payer can cover).
  */
 function assertSameMovement(recorded: NewLedgerEntry, asked: NewLedgerEntry): void {
   const movement = (e: NewLedgerEntry) => JSON.stringify([e.kind, e.currency, e.legs.map((l) => [l.walletId, l.bucket, l.delta])]);
@@ -301,8 +302,10 @@ export class LedgerStore {
     let latest: LedgerEntryDoc | null = null;
     if (!options.expectNew) {
       latest = await this.latestAttempt(entry._id);
-      if (latest) assertSameMovement(latest, entry);
-      if (latest && latest.state !== 'rejected') return this.finish(latest);
+      if (latest && latest.state !== 'rejected') {
+        assertSameMovement(latest, entry);
+        return this.finish(latest);
+      }
     }
 
     // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first. The
@@ -335,7 +338,7 @@ export class LedgerStore {
           // A concurrent apply recorded this attempt first (or, with expectNew, the entry already existed).
           const current = await this.latestAttempt(entry._id);
           if (!current) throw new Error(`ledger entry ${doc._id} vanished`); // attempts are never deleted
-          assertSameMovement(current, entry);
+          if (current.state !== 'rejected') assertSameMovement(current, entry);
           if (current.state === 'rejected' && options.expectNew && current.attempt >= attempt) {
             attempt = current.attempt + 1; // refused before: try again under a new attempt, as apply does
             continue;
