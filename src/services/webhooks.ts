@@ -46,14 +46,16 @@ export function checkEndpointUrl(config: Config, raw: string): string {
   }
   const insecureOk = config.webhooks.allowInsecureUrls;
   if (parsed.protocol !== 'https:' && !(parsed.protocol === 'http:' && insecureOk)) {
-    throw fieldError('body.url', insecureOk ? 'url must use http or https' : 'url must use https');
+    throw fieldError('body.url', insecureOk ? 'url must use http or https' : 'url must use https (a deployment that must call http:// endpoints sets WEBHOOK_ALLOW_INSECURE_URLS=true)');
   }
   if (parsed.username || parsed.password) throw fieldError('body.url', 'url must not carry credentials');
   // Names are checked when delivering (their addresses can change); an address literal can be refused now.
   const host = parsed.hostname.replace(/^\[|\]$/g, '');
   if (isIP(host)) {
     const verdict = isAddressAllowed(host, config.webhooks.allowPrivateAddresses);
-    if (!verdict.allowed) throw fieldError('body.url', `url points at a ${verdict.class} address, which deliveries may not reach`);
+    if (!verdict.allowed) {
+      throw fieldError('body.url', `url points at a ${verdict.class} address, which deliveries may not reach (a deployment that must reach one, say a local receiver in development, sets WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true)`);
+    }
   }
   return url;
 }

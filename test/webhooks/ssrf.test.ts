@@ -80,6 +80,8 @@ describe('deliveries to private addresses when the configuration does not allow 
     const literal = await h.app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { url: `http://127.0.0.1:${r.port}/hook`, events: ['run.finalized'] } });
     expect(literal.statusCode).toBe(422);
     expect(literal.json().message).toMatch(/loopback/);
+    // It says which setting allows it (a local receiver in development needs it).
+    expect(literal.json().details.errors[0].message).toMatch(/WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true/);
 
     const ep = await h.createEndpoint(auth, `http://localhost:${r.port}/hook`);
     const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_ssrf' }, 'ssrf:1');
