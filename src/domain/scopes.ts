@@ -5,6 +5,7 @@ export const SCOPES = [
   'x402:write',
   'x402:read',
   'wallets:write',
+  'wallets:read',
   'webhooks:write',
   'onboarding',
   'ops',
@@ -16,6 +17,7 @@ export type Scope = (typeof SCOPES)[number];
 const IMPLIED: Partial<Record<Scope, Scope[]>> = {
   'runs:write': ['runs:read'],
   'x402:write': ['x402:read'],
+  'wallets:write': ['wallets:read'],
 };
 
 export function grants(held: readonly string[], needed: Scope): boolean {

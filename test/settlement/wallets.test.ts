@@ -28,6 +28,22 @@ describe('wallet routes: credit, balances, entries', () => {
     expect(wallet.json().balances).toEqual({ EUR: { available: 7, escrow: 0 }, USD: { available: 300, escrow: 0 }, USDC: { available: 9, escrow: 0 } });
   });
 
+  it('lets a read-only key (wallets:read) read balances, entries and the policy, and change nothing', async () => {
+    const agent = await registerAgent(t, auth);
+    await creditOf(agent.agentId, { amount: 40, currency: 'USD' });
+    const key = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId, scopes: ['wallets:read'] } });
+    expect(key.statusCode, key.body).toBe(201);
+    const reader = { authorization: `Bearer ${key.json().token}` };
+    const wallet = await t.app.inject({ method: 'GET', url: `/v1/wallets/${agent.agentId}`, headers: reader });
+    expect(wallet.statusCode, wallet.body).toBe(200);
+    expect(wallet.json().balances).toEqual({ USD: { available: 40, escrow: 0 } });
+    expect((await t.app.inject({ method: 'GET', url: `/v1/wallets/${agent.agentId}/entries`, headers: reader })).statusCode).toBe(200);
+    const policy = { currency: 'USD', perCallLimit: 10 };
+    expect((await t.app.inject({ method: 'PUT', url: `/x402/wallets/${agent.agentId}/policy`, headers: reader, payload: policy })).statusCode).toBe(403);
+    expect((await t.app.inject({ method: 'PUT', url: `/x402/wallets/${agent.agentId}/policy`, headers: auth, payload: policy })).statusCode).toBe(200);
+    expect((await t.app.inject({ method: 'GET', url: `/x402/wallets/${agent.agentId}/policy`, headers: reader })).json()).toMatchObject({ perCallLimit: 10 });
+  });
+
   it('creates a sponsor wallet only for an existing tenant, and keeps it inside that tenant', async () => {
     expect((await creditOf('sponsor-a', { amount: 5, currency: 'USD' })).statusCode).toBe(422); // schema-valid, but a new sponsor wallet needs its tenant
     expect((await creditOf('sponsor-a', { amount: 5, currency: 'USD', tenantId: 'ten_missing' })).statusCode).toBe(404);

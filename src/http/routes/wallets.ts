@@ -19,7 +19,7 @@ export async function walletRoutes(app: FastifyInstance, opts: { runtime: Runtim
   });
 
   app.get<{ Params: Static<typeof WalletParams> }>('/v1/wallets/:walletId', {
-    config: { access: 'wallets:write' },
+    config: { access: 'wallets:read' },
     schema: { tags, operationId: 'getWallet', summary: 'Balances per currency: available and in escrow', params: WalletParams, response: { 200: Wallet, ...errorResponses(401, 403, 404) } },
   }, async (request) => {
     const { wallet, balances } = await getWallet(runtime, tenantOf(request), request.params.walletId);
@@ -27,7 +27,7 @@ export async function walletRoutes(app: FastifyInstance, opts: { runtime: Runtim
   });
 
   app.get<{ Params: Static<typeof WalletParams>; Querystring: Static<typeof EntriesQuery> }>('/v1/wallets/:walletId/entries', {
-    config: { access: 'wallets:write' },
+    config: { access: 'wallets:read' },
     schema: {
       tags,
       operationId: 'listWalletEntries',

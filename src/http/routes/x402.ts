@@ -85,7 +85,7 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
   });
 
   app.get<{ Params: Static<typeof WalletParams> }>('/x402/wallets/:walletId/policy', {
-    config: { access: 'wallets:write' },
+    config: { access: 'wallets:read' },
     schema: { tags, operationId: 'getWalletPolicy', summary: 'The wallet\'s policy in force', params: WalletParams, response: { 200: Policy, ...errorResponses(401, 403, 404) } },
   }, async (request) => policyView(await service.getPolicy(tenantOf(request), request.params.walletId)));
 
