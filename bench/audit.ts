@@ -15,7 +15,7 @@ import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { escrowEntryIds } from '../src/services/escrow.ts';
 import { auditLedger } from '../src/services/ledger-audit.ts';
-import { bucketMove, type Bucket, type PostingDoc } from '../src/store/ledger.ts';
+import { accountOf, bucketMove, positionId, type Bucket, type PostingDoc } from '../src/store/ledger.ts';
 import { settlementIdFor } from '../src/store/settlements.ts';
 import { benchService, dropBenchData, MONGO_BASE } from './production-service.ts';
 
@@ -46,12 +46,12 @@ class Chains {
   private readonly heads = new Map<string, { seq: number; balance: number }>();
   readonly postings: PostingDoc[] = [];
   post(walletId: string, bucket: Bucket, delta: number, entryId: string, kind: string, leg: number, at: Date): void {
-    const account = `${walletId}|${CURRENCY}|${bucket}`;
+    const account = accountOf(walletId, CURRENCY, bucket);
     const head = this.heads.get(account) ?? { seq: 0, balance: 0 };
     const next = { seq: head.seq + 1, balance: head.balance + delta };
     if (next.balance < 0) throw new Error(`seed would overdraw ${account}`);
     this.heads.set(account, next);
-    this.postings.push({ _id: `${account}#${next.seq}`, account, walletId, currency: CURRENCY, bucket, seq: next.seq, entryId, attempt: 1, leg, delta, balanceAfter: next.balance, refused: false, kind, at });
+    this.postings.push({ _id: positionId(account, next.seq), account, walletId, currency: CURRENCY, bucket, seq: next.seq, entryId, attempt: 1, leg, delta, balanceAfter: next.balance, refused: false, kind, at });
   }
 }
 

@@ -3,8 +3,8 @@ import { errors } from '../domain/errors.ts';
 import { deriveSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { processMetrics } from '../metrics.ts';
 import type { Runtime } from '../runtime.ts';
-import type { LedgerEntryDoc, PostingDoc } from '../store/ledger.ts';
-import { ledgerAttemptId, type AuditAccountDoc, type AuditEntryDoc, type AuditReserveDoc } from '../store/ledger-audit.ts';
+import { accountOf, attemptId, type Bucket, type LedgerEntryDoc, type PostingDoc } from '../store/ledger.ts';
+import type { AuditAccountDoc, AuditEntryDoc, AuditReserveDoc } from '../store/ledger-audit.ts';
 import { settlementIdFor, termsOf, type SettlementDoc } from '../store/settlements.ts';
 import { escrowEntryIds } from './escrow.ts';
 import { gateSettlementId, x402EntryIds } from './x402.ts';
@@ -102,7 +102,7 @@ async function ownerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; sub
   // A settlement's own steps name it in their id; checked against the ids it would make, else read from the entry.
   const m = /^settle:([^:]+):/.exec(p.entryId);
   if (m && [entryIds.release(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
-  const entry = await rt.stores.ledgerAudit.entryAttempt(ledgerAttemptId(p.entryId, p.attempt));
+  const entry = await rt.stores.ledgerAudit.entryAttempt(attemptId(p.entryId, p.attempt));
   return entry?.ref.settlementId ? { owner: entry.ref.settlementId, subject: null } : null;
 }
 
@@ -133,12 +133,6 @@ async function eachLimited<T>(items: T[], limit: number, work: (item: T) => Prom
     }
   }));
   if (failure) throw (failure as { err: unknown }).err;
-}
-
-function splitAccount(account: string): { walletId: string; currency: string; bucket: 'available' | 'escrow' } {
-  const bucketAt = account.lastIndexOf('|');
-  const currencyAt = account.lastIndexOf('|', bucketAt - 1);
-  return { walletId: account.slice(0, currencyAt), currency: account.slice(currencyAt + 1, bucketAt), bucket: account.slice(bucketAt + 1) as 'available' | 'escrow' };
 }
 
 /** One audit pass. Throws 409 AUDIT_IN_PROGRESS when another process's audit holds the lock past `waitMs`. */
@@ -189,16 +183,16 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
 
   // The accounts: every wallet's currencies, both buckets.
   const walletIds = await store.walletIds();
-  const accounts: string[] = [];
+  const accounts: Array<{ walletId: string; currency: string; bucket: Bucket }> = [];
   await eachLimited(walletIds, READ_CONCURRENCY, async (walletId) => {
-    for (const currency of await store.currenciesOf(walletId)) accounts.push(`${walletId}|${currency}|available`, `${walletId}|${currency}|escrow`);
+    for (const currency of await store.currenciesOf(walletId)) accounts.push({ walletId, currency, bucket: 'available' }, { walletId, currency, bucket: 'escrow' });
   });
 
   let postingsRead = 0;
   const caughtUp = new Set<string>();
 
-  const walkAccount = async (account: string) => {
-    const { walletId, currency, bucket } = splitAccount(account);
+  const walkAccount = async ({ walletId, currency, bucket }: { walletId: string; currency: string; bucket: Bucket }) => {
+    const account = accountOf(walletId, currency, bucket);
     const from = checkpoints.get(account);
     let seq = from?.seq ?? 0;
     let balance = from?.balance ?? 0;
@@ -210,7 +204,7 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
       if (p.refused) return; // a refused debit moved nothing
       if (p.kind === 'credit') credits += p.delta;
       else {
-        const id = ledgerAttemptId(p.entryId, p.attempt);
+        const id = attemptId(p.entryId, p.attempt);
         let e = entries.get(id);
         if (!e) entries.set(id, (e = { _id: id, entryId: p.entryId, currency: p.currency, legs: [], duplicates: [], firstAt: p.at }));
         const same = e.legs.find((l) => l.leg === p.leg);
@@ -412,7 +406,7 @@ async function recoverLegsOf(rt: Runtime, entries: Map<string, AuditEntryDoc>, c
   const e = entries.get(attempt._id) ?? { _id: attempt._id, entryId: attempt.entryId, currency: attempt.currency, legs: [], duplicates: [], firstAt: attempt.createdAt };
   for (const [leg, spec] of attempt.legs.entries()) {
     if (e.legs.some((l) => l.leg === leg)) continue;
-    const account = `${spec.walletId}|${attempt.currency}|${spec.bucket}`;
+    const account = accountOf(spec.walletId, attempt.currency, spec.bucket);
     const upTo = Math.min(checkpoints.get(account)?.seq ?? 0, (attempt.floors[leg] ?? 0) + MAX_LEG_SEARCH);
     for (let from = (attempt.floors[leg] ?? 0) + 1; from <= upTo; from += 32) {
       const found = (await rt.stores.ledgerAudit.postingsAt(account, from, Math.min(32, upTo - from + 1))).find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { AnyBulkWriteOperation, Collection, Db } from 'mongodb';
 import type { RedisClient } from '../redis.ts';
-import type { Bucket, LedgerEntryDoc, LedgerStore, PostingDoc } from './ledger.ts';
+import { positionId, type Bucket, type LedgerEntryDoc, type LedgerStore, type PostingDoc } from './ledger.ts';
 import type { LedgerDueIndex, StartedEntry } from './ledger-due.ts';
 import { RECONCILIATION_COMMENT } from './mongo.ts';
 
@@ -59,16 +59,6 @@ export interface AuditEntryDoc {
   /** Postings of a leg already seen at another position: a leg posted twice. Never cleared. */
   duplicates: string[];
   firstAt: Date;
-}
-
-/** The id LedgerStore gives an entry's n-th attempt (see its design comment). */
-export function ledgerAttemptId(entryId: string, attempt: number): string {
-  return attempt === 1 ? entryId : `${entryId}~${attempt}`;
-}
-
-/** As LedgerStore records a wallet's currencies: `<walletId>#cur#<n>`, n from 1 without gaps. */
-function currencyRecordId(walletId: string, n: number): string {
-  return `${walletId}#cur#${n}`;
 }
 
 const RENEW_SCRIPT = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
@@ -135,19 +125,14 @@ export class LedgerAuditStore {
     return docs.map((d) => d._id);
   }
 
-  /** The wallet's currencies (as LedgerStore.balances finds them: its currency records by `_id` until one is missing). */
+  /** The wallet's currencies, as LedgerStore.balances finds them. */
   async currenciesOf(walletId: string): Promise<string[]> {
-    const found: string[] = [];
-    for (let n = 1; ; n++) {
-      const record = await this.ledger.walletCurrencies.findOne({ _id: currencyRecordId(walletId, n) });
-      if (!record) return found;
-      if (!found.includes(record.currency)) found.push(record.currency);
-    }
+    return (await this.ledger.currenciesOf(walletId)).map((c) => c.currency);
   }
 
   /** Positions `from`..`from+count-1` of an account's chain, each read by `_id` (null where none is stored). */
   postingsAt(account: string, from: number, count: number): Promise<Array<PostingDoc | null>> {
-    return Promise.all(Array.from({ length: count }, (_, i) => this.ledger.postings.findOne({ _id: `${account}#${from + i}` })));
+    return Promise.all(Array.from({ length: count }, (_, i) => this.ledger.postings.findOne({ _id: positionId(account, from + i) })));
   }
 
   /** An entry attempt by its ledger id. */

@@ -153,15 +153,18 @@ const AUDIT_LIMIT = 10_000;
 /** In-process memo of facts that never change (wallets exist, a wallet holds a currency); reset when this large. */
 const MEMO_LIMIT = 100_000;
 
-function attemptId(entryId: string, attempt: number): string {
+/** The id of an entry's n-th attempt: the entry id itself for the first. */
+export function attemptId(entryId: string, attempt: number): string {
   return attempt === 1 ? entryId : `${entryId}~${attempt}`;
 }
 
-function accountOf(walletId: string, currency: string, bucket: Bucket): string {
+/** A ledger account's id: one chain per wallet, currency and bucket. */
+export function accountOf(walletId: string, currency: string, bucket: Bucket): string {
   return `${walletId}|${currency}|${bucket}`;
 }
 
-function positionId(account: string, seq: number): string {
+/** The `_id` of the posting at position `seq` of an account's chain. */
+export function positionId(account: string, seq: number): string {
   return `${account}#${seq}`;
 }
 
@@ -560,7 +563,7 @@ export class LedgerStore {
   }
 
   /** The wallet's currencies in the order it first held them, with their numbers (read until one is missing). */
-  private async currenciesOf(walletId: string): Promise<Array<{ n: number; currency: string }>> {
+  async currenciesOf(walletId: string): Promise<Array<{ n: number; currency: string }>> {
     const found: Array<{ n: number; currency: string }> = [];
     for (let n = 1; ; n++) {
       const record = await this.walletCurrencies.findOne({ _id: currencyRecordId(walletId, n) });
