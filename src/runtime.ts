@@ -106,7 +106,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       runs: new RunStore(db, redis, config.redisPrefix),
       ledger,
       settlements: new SettlementStore(db, redis, config.redisPrefix),
-      reserves: new ReserveStore(db, redis, config.redisPrefix),
+      reserves: new ReserveStore(db),
       ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
       sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
       webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),

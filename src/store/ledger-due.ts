@@ -9,6 +9,12 @@ export interface StartedEntry {
 
 const AUDIT_KEY_VALUE = '1';
 
+/** A `pending` member `<entryId>@<ms>` read back (entry ids may contain '@': the last one splits). */
+function startedEntry(member: string): StartedEntry {
+  const at = member.lastIndexOf('@');
+  return { member, entryId: member.slice(0, at), startedAt: Number(member.slice(at + 1)) };
+}
+
 /**
  * The ledger's due work, indexed in Redis sorted sets scored by time, so the settle sweeper finds it in time
  * proportional to what is due (on FerretDB any MongoDB filter but an exact `_id` reads the whole collection).
@@ -53,11 +59,7 @@ export class LedgerDueIndex {
   }
 
   async startedBefore(before: Date, limit: number): Promise<StartedEntry[]> {
-    const members = await this.redis.zrangebyscore(this.pendingKey, '-inf', before.getTime(), 'LIMIT', 0, limit);
-    return members.map((member) => {
-      const at = member.lastIndexOf('@');
-      return { member, entryId: member.slice(0, at), startedAt: Number(member.slice(at + 1)) };
-    });
+    return (await this.redis.zrangebyscore(this.pendingKey, '-inf', before.getTime(), 'LIMIT', 0, limit)).map(startedEntry);
   }
 
   /**
@@ -65,11 +67,7 @@ export class LedgerDueIndex {
    * postponed member keeps its start time in its name, so the caller reads that, not the score).
    */
   async startedEntries(limit: number): Promise<StartedEntry[]> {
-    const members = await this.redis.zrange(this.pendingKey, 0, limit - 1);
-    return members.map((member) => {
-      const at = member.lastIndexOf('@');
-      return { member, entryId: member.slice(0, at), startedAt: Number(member.slice(at + 1)) };
-    });
+    return (await this.redis.zrange(this.pendingKey, 0, limit - 1)).map(startedEntry);
   }
 
   async lockApplied(entryId: string, appliedAt: Date): Promise<void> {

@@ -1,6 +1,4 @@
 import type { Collection, Db } from 'mongodb';
-import type { RedisClient } from '../redis.ts';
-import { DueWorkStore } from './due-work.ts';
 import { insertFirst } from './mongo.ts';
 
 /**
@@ -19,12 +17,10 @@ export interface ReserveFateDoc {
 
 export class ReserveStore {
   readonly fates: Collection<ReserveFateDoc>;
-  /** Reserves bound to a run that has not settled yet, due at their deadline (then returned, unless captured). */
-  readonly deadlines: DueWorkStore;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
+  // A reserve's deadline is kept by the ledger's lock index (LedgerStore.checkLockAt), which the settle sweeper reads.
+  constructor(db: Db) {
     this.fates = db.collection<ReserveFateDoc>('reserve_fates');
-    this.deadlines = new DueWorkStore(db, 'reserves', redis, redisPrefix);
   }
 
   /** Claims the reserve's fate; answers the fate that stands (this claim's, or the one that got there first). */
