@@ -348,6 +348,16 @@ export const ID_RANDOM_LENGTH = 24;
  * `prefix + "_" + 24 random alphanumerics` from the CSPRNG. Alphanumeric (not base64url) so the random
  * part never contains "_" or "-" and ids stay easy to select and split on the first "_".
  */
+export function newId(prefix: string): string {
+  let out = '';
+  while (out.length < ID_RANDOM_LENGTH) {
+    const byte = randomByte();
+    // Rejection sampling: 248 = 4 * 62, so accepted bytes map uniformly onto the alphabet.
+    if (byte < 248) out += ID_ALPHABET[byte % 62];
+  }
+  return `${prefix}_${out}`;
+}
+
 /**
  * An id of newId's shape derived from a client's idempotency scope (credential, route and Idempotency-Key): a create
  * retried after a crash or a 5xx (which frees the key) makes the same object again instead of a second one.
@@ -356,16 +366,6 @@ export function idFromIdempotency(prefix: string, scope: string): string {
   const digest = createHash('sha256').update(`idempotent-id:${prefix}:${scope}`).digest();
   let out = '';
   for (let i = 0; out.length < ID_RANDOM_LENGTH; i++) out += ID_ALPHABET[digest[i % digest.length]! % 62];
-  return `${prefix}_${out}`;
-}
-
-export function newId(prefix: string): string {
-  let out = '';
-  while (out.length < ID_RANDOM_LENGTH) {
-    const byte = randomByte();
-    // Rejection sampling: 248 = 4 * 62, so accepted bytes map uniformly onto the alphabet.
-    if (byte < 248) out += ID_ALPHABET[byte % 62];
-  }
   return `${prefix}_${out}`;
 }
 

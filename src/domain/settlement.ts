@@ -67,13 +67,23 @@ export interface SettlementView {
   final: boolean;
 }
 
-/** The ledger entry each money step uses; deterministic, so a step applied twice is one entry. */
 /** What the decision's receipt states about the money; the signer adds what names the settled subject. */
 export interface DecidedMoney {
   verdict: Verdict;
   releasedNow: number;
   holdback: number;
   decidedAt: string;
+}
+
+/**
+ * What every decision must hold, fresh or read back: a pass splits the whole amount into release now and holdback, a
+ * fail releases nothing (a MoneyInvariantError otherwise, before any money moves).
+ */
+export function assertDecisionSplit(settlementId: string, amount: number, d: Pick<DecisionFact, 'verdict' | 'releaseNow' | 'holdback'>): void {
+  assertMoney(
+    d.releaseNow >= 0 && d.holdback >= 0 && d.releaseNow + d.holdback === (d.verdict === 'pass' ? amount : 0),
+    `settlement ${settlementId}: release ${d.releaseNow} + holdback ${d.holdback} does not make the ${d.verdict} of ${amount}`,
+  );
 }
 
 /**
@@ -90,7 +100,7 @@ export function decideSettlement(
   reserveId?: string,
 ): DecisionFact {
   const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(terms.amount, terms.holdbackBps) : { holdback: 0, releaseNow: 0 };
-  assertMoney(releaseNow >= 0 && holdback >= 0 && releaseNow + holdback === (verdict === 'pass' ? terms.amount : 0), `settlement ${terms.settlementId}: release ${releaseNow} + holdback ${holdback} does not make the ${verdict} of ${terms.amount}`);
+  assertDecisionSplit(terms.settlementId, terms.amount, { verdict, releaseNow, holdback });
   const at = decidedAt.toISOString();
   return {
     verdict,
@@ -104,6 +114,7 @@ export function decideSettlement(
   };
 }
 
+/** The ledger entry each money step uses; deterministic, so a step applied twice is one entry. */
 export const entryIds = {
   release: (settlementId: string) => `settle:${settlementId}:release`,
   holdback: (settlementId: string) => `settle:${settlementId}:holdback`,

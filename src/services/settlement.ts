@@ -3,7 +3,7 @@ import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { assertMoney } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { assertDecisionSplit, decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
@@ -164,8 +164,7 @@ export async function advanceSettlement(
   }
   const d = facts.decision;
   const pass = d.verdict === 'pass';
-  assertMoney(!pass || d.releaseNow + d.holdback === s.amount, `settlement ${s._id}: release ${d.releaseNow} + holdback ${d.holdback} != amount ${s.amount}`);
-  assertMoney(pass || d.releaseNow + d.holdback === 0, `settlement ${s._id}: a failed verdict releases nothing`);
+  assertDecisionSplit(s._id, s.amount, d);
   if (facts.ruling) {
     const frozen = facts.holdback?.fate === 'dispute' ? facts.holdback.frozenAmount : -1;
     assertMoney(facts.ruling.toPayer + facts.ruling.toPayee === frozen && frozen === d.holdback, `settlement ${s._id}: ruling ${facts.ruling.toPayer}+${facts.ruling.toPayee} does not split the frozen holdback ${d.holdback}`);
