@@ -32,17 +32,17 @@
 // and deleted at the end), so that the backend's CPU is the targets' alone.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, symlinkSync } from 'node:fs';
 import { connect } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { newId } from '../src/domain/crypto.ts';
 import { EMPTY_HEAD, signEvents } from '../src/domain/event-chain.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, machineJiffies, pidOfServer, stopChild, type Child } from './growth/processes.ts';
 import { benchService, cleanUpOnSignals, dropBenchData, freePort, MONGO_BASE, REDIS_URL, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
 import type { HttpClient } from './growth/http-client.ts';
-import { call, percentiles, quiesce, Refused, registerAgent, type Caller } from './side-by-side.ts';
+import { call, percentiles, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
 const arg = (name: string, fallback: string) => {
   const i = process.argv.indexOf(name);
@@ -513,10 +513,7 @@ async function main(): Promise<void> {
       ...results,
     };
     const file = join(ROOT, `bench/results/money-side-by-side${TWINS ? '-twins' : ''}${OWN_BACKEND ? '-own-backend' : ''}.json`);
-    mkdirSync(dirname(file), { recursive: true });
-    writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
-    console.log(JSON.stringify(out, null, 2));
-    log(`written to ${file}`);
+    writeResults(file, out, log);
   } finally {
     await cleanup();
   }

@@ -1,7 +1,9 @@
 // What the benches that run two service targets side by side share (bench/x402.ts, bench/money-side-by-side.ts): calls
 // that tell a refusal under load from a wrong answer, waiting for every process to go idle before a chunk, and
-// nearest-rank percentiles, agents with keys of their own.
+// nearest-rank percentiles, agents with keys of their own, and writing the results.
 import type { KeyObject } from 'node:crypto';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
 import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
 import type { HttpClient } from './growth/http-client.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks } from './growth/processes.ts';
@@ -54,4 +56,12 @@ export async function registerAgent(caller: Caller, name: string): Promise<{ age
   const pair = generateEd25519KeyPair();
   const agent = await call(caller, 'POST', '/v1/agents', { name, publicKey: Buffer.from(pair.raw).toString('base64url') });
   return { agentId: agent.agentId as string, keyId: agent.keyId as string, privateKey: pair.privateKey };
+}
+
+/** Writes a bench's JSON results to `file` and prints them on stdout (the log line goes to stderr). */
+export function writeResults(file: string, out: unknown, log: (line: string) => void): void {
+  mkdirSync(dirname(file), { recursive: true });
+  writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
+  console.log(JSON.stringify(out, null, 2));
+  log(`written to ${file}`);
 }

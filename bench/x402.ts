@@ -16,9 +16,8 @@
 // the ratios a run shows when nothing differs. Needs the local services (FerretDB 27027, Redis 6390); stops by itself.
 // BENCH_CPU_PROF=<dir> makes the APIs and workers write .cpuprofile files there.
 import { createHash } from 'node:crypto';
-import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { MongoClient, type Collection } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
@@ -27,7 +26,7 @@ import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
 import { benchService, buildService, cleanUpOnSignals, CPU_PROF_DIR, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, pidOfServer, stopChild, type Child } from './growth/processes.ts';
-import { call, percentiles, quiesce, Refused, registerAgent, type Caller } from './side-by-side.ts';
+import { call, percentiles, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
 const arg = (name: string, fallback: number) => {
   const i = process.argv.indexOf(name);
@@ -351,10 +350,7 @@ async function main(): Promise<void> {
       ...(second ? { [`${second.name}LatencyMs`]: results.get(second), [`${second.name}OverEmpty`]: ratios(empty, results.get(second)!) } : {}),
     };
     const file = join(ROOT, `bench/results/${second ? `x402-${second.name}` : 'x402'}.json`);
-    mkdirSync(dirname(file), { recursive: true });
-    writeFileSync(file, `${JSON.stringify(out, null, 2)}\n`);
-    console.log(JSON.stringify(out, null, 2));
-    log(`written to ${file}`);
+    writeResults(file, out, log);
   } finally {
     await cleanup();
   }
