@@ -2,7 +2,7 @@ import { errors, ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { MoneyInvariantError } from '../domain/money.ts';
 import type { Runtime } from '../runtime.ts';
-import { bucketMove, type LedgerEntryDoc, type Leg } from '../store/ledger.ts';
+import { bucketMove, RUN_GRACE_MS, type LedgerEntryDoc, type Leg } from '../store/ledger.ts';
 import type { RunSettlementTerms } from '../store/runs.ts';
 import { emitEvent } from './events.ts';
 
@@ -43,9 +43,18 @@ function deadlineOf(rt: Runtime, lock: LedgerEntryDoc): number {
   return lock.createdAt.getTime() + rt.config.reserves.runDeadlineSeconds * 1000;
 }
 
-/** Indexes the reserve's next look at its deadline (the sweeper reads the lock index `staleAfterMs` behind). */
+/**
+ * Has the settle sweeper look at a run reserve again at `at`. The sweeper reads the ledger's lock index as far
+ * behind as it lets a fresh lock's request store its run (staleness, at least RUN_GRACE_MS), so the score is `at`
+ * less that lag.
+ */
+export function lookAtReserveAgain(rt: Runtime, lockEntryId: string, at: Date): Promise<void> {
+  const lag = Math.max(rt.config.sweeper.staleAfterMs, RUN_GRACE_MS);
+  return rt.stores.ledger.checkLockAt(lockEntryId, new Date(at.getTime() - lag));
+}
+
 function lookAgainAtDeadline(rt: Runtime, lock: LedgerEntryDoc): Promise<void> {
-  return rt.stores.ledger.checkLockAt(lock.entryId, new Date(deadlineOf(rt, lock) - rt.config.sweeper.staleAfterMs));
+  return lookAtReserveAgain(rt, lock.entryId, new Date(deadlineOf(rt, lock)));
 }
 
 function generationOf(lock: LedgerEntryDoc): number {
@@ -148,6 +157,7 @@ export async function reconcileRunReserve(rt: Runtime, lock: LedgerEntryDoc): Pr
       return false;
     }
     fate = await reserves.claim(lock.entryId, 'returned', run?.settlement ? 'deadline' : 'orphaned');
+    failpoint('run.reserve.return-claimed');
   }
   let returned = false;
   if (fate.fate === 'returned') {

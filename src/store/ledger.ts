@@ -691,8 +691,8 @@ export class LedgerStore {
   }
 
   /**
-   * The lock's reserve is owned: the sweeper looks at it again only at `at` (read `staleAfterMs` behind, like every
-   * lock of the index), to return it then unless its settlement captured it.
+   * Scores the lock in the lock index at `at`: the sweeper reads the index up to the `appliedBefore` it passes to
+   * locksToReconcile, so a caller wanting a look at time T scores T less that lag (services/escrow.ts does).
    */
   async checkLockAt(entryId: string, at: Date): Promise<void> {
     await this.due.lockCheckAt(entryId, at);

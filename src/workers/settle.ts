@@ -1,5 +1,5 @@
 import type { Runtime } from '../runtime.ts';
-import { reconcileRunReserve } from '../services/escrow.ts';
+import { lookAtReserveAgain, reconcileRunReserve } from '../services/escrow.ts';
 import { periodicLedgerAudit } from '../services/ledger-audit.ts';
 import { advanceSettlement, sweepSettlements } from '../services/settlement.ts';
 import { sweepItems } from '../services/sweep-items.ts';
@@ -36,7 +36,7 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
         if (outcome.ok && outcome.value) unlocked++;
         if (!outcome.ok) {
           reservesFailed++;
-          await ledger.checkLockAt(lock.entryId, outcome.retryAt).catch(() => undefined);
+          await lookAtReserveAgain(runtime, lock.entryId, outcome.retryAt).catch(() => undefined);
         }
       }
 

@@ -89,6 +89,29 @@ describe('crash points of the run money flows', () => {
     });
   }
 
+  for (const point of ['run.reserve.return-claimed', 'run.reserve.returned']) {
+    it(`the sweeper returning an orphaned reserve, crashed at ${point}: returned once, and the client's retry pays once`, async () => {
+      const p = await parties(t, auth, FUNDS);
+      const created = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: auth, payload: { agentId: p.worker.agentId, terms: { accuracy: { min: 0.9 } } } });
+      const runId = created.json().runId as string;
+      await finalize(p, runId);
+      const terms = { settlement: { payerAgentId: p.payer.agentId, amount: 350, currency: 'USD' } };
+      const keyed = { ...auth, 'idempotency-key': `orphan-${point}-${runId}` };
+      armFailpoint('run.escrow.locked');
+      expect((await settle(t, keyed, runId, terms)).statusCode).toBe(500); // an orphaned reserve of 350
+      armFailpoint(point);
+      await sleep(RUN_GRACE_MS + 100);
+      expect(await sweep()).toMatchObject({ reservesFailed: 1 }); // the sweeper's look crashed there
+      await sleep(5_100); // that reserve's own backoff
+      expect(await sweep()).toMatchObject({ reservesFailed: 0 });
+      expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: FUNDS, escrow: 0 });
+      expect(await t.runtime.stores.outbox.events.countDocuments({ type: 'escrow.returned', 'data.runId': runId })).toBe(1);
+      expect((await settle(t, keyed, runId, terms)).statusCode).toBe(202);
+      await sweep();
+      await expectSettledOnce(p, 350);
+    });
+  }
+
   const SETTLE_POINTS = ['settlement.reserve-captured', 'ledger.position-claimed', 'ledger.leg-posted', 'settlement.released', 'settlement.decided'];
   for (const point of SETTLE_POINTS) {
     it(`the worker's settlement with holdback, crashed at ${point}, then run again: release and holdback once each`, async () => {
