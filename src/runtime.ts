@@ -23,6 +23,7 @@ import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
 import { WebhookDueIndex } from './store/webhook-due.ts';
 import { WebhookEndpointStore } from './store/webhook-endpoints.ts';
 import { X402Store } from './store/x402.ts';
+import { X402SessionStore } from './store/x402-sessions.ts';
 
 /** Everything a process shares: connections, producers and stores, each built once here (main.ts or a test builds the runtime). */
 export interface Runtime {
@@ -51,6 +52,7 @@ export interface Runtime {
     webhookDue: WebhookDueIndex;
     onboarding: OnboardingStore;
     x402: X402Store;
+    x402Sessions: X402SessionStore;
   };
   keys: ServiceKeyRing;
   /** Cached API keys and agents, invalidated across processes through Redis. */
@@ -114,6 +116,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       webhookDue,
       onboarding: new OnboardingStore(db),
       x402: new X402Store(db, redis, config.redisPrefix),
+      x402Sessions: new X402SessionStore(db, redis, config.redisPrefix),
     },
     keys: loadServiceKeys(config),
     credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),

@@ -47,6 +47,12 @@ export const X402_ERROR_STATUS = {
   X402_PAYMENT_NOT_AUTHORIZED: 409,
   /** A success report after the authorization's deadline (its token's expiry plus the grace): the payer is refunded. */
   X402_AUTHORIZATION_EXPIRED: 409,
+  X402_SESSION_CLOSED: 409,
+  X402_SESSION_EXPIRED: 409,
+  X402_SESSION_BUDGET_EXCEEDED: 409,
+  X402_SESSION_LIMIT_EXCEEDED: 409,
+  X402_SESSION_PAYEE_NOT_ALLOWED: 409,
+  X402_SESSION_PAYMENT_REUSED: 409,
   X402_AGENT_WOUND_DOWN: 410,
 } as const;
 

@@ -11,6 +11,9 @@ export const EVENT_TYPES = [
   'x402.escalation.denied',
   'x402.agent.wound_down',
   'x402.gate.expired',
+  'x402.session.opened',
+  'x402.session.closed',
+  'x402.session.expired',
 ] as const;
 
 export type EventType = (typeof EVENT_TYPES)[number];

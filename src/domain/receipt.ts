@@ -35,13 +35,21 @@ export interface GateSettlementReceiptBody extends ReceiptMoney {
   verificationStatus: 'verified' | 'failed' | 'expired' | 'wound_down';
 }
 
+/** The receipt of a payee's settlement at a payment session's close: it commits to the session's signed statement. */
+export interface SessionSettlementReceiptBody extends ReceiptMoney {
+  sessionId: string;
+  statementHash: string;
+}
+
+type ReceiptBody = SettlementReceiptBody | GateSettlementReceiptBody | SessionSettlementReceiptBody;
+
 export interface SignedReceipt {
-  body: SettlementReceiptBody | GateSettlementReceiptBody;
+  body: ReceiptBody;
   receiptHash: string;
   signature: { alg: 'Ed25519'; keyId: string; value: string };
 }
 
-export function signReceipt(body: SettlementReceiptBody | GateSettlementReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
+export function signReceipt(body: ReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
   const receiptHash = sha256Hex(canonicalize(body));
   return { body, receiptHash, signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, receiptHash) } };
 }

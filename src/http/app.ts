@@ -26,6 +26,7 @@ import { settlementRoutes } from './routes/settlements.ts';
 import { walletRoutes } from './routes/wallets.ts';
 import { x402Routes } from './routes/x402.ts';
 import { x402FacilitatorRoutes } from './routes/x402-facilitator.ts';
+import { x402SessionRoutes } from './routes/x402-sessions.ts';
 import { ErrorBody } from './schemas/common.ts';
 import { strictValidatorCompiler } from './validation.ts';
 import { ServiceError } from '../domain/errors.ts';
@@ -152,6 +153,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(onboardingRoutes, { runtime });
   await app.register(x402Routes, { runtime });
   await app.register(x402FacilitatorRoutes, { runtime });
+  await app.register(x402SessionRoutes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

@@ -8,6 +8,7 @@ import type { AuditAccountDoc, AuditEntryDoc, AuditReserveDoc } from '../store/l
 import { settlementIdFor, termsOf, type SettlementDoc } from '../store/settlements.ts';
 import { escrowEntryIds } from './escrow.ts';
 import { gateSettlementId, x402EntryIds } from './x402.ts';
+import { sessionEntryIds, sessionOfEntry, sessionOfSettlement } from './x402-sessions.ts';
 
 // The money invariant audit (contract section 11), per currency: credits equal the sum of balances (no payouts
 // exist; every other entry's legs sum to zero), each escrow account equals the sum of its owners' open reserves and
@@ -76,7 +77,7 @@ const GATE_DEADLINE_SLACK_MS = 86_400_000;
 export const AUDIT_EVERY_MS = 10 * 60_000;
 
 const SETTLEMENT_KINDS = new Set(['settlement_release', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
-const LOCK_KINDS = new Set(['escrow_lock', 'x402_escrow_lock']);
+const LOCK_KINDS = new Set(['escrow_lock', 'x402_escrow_lock', 'x402_session_lock']);
 
 const violationsGauge = new Gauge({ name: 'ledger_audit_violations', help: 'Violations the last ledger audit of this process found, by kind', labelNames: ['kind'] as const, registers: [processMetrics] });
 const lastRunGauge = new Gauge({ name: 'ledger_audit_last_run_timestamp_seconds', help: 'When this process last finished a ledger audit', registers: [processMetrics] });
@@ -86,8 +87,21 @@ const postingsGauge = new Gauge({ name: 'ledger_audit_postings_read', help: 'Pos
 
 type Subject = NonNullable<AuditReserveDoc['subject']>;
 
-/** The reserve an escrow posting belongs to: its owner's settlement id (the one key shared by lock, moves and unlock). */
+/**
+ * The reserve an escrow posting belongs to: its owner's settlement id (the one key shared by lock, moves and unlock),
+ * or for a payment session the session id (its budget is one reserve, paid out through a settlement per payee).
+ */
 async function ownerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; subject: Subject | null } | null> {
+  const found = await settlementOwnerOf(rt, p);
+  const sessionId = found && found.subject === null ? sessionOfSettlement(found.owner) : null;
+  return sessionId ? { owner: sessionId, subject: { kind: 'session', id: sessionId } } : found;
+}
+
+async function settlementOwnerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; subject: Subject | null } | null> {
+  if (p.kind === 'x402_session_lock' || p.kind === 'x402_session_refund') {
+    const sessionId = sessionOfEntry(p.entryId);
+    return sessionId ? { owner: sessionId, subject: { kind: 'session', id: sessionId } } : null;
+  }
   if (p.kind === 'escrow_lock' || p.kind === 'escrow_unlock') {
     const m = /^escrow:([^:]+):(lock|unlock)(?::(\d+))?$/.exec(p.entryId);
     if (m && escrowEntryIds[m[2] as 'lock' | 'unlock'](m[1]!, m[3] ? Number(m[3]) : 1) === p.entryId) return { owner: settlementIdFor(m[1]!), subject: { kind: 'run', id: m[1]! } };
@@ -440,6 +454,7 @@ async function reserveProblem(rt: Runtime, r: AuditReserveDoc, now: number, pass
   const subject: Subject | null = r.subject ?? (s ? (s.gateId ? { kind: 'gate', id: s.gateId } : { kind: 'run', id: s.runId }) : null);
   if (!subject) return { kind: 'reserve_owner_missing', detail: `reserve ${r._id} has neither a lock nor a settlement` };
   let deadline: number;
+  if (subject.kind === 'session') return sessionReserveProblem(rt, r, subject.id, olderThanASweep, now, passStartedAt, sweepMs);
   if (subject.kind === 'run') {
     const run = await runs.getAny(subject.id);
     if (!run) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} does not exist` } : null;
@@ -463,6 +478,37 @@ async function reserveProblem(rt: Runtime, r: AuditReserveDoc, now: number, pass
   }
   if (now > deadline + sweepMs) return { kind: 'reserve_overdue', detail: `the reserve of ${subject.kind} ${subject.id} was due back at ${new Date(deadline).toISOString()}` };
   return null;
+}
+
+/**
+ * A session's reserve is open while the session is; once closed, it holds only what its payees' settlements have
+ * still to move (holdbacks in their window, disputes), and nothing once they are all final.
+ */
+async function sessionReserveProblem(
+  rt: Runtime,
+  r: AuditReserveDoc,
+  sessionId: string,
+  olderThanASweep: (at: Date | null) => boolean,
+  now: number,
+  passStartedAt: number,
+  sweepMs: number,
+): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
+  const { x402Sessions, settlements } = rt.stores;
+  const [session, close] = await Promise.all([x402Sessions.sessions.findOne({ _id: sessionId }), x402Sessions.closeOf(sessionId)]);
+  if (!session) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `session ${sessionId} does not exist` } : null;
+  if (!close) {
+    const deadline = session.expiresAt.getTime() + GATE_DEADLINE_SLACK_MS;
+    return now > deadline + sweepMs ? { kind: 'reserve_overdue', detail: `the budget of session ${sessionId} was due back at ${session.expiresAt.toISOString()}` } : null;
+  }
+  if (!olderThanASweep(close.at)) return null;
+  const refundDone = close.statement.body.refunded === 0 || (await rt.stores.ledger.firstAttemptApplied(sessionEntryIds.refund(sessionId)));
+  for (const payee of close.statement.body.payees) {
+    if (!payee.settlementId) continue;
+    const s = await settlements.get(payee.settlementId);
+    const facts = s && (await settlements.factsOf(s._id));
+    if (!s || !facts?.decision || !(await finishedBefore(rt, s, facts, passStartedAt))) return null; // still moving (a stuck one is reported as such)
+  }
+  return refundDone ? { kind: 'reserve_owner_finished', detail: `session ${sessionId} is closed and settled yet its reserve holds ${r.amount}` } : null;
 }
 
 async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolation[]> {

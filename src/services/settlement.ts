@@ -122,7 +122,7 @@ export async function advanceSettlement(
   const facts: SettlementFacts = known ? { ...known.facts } : await settlements.factsOf(s._id);
   const ref = { settlementId: s._id, runId: s.runId };
   // What events name as the settled thing: the run, or the x402 gate.
-  const subject = s.gateId ? { gateId: s.gateId } : { runId: s.runId };
+  const subject = s.sessionId ? { sessionId: s.sessionId } : s.gateId ? { gateId: s.gateId } : { runId: s.runId };
   const fromEscrow = (amount: number): Leg => ({ walletId: s.payerWalletId, bucket: 'escrow', delta: -amount });
   const toAvailable = (walletId: string, amount: number): Leg => ({ walletId, bucket: 'available', delta: amount });
   // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
@@ -185,7 +185,7 @@ export async function advanceSettlement(
   failpoint('released');
   if (pass) {
     inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`));
-  } else if (!s.gateId) {
+  } else if (!s.gateId && !s.sessionId) {
     // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
     inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`));
   }

@@ -8,12 +8,14 @@ import type { ResolutionDoc, WindDownSummary } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
 import { escalationEvent, type X402Escalations } from './x402-escalations.ts';
 import type { X402Gates } from './x402-gates.ts';
+import type { X402Sessions } from './x402-sessions.ts';
 
 export class X402WindDown {
   constructor(
     private readonly runtime: Runtime,
     private readonly gates: X402Gates,
     private readonly escalations: X402Escalations,
+    private readonly sessions: X402Sessions,
   ) {}
 
   private get store() {
@@ -53,6 +55,7 @@ export class X402WindDown {
       gatesLeftReserved: [],
       quotesCancelled: [],
       escalationsDenied: [],
+      sessionsClosed: [],
       escrowReturned: [],
     };
     const returned = new Map<string, { walletId: string; currency: string; amount: number }>();
@@ -62,6 +65,19 @@ export class X402WindDown {
       const slot = await this.store.agentGates.get(agentId, seq);
       if (!slot || walked.has(slot.ref)) continue; // a resumed create indexes its gate again
       walked.add(slot.ref);
+      if (slot.ref.startsWith('ses_')) {
+        // A payment session the agent pays or is paid by: it closes (its charges settle, the rest goes back).
+        const close = await this.sessions.windDown(slot.ref, agentId);
+        if (close?.reason === 'wound_down' && close.woundDownAgentId === agentId) {
+          summary.sessionsClosed!.push(slot.ref);
+          const { walletId, currency, refunded } = close.statement.body;
+          const key = `${walletId}|${currency}`;
+          const entry = returned.get(key) ?? { walletId, currency, amount: 0 };
+          entry.amount += refunded;
+          returned.set(key, entry);
+        }
+        continue;
+      }
       const gate = await this.store.gateById(slot.ref);
       if (!gate) continue; // a gate whose funding was refused
       const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verificationOf(gate._id)]);

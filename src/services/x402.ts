@@ -6,6 +6,7 @@
 //   x402-escalations.ts       escalations of policy refusals, approved or denied by a person
 //   x402-verify.ts            the provider's report and the x402-verify job's settlement decision
 //   x402-wind-down.ts         an agent's wind-down
+//   x402-sessions.ts          payment sessions: a budget reserved once, one request per paid call, settled at close
 //   x402-tokens.ts            the JWTs those flows sign and check
 //   x402-expiry.ts            the sweeper of gates past their deadline; x402-facilitator.ts the x402 v2 facilitator
 // Every ledger entry id and every event of a gate is decided in these files. This facade is what routes, the
@@ -16,6 +17,7 @@ import { X402Authorization } from './x402-authorization.ts';
 import { X402Escalations } from './x402-escalations.ts';
 import { X402Gates } from './x402-gates.ts';
 import { X402Quotes } from './x402-quotes.ts';
+import { X402Sessions } from './x402-sessions.ts';
 import { X402Tokens } from './x402-tokens.ts';
 import { X402Verification } from './x402-verify.ts';
 import { X402WalletPolicies } from './x402-wallet-policies.ts';
@@ -35,6 +37,7 @@ export class X402Service {
   private readonly authorization: X402Authorization;
   private readonly verification: X402Verification;
   private readonly windDowns: X402WindDown;
+  private readonly sessions: X402Sessions;
 
   constructor(runtime: Runtime) {
     const tokens = new X402Tokens(runtime);
@@ -44,7 +47,8 @@ export class X402Service {
     this.escalations = new X402Escalations(runtime, tokens);
     this.authorization = new X402Authorization(runtime, this.gates, this.quotes, this.policies, this.escalations, tokens);
     this.verification = new X402Verification(runtime, this.gates);
-    this.windDowns = new X402WindDown(runtime, this.gates, this.escalations);
+    this.sessions = new X402Sessions(runtime, this.gates, this.policies);
+    this.windDowns = new X402WindDown(runtime, this.gates, this.escalations, this.sessions);
   }
 
   // Gates
@@ -108,6 +112,29 @@ export class X402Service {
   }
   windDown(...args: Parameters<X402WindDown['windDown']>) {
     return this.windDowns.windDown(...args);
+  }
+
+  // Payment sessions
+  openSession(...args: Parameters<X402Sessions['open']>) {
+    return this.sessions.open(...args);
+  }
+  getSession(...args: Parameters<X402Sessions['get']>) {
+    return this.sessions.get(...args);
+  }
+  chargeSession(...args: Parameters<X402Sessions['charge']>) {
+    return this.sessions.charge(...args);
+  }
+  closeSession(...args: Parameters<X402Sessions['close']>) {
+    return this.sessions.close(...args);
+  }
+  sessionStatement(...args: Parameters<X402Sessions['statement']>) {
+    return this.sessions.statement(...args);
+  }
+  requireSession(...args: Parameters<X402Sessions['requireSession']>) {
+    return this.sessions.requireSession(...args);
+  }
+  sweepSessions() {
+    return this.sessions.sweep();
   }
 
   close(): Promise<void> {

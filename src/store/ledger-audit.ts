@@ -36,7 +36,7 @@ export interface AuditReserveDoc {
   _id: string;
   /** The settlement id of the run or gate that owns it (one key for every posting of the reserve). */
   owner: string;
-  subject: { kind: 'run' | 'gate'; id: string } | null;
+  subject: { kind: 'run' | 'gate' | 'session'; id: string } | null;
   account: string;
   walletId: string;
   currency: string;

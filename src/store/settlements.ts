@@ -27,6 +27,8 @@ export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
    * unique index on runId keeps one settlement per subject. Its decision is claimed by the x402-verify worker.
    */
   gateId?: string;
+  /** Set when the settlement pays a payee of an x402 payment session (`runId` then holds the settlement id). */
+  sessionId?: string;
   createdAt: Date;
   view: SettlementView;
 }
@@ -89,6 +91,21 @@ export class SettlementStore {
       ...input,
       _id: settlementId,
       runId: input.gateId,
+      createdAt: new Date(),
+      view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
+    };
+    return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
+  }
+
+  /**
+   * The settlement of a payee of a closed x402 payment session, under an id derived from the session and the payee.
+   * Its decision is claimed by the close right after; advanceSettlement schedules it from then on.
+   */
+  async createForSession(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view' | 'runId'> & { sessionId: string }): Promise<SettlementDoc> {
+    const doc: SettlementDoc = {
+      ...input,
+      _id: settlementId,
+      runId: settlementId,
       createdAt: new Date(),
       view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };

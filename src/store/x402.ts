@@ -98,6 +98,8 @@ export interface WindDownSummary {
   gatesLeftReserved: string[];
   quotesCancelled: string[];
   escalationsDenied: string[];
+  /** Payment sessions the agent paid or was paid by, closed by this wind-down (absent in summaries made before sessions). */
+  sessionsClosed?: string[];
   escrowReturned: Array<{ walletId: string; currency: string; amount: number }>;
 }
 

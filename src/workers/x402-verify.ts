@@ -7,13 +7,13 @@ import type { QueueProcessor } from './runner.ts';
  * Decides a verified x402 gate and moves its money through the settlement machinery (see X402Service.processVerify).
  * Safe to run twice or on two workers at once: every step is a unique insert or a ledger entry with a derived id.
  * Its sweep returns the reserves of gates past their deadline and finishes what a crash left half-done
- * (services/x402-expiry.ts).
+ * (services/x402-expiry.ts), then closes the payment sessions past their expiry (services/x402-sessions.ts).
  */
 export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x402-verify'> {
   const service = new X402Service(runtime);
   const expiry = new X402GateExpiry(runtime, service);
   return {
     process: ({ tenantId, gateId }) => service.processVerify(tenantId, gateId),
-    sweep: () => expiry.sweep(),
+    sweep: async () => ({ gates: await expiry.sweep(), sessions: await service.sweepSessions() }),
   };
 }

@@ -25,6 +25,10 @@ interface StoredEntry {
 const setCookieAad = (redisKey: string) => `${redisKey}\nset-cookie`;
 
 declare module 'fastify' {
+  interface FastifyContextConfig {
+    /** The route makes a repeat harmless by itself (say, a session charge keyed by its payment id): no replay layer. */
+    nativeIdempotency?: boolean;
+  }
   interface FastifyRequest {
     idempotencyClaim: { redisKey: string; fingerprint: string } | null;
     /**
@@ -76,6 +80,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
 
   app.addHook('preHandler', async (request, reply) => {
     if (request.method !== 'POST' && request.method !== 'PUT') return;
+    if (request.routeOptions.config.nativeIdempotency) return;
     const key = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
     if (key === null) return;
     const principal = request.principal;

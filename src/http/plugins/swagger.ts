@@ -29,6 +29,7 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
         { name: 'webhooks', description: 'Webhook endpoints, their signing secrets and deliveries' },
         { name: 'x402', description: 'Payment gates for x402 paid calls: quotes, authorizations, verification, wallet policies, escalations' },
         { name: 'x402 facilitator', description: 'The x402 v2 facilitator API, for stock x402 clients' },
+        { name: 'x402 sessions', description: 'Payment sessions: a budget reserved once, one request per paid call, settled and refunded at close' },
         { name: 'onboarding', description: 'A tenant\'s first steps: runtime bootstrap, MCP smoke test, first paid call, conformance matrix' },
         { name: 'identity', description: 'Who the calling API key is' },
         { name: 'ops', description: 'Operator routes under the admin key: tenants, API keys, ledger audit, buyer sessions' },

@@ -231,6 +231,7 @@ export const WindDownSummary = Type.Object({
   gatesLeftReserved: Type.Array(Type.String({ description: 'authorized gates: they settle on verification' })),
   quotesCancelled: Type.Array(Type.String()),
   escalationsDenied: Type.Array(Type.String()),
+  sessionsClosed: Type.Optional(Type.Array(Type.String({ description: 'payment sessions closed: their unspent budget went back, their charges were settled' }))),
   escrowReturned: Type.Array(Type.Object({ walletId: Type.String(), currency: Type.String(), amount: Type.Integer() })),
 });
 

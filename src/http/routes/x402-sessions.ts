@@ -1,0 +1,68 @@
+import type { FastifyInstance } from 'fastify';
+import type { Static } from 'typebox';
+import { errors } from '../../domain/errors.ts';
+import type { Runtime } from '../../runtime.ts';
+import { X402Service } from '../../services/x402.ts';
+import { tenantOf } from '../plugins/auth.ts';
+import { parseIdempotencyKey } from '../plugins/idempotency.ts';
+import { errorResponses, type ErrorCodes } from '../schemas/common.ts';
+import { Charge, ChargeBody, chargeView, OpenSessionBody, Session, SessionParams, sessionView, Statement, statementView } from '../schemas/x402-sessions.ts';
+
+const sessionErrors = (...statuses: Array<number | ErrorCodes>) => errorResponses(400, 401, 403, 404, ...statuses);
+
+/** x402 payment sessions: open (reserve a budget), charge per call (one request each), close (settle, return the rest). */
+export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
+  const service = new X402Service(opts.runtime);
+  app.addHook('onClose', () => service.close());
+  const tags = ['x402 sessions'];
+
+  app.post<{ Body: Static<typeof OpenSessionBody> }>('/x402/sessions', {
+    config: { access: 'x402:write' },
+    schema: {
+      tags,
+      operationId: 'openSession',
+      summary: 'Open a payment session: reserve a budget toward one payee or an allow-list, with a per-call maximum and an expiry',
+      body: OpenSessionBody,
+      response: { 201: Session, ...sessionErrors(402, 410, { 409: ['X402_WALLET_POLICY_VIOLATION'], 422: ['VALIDATION_FAILED', 'IDEMPOTENCY_KEY_REUSED'] }) },
+    },
+  }, async (request, reply) => reply.status(201).send(sessionView(await service.openSession(tenantOf(request), request.body, request.idempotencyScope))));
+
+  app.get<{ Params: Static<typeof SessionParams> }>('/x402/sessions/:sessionId', {
+    config: { access: 'x402:read' },
+    schema: { tags, operationId: 'getSession', summary: 'A session: its status, what it spent, what is left', params: SessionParams, response: { 200: Session, ...errorResponses(400, 401, 403, 404) } },
+  }, async (request) => sessionView(await service.getSession(tenantOf(request), request.params.sessionId)));
+
+  app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof ChargeBody> }>('/x402/sessions/:sessionId/charges', {
+    // Idempotent by itself (the payment id, or the Idempotency-Key as one): the generic replay layer stays out.
+    config: { access: 'x402:write', nativeIdempotency: true },
+    schema: {
+      tags,
+      operationId: 'chargeSession',
+      summary: 'Charge one paid call against the session (one request): debits the budget and answers a signed receipt; the same payment id is charged once',
+      params: SessionParams,
+      body: ChargeBody,
+      response: {
+        201: Charge,
+        ...sessionErrors(410, { 409: ['X402_SESSION_CLOSED', 'X402_SESSION_EXPIRED', 'X402_SESSION_BUDGET_EXCEEDED', 'X402_SESSION_LIMIT_EXCEEDED', 'X402_SESSION_PAYEE_NOT_ALLOWED', 'X402_SESSION_PAYMENT_REUSED'] }),
+      },
+    },
+  }, async (request, reply) => {
+    const paymentId = request.body.paymentId ?? parseIdempotencyKey(request.headers['idempotency-key']);
+    if (!paymentId) throw errors.validation('a charge needs a paymentId (or an Idempotency-Key): it is what makes a retry charge once', { errors: [{ path: 'body.paymentId', message: 'required without an Idempotency-Key' }] });
+    const answer = await service.chargeSession(tenantOf(request), request.params.sessionId, { ...request.body, paymentId });
+    return reply.status(201).send(chargeView(answer));
+  });
+
+  app.post<{ Params: Static<typeof SessionParams> }>('/x402/sessions/:sessionId/close', {
+    config: { access: 'x402:write' },
+    schema: { tags, operationId: 'closeSession', summary: 'Close a session: charges stop, the unspent budget goes back at once, each payee is settled; the statement is signed', params: SessionParams, response: { 200: Session, ...errorResponses(400, 401, 403, 404) } },
+  }, async (request) => sessionView(await service.closeSession(tenantOf(request), request.params.sessionId)));
+
+  app.get<{ Params: Static<typeof SessionParams> }>('/x402/sessions/:sessionId/statement', {
+    config: { access: 'x402:read' },
+    schema: { tags, operationId: 'getSessionStatement', summary: 'A closed session\'s signed statement: every charge, the totals, the refund (verifiable offline with /.well-known/jwks.json)', params: SessionParams, response: { 200: Statement, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) } },
+  }, async (request) => {
+    const { close, charges } = await service.sessionStatement(tenantOf(request), request.params.sessionId);
+    return statementView(close, charges);
+  });
+}

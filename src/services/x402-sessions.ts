@@ -1,0 +1,577 @@
+// x402 payment sessions: a payer (or its sponsor wallet, under its policy) reserves a budget once toward one payee or
+// an allow-list of payees; each paid call is then one request that debits the budget and answers a signed receipt;
+// the close (the payer's, the expiry sweeper's, or a wind-down's) settles what was charged and returns the rest.
+// See store/x402-sessions.ts for where each fact lives and why a crash anywhere ends in one outcome.
+//
+// Money: the budget is one reserve (`x402ses:<id>:lock`). Its fate is the session's close record (first insert
+// wins). The close returns budget - charged by `x402ses:<id>:refund` and pays each payee through a settlement of its
+// own (`sst_<id>_<payee index>`), which holds back and can be disputed like any settlement.
+import { idFromIdempotency, newId } from '../domain/crypto.ts';
+import { errors, ServiceError, x402Error } from '../domain/errors.ts';
+import { failpoint } from '../domain/failpoints.ts';
+import { MoneyInvariantError } from '../domain/money.ts';
+import { signReceipt } from '../domain/receipt.ts';
+import { decideSettlement } from '../domain/settlement.ts';
+import { evaluateStaticPolicy } from '../domain/x402.ts';
+import {
+  chargesSha256,
+  DEFAULT_SESSION_TTL_SECONDS,
+  signChargeReceipt,
+  signStatement,
+  statementTotals,
+  type SessionStatus,
+  type SignedChargeReceipt,
+  type StatementCharge,
+} from '../domain/x402-sessions.ts';
+import type { Runtime } from '../runtime.ts';
+import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
+import { chargeId, type ChargeDoc, type CloseDoc, type CloseReason, type SessionDoc } from '../store/x402-sessions.ts';
+import { emitEvent } from './events.ts';
+import { advanceSettlement } from './settlement.ts';
+import { sweepItems } from './sweep-items.ts';
+import { valueOf, woundDownError, type X402Gates } from './x402-gates.ts';
+import type { X402WalletPolicies } from './x402-wallet-policies.ts';
+
+export const sessionEntryIds = {
+  lock: (sessionId: string) => `x402ses:${sessionId}:lock`,
+  refund: (sessionId: string) => `x402ses:${sessionId}:refund`,
+};
+
+/** The settlement that pays a session's payee: derived from the session and the payee's place in its list. */
+export function sessionSettlementId(sessionId: string, payeeIndex: number): string {
+  return `sst_${sessionId.slice('ses_'.length)}_${payeeIndex}`;
+}
+
+/** The session a session settlement pays for (null for any other settlement id). */
+export function sessionOfSettlement(settlementId: string): string | null {
+  const m = /^sst_(.+)_\d+$/.exec(settlementId);
+  return m ? `ses_${m[1]}` : null;
+}
+
+/** A session's lock or refund entry id -> its session id (null for any other entry). */
+export function sessionOfEntry(entryId: string): string | null {
+  const m = /^x402ses:(.+):(lock|refund)$/.exec(entryId);
+  return m && sessionEntryIds[m[2] as 'lock' | 'refund'](m[1]!) === entryId ? m[1]! : null;
+}
+
+export interface OpenSessionInput {
+  payerAgentId: string;
+  payeeAgentIds: string[];
+  currency: string;
+  budget: number;
+  maxPerCall: number;
+  ttlSeconds?: number;
+  holdbackBps?: number;
+  disputeWindowSeconds?: number;
+  sponsorWalletId?: string;
+}
+
+export interface ChargeInput {
+  paymentId: string;
+  payeeAgentId: string;
+  amount: number;
+  requestSha256?: string;
+}
+
+export interface SessionState {
+  session: SessionDoc;
+  status: SessionStatus;
+  spent: number;
+  charges: number;
+  close: CloseDoc | null;
+}
+
+export interface ChargeAnswer {
+  charge: ChargeDoc;
+  receipt: SignedChargeReceipt;
+  /** The budget left after this debit (for a repeat: now). */
+  remaining: number;
+  repeated: boolean;
+}
+
+/** A session's lock recorded this long ago without being applied never will be (its open died before it). */
+const LOCK_GRACE_MS = 60_000;
+/** Sessions read from the due index at a time. */
+const SWEEP_BATCH = 200;
+
+function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
+  const terms = (s: SessionDoc) =>
+    JSON.stringify([s.tenantId, s.payerAgentId, s.payeeAgentIds, s.walletId, s.sponsorWalletId, s.currency, s.budget, s.maxPerCall, s.holdbackBps, s.disputeWindowSeconds]);
+  return terms(a) === terms(b);
+}
+
+function statusOfClose(close: CloseDoc): SessionStatus {
+  return close.reason === 'closed' ? 'closed' : close.reason;
+}
+
+export class X402Sessions {
+  constructor(
+    private readonly runtime: Runtime,
+    private readonly gates: X402Gates,
+    private readonly policies: X402WalletPolicies,
+  ) {}
+
+  private get store() {
+    return this.runtime.stores.x402Sessions;
+  }
+
+  /**
+   * Opens a session and reserves its budget in one ledger move. With an Idempotency-Key the session id derives from
+   * it, so a retry after a crash resumes that session and its one reserve; other terms under the same key are 422.
+   */
+  async open(tenantId: string, input: OpenSessionInput, idempotencyScope: string | null): Promise<SessionState> {
+    const payees = input.payeeAgentIds;
+    if (new Set(payees).size !== payees.length) throw errors.unprocessable('payeeAgentIds lists a payee twice', { errors: [{ path: 'body.payeeAgentIds', message: 'duplicate payee' }] });
+    if (payees.includes(input.payerAgentId)) throw errors.unprocessable('the payer cannot be its own payee', { errors: [{ path: 'body.payeeAgentIds', message: 'contains payerAgentId' }] });
+    if (input.maxPerCall > input.budget) throw errors.unprocessable('maxPerCall exceeds the budget', { errors: [{ path: 'body.maxPerCall', message: 'greater than budget' }] });
+    const now = new Date();
+    const fresh: SessionDoc = {
+      _id: idempotencyScope ? idFromIdempotency('ses', idempotencyScope) : newId('ses'),
+      tenantId,
+      payerAgentId: input.payerAgentId,
+      payeeAgentIds: payees,
+      walletId: input.sponsorWalletId ?? input.payerAgentId,
+      sponsorWalletId: input.sponsorWalletId ?? null,
+      currency: input.currency,
+      budget: input.budget,
+      maxPerCall: input.maxPerCall,
+      holdbackBps: input.holdbackBps ?? 0,
+      disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
+      expiresAt: new Date(now.getTime() + (input.ttlSeconds ?? DEFAULT_SESSION_TTL_SECONDS) * 1000),
+      createdAt: now,
+    };
+    await this.gates.requireLiveAgents(tenantId, [input.payerAgentId, ...payees]);
+    if (input.sponsorWalletId) await this.sponsorAllows(tenantId, fresh);
+    else await this.gates.ensureAgentWallet(input.payerAgentId, tenantId);
+
+    // The session, its due record (its expiry: the sweeper returns the budget then, whatever happens next) and its
+    // place in every party's index (a wind-down finds it there) go first, before any money moves.
+    const [recorded] = await Promise.all([
+      this.store.record(fresh),
+      this.store.due.mark(fresh._id, tenantId, fresh.expiresAt),
+      ...[input.payerAgentId, ...payees].map((agentId) => this.runtime.stores.x402.agentGates.append(agentId, () => ({ ref: fresh._id }))),
+    ]);
+    const session = recorded.session;
+    if (!recorded.created) {
+      if (!sameTerms(session, fresh)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key opened a session with other terms', { sessionId: session._id });
+      const close = await this.store.closeOf(session._id);
+      if (close) return this.resumedOpenAnswer(session, close);
+    }
+    failpoint('x402.session.recorded');
+    await this.fund(session, recorded.created);
+    failpoint('x402.session.locked');
+    await this.store.initBudget(session._id, { state: 'open', budget: session.budget, spent: 0, seq: 0, expiresAt: session.expiresAt });
+    this.store.remember(session);
+    await emitEvent(this.runtime, tenantId, 'x402.session.opened', this.eventData(session), `x402.session.opened:${session._id}`);
+    return this.state(session);
+  }
+
+  /** A sponsor wallet pays for a session only if its policy allows every payee at the per-call maximum and the budget today. */
+  private async sponsorAllows(tenantId: string, session: SessionDoc): Promise<void> {
+    const walletId = session.sponsorWalletId!;
+    const [wallet, version] = await Promise.all([this.gates.knownWallet(walletId), this.policies.policyInForce(walletId)]);
+    if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
+    const violation = (breach: { rule: string; message: string }) => x402Error('X402_WALLET_POLICY_VIOLATION', breach.message, { walletId, ...breach });
+    if (!version) throw violation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' });
+    for (const payeeAgentId of session.payeeAgentIds) {
+      const breach = evaluateStaticPolicy(version.policy, { amount: session.maxPerCall, currency: session.currency, payeeAgentId, toolId: null });
+      if (breach) throw violation(breach);
+    }
+    // The whole budget counts against today's limit, once per session (a resumed open is not counted again).
+    const breach = await this.policies.spendDaily(walletId, version.policy, `session#${session._id}`, session.budget, session.createdAt, true);
+    if (breach) throw violation(breach);
+  }
+
+  private lockEntry(session: SessionDoc): NewLedgerEntry {
+    return {
+      _id: sessionEntryIds.lock(session._id),
+      tenantId: session.tenantId,
+      kind: 'x402_session_lock',
+      currency: session.currency,
+      legs: bucketMove(session.walletId, 'available', 'escrow', session.budget),
+      ref: { sessionId: session._id },
+    };
+  }
+
+  /** Reserves the budget (a resumed open finishes the first attempt's lock); a wind-down that raced it closes the session. */
+  private async fund(session: SessionDoc, fresh: boolean): Promise<void> {
+    let raced: Promise<string | null> = Promise.resolve(null);
+    try {
+      await this.runtime.stores.ledger.apply(this.lockEntry(session), {
+        expectNew: fresh,
+        onRecorded: () => {
+          // Read once the lock is recorded: a wind-down recorded later walks the agent's index and meets this session.
+          raced = this.gates.anyWoundDown([session.payerAgentId, ...session.payeeAgentIds]);
+          raced.catch(() => undefined);
+        },
+      });
+    } catch (err) {
+      await raced.catch(() => null);
+      if (isInsufficientFunds(err)) await this.store.removeRefused(session._id);
+      throw err;
+    }
+    const woundDown = await raced;
+    if (woundDown) {
+      await this.closeSession(session, 'wound_down', woundDown);
+      throw woundDownError(woundDown);
+    }
+  }
+
+  private async resumedOpenAnswer(session: SessionDoc, close: CloseDoc): Promise<SessionState> {
+    await this.finishClose(session, close);
+    if (close.reason === 'wound_down') throw woundDownError(close.woundDownAgentId ?? session.payerAgentId);
+    return this.state(session);
+  }
+
+  async requireSession(tenantId: string, sessionId: string): Promise<SessionDoc> {
+    const session = await this.store.get(sessionId);
+    if (!session || session.tenantId !== tenantId) throw errors.notFound('session');
+    return session;
+  }
+
+  /**
+   * One paid call: checks the call against the session's terms, debits the budget (the one ordering point, so
+   * parallel calls never overspend) and records the charge; answers its signed receipt. The same payment id again
+   * answers the first charge, whatever happened to the first request.
+   */
+  async charge(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
+    const session = await this.requireSession(tenantId, sessionId);
+    if (!session.payeeAgentIds.includes(input.payeeAgentId)) {
+      throw x402Error('X402_SESSION_PAYEE_NOT_ALLOWED', `payee ${input.payeeAgentId} is not one of the session's payees`, { payeeAgentId: input.payeeAgentId });
+    }
+    if (input.amount > session.maxPerCall) {
+      throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${input.amount} exceeds the session's per-call maximum of ${session.maxPerCall}`, { maxPerCall: session.maxPerCall, amount: input.amount });
+    }
+    await this.gates.requireLiveAgents(tenantId, [session.payerAgentId, input.payeeAgentId]);
+    const now = new Date();
+    let debit = await this.store.debit(session._id, input.paymentId, input.amount, now);
+    if (debit.kind === 'missing') {
+      await this.ensureBudget(session);
+      debit = await this.store.debit(session._id, input.paymentId, input.amount, now);
+    }
+    if (debit.kind === 'missing') throw errors.unavailable('the session\'s budget could not be read');
+    if (debit.kind === 'budget') {
+      throw x402Error('X402_SESSION_BUDGET_EXCEEDED', `${input.amount} exceeds what is left of the session's budget (${debit.remaining})`, { remaining: debit.remaining, amount: input.amount });
+    }
+    if (debit.kind === 'expired') {
+      // The sweeper closes it at its expiry; a call after it is refused even before that.
+      throw x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget goes back to the payer', { expiresAt: session.expiresAt.toISOString() });
+    }
+    if (debit.kind === 'closed') throw await this.closedError(session);
+    failpoint('x402.session.debited');
+    if (debit.kind === 'repeat' && debit.amount !== input.amount) throw this.reusedError(input.paymentId);
+
+    const existing = debit.kind === 'repeat' ? await this.store.getCharge(session._id, debit.seq) : null;
+    const charge = existing ?? (await this.store.recordCharge(this.chargeDoc(session, debit.seq, input, now)));
+    if (charge.state === 'void') throw await this.closedError(session);
+    if (charge.paymentId !== input.paymentId) throw new MoneyInvariantError(`session ${session._id}: seq ${debit.seq} holds payment ${charge.paymentId}, not ${input.paymentId}`);
+    if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
+    failpoint('x402.session.charged');
+    const state = debit.kind === 'new' ? null : await this.store.budgetState(session._id);
+    return {
+      charge,
+      receipt: this.receiptOf(session, charge),
+      remaining: debit.kind === 'new' ? debit.remaining : state ? state.budget - state.spent : 0,
+      repeated: debit.kind === 'repeat',
+    };
+  }
+
+  private chargeDoc(session: SessionDoc, seq: number, input: ChargeInput, at: Date): ChargeDoc {
+    const doc: ChargeDoc = {
+      _id: chargeId(session._id, seq),
+      sessionId: session._id,
+      seq,
+      state: 'charged',
+      paymentId: input.paymentId,
+      payeeAgentId: input.payeeAgentId,
+      amount: input.amount,
+      requestSha256: input.requestSha256 ?? null,
+      at,
+      receipt: null,
+    };
+    const { receiptHash, signature } = this.receiptOf(session, doc);
+    return { ...doc, receipt: { receiptHash, signature } };
+  }
+
+  /** The charge's receipt: signed when the charge is made; a repeat answers the stored signature. */
+  private receiptOf(session: SessionDoc, charge: ChargeDoc): SignedChargeReceipt {
+    const body = {
+      schema: 'SessionChargeReceipt.v1' as const,
+      sessionId: session._id,
+      chargeId: charge._id,
+      seq: charge.seq,
+      paymentId: charge.paymentId!,
+      payerAgentId: session.payerAgentId,
+      walletId: session.walletId,
+      payeeAgentId: charge.payeeAgentId!,
+      amount: charge.amount,
+      currency: session.currency,
+      requestSha256: charge.requestSha256,
+      chargedAt: charge.at.toISOString(),
+    };
+    return charge.receipt ? { body, ...charge.receipt } : signChargeReceipt(body, this.runtime.keys.active);
+  }
+
+  private reusedError(paymentId: string): ServiceError {
+    return x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${paymentId} was already charged for another call`, { paymentId });
+  }
+
+  private async closedError(session: SessionDoc): Promise<ServiceError> {
+    const close = await this.store.closeOf(session._id);
+    if (close?.reason === 'wound_down') return woundDownError(close.woundDownAgentId ?? session.payerAgentId);
+    if (close?.reason === 'expired') return x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget went back to the payer', { expiresAt: session.expiresAt.toISOString() });
+    return x402Error('X402_SESSION_CLOSED', 'the session is closed', { status: close ? 'closed' : 'closing' });
+  }
+
+  /**
+   * Puts an open session's budget back in Redis when it is not there: a crashed open (its lock applied, the budget
+   * never started) or a Redis that lost it. Only a funded session gets one; nothing was charged unless charge #1
+   * exists, else the budget is rebuilt from the charges (a scan, on this rare path only).
+   */
+  private async ensureBudget(session: SessionDoc): Promise<void> {
+    const { ledger } = this.runtime.stores;
+    const [close, lock, first] = await Promise.all([this.store.closeOf(session._id), ledger.getEntry(sessionEntryIds.lock(session._id)), this.store.getCharge(session._id, 1)]);
+    let funded = lock?.state === 'applied';
+    if (lock?.state === 'pending') funded = (await ledger.resume(lock.entryId).catch((err) => (isInsufficientFunds(err) ? null : Promise.reject(err))))?.state === 'applied';
+    if (!funded) throw x402Error('X402_SESSION_CLOSED', 'the session holds no budget: its reserve was never made', { status: 'unfunded' });
+    const state = close ? 'closed' : 'open';
+    if (!first) {
+      await this.store.initBudget(session._id, { state, budget: session.budget, spent: 0, seq: 0, expiresAt: session.expiresAt });
+      return;
+    }
+    const charges = await this.store.allCharges(session._id);
+    const seq = Math.max(0, ...charges.map((c) => c.seq));
+    const spent = charges.filter((c) => c.state === 'charged').reduce((sum, c) => sum + c.amount, 0);
+    const payments = charges.filter((c) => c.paymentId).map((c): [string, string] => [c.paymentId!, `${c.seq}:${c.amount}`]);
+    this.runtime.logger.warn({ sessionId: session._id, charges: charges.length, spent }, 'x402 session budget rebuilt from its charges');
+    await this.store.initBudget(session._id, { state, budget: session.budget, spent, seq, expiresAt: session.expiresAt }, payments);
+  }
+
+  /** The payer's close: charges stop, the rest goes back at once, the payees are paid through their settlements. */
+  async close(tenantId: string, sessionId: string): Promise<SessionState> {
+    const session = await this.requireSession(tenantId, sessionId);
+    await this.closeSession(session, 'closed');
+    return this.state(session);
+  }
+
+  /**
+   * Ends a session once, whoever asks (the payer, the sweeper, a wind-down): stops the debits, decides every debit
+   * (charged, or void when its charge was never recorded), signs the statement and records the close (first insert
+   * wins; a later closer finishes the winner's). Then the money moves (finishClose). Answers the recorded close, or
+   * null for a session that never held money (its lock was refused, or never made).
+   */
+  async closeSession(session: SessionDoc, reason: CloseReason, woundDownAgentId: string | null = null): Promise<CloseDoc | null> {
+    const recorded = await this.store.closeOf(session._id);
+    if (recorded) {
+      await this.finishClose(session, recorded);
+      return recorded;
+    }
+    // Due for the sweeper first: a close that dies anywhere below is finished at its next pass.
+    await this.store.due.mark(session._id, session.tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
+    let lastSeq = await this.store.stopDebits(session._id);
+    if (lastSeq === null) {
+      try {
+        await this.ensureBudget(session);
+      } catch (err) {
+        if (err instanceof ServiceError && err.code === 'X402_SESSION_CLOSED') return this.unfunded(session);
+        throw err;
+      }
+      lastSeq = (await this.store.stopDebits(session._id)) ?? 0;
+    }
+    failpoint('x402.session.stopped');
+    const now = new Date();
+    const found = await this.store.chargesThrough(session._id, lastSeq);
+    const decided = await Promise.all(
+      found.map((charge, i) =>
+        charge ??
+        this.store.recordCharge({ _id: chargeId(session._id, i + 1), sessionId: session._id, seq: i + 1, state: 'void', paymentId: null, payeeAgentId: null, amount: 0, requestSha256: null, at: now, receipt: null }),
+      ),
+    );
+    failpoint('x402.session.voided');
+    const lines: StatementCharge[] = decided
+      .filter((c) => c.state === 'charged')
+      .map((c) => ({ seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash }));
+    const totals = statementTotals(session, lines);
+    const statement = signStatement(
+      {
+        schema: 'SessionStatement.v1',
+        sessionId: session._id,
+        payerAgentId: session.payerAgentId,
+        walletId: session.walletId,
+        currency: session.currency,
+        budget: session.budget,
+        maxPerCall: session.maxPerCall,
+        holdbackBps: session.holdbackBps,
+        openedAt: session.createdAt.toISOString(),
+        expiresAt: session.expiresAt.toISOString(),
+        reason,
+        closedAt: now.toISOString(),
+        voided: decided.length - lines.length,
+        chargeCount: lines.length,
+        chargesSha256: chargesSha256(lines),
+        totalCharged: totals.totalCharged,
+        refunded: totals.refunded,
+        payees: session.payeeAgentIds.map((payeeAgentId, i) => {
+          const charged = totals.perPayee.get(payeeAgentId)!;
+          return { payeeAgentId, charged, settlementId: charged > 0 ? sessionSettlementId(session._id, i) : null };
+        }),
+      },
+      this.runtime.keys.active,
+    );
+    const { close } = await this.store.recordClose({ _id: session._id, tenantId: session.tenantId, reason, woundDownAgentId, at: now, statement });
+    failpoint('x402.session.closed');
+    await this.finishClose(session, close);
+    return close;
+  }
+
+  /** A session whose reserve was never made holds nothing: once its open can no longer make it, it goes. */
+  private async unfunded(session: SessionDoc): Promise<null> {
+    const lock = await this.runtime.stores.ledger.getEntry(sessionEntryIds.lock(session._id));
+    if (lock || Date.now() - session.createdAt.getTime() >= LOCK_GRACE_MS) await this.store.removeRefused(session._id);
+    return null;
+  }
+
+  /**
+   * Moves a closed session's money, each step once (derived ledger ids, settlement facts by unique insert): the rest
+   * of the budget back to the payer, each payee's charges into its settlement (decided pass, then released less its
+   * holdback). Then the event, and the sweeper is done with it.
+   */
+  private async finishClose(session: SessionDoc, close: CloseDoc): Promise<void> {
+    const { ledger, settlements } = this.runtime.stores;
+    const { body } = close.statement;
+    if (body.refunded > 0) {
+      await ledger.apply({
+        _id: sessionEntryIds.refund(session._id),
+        tenantId: session.tenantId,
+        kind: 'x402_session_refund',
+        currency: session.currency,
+        legs: bucketMove(session.walletId, 'escrow', 'available', body.refunded),
+        ref: { sessionId: session._id },
+      });
+    }
+    failpoint('x402.session.refunded');
+    for (const payee of body.payees) {
+      if (!payee.settlementId) continue;
+      await this.gates.ensureAgentWallet(payee.payeeAgentId, session.tenantId);
+      const s = await settlements.createForSession(payee.settlementId, {
+        tenantId: session.tenantId,
+        sessionId: session._id,
+        payerWalletId: session.walletId,
+        payeeWalletId: payee.payeeAgentId,
+        amount: payee.charged,
+        currency: session.currency,
+        holdbackBps: session.holdbackBps,
+        disputeWindowSeconds: session.disputeWindowSeconds,
+      });
+      const decision = decideSettlement({ settlementId: s._id, ...s }, 'pass', null, close.at, (money) =>
+        signReceipt(
+          {
+            schema: 'SettlementReceipt.v1',
+            settlementId: s._id,
+            sessionId: session._id,
+            statementHash: close.statement.statementHash,
+            payerWalletId: s.payerWalletId,
+            payeeWalletId: s.payeeWalletId,
+            amount: s.amount,
+            releasedNow: money.releasedNow,
+            holdback: money.holdback,
+            currency: s.currency,
+            verdict: money.verdict,
+            decidedAt: money.decidedAt,
+          },
+          this.runtime.keys.active,
+        ),
+      );
+      const claimed = await settlements.claim(s._id, 'decision', decision);
+      await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: claimed.won ? { decision: claimed.fact } : await settlements.factsOf(s._id), decidedNow: claimed.won });
+      failpoint('x402.session.payee-settled');
+    }
+    const type = close.reason === 'expired' ? 'x402.session.expired' : 'x402.session.closed';
+    await emitEvent(
+      this.runtime,
+      session.tenantId,
+      type,
+      { ...this.eventData(session), reason: close.reason, totalCharged: body.totalCharged, refunded: body.refunded, chargeCount: body.chargeCount, statementHash: close.statement.statementHash },
+      `${type}:${session._id}`,
+    );
+    await this.store.retireBudget(session._id);
+    await this.store.due.done(session._id);
+  }
+
+  private eventData(session: SessionDoc): Record<string, unknown> {
+    return {
+      sessionId: session._id,
+      payerAgentId: session.payerAgentId,
+      payeeAgentIds: session.payeeAgentIds,
+      walletId: session.walletId,
+      budget: session.budget,
+      currency: session.currency,
+      expiresAt: session.expiresAt.toISOString(),
+    };
+  }
+
+  async state(session: SessionDoc): Promise<SessionState> {
+    const [close, budget] = await Promise.all([this.store.closeOf(session._id), this.store.budgetState(session._id)]);
+    if (close) return { session, status: statusOfClose(close), spent: close.statement.body.totalCharged, charges: close.statement.body.chargeCount, close };
+    if (!budget) {
+      const funded = await this.runtime.stores.ledger.firstAttemptApplied(sessionEntryIds.lock(session._id));
+      return { session, status: funded ? 'open' : 'unfunded', spent: 0, charges: 0, close: null };
+    }
+    return { session, status: budget.state === 'closed' ? 'closing' : 'open', spent: budget.spent, charges: budget.seq, close: null };
+  }
+
+  async get(tenantId: string, sessionId: string): Promise<SessionState> {
+    return this.state(await this.requireSession(tenantId, sessionId));
+  }
+
+  /** The closed session's signed statement and the charges it commits to (409 while the session is open). */
+  async statement(tenantId: string, sessionId: string): Promise<{ close: CloseDoc; charges: StatementCharge[] }> {
+    const session = await this.requireSession(tenantId, sessionId);
+    const close = await this.store.closeOf(session._id);
+    if (!close) throw errors.transitionIllegal('an open session has no statement yet', (await this.state(session)).status);
+    const lastSeq = close.statement.body.chargeCount + close.statement.body.voided;
+    const charges = (await this.store.chargesThrough(session._id, lastSeq))
+      .filter((c): c is ChargeDoc => c?.state === 'charged')
+      .map((c) => ({ seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash }));
+    return { close, charges };
+  }
+
+  /** A wind-down closes every session the agent pays or is paid by (found through the agent's index). */
+  async windDown(sessionId: string, agentId: string): Promise<CloseDoc | null> {
+    const session = await this.store.get(sessionId);
+    if (!session) return null; // its funding was refused
+    return this.closeSession(session, 'wound_down', agentId);
+  }
+
+  /** Closes every session past its expiry, and finishes every close a crash left half-done; one failure never stops it. */
+  async sweep(): Promise<{ looked: number; expired: number; failed: number }> {
+    const audit = await this.store.due.audit();
+    if (audit) this.runtime.logger.info(audit, 'x402 session due index audited against its records');
+    const items = sweepItems(this.runtime, 'x402-sessions');
+    const summary = { looked: 0, expired: 0, failed: 0 };
+    const now = new Date();
+    for (const record of await this.store.due.due(now, SWEEP_BATCH)) {
+      summary.looked++;
+      const looked = await items.run(record._id, async () => {
+        const session = await this.store.get(record._id);
+        if (!session) return this.store.due.done(record._id);
+        const close = await this.store.closeOf(session._id);
+        if (close) return this.finishClose(session, close);
+        if (session.expiresAt.getTime() <= now.getTime()) {
+          if (await this.closeSession(session, 'expired')) summary.expired++;
+          return;
+        }
+        // A close that died after stopping the debits, before it was recorded: finish it.
+        const budget = await this.store.budgetState(session._id);
+        if (budget?.state === 'closed') await this.closeSession(session, 'closed');
+        else await this.store.due.mark(session._id, session.tenantId, session.expiresAt);
+      });
+      if (!looked.ok) {
+        summary.failed++;
+        // It backs off alone: looked at again at its retry time, while the sweep goes on with the others.
+        await this.store.due.mark(record._id, record.tenantId, looked.retryAt).catch(() => undefined);
+      }
+    }
+    return summary;
+  }
+}

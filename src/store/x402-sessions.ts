@@ -1,0 +1,254 @@
+import type { Collection, Db } from 'mongodb';
+import type { SignedStatement } from '../domain/x402-sessions.ts';
+import type { RedisClient } from '../redis.ts';
+import { DueWorkStore } from './due-work.ts';
+import { insertFirst } from './mongo.ts';
+
+// Payment sessions: a budget reserved once, spent by many calls, settled at close.
+//
+// Where each fact lives, and why it is still exactly-once without transactions:
+// - The session (its terms) is written once, by unique insert; its fate (closed, expired, wound down) is the unique
+//   insert of its close record, which every path that ends a session races through.
+// - The running budget is a Redis hash, debited by one Lua script per call: the one place where concurrent calls are
+//   put in order, so they can never spend a unit more than the budget. The script numbers each debit (`seq`) and
+//   remembers its payment id, so a retried call finds its first debit instead of making a second.
+// - Each debit becomes a charge by the unique insert of `<sessionId>#<seq>` in MongoDB. A close first stops the
+//   script from debiting, then races a `void` insert for every number it handed out whose charge is not recorded:
+//   a call that crashed between its debit and its insert is voided (it never answered, so nothing was served), and
+//   a call still in flight either lands first (charged) or finds the void and is refused. The close thus reads a
+//   final list of charges, and the statement it signs is the same whoever computes it.
+// Redis runs with an append-only file (scripts/services.sh): a Redis that loses a session's hash is rebuilt from
+// the charges when the session's first charge (`#1`) exists, else started afresh (nothing was charged).
+
+export interface SessionDoc {
+  _id: string;
+  tenantId: string;
+  payerAgentId: string;
+  /** The payees the session may pay, in the order given (a payee's index names its settlement). */
+  payeeAgentIds: string[];
+  /** The wallet the budget is reserved from: the payer's own, or the sponsor wallet that pays for it. */
+  walletId: string;
+  sponsorWalletId: string | null;
+  currency: string;
+  budget: number;
+  maxPerCall: number;
+  holdbackBps: number;
+  disputeWindowSeconds: number;
+  expiresAt: Date;
+  createdAt: Date;
+}
+
+export interface ChargeDoc {
+  /** `<sessionId>#<seq>`: the seq the budget script handed out. */
+  _id: string;
+  sessionId: string;
+  seq: number;
+  /** `void`: the debit was never recorded as a charge (its call crashed, or a close got there first). */
+  state: 'charged' | 'void';
+  paymentId: string | null;
+  payeeAgentId: string | null;
+  amount: number;
+  requestSha256: string | null;
+  at: Date;
+  receipt: { receiptHash: string; signature: { alg: 'Ed25519'; keyId: string; value: string } } | null;
+}
+
+export type CloseReason = 'closed' | 'expired' | 'wound_down';
+
+/** A session's fate, recorded once: why and when it ended, and the statement of everything it paid. */
+export interface CloseDoc {
+  _id: string;
+  tenantId: string;
+  reason: CloseReason;
+  /** The wound-down agent, when that ended it. */
+  woundDownAgentId: string | null;
+  at: Date;
+  statement: SignedStatement;
+}
+
+/** What the budget script says of a charge. */
+export type DebitResult =
+  | { kind: 'new'; seq: number; amount: number; remaining: number }
+  | { kind: 'repeat'; seq: number; amount: number }
+  | { kind: 'closed' }
+  | { kind: 'expired' }
+  | { kind: 'budget'; remaining: number }
+  | { kind: 'missing' };
+
+export interface BudgetState {
+  state: 'open' | 'closed';
+  budget: number;
+  spent: number;
+  seq: number;
+}
+
+/** Debits a call once: a payment id seen before answers its first debit; nothing is debited past the budget. */
+const DEBIT = `
+local prior = redis.call('HGET', KEYS[2], ARGV[1])
+if prior then return {'repeat', prior} end
+local s = redis.call('HMGET', KEYS[1], 'state', 'budget', 'spent', 'exp')
+if not s[1] then return {'missing'} end
+if s[1] ~= 'open' then return {'closed'} end
+if tonumber(ARGV[3]) >= tonumber(s[4]) then return {'expired'} end
+local amount = tonumber(ARGV[2])
+local remaining = tonumber(s[2]) - tonumber(s[3])
+if amount > remaining then return {'budget', tostring(remaining)} end
+local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+redis.call('HINCRBY', KEYS[1], 'spent', amount)
+local value = seq .. ':' .. amount
+redis.call('HSET', KEYS[2], ARGV[1], value)
+return {'new', value, tostring(remaining - amount)}
+`;
+
+/** Starts a session's budget unless it exists (a rebuild racing a charge never resets what was spent). */
+const INIT = `
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'budget', ARGV[2], 'spent', ARGV[3], 'seq', ARGV[4], 'exp', ARGV[5])
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return 1
+`;
+
+/** Stops all debits and answers how many seqs were handed out (every one of them is then decided by the close). */
+const STOP = `
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+redis.call('HSET', KEYS[1], 'state', 'closed')
+return tonumber(redis.call('HGET', KEYS[1], 'seq'))
+`;
+
+/** Charges read at once when a close reads a session's whole list. */
+const READ_BATCH = 64;
+/** How long a closed session's budget keeps answering repeated calls (their first answer) before it is dropped. */
+const CLOSED_BUDGET_TTL_SECONDS = 7 * 86_400;
+
+export function chargeId(sessionId: string, seq: number): string {
+  return `${sessionId}#${seq}`;
+}
+
+export class X402SessionStore {
+  readonly sessions: Collection<SessionDoc>;
+  readonly charges: Collection<ChargeDoc>;
+  readonly closes: Collection<CloseDoc>;
+  /** Sessions with work to come: their expiry, or a close to finish (see DueWorkStore). */
+  readonly due: DueWorkStore;
+  /** Terms never change: a session seen once is served from memory. */
+  private readonly known = new Map<string, SessionDoc>();
+
+  constructor(
+    db: Db,
+    private readonly redis: RedisClient,
+    private readonly redisPrefix: string,
+  ) {
+    this.sessions = db.collection<SessionDoc>('x402_sessions');
+    this.charges = db.collection<ChargeDoc>('x402_session_charges');
+    this.closes = db.collection<CloseDoc>('x402_session_closes');
+    this.due = new DueWorkStore(db, 'x402_sessions', redis, redisPrefix);
+  }
+
+  private keys(sessionId: string): [string, string] {
+    // One hash tag: both keys live in one Redis Cluster slot, as the scripts need.
+    const tag = `${this.redisPrefix}:{ses:${sessionId}}`;
+    return [`${tag}:budget`, `${tag}:payments`];
+  }
+
+  /** Records a session once; a repeat (same id) gets the first one back with `created` false. */
+  async record(doc: SessionDoc): Promise<{ session: SessionDoc; created: boolean }> {
+    if (await insertFirst(this.sessions, doc)) return { session: doc, created: true };
+    return { session: (await this.get(doc._id))!, created: false };
+  }
+
+  async get(sessionId: string): Promise<SessionDoc | null> {
+    const known = this.known.get(sessionId);
+    if (known) return known;
+    const doc = await this.sessions.findOne({ _id: sessionId });
+    if (doc) this.remember(doc);
+    return doc;
+  }
+
+  remember(doc: SessionDoc): void {
+    if (this.known.size > 100_000) this.known.clear();
+    this.known.set(doc._id, doc);
+  }
+
+  /** A session whose funding was refused never held money: it goes (nothing points at it but its due record). */
+  async removeRefused(sessionId: string): Promise<void> {
+    this.known.delete(sessionId);
+    await this.sessions.deleteOne({ _id: sessionId });
+    await this.due.done(sessionId);
+  }
+
+  async debit(sessionId: string, paymentId: string, amount: number, now: Date): Promise<DebitResult> {
+    const [budget, payments] = this.keys(sessionId);
+    const answer = (await this.redis.eval(DEBIT, 2, budget, payments, paymentId, String(amount), String(now.getTime()))) as string[];
+    const [kind, value, remaining] = answer as [string, string | undefined, string | undefined];
+    if (kind === 'new' || kind === 'repeat') {
+      const [seq, debited] = value!.split(':').map(Number) as [number, number];
+      return kind === 'new' ? { kind, seq, amount: debited, remaining: Number(remaining) } : { kind, seq, amount: debited };
+    }
+    if (kind === 'budget') return { kind, remaining: Number(value) };
+    return { kind: kind as 'closed' | 'expired' | 'missing' };
+  }
+
+  /** Starts the budget (or rebuilds it after Redis lost it) unless it is there; `payments` maps payment ids to seq:amount. */
+  async initBudget(sessionId: string, s: BudgetState & { expiresAt: Date }, payments: Array<[string, string]> = []): Promise<void> {
+    const [budget, paymentsKey] = this.keys(sessionId);
+    await this.redis.eval(INIT, 2, budget, paymentsKey, s.state, String(s.budget), String(s.spent), String(s.seq), String(s.expiresAt.getTime()), ...payments.flat());
+  }
+
+  async budgetState(sessionId: string): Promise<BudgetState | null> {
+    const [budget] = this.keys(sessionId);
+    const [state, total, spent, seq] = await this.redis.hmget(budget, 'state', 'budget', 'spent', 'seq');
+    if (state === null) return null;
+    return { state: state as BudgetState['state'], budget: Number(total), spent: Number(spent), seq: Number(seq) };
+  }
+
+  /** Stops debits for good; answers the last seq handed out, or null when the budget is not in Redis (rebuild first). */
+  async stopDebits(sessionId: string): Promise<number | null> {
+    const [budget] = this.keys(sessionId);
+    const seq = Number(await this.redis.eval(STOP, 1, budget));
+    return seq < 0 ? null : seq;
+  }
+
+  /** A closed session's budget answers repeats for a while, then goes. */
+  async retireBudget(sessionId: string): Promise<void> {
+    const [budget, payments] = this.keys(sessionId);
+    await this.redis.pipeline().expire(budget, CLOSED_BUDGET_TTL_SECONDS).expire(payments, CLOSED_BUDGET_TTL_SECONDS).exec();
+  }
+
+  /** Records a debit as a charge, or as void: the unique insert decides; answers the charge that holds the seq. */
+  async recordCharge(doc: ChargeDoc): Promise<ChargeDoc> {
+    if (await insertFirst(this.charges, doc)) return doc;
+    return (await this.charges.findOne({ _id: doc._id }))!;
+  }
+
+  getCharge(sessionId: string, seq: number): Promise<ChargeDoc | null> {
+    return this.charges.findOne({ _id: chargeId(sessionId, seq) });
+  }
+
+  /** Charges 1..lastSeq by `_id`, in order; a missing one is null. */
+  async chargesThrough(sessionId: string, lastSeq: number): Promise<Array<ChargeDoc | null>> {
+    const found: Array<ChargeDoc | null> = [];
+    for (let from = 1; from <= lastSeq; from += READ_BATCH) {
+      const seqs = Array.from({ length: Math.min(READ_BATCH, lastSeq - from + 1) }, (_, i) => from + i);
+      found.push(...(await Promise.all(seqs.map((seq) => this.getCharge(sessionId, seq)))));
+    }
+    return found;
+  }
+
+  /**
+   * Every charge of a session, read by its `sessionId` (a scan of the collection on FerretDB): only when Redis lost
+   * an open session's budget, never on a hot path.
+   */
+  allCharges(sessionId: string): Promise<ChargeDoc[]> {
+    return this.charges.find({ sessionId }).toArray();
+  }
+
+  /** Records the session's fate once; answers the fate that holds it (this one, or the first). */
+  async recordClose(doc: CloseDoc): Promise<{ close: CloseDoc; won: boolean }> {
+    if (await insertFirst(this.closes, doc)) return { close: doc, won: true };
+    return { close: (await this.closes.findOne({ _id: doc._id }))!, won: false };
+  }
+
+  closeOf(sessionId: string): Promise<CloseDoc | null> {
+    return this.closes.findOne({ _id: sessionId });
+  }
+}
