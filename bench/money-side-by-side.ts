@@ -30,17 +30,17 @@
 // alternation spreads over both targets but does not remove. --own-backend starts a FerretDB and a Redis of the bench's
 // own instead (the same binaries and flags as scripts/services.sh, on free ports and temporary directories, stopped
 // and deleted at the end), so that the backend's CPU is the targets' alone.
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, symlinkSync } from 'node:fs';
-import { connect } from 'node:net';
-import { cpus, loadavg, tmpdir } from 'node:os';
+import { rmSync, symlinkSync } from 'node:fs';
+import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { newId } from '../src/domain/crypto.ts';
 import { EMPTY_HEAD, signEvents } from '../src/domain/event-chain.ts';
-import { CLOCK_TICKS_PER_SECOND, cpuTicks, machineJiffies, pidOfServer, stopChild, type Child } from './growth/processes.ts';
-import { benchService, cleanUpOnSignals, dropBenchData, freePort, MONGO_BASE, REDIS_URL, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
+import { sharedBackend, startOwnBackend, stopOwnBackend, type Backend } from './backend.ts';
+import { CLOCK_TICKS_PER_SECOND, cpuTicks, machineJiffies, stopChild, type Child } from './growth/processes.ts';
+import { benchService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
 import type { HttpClient } from './growth/http-client.ts';
 import { call, percentiles, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
@@ -149,83 +149,6 @@ function removeWorktree(root: string): void {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Backend
-
-/** The FerretDB and Redis both targets use, and their pids (null: not found, their CPU is left out). */
-interface Backend {
-  mongoBase: string;
-  redisUrl: string;
-  ferretdbPid: number | null;
-  redisPid: number | null;
-}
-
-const SHARED_BACKEND = (): Backend => ({
-  mongoBase: MONGO_BASE,
-  redisUrl: REDIS_URL,
-  ferretdbPid: pidOfServer(27027, [join(ROOT, '.data/ferretdb.pid')]),
-  redisPid: pidOfServer(6390, [join(ROOT, '.data/redis.pid')]),
-});
-
-/** Servers this bench started (--own-backend), and the directory that holds their data and logs. */
-const ownServers: ChildProcess[] = [];
-let ownBackendDir: string | null = null;
-
-async function waitForPort(port: number, what: string, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    const open = await new Promise<boolean>((resolveOpen) => {
-      const socket = connect(port, '127.0.0.1', () => socket.end(() => resolveOpen(true)));
-      socket.once('error', () => resolveOpen(false));
-    });
-    if (open) return;
-    await sleep(100);
-  }
-  throw new Error(`${what} did not listen on 127.0.0.1:${port} within ${timeoutMs} ms; see ${ownBackendDir}`);
-}
-
-/** `command args` with its output in `<dir>/<name>.log`, stopped with the bench. */
-function startServer(name: string, command: string, args: string[]): number {
-  const fd = openSync(join(ownBackendDir!, `${name}.log`), 'a');
-  const proc = spawn(command, args, { stdio: ['ignore', fd, fd] });
-  closeSync(fd);
-  if (proc.pid === undefined) throw new Error(`${name} did not start`);
-  ownServers.push(proc);
-  return proc.pid;
-}
-
-/** A FerretDB (SQLite) and a Redis of the bench's own, started as scripts/services.sh starts the shared ones. */
-async function startOwnBackend(): Promise<Backend> {
-  ownBackendDir = mkdtempSync(join(tmpdir(), 'bench-money-backend-'));
-  mkdirSync(join(ownBackendDir, 'ferretdb'));
-  mkdirSync(join(ownBackendDir, 'ferretdb-state'));
-  mkdirSync(join(ownBackendDir, 'redis'));
-  const [mongoPort, redisPort] = [await freePort(), await freePort()];
-  const ferretdbPid = startServer('ferretdb', join(ROOT, '.tools/bin/ferretdb'), [
-    '--handler=sqlite', `--sqlite-url=file:${ownBackendDir}/ferretdb/?_pragma=synchronous(normal)`, `--state-dir=${ownBackendDir}/ferretdb-state`,
-    `--listen-addr=127.0.0.1:${mongoPort}`, '--debug-addr=127.0.0.1:0', '--telemetry=disable', '--log-level=warn',
-  ]);
-  const redisPid = startServer('redis', 'redis-server', [
-    '--bind', '127.0.0.1', '--port', String(redisPort), '--dir', join(ownBackendDir, 'redis'),
-    '--appendonly', 'yes', '--appendfsync', 'everysec', '--maxmemory-policy', 'noeviction', '--save', '',
-  ]);
-  await waitForPort(mongoPort, 'FerretDB');
-  await waitForPort(redisPort, 'Redis');
-  log(`own backend: FerretDB on 127.0.0.1:${mongoPort} (pid ${ferretdbPid}), Redis on 127.0.0.1:${redisPort} (pid ${redisPid}), in ${ownBackendDir}`);
-  return { mongoBase: `mongodb://127.0.0.1:${mongoPort}`, redisUrl: `redis://127.0.0.1:${redisPort}`, ferretdbPid, redisPid };
-}
-
-/** Stops the bench's own servers (SIGTERM, then SIGKILL after 10 s) and deletes their directory. */
-async function stopOwnBackend(): Promise<void> {
-  for (const proc of ownServers.splice(0)) {
-    if (proc.exitCode !== null || proc.signalCode !== null) continue;
-    const exited = new Promise((r) => proc.once('exit', r));
-    proc.kill('SIGTERM');
-    const timer = setTimeout(() => proc.kill('SIGKILL'), 10_000);
-    await exited;
-    clearTimeout(timer);
-  }
-  if (ownBackendDir) rmSync(ownBackendDir, { recursive: true, force: true });
-  ownBackendDir = null;
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Targets
@@ -439,13 +362,12 @@ async function main(): Promise<void> {
   const loadAtStart = loadavg().map((x) => round(x));
   log(`load average ${loadAtStart.join(' ')}; ${CLIENTS} clients, ${FLOWS.settle} settle and ${FLOWS.gate} gate flows per target${TWINS ? ', twins' : `, baseline ${BASELINE_REF}`}`);
   cleanUpOnSignals(cleanup, log);
-  // Children die with us (cleanUpOnSignals kills the service processes); so do the bench's own servers.
-  process.once('exit', () => ownServers.forEach((proc) => proc.kill('SIGKILL')));
+  // Children die with us (cleanUpOnSignals kills the service processes); so do the bench's own servers (backend.ts).
   try {
     const current = buildCurrent();
     const other = TWINS ? current : buildBaseline(BASELINE_REF);
     // The reference (the ratios' denominator) is the baseline, or with --twins the first of the twins.
-    const backend = OWN_BACKEND ? await startOwnBackend() : SHARED_BACKEND();
+    const backend = OWN_BACKEND ? await startOwnBackend(log) : sharedBackend();
     const reference = await startTarget(TWINS ? 'current' : 'baseline', TWINS ? current : other, backend);
     const candidate = await startTarget(TWINS ? 'twin' : 'current', current, backend);
     const targets = [candidate, reference];

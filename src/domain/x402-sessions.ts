@@ -110,7 +110,8 @@ export function statementTotals(
   const perPayee = new Map(session.payeeAgentIds.map((p) => [p, 0]));
   let total = 0;
   for (const c of charges) {
-    assertMoney(Number.isSafeInteger(c.amount) && c.amount >= 1 && c.amount <= session.maxPerCall, `session ${session._id}: charge ${c.seq} of ${c.amount} breaks the per-call maximum`);
+    // Zero is a metered call that cost nothing: listed, paid nothing.
+    assertMoney(Number.isSafeInteger(c.amount) && c.amount >= 0 && c.amount <= session.maxPerCall, `session ${session._id}: charge ${c.seq} of ${c.amount} breaks the per-call maximum`);
     assertMoney(perPayee.has(c.payeeAgentId), `session ${session._id}: charge ${c.seq} pays ${c.payeeAgentId}, not one of its payees`);
     perPayee.set(c.payeeAgentId, perPayee.get(c.payeeAgentId)! + c.amount);
     total += c.amount;

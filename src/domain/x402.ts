@@ -5,6 +5,8 @@ import { sha256Hex } from './crypto.ts';
 
 /** The x402 scheme this service settles: the payer's money sits in a gate's escrow until the call is verified. */
 export const X402_SCHEME = 'escrow-gate';
+/** The x402 scheme of payment sessions: the payment names an open session; each call is charged from its budget. */
+export const X402_SESSION_SCHEME = 'escrow-session';
 export const X402_VERSION = 2;
 /** CAIP-2 style network id (`namespace:reference`); the reference names the deployment (config X402_NETWORK). */
 export const DEFAULT_X402_NETWORK = 'agent-settlement:default';

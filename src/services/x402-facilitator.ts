@@ -5,8 +5,9 @@
 import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } from 'jose';
 import { isSha256Hex, sha256Hex } from '../domain/crypto.ts';
 import { ServiceError } from '../domain/errors.ts';
-import { requestBindingOf, X402_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
+import { requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
+import { X402SessionFacilitator } from './x402-session-facilitator.ts';
 import { X402Service, type GateState } from './x402.ts';
 
 /** x402 v2 PaymentRequirements, as the facilitator API carries them. */
@@ -82,10 +83,12 @@ function unpaidReason(decided: boolean, state: GateState): { reason: string; mes
 
 export class X402FacilitatorService {
   private readonly gates: X402Service;
+  private readonly sessions: X402SessionFacilitator;
   private readonly jwks;
 
   constructor(private readonly runtime: Runtime) {
     this.gates = new X402Service(runtime);
+    this.sessions = new X402SessionFacilitator(runtime, this.gates);
     this.jwks = createLocalJWKSet(runtime.keys.jwks as never);
   }
 
@@ -94,10 +97,15 @@ export class X402FacilitatorService {
   }
 
   supported() {
-    return { kinds: [{ x402Version: X402_VERSION, scheme: X402_SCHEME, network: this.network }], extensions: [] as string[], signers: {} as Record<string, string[]> };
+    return {
+      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({ x402Version: X402_VERSION, scheme, network: this.network })),
+      extensions: [] as string[],
+      signers: {} as Record<string, string[]>,
+    };
   }
 
   async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
+    if (this.isSessionPayment(request)) return this.sessions.verify(tenantId, request);
     try {
       const { claims, state } = await this.check(tenantId, request);
       if (state.verification?.verificationStatus === 'expired') throw new Refusal('authorization_expired', 'the authorization expired before the call was reported');
@@ -116,6 +124,7 @@ export class X402FacilitatorService {
    * the payee was paid (the gate released); a refunded, expired or still undecided gate answers why it was not.
    */
   async settle(tenantId: string, request: FacilitatorRequest): Promise<SettleAnswer> {
+    if (this.isSessionPayment(request)) return this.sessions.settle(tenantId, request);
     const failed = (reason: string, message: string, payer?: string): SettleAnswer => ({
       success: false,
       errorReason: reason,
@@ -160,6 +169,11 @@ export class X402FacilitatorService {
       if (err instanceof ServiceError && err.code.startsWith('X402_')) return failed(reasonOf(err), err.message, claims.payer);
       throw err;
     }
+  }
+
+  /** A payment under the session scheme (version checked here: both schemes speak x402 v2 only). */
+  private isSessionPayment(request: FacilitatorRequest): boolean {
+    return request.paymentRequirements.scheme === X402_SESSION_SCHEME && request.x402Version === X402_VERSION && request.paymentPayload.x402Version === X402_VERSION;
   }
 
   /**

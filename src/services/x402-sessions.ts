@@ -25,7 +25,7 @@ import {
 } from '../domain/x402-sessions.ts';
 import type { Runtime } from '../runtime.ts';
 import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
-import { chargeId, type ChargeDoc, type CloseDoc, type CloseReason, type SessionDoc } from '../store/x402-sessions.ts';
+import { chargeId, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type SessionDoc } from '../store/x402-sessions.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
 import { sweepItems } from './sweep-items.ts';
@@ -235,45 +235,99 @@ export class X402Sessions {
    * answers the first charge, whatever happened to the first request.
    */
   async charge(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
-    const session = await this.requireSession(tenantId, sessionId);
-    if (!session.payeeAgentIds.includes(input.payeeAgentId)) {
-      throw x402Error('X402_SESSION_PAYEE_NOT_ALLOWED', `payee ${input.payeeAgentId} is not one of the session's payees`, { payeeAgentId: input.payeeAgentId });
-    }
-    if (input.amount > session.maxPerCall) {
-      throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${input.amount} exceeds the session's per-call maximum of ${session.maxPerCall}`, { maxPerCall: session.maxPerCall, amount: input.amount });
-    }
-    await this.gates.requireLiveAgents(tenantId, [session.payerAgentId, input.payeeAgentId]);
+    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount);
     const now = new Date();
-    let debit = await this.store.debit(session._id, input.paymentId, input.amount, now);
+    const debit = await this.debit(session, input.paymentId, input.amount, 'charge', now);
+    failpoint('x402.session.debited');
+    // A hold under this payment id (a facilitator verify) is captured by it instead.
+    if (debit.kind === 'repeat' && debit.mode === 'hold') return this.capture(tenantId, sessionId, input);
+    if (debit.kind === 'repeat' && debit.amount !== input.amount) throw this.reusedError(input.paymentId);
+    return this.recordCharge(session, debit, input, now);
+  }
+
+  /**
+   * A facilitator's verify: holds up to `maxAmount` of the budget under the payment id before the call is served,
+   * so that a verified call can always be paid; its settle captures what the call cost (capture). A hold nobody
+   * captures is voided at the close and costs the payer nothing. Answers what is left of the budget.
+   */
+  async hold(tenantId: string, sessionId: string, input: { paymentId: string; payeeAgentId: string; maxAmount: number }): Promise<{ remaining: number }> {
+    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.maxAmount);
+    const debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date());
+    if (debit.kind === 'repeat' && debit.mode === 'charge') throw x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${input.paymentId} was already settled`, { paymentId: input.paymentId });
+    if (debit.kind === 'repeat' && debit.amount !== input.maxAmount) throw this.reusedError(input.paymentId);
+    return { remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session) };
+  }
+
+  /**
+   * A facilitator's settle: charges what the call cost, at most what its verify held (zero is allowed); the rest of
+   * the hold goes back to the budget at once. Without a hold (a settle nobody verified) it is a plain charge.
+   */
+  async capture(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
+    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount);
+    const captured = await this.store.capture(session._id, input.paymentId, input.amount);
+    if (captured.kind === 'unknown') {
+      if (input.amount === 0) throw errors.unprocessable('a charge without a hold must be at least 1', { errors: [{ path: 'amount', message: 'zero' }] });
+      return this.charge(tenantId, sessionId, input);
+    }
+    if (captured.kind === 'over') {
+      throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${input.amount} exceeds the ${captured.amount} verify held for this payment`, { held: captured.amount, amount: input.amount });
+    }
+    if (captured.kind === 'repeat' && captured.amount !== input.amount) throw this.reusedError(input.paymentId);
+    failpoint('x402.session.captured');
+    return this.recordCharge(session, { ...captured, kind: 'repeat' }, input, new Date());
+  }
+
+  /** The session, if this call may be charged to it: a listed payee, within the per-call maximum, both agents live. */
+  private async checkCall(tenantId: string, sessionId: string, payeeAgentId: string, amount: number): Promise<SessionDoc> {
+    const session = await this.requireSession(tenantId, sessionId);
+    if (!session.payeeAgentIds.includes(payeeAgentId)) {
+      throw x402Error('X402_SESSION_PAYEE_NOT_ALLOWED', `payee ${payeeAgentId} is not one of the session's payees`, { payeeAgentId });
+    }
+    if (amount > session.maxPerCall) {
+      throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${amount} exceeds the session's per-call maximum of ${session.maxPerCall}`, { maxPerCall: session.maxPerCall, amount });
+    }
+    await this.gates.requireLiveAgents(tenantId, [session.payerAgentId, payeeAgentId]);
+    return session;
+  }
+
+  /** Debits the budget (restoring it first when Redis does not hold it); every refusal as its error. */
+  private async debit(session: SessionDoc, paymentId: string, amount: number, mode: Debit['mode'], now: Date): Promise<Extract<DebitResult, { kind: 'new' | 'repeat' }>> {
+    let debit = await this.store.debit(session._id, paymentId, amount, mode, now);
     if (debit.kind === 'missing') {
       await this.ensureBudget(session);
-      debit = await this.store.debit(session._id, input.paymentId, input.amount, now);
+      debit = await this.store.debit(session._id, paymentId, amount, mode, now);
     }
     if (debit.kind === 'missing') throw errors.unavailable('the session\'s budget could not be read');
     if (debit.kind === 'budget') {
-      throw x402Error('X402_SESSION_BUDGET_EXCEEDED', `${input.amount} exceeds what is left of the session's budget (${debit.remaining})`, { remaining: debit.remaining, amount: input.amount });
+      throw x402Error('X402_SESSION_BUDGET_EXCEEDED', `${amount} exceeds what is left of the session's budget (${debit.remaining})`, { remaining: debit.remaining, amount });
     }
     if (debit.kind === 'expired') {
       // The sweeper closes it at its expiry; a call after it is refused even before that.
       throw x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget goes back to the payer', { expiresAt: session.expiresAt.toISOString() });
     }
     if (debit.kind === 'closed') throw await this.closedError(session);
-    failpoint('x402.session.debited');
-    if (debit.kind === 'repeat' && debit.amount !== input.amount) throw this.reusedError(input.paymentId);
+    return debit;
+  }
 
+  /** Records a debit as its charge (the unique insert of its seq; a close may have voided it first) and answers it. */
+  private async recordCharge(session: SessionDoc, debit: Extract<DebitResult, { kind: 'new' | 'repeat' }>, input: ChargeInput, now: Date): Promise<ChargeAnswer> {
     const existing = debit.kind === 'repeat' ? await this.store.getCharge(session._id, debit.seq) : null;
     const charge = existing ?? (await this.store.recordCharge(this.chargeDoc(session, debit.seq, input, now)));
     if (charge.state === 'void') throw await this.closedError(session);
     if (charge.paymentId !== input.paymentId) throw new MoneyInvariantError(`session ${session._id}: seq ${debit.seq} holds payment ${charge.paymentId}, not ${input.paymentId}`);
     if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
     failpoint('x402.session.charged');
-    const state = debit.kind === 'new' ? null : await this.store.budgetState(session._id);
     return {
       charge,
       receipt: this.receiptOf(session, charge),
-      remaining: debit.kind === 'new' ? debit.remaining : state ? state.budget - state.spent : 0,
-      repeated: debit.kind === 'repeat',
+      remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session),
+      repeated: existing !== null,
     };
+  }
+
+  private async remaining(session: SessionDoc): Promise<number> {
+    const state = await this.store.budgetState(session._id);
+    return state && state.state === 'open' ? state.budget - state.spent : 0;
   }
 
   private chargeDoc(session: SessionDoc, seq: number, input: ChargeInput, at: Date): ChargeDoc {
@@ -342,7 +396,7 @@ export class X402Sessions {
     const charges = await this.store.allCharges(session._id);
     const seq = Math.max(0, ...charges.map((c) => c.seq));
     const spent = charges.filter((c) => c.state === 'charged').reduce((sum, c) => sum + c.amount, 0);
-    const payments = charges.filter((c) => c.paymentId).map((c): [string, string] => [c.paymentId!, `${c.seq}:${c.amount}`]);
+    const payments = charges.filter((c) => c.paymentId).map((c): [string, string] => [c.paymentId!, `${c.seq}:${c.amount}:c`]);
     this.runtime.logger.warn({ sessionId: session._id, charges: charges.length, spent }, 'x402 session budget rebuilt from its charges');
     await this.store.initBudget(session._id, { state, budget: session.budget, spent, seq, expiresAt: session.expiresAt }, payments);
   }

@@ -124,6 +124,12 @@ export class X402Service {
   chargeSession(...args: Parameters<X402Sessions['charge']>) {
     return this.sessions.charge(...args);
   }
+  holdInSession(...args: Parameters<X402Sessions['hold']>) {
+    return this.sessions.hold(...args);
+  }
+  captureInSession(...args: Parameters<X402Sessions['capture']>) {
+    return this.sessions.capture(...args);
+  }
   closeSession(...args: Parameters<X402Sessions['close']>) {
     return this.sessions.close(...args);
   }

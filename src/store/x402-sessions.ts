@@ -66,14 +66,27 @@ export interface CloseDoc {
   statement: SignedStatement;
 }
 
-/** What the budget script says of a charge. */
+/**
+ * A debit as the budget script remembers it under its payment id: `charge` (a charge of `amount`) or `hold` (up to
+ * `amount` held by a facilitator verify, captured at its settle for what the call cost).
+ */
+export interface Debit {
+  seq: number;
+  amount: number;
+  mode: 'charge' | 'hold';
+}
+
+/** What the budget script says of a debit. */
 export type DebitResult =
-  | { kind: 'new'; seq: number; amount: number; remaining: number }
-  | { kind: 'repeat'; seq: number; amount: number }
+  | ({ kind: 'new'; remaining: number } & Debit)
+  | ({ kind: 'repeat' } & Debit)
   | { kind: 'closed' }
   | { kind: 'expired' }
   | { kind: 'budget'; remaining: number }
   | { kind: 'missing' };
+
+/** What the capture script says: the hold now charged for less (or as much), a repeat, or no such hold. */
+export type CaptureResult = ({ kind: 'captured' | 'repeat' | 'over' } & Debit) | { kind: 'unknown' };
 
 export interface BudgetState {
   state: 'open' | 'closed';
@@ -82,7 +95,10 @@ export interface BudgetState {
   seq: number;
 }
 
-/** Debits a call once: a payment id seen before answers its first debit; nothing is debited past the budget. */
+/**
+ * Debits a call once: a payment id seen before answers its first debit; nothing is debited past the budget. Values
+ * are `seq:amount:c` (a charge) or `seq:amount:h` (a hold).
+ */
 const DEBIT = `
 local prior = redis.call('HGET', KEYS[2], ARGV[1])
 if prior then return {'repeat', prior} end
@@ -95,10 +111,29 @@ local remaining = tonumber(s[2]) - tonumber(s[3])
 if amount > remaining then return {'budget', tostring(remaining)} end
 local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 redis.call('HINCRBY', KEYS[1], 'spent', amount)
-local value = seq .. ':' .. amount
+local value = seq .. ':' .. amount .. ':' .. ARGV[4]
 redis.call('HSET', KEYS[2], ARGV[1], value)
 return {'new', value, tostring(remaining - amount)}
 `;
+
+/** Turns a hold into a charge of at most what it held, once; what it held beyond that goes back to the budget. */
+const CAPTURE = `
+local prior = redis.call('HGET', KEYS[2], ARGV[1])
+if not prior then return {'unknown'} end
+local seq, held, mode = string.match(prior, '^(%d+):(%d+):(%a)$')
+if mode == 'c' then return {'repeat', prior} end
+local amount = tonumber(ARGV[2])
+if amount > tonumber(held) then return {'over', prior} end
+local value = seq .. ':' .. amount .. ':c'
+redis.call('HSET', KEYS[2], ARGV[1], value)
+redis.call('HINCRBY', KEYS[1], 'spent', amount - tonumber(held))
+return {'captured', value}
+`;
+
+function parseDebit(value: string): Debit {
+  const [seq, amount, mode] = value.split(':') as [string, string, string];
+  return { seq: Number(seq), amount: Number(amount), mode: mode === 'h' ? 'hold' : 'charge' };
+}
 
 /** Starts a session's budget unless it exists (a rebuild racing a charge never resets what was spent). */
 const INIT = `
@@ -176,19 +211,23 @@ export class X402SessionStore {
     await this.due.done(sessionId);
   }
 
-  async debit(sessionId: string, paymentId: string, amount: number, now: Date): Promise<DebitResult> {
+  async debit(sessionId: string, paymentId: string, amount: number, mode: Debit['mode'], now: Date): Promise<DebitResult> {
     const [budget, payments] = this.keys(sessionId);
-    const answer = (await this.redis.eval(DEBIT, 2, budget, payments, paymentId, String(amount), String(now.getTime()))) as string[];
+    const answer = (await this.redis.eval(DEBIT, 2, budget, payments, paymentId, String(amount), String(now.getTime()), mode === 'hold' ? 'h' : 'c')) as string[];
     const [kind, value, remaining] = answer as [string, string | undefined, string | undefined];
-    if (kind === 'new' || kind === 'repeat') {
-      const [seq, debited] = value!.split(':').map(Number) as [number, number];
-      return kind === 'new' ? { kind, seq, amount: debited, remaining: Number(remaining) } : { kind, seq, amount: debited };
-    }
+    if (kind === 'new') return { kind, ...parseDebit(value!), remaining: Number(remaining) };
+    if (kind === 'repeat') return { kind, ...parseDebit(value!) };
     if (kind === 'budget') return { kind, remaining: Number(value) };
     return { kind: kind as 'closed' | 'expired' | 'missing' };
   }
 
-  /** Starts the budget (or rebuilds it after Redis lost it) unless it is there; `payments` maps payment ids to seq:amount. */
+  async capture(sessionId: string, paymentId: string, amount: number): Promise<CaptureResult> {
+    const [budget, payments] = this.keys(sessionId);
+    const [kind, value] = (await this.redis.eval(CAPTURE, 2, budget, payments, paymentId, String(amount))) as [string, string | undefined];
+    return kind === 'unknown' ? { kind } : { kind: kind as 'captured' | 'repeat' | 'over', ...parseDebit(value!) };
+  }
+
+  /** Starts the budget (or rebuilds it after Redis lost it) unless it is there; `payments` maps payment ids to seq:amount:c. */
   async initBudget(sessionId: string, s: BudgetState & { expiresAt: Date }, payments: Array<[string, string]> = []): Promise<void> {
     const [budget, paymentsKey] = this.keys(sessionId);
     await this.redis.eval(INIT, 2, budget, paymentsKey, s.state, String(s.budget), String(s.spent), String(s.seq), String(s.expiresAt.getTime()), ...payments.flat());

@@ -39,6 +39,32 @@ export class EscrowGatePaymentError extends Error {
 const IN_PROGRESS_RETRIES = 20;
 const IN_PROGRESS_WAIT_MS = 100;
 
+/**
+ * A POST to the service with the payer's key and an Idempotency-Key; a duplicate still in progress is waited for.
+ * Throws EscrowGatePaymentError with the service's error code when it refuses.
+ */
+export async function postToService<T>(
+  to: { fetch: typeof globalThis.fetch; serviceUrl: string; apiKey: string },
+  path: string,
+  idempotencyKey: string,
+  body: Record<string, unknown>,
+): Promise<T> {
+  for (let attempt = 0; ; attempt++) {
+    const res = await to.fetch(`${to.serviceUrl}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${to.apiKey}`, 'content-type': 'application/json', 'idempotency-key': idempotencyKey },
+      body: JSON.stringify(body),
+    });
+    const answer = (await res.json().catch(() => ({}))) as { code?: string; message?: string };
+    if (res.ok) return answer as T;
+    if (res.status === 409 && answer.code === 'IDEMPOTENCY_IN_PROGRESS' && attempt < IN_PROGRESS_RETRIES) {
+      await new Promise((resolve) => setTimeout(resolve, IN_PROGRESS_WAIT_MS));
+      continue;
+    }
+    throw new EscrowGatePaymentError(res.status, answer.code ?? 'HTTP_ERROR', answer.message ?? `the service answered ${res.status} to ${path}`);
+  }
+}
+
 export class EscrowGateClientScheme implements SchemeNetworkClient {
   readonly scheme = X402_SCHEME;
   private readonly serviceUrl: string;
@@ -83,20 +109,7 @@ export class EscrowGateClientScheme implements SchemeNetworkClient {
     return { x402Version, payload: { token: authorization.token, ...bound } };
   }
 
-  private async call<T>(path: string, idempotencyKey: string, body: Record<string, unknown>): Promise<T> {
-    for (let attempt = 0; ; attempt++) {
-      const res = await this.fetch(`${this.serviceUrl}${path}`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${this.options.apiKey}`, 'content-type': 'application/json', 'idempotency-key': idempotencyKey },
-        body: JSON.stringify(body),
-      });
-      const answer = (await res.json().catch(() => ({}))) as { code?: string; message?: string };
-      if (res.ok) return answer as T;
-      if (res.status === 409 && answer.code === 'IDEMPOTENCY_IN_PROGRESS' && attempt < IN_PROGRESS_RETRIES) {
-        await new Promise((resolve) => setTimeout(resolve, IN_PROGRESS_WAIT_MS));
-        continue;
-      }
-      throw new EscrowGatePaymentError(res.status, answer.code ?? 'HTTP_ERROR', answer.message ?? `the service answered ${res.status} to ${path}`);
-    }
+  private call<T>(path: string, idempotencyKey: string, body: Record<string, unknown>): Promise<T> {
+    return postToService<T>({ fetch: this.fetch, serviceUrl: this.serviceUrl, apiKey: this.options.apiKey }, path, idempotencyKey, body);
   }
 }

@@ -20,7 +20,7 @@ import type {
 import { randomBytes } from 'node:crypto';
 import { sha256Hex } from '../domain/crypto.ts';
 import { CURRENCY_PATTERN } from '../domain/money.ts';
-import { X402_SCHEME, X402_USD_ASSET, usdToMinorUnits } from '../domain/x402.ts';
+import { X402_SCHEME, X402_SESSION_SCHEME, X402_USD_ASSET, usdToMinorUnits } from '../domain/x402.ts';
 
 export interface EscrowGateServerOptions {
   /** Share of each payment held back for the dispute window, in basis points (default 0). */
@@ -34,7 +34,7 @@ export interface EscrowGateServerOptions {
 const AMOUNT = /^[1-9][0-9]{0,15}$/;
 
 export class EscrowGateServerScheme implements SchemeNetworkServer {
-  readonly scheme = X402_SCHEME;
+  readonly scheme: string = X402_SCHEME;
   /** No asset transfer methods: the money moves inside the service's ledger. */
   readonly defaultAssetTransferMethod = 'default';
   readonly paymentFlows: Readonly<Record<string, PaymentFlowConfig>> = { default: { supported: ['authorization'], default: 'authorization' } };
@@ -74,7 +74,7 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
   async enrichPaymentRequiredResponse(context: SchemePaymentRequiredContext): Promise<PaymentRequirements[]> {
     const method = (context.transportContext as { request?: { method?: string } } | undefined)?.request?.method ?? 'GET';
     return context.requirements.map((r) =>
-      r.scheme !== X402_SCHEME || r.extra.paymentNonce !== undefined
+      r.scheme !== this.scheme || r.extra.paymentNonce !== undefined
         ? r
         : { ...r, extra: { ...r.extra, method: method.toUpperCase(), resource: context.resourceInfo.url, paymentNonce: randomBytes(16).toString('hex') } },
     );
@@ -85,4 +85,14 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
     const body = (context.transportContext as { responseBody?: Uint8Array } | undefined)?.responseBody;
     return { responseSha256: sha256Hex(body ?? new Uint8Array()) };
   }
+}
+
+/**
+ * The provider's side of the `escrow-session` scheme: the same requirements (price, terms, request binding), paid
+ * from a payment session the payer opened once. The facilitator's verify holds the price in the session's budget,
+ * its settle charges what the call cost (the price, or less through the middleware's settlement overrides).
+ * Register it beside the gate scheme and list both in a route's `accepts`; the payer's client picks the one it has.
+ */
+export class EscrowSessionServerScheme extends EscrowGateServerScheme {
+  override readonly scheme: string = X402_SESSION_SCHEME;
 }

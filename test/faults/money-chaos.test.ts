@@ -6,7 +6,8 @@ import { signEvents } from '../../src/domain/event-chain.ts';
 import { call, credit, eventually, must, registerAgent, ServiceProcess, serviceEnv, type Agent, type Answer, type Tenant } from './service.ts';
 
 // Issue 22's chaos run: concurrent clients drive run money flows (create with escrow, events, finalize, settle,
-// some with settle-time terms) and x402 paid calls (gate create, quote, authorize-payment, verify) through an API
+// some with settle-time terms), x402 paid calls (gate create, quote, authorize-payment, verify) and payment sessions
+// (open, three charges, close: issue 23) through an API
 // process and two workers while a seeded killer SIGKILLs one of them every second or two and starts it again. Clients behave as honest ones do: a call that got no definitive answer
 // is repeated with the same Idempotency-Key. Bounded in time; then the money must add up exactly: every flow a
 // client finished was paid once, no run was minted twice, no escrow is left behind.
@@ -102,10 +103,32 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
       expect([200, 202], JSON.stringify(verified.body)).toContain(verified.status);
       gatesPaid.set(i, [...(gatesPaid.get(i) ?? []), gateId]);
     };
+    /** Sessions per client and what they charged in all: paid once each, the rest of each budget returned. */
+    const sessionsCharged = new Map<number, number>();
+    const sessions: string[] = [];
+    /** One payment session: open, three paid calls (each its own payment id, repeated until definitive), close. */
+    const sessionCalls = async (i: number) => {
+      const opened = await definitive('POST', '/x402/sessions', { payerAgentId: payers[i]!.agentId, payeeAgentIds: [payees[i]!.agentId], currency: 'USD', budget: 100, maxPerCall: 20 }, newId('k'));
+      expect(opened.status, JSON.stringify(opened.body)).toBe(201);
+      const sessionId = opened.body.sessionId as string;
+      for (let c = 0; c < 3; c++) {
+        const charged = await definitive('POST', `/x402/sessions/${sessionId}/charges`, { paymentId: newId('pay'), payeeAgentId: payees[i]!.agentId, amount: 7 }, null);
+        expect(charged.status, JSON.stringify(charged.body)).toBe(201);
+      }
+      const closed = await definitive('POST', `/x402/sessions/${sessionId}/close`, {}, null);
+      expect(closed.status, JSON.stringify(closed.body)).toBe(200);
+      expect(closed.body).toMatchObject({ status: 'closed', spent: 21, refunded: 79 });
+      sessions.push(sessionId);
+      sessionsCharged.set(i, (sessionsCharged.get(i) ?? 0) + 21);
+    };
     const client = async (i: number) => {
       const payer = payers[i]!;
       const worker = payees[i]!;
       for (let n = 0; loading; n++) {
+        if (n % 4 === 3) {
+          await sessionCalls(i);
+          continue;
+        }
         if (n % 2 === 1) {
           await paidCall(i);
           continue;
@@ -155,7 +178,7 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
     stopAt = Date.now() + 150_000;
     await Promise.all(clients);
     const gates = [...gatesPaid.values()].flat();
-    console.log(JSON.stringify({ seed, kills: kills.length, created: created.length, finished: finished.length, gates: gates.length, refused }));
+    console.log(JSON.stringify({ seed, kills: kills.length, created: created.length, finished: finished.length, gates: gates.length, sessions: sessions.length, refused }));
     expect(kills.length).toBeGreaterThanOrEqual(3); // the run did meet crashes (MIN_KILLS unless the machine crawled)
     expect(refused).toEqual([]);
 
@@ -165,7 +188,7 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
       const db = client2.db();
       await eventually(async () => {
         const settlements = await db.collection<any>('settlements').find({}).toArray();
-        return settlements.length === finished.length + gates.length && settlements.every((s) => s.view?.status === 'completed');
+        return settlements.length === finished.length + gates.length + sessions.length && settlements.every((s) => s.view?.status === 'completed');
       }, 120_000, 'every settlement completed', 500);
       // No run minted twice: the tenant's runs are exactly those the clients were told of.
       const runs = await db.collection<any>('runs').find({ tenantId: tenant.tenantId }).toArray();
@@ -177,7 +200,7 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
       }, 120_000, 'every escrow empty', 500);
       for (let i = 0; i < CLIENTS; i++) {
         const paidRuns = finished.filter((runId) => runs.find((r) => r._id === runId)?.agentId === payees[i]!.agentId).length;
-        const paid = paidRuns * AMOUNT + (gatesPaid.get(i)?.length ?? 0) * GATE_AMOUNT;
+        const paid = paidRuns * AMOUNT + (gatesPaid.get(i)?.length ?? 0) * GATE_AMOUNT + (sessionsCharged.get(i) ?? 0);
         const payer = await call(api.url, 'GET', `/v1/wallets/${encodeURIComponent(payers[i]!.agentId)}`, { headers: tenant.auth });
         const payee = await call(api.url, 'GET', `/v1/wallets/${encodeURIComponent(payees[i]!.agentId)}`, { headers: tenant.auth });
         expect(payer.body.balances.USD, `payer ${i}`).toEqual({ available: 1_000_000 - paid, escrow: 0 });

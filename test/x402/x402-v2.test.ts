@@ -165,7 +165,7 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
 
   it('lists its scheme and network, and the OpenAPI document covers the facilitator', async () => {
     const supported = await fetch(`${base}/x402/facilitator/supported`, { headers: { authorization: `Bearer ${providerKey}` } });
-    expect(await supported.json()).toEqual({ kinds: [{ x402Version: 2, scheme: 'escrow-gate', network }], extensions: [], signers: {} });
+    expect(await supported.json()).toEqual({ kinds: [{ x402Version: 2, scheme: 'escrow-gate', network }, { x402Version: 2, scheme: 'escrow-session', network }], extensions: [], signers: {} });
     expect((await fetch(`${base}/x402/facilitator/supported`)).status).toBe(401);
     const doc = JSON.parse(readFileSync(new URL('../../openapi/openapi.json', import.meta.url), 'utf8'));
     expect(doc.paths['/x402/facilitator/verify'].post['x-required-scope']).toBe('x402:write');

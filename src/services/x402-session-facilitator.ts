@@ -1,0 +1,102 @@
+// The x402 v2 facilitator of the `escrow-session` scheme: the payment names an open payment session and a payment
+// id of the payer's. Verify holds the required amount in the session's budget (so a verified call can always be
+// paid, and parallel calls never overspend); settle charges what the call cost, at most that (the stock middleware's
+// settlement overrides send the actual amount), and the rest of the hold goes back to the budget at once. Both are
+// idempotent by the payment id: a repeated settle answers the same charge. See services/x402-sessions.ts.
+import { isSha256Hex } from '../domain/crypto.ts';
+import { ServiceError } from '../domain/errors.ts';
+import { requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
+import type { Runtime } from '../runtime.ts';
+import type { FacilitatorRequest, SettleAnswer, VerifyAnswer } from './x402-facilitator.ts';
+import type { X402Service } from './x402.ts';
+
+const AMOUNT = /^(0|[1-9][0-9]{0,15})$/;
+
+class Refusal extends Error {
+  constructor(
+    readonly reason: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** Our service errors as x402 reasons: X402_SESSION_BUDGET_EXCEEDED -> session_budget_exceeded, 404 -> session_not_found. */
+function refusalOf(err: unknown): Refusal | null {
+  if (err instanceof Refusal) return err;
+  if (!(err instanceof ServiceError)) return null;
+  if (err.status === 404) return new Refusal('session_not_found', 'no such session for this credential');
+  if (err.code.startsWith('X402_') || err.status === 422) return new Refusal(err.code.replace(/^X402_/, '').toLowerCase(), err.message);
+  return null;
+}
+
+interface SessionPayment {
+  sessionId: string;
+  paymentId: string;
+  requestSha256: string;
+  payeeAgentId: string;
+  /** What the payer accepted to pay at most (the requirement it paid for). */
+  accepted: number;
+}
+
+export class X402SessionFacilitator {
+  constructor(
+    private readonly runtime: Runtime,
+    private readonly x402: X402Service,
+  ) {}
+
+  async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
+    try {
+      const p = this.check(request);
+      const session = await this.x402.requireSession(tenantId, p.sessionId);
+      await this.x402.holdInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted });
+      return { isValid: true, payer: session.payerAgentId };
+    } catch (err) {
+      const refusal = refusalOf(err);
+      if (refusal) return { isValid: false, invalidReason: refusal.reason, invalidMessage: refusal.message };
+      throw err;
+    }
+  }
+
+  async settle(tenantId: string, request: FacilitatorRequest): Promise<SettleAnswer> {
+    const network = this.runtime.config.x402.network;
+    try {
+      const p = this.check(request);
+      const amount = request.paymentRequirements.amount;
+      if (!AMOUNT.test(amount)) throw new Refusal('invalid_amount', 'the amount to settle must be integer minor units');
+      if (Number(amount) > p.accepted) throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
+      const charged = await this.x402.captureInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256 });
+      return {
+        success: true,
+        payer: charged.receipt.body.payerAgentId,
+        transaction: charged.charge._id,
+        network,
+        amount: String(charged.charge.amount),
+        extra: { sessionId: p.sessionId, paymentId: p.paymentId, seq: charged.charge.seq, remaining: charged.remaining, receiptHash: charged.receipt.receiptHash },
+      };
+    } catch (err) {
+      const refusal = refusalOf(err);
+      if (refusal) return { success: false, errorReason: refusal.reason, errorMessage: refusal.message, transaction: '', network };
+      throw err;
+    }
+  }
+
+  /** The protocol's fields and the payment's bindings (the request it pays for, the payee, the amount accepted). */
+  private check(request: FacilitatorRequest): SessionPayment {
+    const { paymentPayload: payment, paymentRequirements: required } = request;
+    if (payment.accepted.scheme !== X402_SESSION_SCHEME) throw new Refusal('unsupported_scheme', `the payment was made for the ${payment.accepted.scheme} scheme`);
+    if (required.network !== this.runtime.config.x402.network || payment.accepted.network !== required.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
+    const { sessionId, paymentId, requestSha256 } = payment.payload;
+    if (typeof sessionId !== 'string' || typeof paymentId !== 'string' || !/^[A-Za-z0-9._:-]{1,128}$/.test(paymentId) || !isSha256Hex(requestSha256)) {
+      throw new Refusal('invalid_payload', 'the payload must carry sessionId, paymentId and requestSha256');
+    }
+    if (payment.accepted.payTo !== required.payTo) throw new Refusal('payee_mismatch', 'the payment is for another payee');
+    if (payment.accepted.asset !== required.asset) throw new Refusal('asset_mismatch', 'the payment is in another currency');
+    const binding = requestBindingOf(required.extra);
+    if (!binding || x402RequestSha256(binding) !== requestSha256 || (payment.resource && payment.resource.url !== binding.resource)) {
+      throw new Refusal('request_binding_mismatch', 'the payment was made for another request');
+    }
+    if (!AMOUNT.test(payment.accepted.amount)) throw new Refusal('invalid_amount', 'amounts are integer minor units');
+    return { sessionId, paymentId, requestSha256, payeeAgentId: required.payTo, accepted: Number(payment.accepted.amount) };
+  }
+}
