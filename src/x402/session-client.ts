@@ -24,7 +24,7 @@ export interface EscrowSessionClientOptions {
   budget: number;
   /** How long a session lives (default 3600 s). */
   ttlSeconds?: number;
-  /** The most one call may cost (default: the price of the call that opens the session). */
+  /** The most one call may cost (default: the budget; the stock client's own spend controls apply besides). */
   maxPerCall?: number;
   /** A sponsor wallet of the tenant that pays instead of the payer's own wallet (its policy then applies). */
   sponsorWalletId?: string;
@@ -83,7 +83,7 @@ export class EscrowSessionClientScheme implements SchemeNetworkClient {
     }
     // Another call may have replaced it meanwhile: take the replacement rather than open a third.
     if (this.sessions.get(key) !== current) return this.sessionFor(requirements, price);
-    const opening = this.openSession(requirements, price);
+    const opening = this.openSession(requirements);
     this.sessions.set(key, opening);
     if (session) void this.closeSession(session.sessionId).catch(() => undefined); // its rest goes back
     const opened = await opening.catch((err) => {
@@ -94,9 +94,9 @@ export class EscrowSessionClientScheme implements SchemeNetworkClient {
     return opened;
   }
 
-  private async openSession(requirements: PaymentRequirements, price: number): Promise<OpenSession> {
+  private async openSession(requirements: PaymentRequirements): Promise<OpenSession> {
     const extra = requirements.extra;
-    const maxPerCall = this.options.maxPerCall ?? price;
+    const maxPerCall = this.options.maxPerCall ?? this.options.budget;
     const opened = await this.post<{ sessionId: string; expiresAt: string; maxPerCall: number }>('/x402/sessions', `x402ses-${randomUUID()}`, {
       payerAgentId: this.options.payerAgentId,
       payeeAgentIds: [requirements.payTo],

@@ -61,13 +61,22 @@ export const SettleResponse = Type.Object({
   network: Type.String(),
   amount: Type.Optional(Type.String()),
   extra: Type.Optional(
-    Type.Object({
-      gateId: Type.String(),
-      status: Type.String({ description: 'released, or settling while the decision is being recorded' }),
-      releasedNow: Type.Union([Type.Integer(), Type.Null()]),
-      holdback: Type.Union([Type.Integer(), Type.Null()]),
-      receiptHash: Type.Union([Type.String(), Type.Null()]),
-    }),
+    Type.Union([
+      Type.Object({
+        gateId: Type.String(),
+        status: Type.String({ description: 'released, or settling while the decision is being recorded' }),
+        releasedNow: Type.Union([Type.Integer(), Type.Null()]),
+        holdback: Type.Union([Type.Integer(), Type.Null()]),
+        receiptHash: Type.Union([Type.String(), Type.Null()]),
+      }, { title: 'EscrowGateSettlement' }),
+      Type.Object({
+        sessionId: Type.String(),
+        paymentId: Type.String(),
+        seq: Type.Integer({ description: 'the charge\'s number in its session (transaction = `<sessionId>#<seq>`)' }),
+        remaining: Type.Integer({ description: 'what is left of the session\'s budget' }),
+        receiptHash: Type.String({ description: 'of the charge\'s signed receipt (SessionChargeReceipt.v1)' }),
+      }, { title: 'EscrowSessionCharge' }),
+    ]),
   ),
 });
 

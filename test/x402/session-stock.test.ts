@@ -1,0 +1,113 @@
+import type { Server } from 'node:http';
+import { decodePaymentRequiredHeader, decodePaymentResponseHeader, decodePaymentSignatureHeader } from '@x402/core/http';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sessionPayingFetch } from '../../examples/session-tool/caller.ts';
+import { createSessionTool } from '../../examples/session-tool/tool.ts';
+import { expectCleanAudit } from '../helpers/audit.ts';
+import { startTestApp, type TestApp } from '../helpers/context.ts';
+import { balances } from '../helpers/money.ts';
+import { gateParties, X402_SCOPES } from './helpers.ts';
+
+describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> this service as escrow-session facilitator', () => {
+  let t: TestApp;
+  let base: string;
+  let payerKey: string;
+  let auth: Record<string, string>;
+  let network: `${string}:${string}`;
+  let tool: Server;
+  let toolUrl: string;
+  let payer: string;
+  let payee: string;
+
+  beforeAll(async () => {
+    t = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
+    await t.app.listen({ host: '127.0.0.1', port: 0 });
+    base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
+    network = t.config.x402.network;
+    const tenant = await t.tenantWithKey([...X402_SCOPES]);
+    auth = tenant.auth;
+    payerKey = tenant.token;
+    const providerKey = (await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } })).json().token;
+    ({ payer, payee } = await gateParties(t, auth, 1_000));
+    tool = createSessionTool({ serviceUrl: base, apiKey: providerKey, network, payeeAgentId: payee, searchPrice: '$0.05', rowPrice: 2, maxRows: 10 }).listen(0, '127.0.0.1');
+    await new Promise((resolve) => tool.once('listening', resolve));
+    toolUrl = `http://127.0.0.1:${(tool.address() as { port: number }).port}`;
+  });
+  afterAll(async () => {
+    await new Promise((resolve) => tool.close(resolve));
+    await t.close();
+  });
+
+  /** A fetch that counts the payer's own requests to the service (the tool's facilitator calls are the provider's). */
+  function counting() {
+    const calls: string[] = [];
+    const fetch: typeof globalThis.fetch = (input, init) => {
+      const url = String(input instanceof Request ? input.url : input);
+      if (url.startsWith(base)) calls.push(`${init?.method ?? 'GET'} ${url.slice(base.length)}`);
+      return globalThis.fetch(input, init);
+    };
+    return { calls, fetch };
+  }
+
+  it('pays fixed and metered calls from one session opened with one request, and returns the rest at close', async () => {
+    const { calls, fetch } = counting();
+    const paying = sessionPayingFetch({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer, network, budget: 500, fetch });
+    const answers = [];
+    for (const path of ['/search?q=a', '/search?q=b', '/rows?n=3', '/rows?n=0', '/search?q=c']) {
+      const res = await paying.fetch(toolUrl + path);
+      expect(res.status, path).toBe(200);
+      await res.json();
+      answers.push(decodePaymentResponseHeader(res.headers.get('PAYMENT-RESPONSE')!));
+    }
+    // One request of the payer's to the service for five paid calls: the session's open.
+    expect(calls).toEqual(['POST /x402/sessions']);
+    expect(answers.map((a) => [a.success, a.amount])).toEqual([[true, '5'], [true, '5'], [true, '6'], [true, '0'], [true, '5']]);
+    const sessionId = answers[0]!.extra!.sessionId as string;
+    expect(answers.every((a) => a.extra!.sessionId === sessionId && a.transaction.startsWith(`${sessionId}#`))).toBe(true);
+    // Metered: 6 of the 20 the payer authorized for /rows?n=3 were charged, and the rest went back to the budget at once.
+    expect((await t.app.inject({ method: 'GET', url: `/x402/sessions/${sessionId}`, headers: auth })).json()).toMatchObject({ status: 'open', spent: 21, remaining: 479 });
+
+    await paying.close();
+    expect(await balances(t, auth, payer)).toEqual({ available: 979, escrow: 0 });
+    expect(await balances(t, auth, payee)).toEqual({ available: 21, escrow: 0 });
+    const statement = (await t.app.inject({ method: 'GET', url: `/x402/sessions/${sessionId}/statement`, headers: auth })).json();
+    expect(statement.charges.map((c: { amount: number }) => c.amount)).toEqual([5, 5, 6, 0, 5]);
+    await expectCleanAudit(t);
+  });
+
+  it('opens the next session when the budget could not cover a call, closing the spent one', async () => {
+    const { calls, fetch } = counting();
+    const paying = sessionPayingFetch({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer, network, budget: 12, fetch });
+    const before = await balances(t, auth, payer);
+    for (let i = 0; i < 3; i++) expect((await paying.fetch(`${toolUrl}/search?q=${i}`)).status).toBe(200);
+    expect(calls.filter((c) => c === 'POST /x402/sessions')).toHaveLength(2);
+    await paying.close();
+    expect(await balances(t, auth, payer)).toEqual({ available: before.available - 15, escrow: 0 });
+    await expectCleanAudit(t);
+  });
+
+  it('refuses a payment payload sent again: the payment id was settled once', async () => {
+    let signature: string | null = null;
+    const capture: typeof globalThis.fetch = (input, init) => {
+      const header = new Headers(input instanceof Request ? input.headers : init?.headers).get('PAYMENT-SIGNATURE');
+      if (header) signature = header;
+      return globalThis.fetch(input, init);
+    };
+    const paying = sessionPayingFetch({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer, network, budget: 100, fetch: capture });
+    expect((await paying.fetch(`${toolUrl}/search?q=replay`)).status).toBe(200);
+    expect(signature).not.toBeNull();
+    const replayed = await globalThis.fetch(`${toolUrl}/search?q=replay`, { headers: { 'PAYMENT-SIGNATURE': signature! } });
+    expect(replayed.status).toBe(402);
+    expect(JSON.stringify(decodePaymentRequiredHeader(replayed.headers.get('PAYMENT-REQUIRED')!))).toContain('session_payment_reused');
+
+    // A provider whose settle timed out settles again: the same payment id answers the same charge, charged once.
+    const paymentPayload = decodePaymentSignatureHeader(signature!);
+    const settle = () => t.app.inject({ method: 'POST', url: '/x402/facilitator/settle', headers: auth, payload: { x402Version: 2, paymentPayload, paymentRequirements: paymentPayload.accepted } });
+    const [first, again] = [(await settle()).json(), (await settle()).json()];
+    expect(first).toMatchObject({ success: true, amount: '5' });
+    expect(again).toEqual(first);
+    const sessionId = paymentPayload.payload.sessionId as string;
+    expect((await t.app.inject({ method: 'GET', url: `/x402/sessions/${sessionId}`, headers: auth })).json()).toMatchObject({ spent: 5, charges: 1 });
+    await paying.close();
+  });
+});
