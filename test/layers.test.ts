@@ -41,8 +41,8 @@ describe('layers', () => {
     expect(offenders).toEqual([]);
   });
 
-  it('the x402 scheme packages (run in other processes) import only pure domain modules', () => {
-    const offenders = files('src/x402').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
+  it('the x402 scheme packages (run in other processes) import only pure domain modules and each other', () => {
+    const offenders = files('src/x402').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/x402/')).map((i) => `${f} -> ${i}`));
     expect(offenders).toEqual([]);
   });
 });
