@@ -5,7 +5,7 @@ import { failpoint } from '../domain/failpoints.ts';
 import { disputeSplit } from '../domain/money.ts';
 import type { RulingFact } from '../domain/settlement.ts';
 import type { Runtime } from '../runtime.ts';
-import type { SettlementState } from '../store/settlements.ts';
+import type { SettlementDoc, SettlementState } from '../store/settlements.ts';
 import { emitEvent } from './events.ts';
 import { applyRuling, read } from './settlement.ts';
 
@@ -15,11 +15,17 @@ import { applyRuling, read } from './settlement.ts';
  */
 export async function openDispute(rt: Runtime, tenantId: string, runId: string, input: { reason: string; evidence?: unknown }) {
   const { runs, settlements } = rt.stores;
-  if (input.evidence !== undefined) assertClientJsonDepth(input.evidence, 'body.evidence');
-  const evidenceJson = input.evidence === undefined ? null : toStoredJson(input.evidence);
   const run = await runs.get(tenantId, runId);
   const s = run && (await settlements.byRun(run._id));
   if (!s) throw errors.notFound('settlement');
+  return disputeSettlement(rt, s, input);
+}
+
+/** Disputes one settlement (a run's, or a payment session payee's): its holdback is frozen until a ruling. */
+export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { reason: string; evidence?: unknown }) {
+  const { settlements } = rt.stores;
+  if (input.evidence !== undefined) assertClientJsonDepth(input.evidence, 'body.evidence');
+  const evidenceJson = input.evidence === undefined ? null : toStoredJson(input.evidence);
   const { view, facts } = await read(rt, s);
   const now = Date.now();
   if (view.status !== 'completed' || facts.holdback) throw errors.transitionIllegal(`a ${view.status} settlement cannot be disputed`, view.status);
@@ -31,7 +37,9 @@ export async function openDispute(rt: Runtime, tenantId: string, runId: string, 
   if (!won) {
     throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');
   }
-  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, runId: s.runId, settlementId: s._id }, `dispute.opened:${disputeId}`);
+  // Named as advanceSettlement names it (the same event id: whichever emits first, the data is the same).
+  const subject = s.sessionId ? { sessionId: s.sessionId } : { runId: s.runId };
+  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`);
   await settlements.cacheView(s._id, (await read(rt, s)).view);
   return { disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount };
 }

@@ -26,6 +26,7 @@ import {
 import type { Runtime } from '../runtime.ts';
 import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
 import { chargeId, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type SessionDoc } from '../store/x402-sessions.ts';
+import { disputeSettlement } from './disputes.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
 import { sweepItems } from './sweep-items.ts';
@@ -91,8 +92,9 @@ export interface ChargeAnswer {
 
 /** A session's lock recorded this long ago without being applied never will be (its open died before it). */
 const LOCK_GRACE_MS = 60_000;
-/** Sessions read from the due index at a time. */
+/** Sessions read from the due index at a time, and the time a sweep spends on them at most. */
 const SWEEP_BATCH = 200;
+const SWEEP_TIME_MS = 20_000;
 
 function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
   const terms = (s: SessionDoc) =>
@@ -590,6 +592,21 @@ export class X402Sessions {
     return { close, charges };
   }
 
+  /**
+   * The payer disputes what a payee was paid at the close, inside the session's dispute window: the payee's holdback
+   * is frozen until an ops ruling (POST /ops/disputes/{id}/resolve), as for any settlement.
+   */
+  async dispute(tenantId: string, sessionId: string, input: { payeeAgentId: string; reason: string; evidence?: unknown }) {
+    const session = await this.requireSession(tenantId, sessionId);
+    const close = await this.store.closeOf(session._id);
+    const payee = close?.statement.body.payees.find((p) => p.payeeAgentId === input.payeeAgentId);
+    if (!close) throw errors.transitionIllegal('an open session has nothing settled to dispute yet', (await this.state(session)).status);
+    const s = payee?.settlementId ? await this.runtime.stores.settlements.get(payee.settlementId) : null;
+    if (!s) throw errors.notFound(`a settlement of payee ${input.payeeAgentId} in this session`);
+    const opened = await disputeSettlement(this.runtime, s, input);
+    return { disputeId: opened.disputeId, status: opened.status, settlementId: s._id, sessionId: session._id, payeeAgentId: input.payeeAgentId, frozenAmount: opened.frozenAmount };
+  }
+
   /** A wind-down closes every session the agent pays or is paid by (found through the agent's index). */
   async windDown(sessionId: string, agentId: string): Promise<CloseDoc | null> {
     const session = await this.store.get(sessionId);
@@ -603,29 +620,37 @@ export class X402Sessions {
     if (audit) this.runtime.logger.info(audit, 'x402 session due index audited against its records');
     const items = sweepItems(this.runtime, 'x402-sessions');
     const summary = { looked: 0, expired: 0, failed: 0 };
-    const now = new Date();
-    for (const record of await this.store.due.due(now, SWEEP_BATCH)) {
-      summary.looked++;
-      const looked = await items.run(record._id, async () => {
-        const session = await this.store.get(record._id);
-        if (!session) return this.store.due.done(record._id);
-        const close = await this.store.closeOf(session._id);
-        if (close) return this.finishClose(session, close);
-        if (session.expiresAt.getTime() <= now.getTime()) {
-          if (await this.closeSession(session, 'expired')) summary.expired++;
-          return;
+    const started = Date.now();
+    // Batch after batch while some fall due, within the sweep's time: a look moves or removes each record it reads.
+    for (;;) {
+      const now = new Date();
+      const batch = await this.store.due.due(now, SWEEP_BATCH);
+      for (const record of batch) {
+        summary.looked++;
+        const looked = await items.run(record._id, () => this.lookAt(record._id, now, summary));
+        if (!looked.ok) {
+          summary.failed++;
+          // It backs off alone: looked at again at its retry time, while the sweep goes on with the others.
+          await this.store.due.mark(record._id, record.tenantId, looked.retryAt).catch(() => undefined);
         }
-        // A close that died after stopping the debits, before it was recorded: finish it.
-        const budget = await this.store.budgetState(session._id);
-        if (budget?.state === 'closed') await this.closeSession(session, 'closed');
-        else await this.store.due.mark(session._id, session.tenantId, session.expiresAt);
-      });
-      if (!looked.ok) {
-        summary.failed++;
-        // It backs off alone: looked at again at its retry time, while the sweep goes on with the others.
-        await this.store.due.mark(record._id, record.tenantId, looked.retryAt).catch(() => undefined);
       }
+      if (batch.length < SWEEP_BATCH || Date.now() - started > SWEEP_TIME_MS) break;
     }
     return summary;
+  }
+
+  /** One due session: finish its close, close it at its expiry, or finish a close that died before it was recorded. */
+  private async lookAt(sessionId: string, now: Date, summary: { expired: number }): Promise<void> {
+    const session = await this.store.get(sessionId);
+    if (!session) return this.store.due.done(sessionId);
+    const close = await this.store.closeOf(session._id);
+    if (close) return this.finishClose(session, close);
+    if (session.expiresAt.getTime() <= now.getTime()) {
+      if (await this.closeSession(session, 'expired')) summary.expired++;
+      return;
+    }
+    const budget = await this.store.budgetState(session._id);
+    if (budget?.state === 'closed') await this.closeSession(session, 'closed');
+    else await this.store.due.mark(session._id, session.tenantId, session.expiresAt);
   }
 }

@@ -139,6 +139,9 @@ export class X402Service {
   requireSession(...args: Parameters<X402Sessions['requireSession']>) {
     return this.sessions.requireSession(...args);
   }
+  disputeSession(...args: Parameters<X402Sessions['dispute']>) {
+    return this.sessions.dispute(...args);
+  }
   sweepSessions() {
     return this.sessions.sweep();
   }

@@ -160,6 +160,26 @@ describe('x402 payment sessions', () => {
     await expectCleanAudit(t);
   });
 
+  it('the payer disputes what a payee was paid: its holdback is frozen, and the ruling splits it', async () => {
+    const { payer, payee, session } = await openSession(1_000, { budget: 400, maxPerCall: 200, holdbackBps: 2_500, disputeWindowSeconds: 3_600 });
+    await charge(session.sessionId, { payeeAgentId: payee, amount: 200 });
+    const early = await post(t, auth, `/x402/sessions/${session.sessionId}/disputes`, { payeeAgentId: payee, reason: 'too early' });
+    expect(early.statusCode).toBe(409);
+    await post(t, auth, `/x402/sessions/${session.sessionId}/close`, {});
+    expect(await balances(t, auth, payee)).toEqual({ available: 150, escrow: 0 });
+    const stranger = (await registerAgent(t, auth)).agentId;
+    expect((await post(t, auth, `/x402/sessions/${session.sessionId}/disputes`, { payeeAgentId: stranger, reason: 'who?' })).statusCode).toBe(404);
+    const opened = await post(t, auth, `/x402/sessions/${session.sessionId}/disputes`, { payeeAgentId: payee, reason: 'half the answers were empty' });
+    expect(opened.statusCode, opened.body).toBe(201);
+    expect(opened.json()).toMatchObject({ status: 'open', sessionId: session.sessionId, payeeAgentId: payee, frozenAmount: 50 });
+    const ruled = await t.app.inject({ method: 'POST', url: `/ops/disputes/${opened.json().disputeId}/resolve`, headers: t.admin, payload: { outcome: 'split', payerShareBps: 5_000 } });
+    expect([200, 202], ruled.body).toContain(ruled.statusCode);
+    await processors.settle!.sweep!();
+    expect(await balances(t, auth, payee)).toEqual({ available: 175, escrow: 0 });
+    expect(await balances(t, auth, payer)).toEqual({ available: 825, escrow: 0 });
+    await expectCleanAudit(t);
+  });
+
   it('a session past its expiry refuses calls and closes by itself, returning the rest', async () => {
     const { payer, payee, session } = await openSession(100, { budget: 40, maxPerCall: 10, ttlSeconds: 1 });
     await charge(session.sessionId, { payeeAgentId: payee, amount: 4 });

@@ -6,7 +6,7 @@ import { X402Service } from '../../services/x402.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { parseIdempotencyKey } from '../plugins/idempotency.ts';
 import { errorResponses, type ErrorCodes } from '../schemas/common.ts';
-import { Charge, ChargeBody, chargeView, OpenSessionBody, Session, SessionParams, sessionView, Statement, statementView } from '../schemas/x402-sessions.ts';
+import { Charge, ChargeBody, chargeView, OpenSessionBody, Session, SessionDisputeBody, SessionDisputeOpened, SessionParams, sessionView, Statement, statementView } from '../schemas/x402-sessions.ts';
 
 const sessionErrors = (...statuses: Array<number | ErrorCodes>) => errorResponses(400, 401, 403, 404, ...statuses);
 
@@ -65,4 +65,16 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
     const { close, charges } = await service.sessionStatement(tenantOf(request), request.params.sessionId);
     return statementView(close, charges);
   });
+
+  app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof SessionDisputeBody> }>('/x402/sessions/:sessionId/disputes', {
+    config: { access: 'x402:write' },
+    schema: {
+      tags,
+      operationId: 'disputeSession',
+      summary: 'Dispute what a payee was paid at the close, inside the dispute window: freezes its holdback for an ops ruling',
+      params: SessionParams,
+      body: SessionDisputeBody,
+      response: { 201: SessionDisputeOpened, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) },
+    },
+  }, async (request, reply) => reply.status(201).send(await service.disputeSession(tenantOf(request), request.params.sessionId, request.body)));
 }

@@ -97,6 +97,24 @@ export const Statement = Type.Object({
   charges: Type.Array(StatementLine),
 });
 
+export const SessionDisputeBody = Type.Object(
+  {
+    payeeAgentId: AgentId,
+    reason: Type.String({ minLength: 1, maxLength: 2_000 }),
+    evidence: Type.Optional(Type.Unknown({ description: 'any JSON nested at most 128 deep' })),
+  },
+  { additionalProperties: false, examples: [{ payeeAgentId: 'tools:agent:search', reason: 'half of the results were empty', evidence: { paymentIds: ['call-0007'] } }] },
+);
+
+export const SessionDisputeOpened = Type.Object({
+  disputeId: Type.String(),
+  status: Type.Literal('open'),
+  settlementId: Type.String(),
+  sessionId: Type.String(),
+  payeeAgentId: Type.String(),
+  frozenAmount: Type.Integer({ description: 'the payee\'s holdback, frozen until the ruling (POST /ops/disputes/{disputeId}/resolve)' }),
+});
+
 export function sessionView(s: SessionState): Static<typeof Session> {
   const { session } = s;
   const body = s.close?.statement.body;
