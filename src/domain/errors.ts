@@ -31,7 +31,10 @@ export const errors = {
     new ServiceError(503, 'UNAVAILABLE', message),
 };
 
-/** The x402 gate's codes (contract section 8) and their one status each: 409, except a wound-down agent (410). */
+/**
+ * The x402 gate's codes (contract section 8) and their one status each: 409, except a wound-down agent (410) and a
+ * capture above what was authorized (422: the request itself is wrong, whatever the gate's state).
+ */
 export const X402_ERROR_STATUS = {
   X402_GATE_TERMINAL: 409,
   X402_QUOTE_NOT_FOUND: 409,
@@ -47,6 +50,8 @@ export const X402_ERROR_STATUS = {
   X402_PAYMENT_NOT_AUTHORIZED: 409,
   /** A success report after the authorization's deadline (its token's expiry plus the grace): the payer is refunded. */
   X402_AUTHORIZATION_EXPIRED: 409,
+  /** A verify (or a facilitator settle) reporting a call cost above the gate's authorized amount: nothing moves. */
+  X402_CAPTURE_EXCEEDS_AUTHORIZATION: 422,
   X402_AGENT_WOUND_DOWN: 410,
 } as const;
 
