@@ -220,26 +220,14 @@ export class X402FacilitatorService {
     });
     if (!gate) return unknown;
     const state = await this.gates.gateState(gate, true);
-    const authorization = state.commitment?.kind === 'authorization' ? state.commitment : null;
-    switch (state.status) {
-      case 'held':
-      case 'unfunded':
-        return unknown; // no payment was ever authorized on it
-      case 'authorized':
-        return { paymentId, status: 'authorized', settleBy: authorizationDeadline(authorization!.expiresAt, this.runtime.config.x402).toISOString(), settlement: null };
-      case 'settling':
-        return { paymentId, status: 'settling', settleBy: null, settlement: null };
-      case 'cancelled':
-      case 'expired':
-        if (!state.verification) {
-          // Closed before any report: settle refuses it the way its check does.
-          const answer = { success: false, errorReason: 'gate_closed', errorMessage: `the gate is ${state.status}`, payer: gate.payerAgentId, transaction: '', network: this.network };
-          return { paymentId, status: authorization || state.status === 'cancelled' ? 'refused' : 'unknown', settleBy: null, settlement: authorization || state.status === 'cancelled' ? answer : null };
-        }
-        break;
-      default:
-        break;
+    // A payment exists once the gate was authorized (its token is the payment); a gate held, voided, or cancelled or
+    // expired before anyone authorized it was never paid for.
+    if (state.commitment?.kind !== 'authorization') return unknown;
+    if (state.status === 'authorized') {
+      return { paymentId, status: 'authorized', settleBy: authorizationDeadline(state.commitment.expiresAt, this.runtime.config.x402).toISOString(), settlement: null };
     }
+    // Reported (or returned): settling until decided and moved, then what settle answers.
+    if (state.status === 'settling') return { paymentId, status: 'settling', settleBy: null, settlement: null };
     const answer = this.settleAnswer(state, true);
     return { paymentId, status: answer.success ? 'settled' : answer.errorReason === 'settlement_pending' ? 'settling' : 'refused', settleBy: null, settlement: answer };
   }
