@@ -129,11 +129,12 @@ describe('x402 facilitator: payment status by payment id', () => {
   });
 
   it('a settle repeated after the payment\'s quote expired still answers the first settlement; a first settle then is refused', async () => {
-    const settled = await pay({ maxTimeoutSeconds: 1 });
+    // Quotes of 5 s: room for the first settle under load; then both tokens are waited out.
+    const settled = await pay({ maxTimeoutSeconds: 5 });
     const first = (await settle(settled.body)).json();
     expect(first).toMatchObject({ success: true });
-    const unsettled = await pay({ maxTimeoutSeconds: 1 });
-    await new Promise((resolve) => setTimeout(resolve, 2_100));
+    const unsettled = await pay({ maxTimeoutSeconds: 5 });
+    await new Promise((resolve) => setTimeout(resolve, 6_100));
     expect((await settle(settled.body)).json()).toEqual(first);
     expect((await settle(unsettled.body)).json()).toMatchObject({ success: false, errorReason: 'quote_expired' });
     expect(await balances(t, auth, unsettled.payee)).toEqual({ available: 0, escrow: 0 });
