@@ -31,7 +31,10 @@ export const errors = {
     new ServiceError(503, 'UNAVAILABLE', message),
 };
 
-/** The x402 gate's codes (contract section 8) and their one status each: 409, except a wound-down agent (410). */
+/**
+ * The x402 gate's codes (contract section 8) and their one status each: 409, except a wound-down agent (410) and a
+ * capture above what was authorized (422: the request itself is wrong, whatever the gate's state).
+ */
 export const X402_ERROR_STATUS = {
   X402_GATE_TERMINAL: 409,
   X402_QUOTE_NOT_FOUND: 409,
@@ -53,6 +56,8 @@ export const X402_ERROR_STATUS = {
   X402_SESSION_LIMIT_EXCEEDED: 409,
   X402_SESSION_PAYEE_NOT_ALLOWED: 409,
   X402_SESSION_PAYMENT_REUSED: 409,
+  /** A verify (or a facilitator settle) reporting a call cost above the gate's authorized amount: nothing moves. */
+  X402_CAPTURE_EXCEEDS_AUTHORIZATION: 422,
   X402_AGENT_WOUND_DOWN: 410,
 } as const;
 

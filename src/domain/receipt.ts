@@ -27,6 +27,11 @@ export interface SettlementReceiptBody extends ReceiptMoney {
 /** The same receipt for an x402 gate: it commits to the gate, its authorization and the provider's evidence. */
 export interface GateSettlementReceiptBody extends ReceiptMoney {
   gateId: string;
+  /**
+   * What the call was charged (releasedNow + holdback; 0 when nothing was paid); `amount` stays the authorized
+   * maximum, and the rest went back to the payer. Absent on receipts signed before metered capture (then: amount).
+   */
+  captured?: number;
   authorizationRef: string | null;
   quoteId: string | null;
   requestSha256: string | null;

@@ -23,6 +23,11 @@ export interface DecisionFact {
   reason: string | null;
   releaseNow: number;
   holdback: number;
+  /**
+   * What a pass charged (a metered x402 call may charge less than its authorized amount); the rest goes back to the
+   * payer at once. Absent on a fail and on decisions made before metering: a pass then captured the whole amount.
+   */
+  captured?: number;
   decidedAt: string;
   disputeWindowEndsAt: string;
   receipt: SignedReceipt;
@@ -70,37 +75,58 @@ export interface SettlementView {
 /** What the decision's receipt states about the money; the signer adds what names the settled subject. */
 export interface DecidedMoney {
   verdict: Verdict;
+  /** What was charged: 0 on a fail. */
+  captured: number;
   releasedNow: number;
   holdback: number;
   decidedAt: string;
 }
 
-/**
- * What every decision must hold, fresh or read back: a pass splits the whole amount into release now and holdback, a
- * fail releases nothing (a MoneyInvariantError otherwise, before any money moves).
- */
-export function assertDecisionSplit(settlementId: string, amount: number, d: Pick<DecisionFact, 'verdict' | 'releaseNow' | 'holdback'>): void {
+/** What a decision charged: its captured amount, the whole amount on a pass that predates metering, 0 on a fail. */
+export function capturedOf(amount: number, d: Pick<DecisionFact, 'verdict' | 'captured'>): number {
+  return d.verdict === 'pass' ? (d.captured ?? amount) : 0;
+}
+
+/** A capture is a whole number from 0 to the amount, and only a pass captures; answers what was captured. */
+function assertCapture(settlementId: string, amount: number, d: Pick<DecisionFact, 'verdict' | 'captured'>): number {
+  const captured = capturedOf(amount, d);
   assertMoney(
-    d.releaseNow >= 0 && d.holdback >= 0 && d.releaseNow + d.holdback === (d.verdict === 'pass' ? amount : 0),
-    `settlement ${settlementId}: release ${d.releaseNow} + holdback ${d.holdback} does not make the ${d.verdict} of ${amount}`,
+    (d.captured === undefined || (d.verdict === 'pass' && Number.isSafeInteger(d.captured))) && captured >= 0 && captured <= amount,
+    `settlement ${settlementId}: a ${d.verdict} cannot capture ${String(d.captured)} of ${amount}`,
+  );
+  return captured;
+}
+
+/**
+ * What every decision must hold, fresh or read back: a pass splits what it captured (at most the amount) into release
+ * now and holdback, a fail captures and releases nothing (a MoneyInvariantError otherwise, before any money moves).
+ */
+export function assertDecisionSplit(settlementId: string, amount: number, d: Pick<DecisionFact, 'verdict' | 'releaseNow' | 'holdback' | 'captured'>): void {
+  const captured = assertCapture(settlementId, amount, d);
+  assertMoney(
+    d.releaseNow >= 0 && d.holdback >= 0 && d.releaseNow + d.holdback === captured,
+    `settlement ${settlementId}: release ${d.releaseNow} + holdback ${d.holdback} does not make the ${d.verdict} capture of ${captured} (of ${amount})`,
   );
 }
 
 /**
- * The one settlement decision, for runs and x402 gates alike: a pass releases the amount less its holdback now and
- * keeps the holdback for the dispute window; a fail releases nothing (the escrow stays for a ruling, or a gate's
+ * The one settlement decision, for runs and x402 gates alike: a pass releases what it captured (the whole amount
+ * unless `captured` says less: a metered gate) less its holdback now, keeps the holdback for the dispute window, and
+ * returns the uncaptured rest to the payer; a fail releases nothing (the escrow stays for a ruling, or a gate's
  * refund). `sign` makes the subject's signed receipt from the decided money.
  */
 export function decideSettlement(
-  terms: { settlementId: string; amount: number; holdbackBps: number; disputeWindowSeconds: number },
+  terms: { settlementId: string; amount: number; holdbackBps: number; disputeWindowSeconds: number; captured?: number },
   verdict: Verdict,
   reason: string | null,
   decidedAt: Date,
   sign: (money: DecidedMoney) => SignedReceipt,
   reserveId?: string,
 ): DecisionFact {
-  const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(terms.amount, terms.holdbackBps) : { holdback: 0, releaseNow: 0 };
-  assertDecisionSplit(terms.settlementId, terms.amount, { verdict, releaseNow, holdback });
+  const metered = verdict === 'pass' && terms.captured !== undefined ? { captured: terms.captured } : {};
+  const captured = assertCapture(terms.settlementId, terms.amount, { verdict, ...metered });
+  const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(captured, terms.holdbackBps) : { holdback: 0, releaseNow: 0 };
+  assertDecisionSplit(terms.settlementId, terms.amount, { verdict, releaseNow, holdback, ...metered });
   const at = decidedAt.toISOString();
   return {
     verdict,
@@ -108,9 +134,10 @@ export function decideSettlement(
     reason: verdict === 'pass' ? null : reason,
     releaseNow,
     holdback,
+    ...metered,
     decidedAt: at,
     disputeWindowEndsAt: new Date(decidedAt.getTime() + terms.disputeWindowSeconds * 1000).toISOString(),
-    receipt: sign({ verdict, releasedNow: releaseNow, holdback, decidedAt: at }),
+    receipt: sign({ verdict, captured, releasedNow: releaseNow, holdback, decidedAt: at }),
   };
 }
 
@@ -118,6 +145,8 @@ export function decideSettlement(
 export const entryIds = {
   release: (settlementId: string) => `settle:${settlementId}:release`,
   holdback: (settlementId: string) => `settle:${settlementId}:holdback`,
+  /** A metered pass's uncaptured rest, back to the payer right after the release. */
+  uncaptured: (settlementId: string) => `settle:${settlementId}:uncaptured`,
   disputeToPayer: (disputeId: string) => `dispute:${disputeId}:payer`,
   disputeToPayee: (disputeId: string) => `dispute:${disputeId}:payee`,
   held: (settlementId: string, outcome: 'release' | 'refund') => `settle:${settlementId}:held-${outcome}`,
@@ -141,33 +170,40 @@ export function deriveSettlement(terms: SettlementTerms, facts: SettlementFacts,
   }
 
   const base = { holdback: d.holdback, disputeWindowEndsAt: windowEnds };
+  // A metered pass returns what it did not capture right after the release: refunded from then on.
+  const captured = capturedOf(terms.amount, d);
+  const uncaptured = terms.amount - captured;
   // Decided, but the money has not moved yet: still pending to the outside.
-  if (d.releaseNow > 0 && !applied.has(entryIds.release(terms.settlementId))) {
+  if ((d.releaseNow > 0 && !applied.has(entryIds.release(terms.settlementId))) || (uncaptured > 0 && !applied.has(entryIds.uncaptured(terms.settlementId)))) {
     return { ...base, status: 'pending', holdbackState: 'none', releasedAmount: 0, refundedAmount: 0, final: false };
+  }
+  // Nothing charged: the whole amount went back, and there is nothing to dispute.
+  if (captured === 0) {
+    return { ...base, status: 'refunded', holdbackState: 'none', releasedAmount: 0, refundedAmount: uncaptured, final: true };
   }
   const releasedNow = d.releaseNow;
   const hb = facts.holdback;
   if (hb?.fate === 'dispute') {
     const ruling = facts.ruling;
     if (!ruling) {
-      return { ...base, status: 'disputed', holdbackState: hb.frozenAmount > 0 ? 'frozen' : 'none', releasedAmount: releasedNow, refundedAmount: 0, final: false };
+      return { ...base, status: 'disputed', holdbackState: hb.frozenAmount > 0 ? 'frozen' : 'none', releasedAmount: releasedNow, refundedAmount: uncaptured, final: false };
     }
     const payerDone = ruling.toPayer === 0 || applied.has(entryIds.disputeToPayer(hb.disputeId));
     const payeeDone = ruling.toPayee === 0 || applied.has(entryIds.disputeToPayee(hb.disputeId));
     if (!payerDone || !payeeDone) {
-      return { ...base, status: 'disputed', holdbackState: 'resolving', releasedAmount: releasedNow, refundedAmount: 0, final: false };
+      return { ...base, status: 'disputed', holdbackState: 'resolving', releasedAmount: releasedNow, refundedAmount: uncaptured, final: false };
     }
     const status = ruling.outcome === 'payee' ? 'completed' : ruling.outcome === 'payer' ? 'refunded' : 'partially_refunded';
     const holdbackState = ruling.outcome === 'payee' ? 'released' : ruling.outcome === 'payer' ? 'refunded' : 'split';
-    return { ...base, status, holdbackState: hb.frozenAmount > 0 ? holdbackState : 'none', releasedAmount: releasedNow + ruling.toPayee, refundedAmount: ruling.toPayer, final: true };
+    return { ...base, status, holdbackState: hb.frozenAmount > 0 ? holdbackState : 'none', releasedAmount: releasedNow + ruling.toPayee, refundedAmount: uncaptured + ruling.toPayer, final: true };
   }
   if (d.holdback === 0) {
     const windowOver = now.getTime() >= Date.parse(windowEnds);
-    return { ...base, status: 'completed', holdbackState: 'none', releasedAmount: releasedNow, refundedAmount: 0, final: windowOver };
+    return { ...base, status: 'completed', holdbackState: 'none', releasedAmount: releasedNow, refundedAmount: uncaptured, final: windowOver };
   }
   if (hb?.fate === 'release') {
     const done = applied.has(entryIds.holdback(terms.settlementId));
-    return { ...base, status: 'completed', holdbackState: done ? 'released' : 'releasing', releasedAmount: releasedNow + (done ? d.holdback : 0), refundedAmount: 0, final: done };
+    return { ...base, status: 'completed', holdbackState: done ? 'released' : 'releasing', releasedAmount: releasedNow + (done ? d.holdback : 0), refundedAmount: uncaptured, final: done };
   }
-  return { ...base, status: 'completed', holdbackState: 'held', releasedAmount: releasedNow, refundedAmount: 0, final: false };
+  return { ...base, status: 'completed', holdbackState: 'held', releasedAmount: releasedNow, refundedAmount: uncaptured, final: false };
 }

@@ -286,6 +286,7 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
       gateId: z.string().min(1),
       evidence: z.strictObject({ responseSha256: Sha256Hex, providerSignature: z.string().optional() }),
       verificationStatus: z.string().optional(),
+      amount: z.number().int().min(0).optional().describe('metered: what the call cost (minor units, at most the gate amount; default all of it); the rest goes back to the payer'),
       idempotencyKey: IdempotencyKey,
     },
     Outputs.gateVerification,

@@ -5,7 +5,7 @@ import { processMetrics } from '../metrics.ts';
 import type { Runtime } from '../runtime.ts';
 import { accountOf, attemptId, type Bucket, type LedgerEntryDoc, type PostingDoc } from '../store/ledger.ts';
 import type { AuditAccountDoc, AuditEntryDoc, AuditReserveDoc } from '../store/ledger-audit.ts';
-import { settlementIdFor, termsOf, type SettlementDoc } from '../store/settlements.ts';
+import { candidateEntries, settlementIdFor, termsOf, type SettlementDoc } from '../store/settlements.ts';
 import { escrowEntryIds } from './escrow.ts';
 import { gateSettlementId, x402EntryIds } from './x402.ts';
 import { sessionEntryIds, sessionOfEntry, sessionOfSettlement } from './x402-sessions.ts';
@@ -76,7 +76,7 @@ const GATE_DEADLINE_SLACK_MS = 86_400_000;
 /** How often, at most, the periodic audit runs (all processes together). Wanted as config: LEDGER_AUDIT_INTERVAL_MS. */
 export const AUDIT_EVERY_MS = 10 * 60_000;
 
-const SETTLEMENT_KINDS = new Set(['settlement_release', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
+const SETTLEMENT_KINDS = new Set(['settlement_release', 'settlement_uncaptured', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
 const LOCK_KINDS = new Set(['escrow_lock', 'x402_escrow_lock', 'x402_session_lock']);
 
 const violationsGauge = new Gauge({ name: 'ledger_audit_violations', help: 'Violations the last ledger audit of this process found, by kind', labelNames: ['kind'] as const, registers: [processMetrics] });
@@ -115,7 +115,7 @@ async function settlementOwnerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: s
   if (!SETTLEMENT_KINDS.has(p.kind)) return null;
   // A settlement's own steps name it in their id; checked against the ids it would make, else read from the entry.
   const m = /^settle:([^:]+):/.exec(p.entryId);
-  if (m && [entryIds.release(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
+  if (m && [entryIds.release(m[1]!), entryIds.uncaptured(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
   const entry = await rt.stores.ledgerAudit.entryAttempt(attemptId(p.entryId, p.attempt));
   return entry?.ref.settlementId ? { owner: entry.ref.settlementId, subject: null } : null;
 }
@@ -438,9 +438,7 @@ async function recoverLegsOf(rt: Runtime, entries: Map<string, AuditEntryDoc>, c
  * on its chain when the pass began, and its reserve must read 0).
  */
 async function finishedBefore(rt: Runtime, s: SettlementDoc, facts: SettlementFacts, before: number): Promise<boolean> {
-  const ids = [entryIds.release(s._id), entryIds.holdback(s._id), entryIds.held(s._id, 'release'), entryIds.held(s._id, 'refund')];
-  if (facts.holdback?.fate === 'dispute') ids.push(entryIds.disputeToPayer(facts.holdback.disputeId), entryIds.disputeToPayee(facts.holdback.disputeId));
-  const latest = await Promise.all(ids.map((id) => rt.stores.ledger.getEntry(id)));
+  const latest = await Promise.all(candidateEntries(s, facts).map((id) => rt.stores.ledger.getEntry(id)));
   const applied = latest.filter((e) => e?.state === 'applied');
   if (!deriveSettlement(termsOf(s), facts, new Set(applied.map((e) => e!.entryId)), new Date()).final) return false;
   return applied.every((e) => e!.settledAt !== null && e!.settledAt.getTime() < before);

@@ -3,7 +3,7 @@ import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { assertMoney } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { assertDecisionSplit, decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
@@ -183,6 +183,12 @@ export async function advanceSettlement(
   // 2. Move what the decision releases now, then announce it (event ids derive from the settlement).
   if (pass && d.releaseNow > 0) await move(entryIds.release(s._id), 'settlement_release', s.payeeWalletId, d.releaseNow);
   failpoint('released');
+  // A metered pass charged less than its reserve: the rest goes back to the payer at once, by its own entry.
+  const uncaptured = pass ? s.amount - capturedOf(s.amount, d) : 0;
+  if (uncaptured > 0) {
+    await move(entryIds.uncaptured(s._id), 'settlement_uncaptured', s.payerWalletId, uncaptured);
+    failpoint('uncaptured-returned');
+  }
   if (pass) {
     inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`));
   } else if (!s.gateId && !s.sessionId) {

@@ -4,8 +4,9 @@
 // caller's tenant only). Settling reports the served call to the gate's verify, so money moves exactly as there.
 import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } from 'jose';
 import { isSha256Hex, sha256Hex } from '../domain/crypto.ts';
-import { ServiceError } from '../domain/errors.ts';
-import { requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
+import { capturedOf } from '../domain/settlement.ts';
+import { authorizationDeadline, requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import { X402SessionFacilitator } from './x402-session-facilitator.ts';
 import { X402Service, type GateState } from './x402.ts';
@@ -63,6 +64,8 @@ class Refusal extends Error {
 interface CheckedPayment {
   claims: PaymentTokenClaims & JWTPayload;
   state: GateState;
+  /** What settle charges: the requirement's amount (verify: exactly the authorized amount). */
+  captured: number;
 }
 
 /** Our service errors as x402 reasons: `X402_QUOTE_EXPIRED` -> `quote_expired`, and so on. */
@@ -70,15 +73,37 @@ function reasonOf(err: ServiceError): string {
   return err.code.replace(/^X402_/, '').toLowerCase();
 }
 
-/** Why a settled payment did not pay the payee, or null when it did (the gate released). */
+/**
+ * Whether the gate's payment is settled as agreed: the payee paid (released), or a metered call that charged nothing
+ * (its whole reserve back with the payer: the gate reads refunded, yet the payment did what it was asked).
+ */
+function settledAsAgreed(state: GateState): boolean {
+  if (state.status === 'released') return true;
+  const decision = state.settlement?.facts.decision;
+  return decision?.verdict === 'pass' && capturedOf(state.gate.amount, decision) === 0 && state.settlement!.view.status === 'refunded';
+}
+
+/** Why a settled payment did not pay the payee, or null when it was settled as agreed. */
 function unpaidReason(decided: boolean, state: GateState): { reason: string; message: string } | null {
-  if (state.status === 'released') return null;
+  if (settledAsAgreed(state)) return null;
   const decision = state.settlement?.facts.decision;
   if (!decided || !decision) return { reason: 'settlement_pending', message: 'the payment is still being decided; the gate status URL tells when it is' };
   if (decision.verdict === 'pass') return { reason: 'settlement_pending', message: 'the payee\'s release is decided but not yet moved' };
   // The decision's reason in the protocol's terms: verification_failed, authorization_expired, agent_wound_down, …
   const reason = (decision.reason ?? 'payment_refunded').toLowerCase();
   return { reason, message: `the payer was refunded (${reason}); the payee was not paid` };
+}
+
+/** Where a payment stands, for a resource server that lost settle's answer (see paymentStatus). */
+export type PaymentStatus = 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused';
+
+export interface PaymentStatusAnswer {
+  paymentId: string;
+  status: PaymentStatus;
+  /** authorized: until when settle may still report the call (after it, settling is refused and the payer refunded). */
+  settleBy: string | null;
+  /** settled or refused: the answer settle gave or would give now (any repeat of settle answers the same). */
+  settlement: SettleAnswer | null;
 }
 
 export class X402FacilitatorService {
@@ -119,9 +144,10 @@ export class X402FacilitatorService {
   }
 
   /**
-   * Settles by the gate's verify with the provider's evidence: the first settle records the report, a repeat finds
-   * it and answers the same settlement. Whatever the payload, money moves once per gate. `success` is true only when
-   * the payee was paid (the gate released); a refunded, expired or still undecided gate answers why it was not.
+   * Settles by the gate's verify with the provider's evidence and the requirement's amount (what the call cost, at
+   * most the authorized amount): the first settle records the report, a repeat finds it and answers the same
+   * settlement. Whatever the payload, money moves once per gate. `success` is true only when the payment was settled
+   * as agreed (the payee paid what was charged); a refunded, expired or still undecided gate answers why it was not.
    */
   async settle(tenantId: string, request: FacilitatorRequest): Promise<SettleAnswer> {
     if (this.isSessionPayment(request)) return this.sessions.settle(tenantId, request);
@@ -135,36 +161,21 @@ export class X402FacilitatorService {
     });
     let checked: CheckedPayment;
     try {
-      checked = await this.check(tenantId, request);
+      checked = await this.check(tenantId, request, true);
     } catch (err) {
       if (err instanceof Refusal) return failed(err.reason, err.message);
       throw err;
     }
-    const { claims } = checked;
+    const { claims, captured } = checked;
     const evidence = request.paymentPayload.payload.responseSha256;
     try {
       const { state, decided } = await this.gates.verify(tenantId, {
         gateId: claims.gateId,
         // The server scheme hashes the response it served; a provider without it reports the empty response.
         evidence: { responseSha256: isSha256Hex(evidence) ? evidence : sha256Hex('') },
+        amount: captured,
       });
-      const decision = state.settlement?.facts.decision ?? null;
-      const unpaid = unpaidReason(decided, state);
-      if (unpaid) return { ...failed(unpaid.reason, unpaid.message, claims.payer), transaction: state.settlement?.doc._id ?? '' };
-      return {
-        success: true,
-        payer: claims.payer,
-        transaction: state.settlement?.doc._id ?? '',
-        network: this.network,
-        amount: String(state.gate.amount),
-        extra: {
-          gateId: state.gate._id,
-          status: decided ? state.status : 'settling',
-          releasedNow: decision?.releaseNow ?? null,
-          holdback: decision?.holdback ?? null,
-          receiptHash: decision?.receipt.receiptHash ?? null,
-        },
-      };
+      return this.settleAnswer(state, decided);
     } catch (err) {
       if (err instanceof ServiceError && err.code.startsWith('X402_')) return failed(reasonOf(err), err.message, claims.payer);
       throw err;
@@ -176,12 +187,71 @@ export class X402FacilitatorService {
     return request.paymentRequirements.scheme === X402_SESSION_SCHEME && request.x402Version === X402_VERSION && request.paymentPayload.x402Version === X402_VERSION;
   }
 
+  /** What settle answers for the gate as it stands: success only once it is settled as agreed, else why not. */
+  private settleAnswer(state: GateState, decided: boolean): SettleAnswer {
+    const payer = state.gate.payerAgentId;
+    const transaction = state.settlement?.doc._id ?? '';
+    const unpaid = unpaidReason(decided, state);
+    if (unpaid) return { success: false, errorReason: unpaid.reason, errorMessage: unpaid.message, payer, transaction, network: this.network };
+    const decision = state.settlement!.facts.decision!;
+    return {
+      success: true,
+      payer,
+      transaction,
+      network: this.network,
+      // What was charged: the first report's capture, whatever amount a repeat asks for.
+      amount: String(capturedOf(state.gate.amount, decision)),
+      extra: {
+        gateId: state.gate._id,
+        status: decided ? state.status : 'settling',
+        releasedNow: decision.releaseNow,
+        holdback: decision.holdback,
+        receiptHash: decision.receipt.receiptHash,
+      },
+    };
+  }
+
+  /** The same lookup from the body settle was sent: its payment id is the payload's gateId. */
+  async paymentStatusOf(tenantId: string, request: FacilitatorRequest): Promise<PaymentStatusAnswer> {
+    const gateId = request.paymentPayload.payload.gateId;
+    if (typeof gateId !== 'string' || gateId.length > 128) {
+      throw errors.unprocessable('the payment payload names no gateId', { errors: [{ path: 'body.paymentPayload.payload.gateId', message: 'a string of at most 128 characters' }] });
+    }
+    return this.paymentStatus(tenantId, gateId);
+  }
+
+  /**
+   * Where the payment of an escrow-gate stands (its payment id is its gate id), for a resource server whose settle
+   * timed out: `unknown` (no such payment in the caller's tenant, or never paid for), `authorized` (safe to settle
+   * now), `settling` (reported, decision in flight: ask again, or settle again, which answers the same), `settled`
+   * or `refused` with the answer settle gave. Reads by `_id` only and moves nothing.
+   */
+  async paymentStatus(tenantId: string, paymentId: string): Promise<PaymentStatusAnswer> {
+    const unknown: PaymentStatusAnswer = { paymentId, status: 'unknown', settleBy: null, settlement: null };
+    const gate = await this.gates.requireGate(tenantId, paymentId).catch((err: unknown) => {
+      if (err instanceof ServiceError && err.status === 404) return null;
+      throw err;
+    });
+    if (!gate) return unknown;
+    const state = await this.gates.gateState(gate, true);
+    // A payment exists once the gate was authorized (its token is the payment); a gate held, voided, or cancelled or
+    // expired before anyone authorized it was never paid for.
+    if (state.commitment?.kind !== 'authorization') return unknown;
+    if (state.status === 'authorized') {
+      return { paymentId, status: 'authorized', settleBy: authorizationDeadline(state.commitment.expiresAt, this.runtime.config.x402).toISOString(), settlement: null };
+    }
+    // Reported (or returned): settling until decided and moved, then what settle answers.
+    if (state.status === 'settling') return { paymentId, status: 'settling', settleBy: null, settlement: null };
+    const answer = this.settleAnswer(state, true);
+    return { paymentId, status: answer.success ? 'settled' : answer.errorReason === 'settlement_pending' ? 'settling' : 'refused', settleBy: null, settlement: answer };
+  }
+
   /**
    * Every check but "already settled", cheapest first: the protocol fields, the token's signature and expiry
    * (offline, against the key ring), the gate in the caller's tenant, then each binding of the token to the
    * requirements. Another tenant's gate is `gate_not_found`, before anything about it is compared.
    */
-  private async check(tenantId: string, request: FacilitatorRequest): Promise<CheckedPayment> {
+  private async check(tenantId: string, request: FacilitatorRequest, capture = false): Promise<CheckedPayment> {
     const { paymentPayload: payment, paymentRequirements: required } = request;
     if (request.x402Version !== X402_VERSION || payment.x402Version !== X402_VERSION) {
       throw new Refusal('invalid_x402_version', `only x402 version ${X402_VERSION} is supported`);
@@ -193,7 +263,7 @@ export class X402FacilitatorService {
       throw new Refusal('invalid_payload', 'the payload must carry token, gateId, quoteId and requestSha256');
     }
 
-    const claims = await this.verifyToken(token);
+    const { claims, expired } = await this.verifyToken(token);
     if (claims.gateId !== gateId || claims.quoteId !== quoteId || claims.requestSha256 !== requestSha256) {
       throw new Refusal('invalid_payload', 'the payload does not match its token');
     }
@@ -211,7 +281,12 @@ export class X402FacilitatorService {
     if (claims.payee !== required.payTo || claims.aud !== required.payTo || gate.payeeAgentId !== required.payTo) {
       throw new Refusal('payee_mismatch', 'the payment is for another payee');
     }
-    if (String(claims.amount) !== required.amount || gate.amount !== claims.amount) throw new Refusal('amount_mismatch', 'the payment is for another amount');
+    if (gate.amount !== claims.amount) throw new Refusal('amount_mismatch', 'the payment is for another amount');
+    // Settling may charge less than was authorized (a metered call: the stock middleware's settlement override
+    // sends the actual amount as the requirement's, while the payload keeps the authorized maximum); never more.
+    const captured = Number(required.amount);
+    if (capture && captured > claims.amount) throw new Refusal('capture_exceeds_authorization', `the payment authorized at most ${claims.amount}; it cannot be charged ${required.amount}`);
+    if (!capture && captured !== claims.amount) throw new Refusal('amount_mismatch', 'the payment is for another amount');
     if (claims.currency !== required.asset || gate.currency !== claims.currency) throw new Refusal('asset_mismatch', 'the payment is in another currency');
     const terms = required.extra;
     if ((terms.holdbackBps !== undefined && terms.holdbackBps !== gate.holdbackBps) || (terms.disputeWindowSeconds !== undefined && terms.disputeWindowSeconds !== gate.disputeWindowSeconds)) {
@@ -227,16 +302,22 @@ export class X402FacilitatorService {
     if (commitment?.kind !== 'authorization' || commitment.authorizationRef !== claims.authorizationRef) {
       throw new Refusal('payment_not_authorized', 'the gate holds no authorization for this token');
     }
-    return { claims, state };
+    // The token lives exactly as long as its quote: past it nothing new may happen, but a settle of a payment already
+    // reported answers its outcome again (settle is idempotent per payment, however late the repeat).
+    if (expired && !(capture && state.verification)) throw new Refusal('quote_expired', 'the quote this payment was authorized under has expired');
+    return { claims, state, captured };
   }
 
-  private async verifyToken(token: string): Promise<PaymentTokenClaims & JWTPayload> {
+  /**
+   * The token's claims once its signature verifies; `expired` when its quote's time is over (jose checks the
+   * signature before the claims, so an expired token's payload is still the one we signed).
+   */
+  private async verifyToken(token: string): Promise<{ claims: PaymentTokenClaims & JWTPayload; expired: boolean }> {
     try {
       const { payload } = await jwtVerify(token, this.jwks, { issuer: this.runtime.config.publicBaseUrl, algorithms: ['EdDSA'] });
-      return payload as PaymentTokenClaims & JWTPayload;
+      return { claims: payload as PaymentTokenClaims & JWTPayload, expired: false };
     } catch (err) {
-      // The token lives exactly as long as its quote.
-      if (err instanceof joseErrors.JWTExpired) throw new Refusal('quote_expired', 'the quote this payment was authorized under has expired');
+      if (err instanceof joseErrors.JWTExpired && err.payload.iss === this.runtime.config.publicBaseUrl) return { claims: err.payload as PaymentTokenClaims & JWTPayload, expired: true };
       throw new Refusal('invalid_signature', 'the payment token does not verify against this service\'s keys');
     }
   }

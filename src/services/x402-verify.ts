@@ -2,7 +2,7 @@
 // returns the gate instead), and the x402-verify job decides from the gate's facts through the one settlement
 // decision (domain/settlement.ts), signs the receipt and hands the money to the settlement machinery.
 import { QueueEvents } from 'bullmq';
-import { x402Error, type ServiceError } from '../domain/errors.ts';
+import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
@@ -60,10 +60,17 @@ export class X402Verification {
    */
   async verify(
     tenantId: string,
-    input: { gateId: string; evidence: { responseSha256: string; providerSignature?: string }; verificationStatus?: VerificationStatus },
+    input: { gateId: string; evidence: { responseSha256: string; providerSignature?: string }; verificationStatus?: VerificationStatus; amount?: number },
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.gates.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
+    if (input.amount !== undefined && status === 'failed') {
+      throw errors.unprocessable('a failed call is not charged: send amount only with verificationStatus verified', { errors: [{ path: 'body.amount', message: 'only with verified' }] });
+    }
+    // Checked before anything is read or recorded: a capture above the authorization moves nothing, ever.
+    if (input.amount !== undefined && input.amount > gate.amount) {
+      throw x402Error('X402_CAPTURE_EXCEEDS_AUTHORIZATION', `the call cannot be charged ${input.amount}: the gate authorized at most ${gate.amount}`, { gateId: gate._id, amount: input.amount, authorized: gate.amount });
+    }
     // The gate's commitment decides the path (from memory when this process authorized the gate or saw it). A
     // verification is only ever recorded after the commitment, and its unique insert below tells a first report
     // from a repeat, so it is read here only off the hot path (a gate nobody authorized). Whether an agent is wound
@@ -101,6 +108,7 @@ export class X402Verification {
       tenantId,
       verificationStatus: status,
       evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
+      ...(input.amount !== undefined ? { captured: input.amount } : {}),
       at: new Date(),
     };
     const [recorded, settlement] = await Promise.all([
@@ -254,7 +262,7 @@ export class X402Verification {
     let decision = facts?.decision;
     if (!decision) {
       const decided = decideSettlement(
-        { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds },
+        { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds, captured: verification.captured ?? gate.amount },
         verdict,
         refundReason(authorization !== null, verification.verificationStatus),
         new Date(),
@@ -272,6 +280,7 @@ export class X402Verification {
               payerWalletId: s.payerWalletId,
               payeeWalletId: s.payeeWalletId,
               amount: gate.amount,
+              captured: money.captured,
               releasedNow: money.releasedNow,
               holdback: money.holdback,
               currency: gate.currency,

@@ -77,6 +77,8 @@ export interface VerificationDoc {
   tenantId: string;
   verificationStatus: VerificationOutcome;
   evidence: { responseSha256: string | null; providerSignature: string | null };
+  /** What a verified call cost (metered capture, at most the gate's amount); absent: the whole amount. */
+  captured?: number;
   at: Date;
 }
 

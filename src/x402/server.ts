@@ -7,6 +7,12 @@
 // handler answered. The requirement names the request it pays for (extra.method, extra.resource, written from the
 // request being answered) and carries a nonce per 402, so each payment is its own gate. Settling sends the
 // sha256 of the response served as the gate's evidence. Runs in the provider's process: pure domain imports only.
+//
+// Metered (`new EscrowGateServerScheme({ metered: true })`): the route's price is a maximum (the requirement says so
+// with extra.metered: true). The payer's gate locks the maximum; the handler states what the call actually cost with
+// the stock `setSettlementOverrides(res, { amount })` (minor units, "$0.05" or a percentage), settle charges that
+// (the holdback applies to it) and the rest goes back to the payer at once. 0 charges nothing; an amount above the
+// maximum is refused (`capture_exceeds_authorization`) and moves nothing.
 import type {
   AssetAmount,
   Network,
@@ -29,6 +35,8 @@ export interface EscrowGateServerOptions {
   disputeWindowSeconds?: number;
   /** Names the tool in the gate, for sponsor wallets whose policy allows only listed tools. */
   toolId?: string;
+  /** The price is a maximum: the handler charges what the call cost through a settlement override (see above). */
+  metered?: boolean;
 }
 
 const AMOUNT = /^[1-9][0-9]{0,15}$/;
@@ -47,6 +55,7 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
       holdbackBps: options.holdbackBps ?? 0,
       disputeWindowSeconds: options.disputeWindowSeconds ?? 86_400,
       ...(options.toolId ? { toolId: options.toolId } : {}),
+      ...(options.metered ? { metered: true } : {}),
     };
   }
 

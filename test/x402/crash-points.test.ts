@@ -102,16 +102,17 @@ function client(h: Harness, point: string) {
       expect(res.statusCode, res.body).toBe(200);
       return res.json();
     },
-    verify(gateId: string, verificationStatus: 'verified' | 'failed') {
-      return call('verify', '/x402/gate/verify', { gateId, evidence: { responseSha256: 'c'.repeat(64) }, verificationStatus });
+    /** `amount`: a metered capture (what the call cost). */
+    verify(gateId: string, verificationStatus: 'verified' | 'failed', amount?: number) {
+      return call('verify', '/x402/gate/verify', { gateId, evidence: { responseSha256: 'c'.repeat(64) }, verificationStatus, ...(amount === undefined ? {} : { amount }) });
     },
     async windDown() {
       const res = await call('wind-down', `/x402/gate/agents/${encodeURIComponent(parties.payer)}/wind-down`, {});
       expect(res.statusCode, res.body).toBe(200);
       return res.json();
     },
-    /** The gate ended as `final`, and the money is whole and moved once. */
-    async expectFinal(gateId: string, final: Final) {
+    /** The gate ended as `final`, and the money is whole and moved once (`paid` to the payee when released). */
+    async expectFinal(gateId: string, final: Final, paid = AMOUNT) {
       await sweepers();
       expect((await get(h.t, h.auth, `/x402/gate/${gateId}`)).json()).toMatchObject({ status: final });
       const payer = await balances(h.t, h.auth, parties.payer);
@@ -119,7 +120,7 @@ function client(h: Harness, point: string) {
       expect(payer.available + payer.escrow + payee.available).toBe(FUNDS);
       expect(payer.escrow).toBe(0);
       expect(payee.escrow).toBe(0);
-      expect(payee.available).toBe(final === 'released' ? AMOUNT : 0);
+      expect(payee.available).toBe(final === 'released' ? paid : 0);
       await expectLedgerBalances(h.t);
       await expectCleanAudit(h.t);
     },
@@ -161,6 +162,28 @@ describe('x402 crash points: request flows', () => {
     expect(again.statusCode).toBe(first.statusCode);
     await c.expectFinal(gateId, 'released');
   });
+
+  // A metered capture: the payee's release, then the uncaptured rest back to the payer, each crashed after (a zero
+  // capture has no release). The facilitator's lookup then answers what its settle would.
+  const metered: Array<[string, number]> = [['x402.verify.reported', 150], ['x402.verify-job.decided', 150], ['settlement.released', 150], ['settlement.uncaptured-returned', 150], ['settlement.released', 0]];
+  for (const [point, captured] of metered) {
+    it(`metered verify capturing ${captured} of ${AMOUNT}: crash at ${point}`, async () => {
+      const c = client(h, `${point}.metered-${captured}`);
+      await c.start();
+      const gateId = await c.create();
+      await c.authorize(gateId, await c.quote(gateId));
+      c.arm(point);
+      const first = await c.verify(gateId, 'verified', captured); // a crash of the request itself is retried inside
+      expect([200, 202], first.body).toContain(first.statusCode);
+      expect(c.crashed).toBe(true);
+      if (point !== 'x402.verify.reported') await c.sweepThroughCrash(gateId);
+      const again = await c.verify(gateId, 'verified', captured);
+      expect(again.headers['idempotent-replayed']).toBe('true');
+      await c.expectFinal(gateId, captured === 0 ? 'refunded' : 'released', captured);
+      const payment = (await get(h.t, h.auth, `/x402/facilitator/payments/${gateId}`)).json();
+      expect(payment).toMatchObject({ status: 'settled', settlement: { success: true, amount: String(captured) } });
+    });
+  }
 
   it('verify(failed) of an authorized gate: crash at x402.verify.reported', async () => {
     const c = client(h, 'x402.verify.reported.failed');

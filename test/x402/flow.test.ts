@@ -63,10 +63,10 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     expect(verified.statusCode, verified.body).toBe(200);
     const v = verified.json();
     expect(v).toMatchObject({ status: 'released', statusUrl: `/x402/gate/${gate.gateId}`, decision: { verdict: 'pass', reason: null }, settlement: { releasedAmount: 900, holdback: 100, holdbackState: 'held' } });
-    expect(v.receipt.body).toMatchObject({ schema: 'SettlementReceipt.v1', gateId: gate.gateId, authorizationRef: a.authorizationRef, amount: 1_000, releasedNow: 900, holdback: 100, verdict: 'pass' });
+    expect(v.receipt.body).toMatchObject({ schema: 'SettlementReceipt.v1', gateId: gate.gateId, authorizationRef: a.authorizationRef, amount: 1_000, captured: 1_000, releasedNow: 900, holdback: 100, verdict: 'pass' });
     expect(v.receipt.receiptHash).toBe(sha256Hex(canonicalize(v.receipt.body)));
     // Clients verify receipts offline: the body's fields are a contract, exactly these.
-    expect(Object.keys(v.receipt.body).sort()).toEqual(['amount', 'authorizationRef', 'currency', 'decidedAt', 'gateId', 'holdback', 'payeeWalletId', 'payerWalletId', 'quoteId', 'releasedNow', 'requestSha256', 'responseSha256', 'schema', 'settlementId', 'verdict', 'verificationStatus']);
+    expect(Object.keys(v.receipt.body).sort()).toEqual(['amount', 'authorizationRef', 'captured', 'currency', 'decidedAt', 'gateId', 'holdback', 'payeeWalletId', 'payerWalletId', 'quoteId', 'releasedNow', 'requestSha256', 'responseSha256', 'schema', 'settlementId', 'verdict', 'verificationStatus']);
     expect(await balances(t, auth, payee)).toEqual({ available: 900, escrow: 0 });
     expect(await balances(t, auth, sponsor)).toEqual({ available: 4_000, escrow: 100 });
 

@@ -4,7 +4,7 @@ import type { Runtime } from '../../runtime.ts';
 import { X402FacilitatorService } from '../../services/x402-facilitator.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses } from '../schemas/common.ts';
-import { FacilitatorBody, SettleResponse, SupportedResponse, VerifyResponse } from '../schemas/x402-facilitator.ts';
+import { FacilitatorBody, PaymentParams, PaymentStatusResponse, SettleResponse, SupportedResponse, VerifyResponse } from '../schemas/x402-facilitator.ts';
 
 /** The x402 v2 facilitator API: a refused payment is a 200 with the protocol's reason, as stock clients expect. */
 export async function x402FacilitatorRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
@@ -21,6 +21,16 @@ export async function x402FacilitatorRoutes(app: FastifyInstance, opts: { runtim
     config: { access: 'x402:write' },
     schema: { tags, operationId: 'settleFacilitatorPayment', summary: 'Settle a served escrow-gate payment through the gate\'s verify; a repeat answers the same settlement', body: FacilitatorBody, response: { 200: SettleResponse, ...errorResponses(400, 401, 403) } },
   }, async (request) => service.settle(tenantOf(request), request.body));
+
+  app.get<{ Params: Static<typeof PaymentParams> }>('/x402/facilitator/payments/:paymentId', {
+    config: { access: 'x402:read' },
+    schema: { tags, operationId: 'getFacilitatorPayment', summary: 'Where a payment stands (after a settle whose answer was lost): unknown, authorized, settling, settled or refused, with the answer settle gave', params: PaymentParams, response: { 200: PaymentStatusResponse, ...errorResponses(400, 401, 403) } },
+  }, async (request) => service.paymentStatus(tenantOf(request), request.params.paymentId));
+
+  app.post<{ Body: Static<typeof FacilitatorBody> }>('/x402/facilitator/status', {
+    config: { access: 'x402:read' },
+    schema: { tags, operationId: 'getFacilitatorPaymentStatus', summary: 'The same lookup with the body settle was sent (what a resource server has at hand); moves nothing', body: FacilitatorBody, response: { 200: PaymentStatusResponse, ...errorResponses(400, 401, 403, 422) } },
+  }, async (request) => service.paymentStatusOf(tenantOf(request), request.body));
 
   app.get('/x402/facilitator/supported', {
     config: { access: 'x402:read' },

@@ -104,7 +104,7 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.post<{ Body: Static<typeof VerifyBody> }>('/x402/gate/verify', {
     config: { access: 'x402:write' },
-    schema: { tags, operationId: 'verifyGate', summary: 'Report the provider\'s response: releases (minus holdback) or refunds; 202 with statusUrl while still deciding', body: VerifyBody, response: { 200: VerifyResult, 202: VerifyResult, ...x402Errors(410, { 409: ['X402_GATE_TERMINAL', 'X402_PAYMENT_NOT_AUTHORIZED', 'X402_AUTHORIZATION_EXPIRED', 'X402_REQUEST_BINDING_MISMATCH'] }) } },
+    schema: { tags, operationId: 'verifyGate', summary: 'Report the provider\'s response and, metered, what the call cost: releases that (minus holdback) and returns the rest, or refunds; 202 with statusUrl while still deciding', body: VerifyBody, response: { 200: VerifyResult, 202: VerifyResult, ...x402Errors(410, { 409: ['X402_GATE_TERMINAL', 'X402_PAYMENT_NOT_AUTHORIZED', 'X402_AUTHORIZATION_EXPIRED', 'X402_REQUEST_BINDING_MISMATCH'], 422: ['X402_CAPTURE_EXCEEDS_AUTHORIZATION'] }) } },
   }, async (request, reply) => {
     const { state, decided } = await service.verify(tenantOf(request), request.body);
     return reply.status(decided ? 200 : 202).send({ ...gateView(state), statusUrl: `/x402/gate/${state.gate._id}` });

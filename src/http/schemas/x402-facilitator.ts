@@ -59,12 +59,12 @@ export const SettleResponse = Type.Object({
   payer: Type.Optional(Type.String()),
   transaction: Type.String({ description: 'the settlement id (empty when nothing was settled)' }),
   network: Type.String(),
-  amount: Type.Optional(Type.String()),
+  amount: Type.Optional(Type.String({ description: 'what was charged, in minor units: the requirement\'s amount, which a metered call (settlement override) may set below the authorized maximum' })),
   extra: Type.Optional(
     Type.Union([
       Type.Object({
         gateId: Type.String(),
-        status: Type.String({ description: 'released, or settling while the decision is being recorded' }),
+        status: Type.String({ description: 'released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer)' }),
         releasedNow: Type.Union([Type.Integer(), Type.Null()]),
         holdback: Type.Union([Type.Integer(), Type.Null()]),
         receiptHash: Type.Union([Type.String(), Type.Null()]),
@@ -85,3 +85,25 @@ export const SupportedResponse = Type.Object({
   extensions: Type.Array(Type.String()),
   signers: Type.Record(Type.String(), Type.Array(Type.String())),
 });
+
+export const PaymentParams = Type.Object({ paymentId: Type.String({ maxLength: 128, description: 'an escrow-gate payment\'s id: its gateId (paymentPayload.payload.gateId)' }) });
+
+export const PaymentStatusResponse = Type.Object(
+  {
+    paymentId: Type.String(),
+    status: Type.Union([Type.Literal('unknown'), Type.Literal('authorized'), Type.Literal('settling'), Type.Literal('settled'), Type.Literal('refused')], {
+      description:
+        'unknown: no such payment for this credential (another tenant\'s too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why)',
+    }),
+    settleBy: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'authorized only: the last moment a settle is accepted; after it the payer is refunded' }),
+    settlement: Type.Union([SettleResponse, Type.Null()], { description: 'settled or refused: the answer settle gave, and gives to any repeat' }),
+  },
+  {
+    examples: [{
+      paymentId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
+      status: 'settled',
+      settleBy: null,
+      settlement: { success: true, payer: 'acme:agent:buyer', transaction: 'stl_2hX7kQ9mW4pZ1vB8nT6rL3cY', network: 'agent-settlement:default', amount: '25', extra: { gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', status: 'released', releasedNow: 24, holdback: 1, receiptHash: '5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8' } },
+    }],
+  },
+);

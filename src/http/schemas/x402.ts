@@ -1,5 +1,6 @@
 // Request and response schemas of the x402 payment gate (contract section 8), and the views that fill them.
 import { Type, type Static } from 'typebox';
+import { MAX_AMOUNT } from '../../domain/money.ts';
 import { MAX_QUOTE_TTL_SECONDS } from '../../domain/x402.ts';
 import type { EscalationState, GateState, PaymentAuthorization, QuoteResult } from '../../services/x402.ts';
 import { escalationStatus } from '../../services/x402.ts';
@@ -80,8 +81,18 @@ export const VerifyBody = Type.Object(
       { additionalProperties: false },
     ),
     verificationStatus: Type.Optional(Type.Union([Type.Literal('verified'), Type.Literal('failed')], { description: 'default verified; failed refunds the payer' })),
+    amount: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_AMOUNT,
+        description: 'metered capture: what the call actually cost, in minor units, at most the gate\'s amount (above: 422 X402_CAPTURE_EXCEEDS_AUTHORIZATION); default the whole amount. The holdback applies to it and the rest goes back to the payer at once; 0 charges nothing. Verified calls only. The first report wins',
+      }),
+    ),
   },
-  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', evidence: { responseSha256: '2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae' }, verificationStatus: 'verified' }] },
+  {
+    additionalProperties: false,
+    examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', evidence: { responseSha256: '2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae' }, verificationStatus: 'verified', amount: 18 }],
+  },
 );
 
 export const EscalationQuery = Type.Object({
@@ -161,6 +172,7 @@ export const Gate = Type.Object({
     Type.Object({
       verificationStatus: Type.String({ description: 'verified | failed (the provider\'s report) | expired | wound_down (the gate was returned: no report may come any more)' }),
       responseSha256: Nullable(Type.String({ description: 'null when the gate was returned without a report' })),
+      capturedAmount: Nullable(Type.Integer({ description: 'what the reported call cost (the gate\'s amount unless metered); null when nothing was charged (failed, or returned)' })),
       at: Timestamp,
     }),
   ),
@@ -258,7 +270,14 @@ export function gateView(st: GateState, now = new Date()): Static<typeof Gate> {
     authorization: authorization
       ? { authorizationRef: authorization.authorizationRef, quoteId: authorization.quoteId, requestSha256: authorization.requestSha256, tokenKid: authorization.tokenKid, expiresAt: authorization.expiresAt.toISOString(), reserve: { amount: g.amount, currency: g.currency, status: 'reserved' as const } }
       : null,
-    verification: verification ? { verificationStatus: verification.verificationStatus, responseSha256: verification.evidence.responseSha256, at: verification.at.toISOString() } : null,
+    verification: verification
+      ? {
+          verificationStatus: verification.verificationStatus,
+          responseSha256: verification.evidence.responseSha256,
+          capturedAmount: verification.verificationStatus === 'verified' ? (verification.captured ?? g.amount) : null,
+          at: verification.at.toISOString(),
+        }
+      : null,
     settlement: settlement
       ? {
           settlementId: settlement.doc._id,
