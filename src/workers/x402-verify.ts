@@ -14,6 +14,7 @@ export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x40
   const expiry = new X402GateExpiry(runtime, service);
   return {
     process: ({ tenantId, gateId }) => service.processVerify(tenantId, gateId),
-    sweep: async () => ({ gates: await expiry.sweep(), sessions: await service.sweepSessions() }),
+    // The gates' summary, with the sessions' beside it.
+    sweep: async () => ({ ...(await expiry.sweep()), sessions: await service.sweepSessions() }),
   };
 }
