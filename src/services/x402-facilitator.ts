@@ -213,6 +213,13 @@ export class X402FacilitatorService {
 
   /** The same lookup from the body settle was sent: its payment id is the payload's gateId. */
   async paymentStatusOf(tenantId: string, request: FacilitatorRequest): Promise<PaymentStatusAnswer> {
+    if (this.isSessionPayment(request)) {
+      const { sessionId, paymentId } = request.paymentPayload.payload;
+      if (typeof sessionId !== 'string' || typeof paymentId !== 'string' || sessionId.length > 128 || paymentId.length > 128) {
+        throw errors.unprocessable('the payment payload names no sessionId and paymentId', { errors: [{ path: 'body.paymentPayload.payload', message: 'sessionId and paymentId strings of at most 128 characters' }] });
+      }
+      return this.sessions.paymentStatus(tenantId, sessionId, paymentId);
+    }
     const gateId = request.paymentPayload.payload.gateId;
     if (typeof gateId !== 'string' || gateId.length > 128) {
       throw errors.unprocessable('the payment payload names no gateId', { errors: [{ path: 'body.paymentPayload.payload.gateId', message: 'a string of at most 128 characters' }] });
@@ -227,6 +234,9 @@ export class X402FacilitatorService {
    * or `refused` with the answer settle gave. Reads by `_id` only and moves nothing.
    */
   async paymentStatus(tenantId: string, paymentId: string): Promise<PaymentStatusAnswer> {
+    // A session payment's id is `<sessionId>:<paymentId>` (session ids hold no colon).
+    const session = /^(ses_[^:]+):(.+)$/.exec(paymentId);
+    if (session) return this.sessions.paymentStatus(tenantId, session[1]!, session[2]!);
     const unknown: PaymentStatusAnswer = { paymentId, status: 'unknown', settleBy: null, settlement: null };
     const gate = await this.gates.requireGate(tenantId, paymentId).catch((err: unknown) => {
       if (err instanceof ServiceError && err.status === 404) return null;

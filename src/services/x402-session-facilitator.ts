@@ -7,7 +7,8 @@ import { isSha256Hex } from '../domain/crypto.ts';
 import { ServiceError } from '../domain/errors.ts';
 import { requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
-import type { FacilitatorRequest, SettleAnswer, VerifyAnswer } from './x402-facilitator.ts';
+import type { FacilitatorRequest, PaymentStatusAnswer, SettleAnswer, VerifyAnswer } from './x402-facilitator.ts';
+import type { ChargeAnswer } from './x402-sessions.ts';
 import type { X402Service } from './x402.ts';
 
 const AMOUNT = /^(0|[1-9][0-9]{0,15})$/;
@@ -66,19 +67,41 @@ export class X402SessionFacilitator {
       if (!AMOUNT.test(amount)) throw new Refusal('invalid_amount', 'the amount to settle must be integer minor units');
       if (Number(amount) > p.accepted) throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
       const charged = await this.x402.captureInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256 });
-      return {
-        success: true,
-        payer: charged.receipt.body.payerAgentId,
-        transaction: charged.charge._id,
-        network,
-        amount: String(charged.charge.amount),
-        extra: { sessionId: p.sessionId, paymentId: p.paymentId, seq: charged.charge.seq, remaining: charged.remaining, receiptHash: charged.receipt.receiptHash },
-      };
+      return this.settled(charged);
     } catch (err) {
       const refusal = refusalOf(err);
       if (refusal) return { success: false, errorReason: refusal.reason, errorMessage: refusal.message, transaction: '', network };
       throw err;
     }
+  }
+
+  /** What settle answers for a charge: the same for the first settle, a repeat, and the status lookup. */
+  private settled(charged: ChargeAnswer): SettleAnswer {
+    const { charge, receipt } = charged;
+    return {
+      success: true,
+      payer: receipt.body.payerAgentId,
+      transaction: charge._id,
+      network: this.runtime.config.x402.network,
+      amount: String(charge.amount),
+      extra: { sessionId: charge.sessionId, paymentId: charge.paymentId!, seq: charge.seq, remaining: charged.remaining, receiptHash: receipt.receiptHash },
+    };
+  }
+
+  /**
+   * Where a session payment stands (its payment id is `<sessionId>:<paymentId>`): see X402Sessions.paymentState. A
+   * settled one carries the answer settle gives (`remaining` as it is now); a refused one was voided by the close.
+   */
+  async paymentStatus(tenantId: string, sessionId: string, paymentId: string): Promise<PaymentStatusAnswer> {
+    const state = await this.x402.sessionPaymentState(tenantId, sessionId, paymentId);
+    const id = `${sessionId}:${paymentId}`;
+    if (state.status === 'settled') return { paymentId: id, status: 'settled', settleBy: null, settlement: this.settled(state.charged!) };
+    if (state.status === 'refused') {
+      const settlement: SettleAnswer = { success: false, errorReason: 'session_closed', errorMessage: 'the session closed before this payment was settled: nothing was charged', transaction: '', network: this.runtime.config.x402.network };
+      return { paymentId: id, status: 'refused', settleBy: null, settlement };
+    }
+    const settleBy = state.status === 'authorized' ? state.session!.expiresAt.toISOString() : null;
+    return { paymentId: id, status: state.status, settleBy, settlement: null };
   }
 
   /** The protocol's fields and the payment's bindings (the request it pays for, the payee, the amount accepted). */

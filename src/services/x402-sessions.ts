@@ -327,6 +327,32 @@ export class X402Sessions {
     };
   }
 
+  /**
+   * Where a payment of the session stands, for a provider that lost its settle's answer: `unknown` (never seen),
+   * `authorized` (held by a verify, not settled: settle it before the session closes), `settling` (debited, its
+   * record in flight: settle again, it answers the same), `settled` (charged: the charge and its receipt), `refused`
+   * (voided by the close). Reads by `_id` and one Redis read; moves nothing.
+   */
+  async paymentState(tenantId: string, sessionId: string, paymentId: string): Promise<{ status: 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused'; session: SessionDoc | null; charged: ChargeAnswer | null }> {
+    const session = await this.store.get(sessionId);
+    if (!session || session.tenantId !== tenantId) return { status: 'unknown', session: null, charged: null };
+    let debit = await this.store.debitOf(session._id, paymentId);
+    if (!debit && !(await this.store.budgetState(session._id))) {
+      // Redis no longer holds the budget (a session closed long ago, or lost): put it back from the charges.
+      await this.ensureBudget(session).catch(() => undefined);
+      debit = await this.store.debitOf(session._id, paymentId);
+    }
+    if (!debit) return { status: 'unknown', session, charged: null };
+    const [charge, close] = await Promise.all([this.store.getCharge(session._id, debit.seq), this.store.closeOf(session._id)]);
+    if (charge?.state === 'charged') {
+      const charged = { charge, receipt: this.receiptOf(session, charge), remaining: await this.remaining(session), repeated: true };
+      return { status: 'settled', session, charged };
+    }
+    if (charge?.state === 'void') return { status: 'refused', session, charged: null };
+    if (close) return { status: 'refused', session, charged: null }; // the close voids it at its next look
+    return { status: debit.mode === 'hold' ? 'authorized' : 'settling', session, charged: null };
+  }
+
   private async remaining(session: SessionDoc): Promise<number> {
     const state = await this.store.budgetState(session._id);
     return state && state.state === 'open' ? state.budget - state.spent : 0;

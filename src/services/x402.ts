@@ -139,6 +139,9 @@ export class X402Service {
   requireSession(...args: Parameters<X402Sessions['requireSession']>) {
     return this.sessions.requireSession(...args);
   }
+  sessionPaymentState(...args: Parameters<X402Sessions['paymentState']>) {
+    return this.sessions.paymentState(...args);
+  }
   disputeSession(...args: Parameters<X402Sessions['dispute']>) {
     return this.sessions.dispute(...args);
   }

@@ -227,6 +227,13 @@ export class X402SessionStore {
     return kind === 'unknown' ? { kind } : { kind: kind as 'captured' | 'repeat' | 'over', ...parseDebit(value!) };
   }
 
+  /** The debit a payment id holds in the session's budget, or null when the budget never saw it. */
+  async debitOf(sessionId: string, paymentId: string): Promise<Debit | null> {
+    const [, payments] = this.keys(sessionId);
+    const value = await this.redis.hget(payments, paymentId);
+    return value ? parseDebit(value) : null;
+  }
+
   /** Starts the budget (or rebuilds it after Redis lost it) unless it is there; `payments` maps payment ids to seq:amount:c. */
   async initBudget(sessionId: string, s: BudgetState & { expiresAt: Date }, payments: Array<[string, string]> = []): Promise<void> {
     const [budget, paymentsKey] = this.keys(sessionId);

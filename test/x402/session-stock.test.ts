@@ -108,6 +108,25 @@ describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> t
     expect(again).toEqual(first);
     const sessionId = paymentPayload.payload.sessionId as string;
     expect((await t.app.inject({ method: 'GET', url: `/x402/sessions/${sessionId}`, headers: auth })).json()).toMatchObject({ spent: 5, charges: 1 });
+    // ... or looks it up by its payment id, or by the body it sent: settled, with the answer settle gave.
+    const paymentId = `${sessionId}:${paymentPayload.payload.paymentId as string}`;
+    const byId = (await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${encodeURIComponent(paymentId)}`, headers: auth })).json();
+    expect(byId).toMatchObject({ paymentId, status: 'settled', settlement: { ...first, extra: { ...first.extra, remaining: expect.any(Number) } } });
+    const byBody = await t.app.inject({ method: 'POST', url: '/x402/facilitator/status', headers: auth, payload: { x402Version: 2, paymentPayload, paymentRequirements: paymentPayload.accepted } });
+    expect(byBody.json()).toMatchObject({ paymentId, status: 'settled' });
+    const never = (await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${encodeURIComponent(`${sessionId}:never-seen`)}`, headers: auth })).json();
+    expect(never).toMatchObject({ status: 'unknown', settlement: null });
+
+    // A payment verified (its price held) but never settled: authorized until the session closes, then refused,
+    // and the close voids its hold: the payer pays nothing for it.
+    const held = { ...paymentPayload, payload: { ...paymentPayload.payload, paymentId: 'verified-only' } };
+    const verified = await t.app.inject({ method: 'POST', url: '/x402/facilitator/verify', headers: auth, payload: { x402Version: 2, paymentPayload: held, paymentRequirements: held.accepted } });
+    expect(verified.json()).toMatchObject({ isValid: true });
+    const heldUrl = `/x402/facilitator/payments/${encodeURIComponent(`${sessionId}:verified-only`)}`;
+    expect((await t.app.inject({ method: 'GET', url: heldUrl, headers: auth })).json()).toMatchObject({ status: 'authorized', settleBy: expect.any(String) });
     await paying.close();
+    expect((await t.app.inject({ method: 'GET', url: heldUrl, headers: auth })).json()).toMatchObject({ status: 'refused', settlement: { success: false, errorReason: 'session_closed' } });
+    const statement = (await t.app.inject({ method: 'GET', url: `/x402/sessions/${sessionId}/statement`, headers: auth })).json();
+    expect(statement.body).toMatchObject({ totalCharged: 5, voided: 1 });
   });
 });

@@ -86,7 +86,9 @@ export const SupportedResponse = Type.Object({
   signers: Type.Record(Type.String(), Type.Array(Type.String())),
 });
 
-export const PaymentParams = Type.Object({ paymentId: Type.String({ maxLength: 128, description: 'an escrow-gate payment\'s id: its gateId (paymentPayload.payload.gateId)' }) });
+export const PaymentParams = Type.Object({
+  paymentId: Type.String({ maxLength: 258, description: 'an escrow-gate payment\'s id: its gateId (paymentPayload.payload.gateId); an escrow-session payment\'s: `<sessionId>:<paymentId>` from its payload' }),
+});
 
 export const PaymentStatusResponse = Type.Object(
   {
