@@ -156,6 +156,7 @@ export class X402Sessions {
     const session = recorded.session;
     if (!recorded.created) {
       if (!sameTerms(session, fresh)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key opened a session with other terms', { sessionId: session._id });
+      await this.store.due.mark(session._id, tenantId, session.expiresAt); // its own expiry, not this retry's
       const close = await this.store.closeOf(session._id);
       if (close) return this.resumedOpenAnswer(session, close);
     }
