@@ -81,7 +81,7 @@ function derive(rt: Runtime, purpose: string, attemptId: string): Buffer {
 
 /** The attempt's own tenant key: id and secret derive from the attempt, so a resumed attempt presents the same one. */
 async function attemptCredential(rt: Runtime, tenantId: string, attemptId: string, createdAt: Date): Promise<{ keyId: string; token: string }> {
-  const keyId = `key_fpc${derive(rt, 'key-id', attemptId).toString('hex').slice(0, 24)}`;
+  const keyId = `ak_fpc${derive(rt, 'key-id', attemptId).toString('hex').slice(0, 24)}`;
   const secret = derive(rt, 'key-secret', attemptId).toString('base64url');
   const existing = await rt.stores.apiKeys.get(keyId);
   if (!existing) {

@@ -33,17 +33,20 @@ export async function issueBuyerSession(rt: Runtime, tenantId: string): Promise<
 
 export interface RuntimeBootstrap {
   tenantId: string;
-  apiKey: { keyId: string; scopes: string[] };
+  apiKey: { keyId: string; scopes: string[]; expiresAt: string | null };
   mcp: McpLaunch;
   mcpConfigJson: string;
 }
 
-/** Issues a runtime key (shown once, in mcp.env) and the MCP configuration that carries it. */
-export async function bootstrapRuntime(rt: Runtime, tenantId: string): Promise<RuntimeBootstrap> {
+/** The conformance matrix's runtime key is for its own checks: it stops working by itself after this long. */
+const CONFORMANCE_KEY_TTL_MS = 3_600_000;
+
+/** Issues a runtime key (shown once, in mcp.env; expiring at `expiresAt` if given) and the MCP configuration that carries it. */
+export async function bootstrapRuntime(rt: Runtime, tenantId: string, options: { expiresAt?: Date; description?: string } = {}): Promise<RuntimeBootstrap> {
   await requireTenant(rt, tenantId);
-  const { key, token } = await issueApiKey(rt, { tenantId, scopes: RUNTIME_SCOPES, description: 'agent runtime (runtime bootstrap)' });
+  const { key, token } = await issueApiKey(rt, { tenantId, scopes: RUNTIME_SCOPES, description: options.description ?? 'agent runtime (runtime bootstrap)', expiresAt: options.expiresAt ?? null });
   const launch = mcpLaunch({ SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token });
-  return { tenantId, apiKey: { keyId: key._id, scopes: key.scopes }, mcp: launch, mcpConfigJson: mcpServersJson(launch) };
+  return { tenantId, apiKey: { keyId: key._id, scopes: key.scopes, expiresAt: key.expiresAt?.toISOString() ?? null }, mcp: launch, mcpConfigJson: mcpServersJson(launch) };
 }
 
 /** Where a smoke test's env waits for its worker: sealed (AES-GCM, bound to this key name), expiring, deleted after use. */
@@ -153,7 +156,7 @@ export interface ConformanceMatrix {
 
 /** Runs bootstrap, smoke test and first paid call once, and reports every requested runtime's snippet with the checks. */
 export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: RuntimeTarget[]): Promise<ConformanceMatrix> {
-  const bootstrap = await bootstrapRuntime(rt, tenantId);
+  const bootstrap = await bootstrapRuntime(rt, tenantId, { expiresAt: new Date(Date.now() + CONFORMANCE_KEY_TTL_MS), description: 'conformance matrix (expires by itself)' });
   let smoke: ConformanceMatrix['checks']['smokeTest'];
   try {
     const doc = await runSmokeTest(rt, tenantId, bootstrap.mcp.env);

@@ -23,7 +23,10 @@ export interface IssuedKey {
   token: string;
 }
 
-const TOKEN_RE = /^sk_(key_[A-Za-z0-9_-]{10,64})\.([A-Za-z0-9_-]{43,128})$/;
+// API key ids are `ak_…`, apart from agent key ids (`key_` + a public key's hash, contract section 5); keys issued
+// before that carry `key_…` ids and keep working.
+const TOKEN_RE = /^sk_((?:ak|key)_[A-Za-z0-9_-]{10,64})\.([A-Za-z0-9_-]{43,128})$/;
+export const API_KEY_ID_PREFIX = 'ak';
 
 function hashSecret(secret: string): string {
   return createHash('sha256').update(secret).digest('hex');
@@ -72,7 +75,7 @@ export class ApiKeyStore {
     const secret = input.secret ?? randomBytes(32).toString('base64url');
     if (!/^[A-Za-z0-9_-]{43,128}$/.test(secret)) throw new Error('an API key secret is 43-128 base64url characters');
     const key: ApiKeyDoc = {
-      _id: input.id ?? newId('key'),
+      _id: input.id ?? newId(API_KEY_ID_PREFIX),
       tenantId: input.tenantId,
       scopes: [...new Set(input.scopes)],
       description: input.description ?? null,
@@ -146,7 +149,7 @@ export class ApiKeyStore {
     if (old.status !== 'active' || old.rotatedTo) return { refused: old };
     const graceEnds = new Date(now.getTime() + gracePeriodSeconds * 1000);
     const effectiveAt = old.expiresAt && old.expiresAt < graceEnds ? old.expiresAt : graceEnds;
-    const successorId = newId('key');
+    const successorId = newId(API_KEY_ID_PREFIX);
     const claimed = await insertFirst(this.ends, { _id: `${keyId}#rotate`, keyId, kind: 'rotate', effectiveAt, rotatedTo: successorId });
     if (!claimed) return { refused: await this.resolve(stored, now) }; // rotated concurrently: that rotation stands
     const issued = await this.issue({ id: successorId, tenantId: old.tenantId, scopes: old.scopes, description: old.description, expiresAt: old.expiresAt });

@@ -61,6 +61,17 @@ describe('authentication and scopes', () => {
     expect(list.json().items.find((k: { keyId: string }) => k.keyId === keyId)).toMatchObject({ status: 'active', scopes: ['runs:write'] });
   });
 
+  it('issues API key ids as ak_… (agent key ids are key_…), and keys issued before with key_… ids keep working', async () => {
+    const { keyId, tenantId } = await t.tenantWithKey(['ops']);
+    expect(keyId).toMatch(/^ak_/);
+    const legacy = await t.runtime.stores.apiKeys.issue({ id: `key_${'c'.repeat(22)}`, tenantId, scopes: ['ops'] });
+    expect(legacy.token).toMatch(/^sk_key_c{22}\./);
+    expect((await listTenants({ authorization: `Bearer ${legacy.token}` })).statusCode).toBe(200);
+    const revoked = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${legacy.key._id}/revoke`, headers: t.admin });
+    expect(revoked.statusCode, revoked.body).toBe(200);
+    expect((await listTenants({ authorization: `Bearer ${legacy.token}` })).statusCode).toBe(401);
+  });
+
   it('refuses a revoked key with 401 at once', async () => {
     const ops = await t.tenantWithKey(['ops']);
     expect((await listTenants(ops.auth)).statusCode).toBe(200);

@@ -78,6 +78,13 @@ describe('conformance matrix', () => {
       expect(env).toEqual(envs[0]);
     }
     expect(envs[0]).toMatchObject({ SERVICE_BASE_URL: t.baseUrl, SERVICE_TENANT_ID: tenant.tenantId, SERVICE_API_KEY: expect.stringMatching(new RegExp(`^sk_${body.apiKey.keyId}\\.`)) });
+    // The matrix's key is for its own checks: it expires by itself within the hour, and says so.
+    expect(body.apiKey.keyId).toMatch(/^ak_/);
+    const expiresIn = Date.parse(body.apiKey.expiresAt) - Date.now();
+    expect(expiresIn).toBeGreaterThan(50 * 60_000);
+    expect(expiresIn).toBeLessThanOrEqual(3_600_000);
+    const stored = await t.runtime.stores.apiKeys.get(body.apiKey.keyId);
+    expect(stored?.expiresAt?.toISOString()).toBe(body.apiKey.expiresAt);
 
     // The smoke test ran that very key through the real MCP server.
     expect(body.checks.bootstrap.status).toBe('passed');

@@ -37,7 +37,7 @@ describe('runtime-bootstrap smoke test', () => {
     const body = res.json();
     expect(body).toMatchObject({ passed: true, serverInfo: { name: 'agent-settlement' }, call: { tool: 'whoami', isError: false } });
     expect(body.toolNames).toEqual(expect.arrayContaining(['whoami', 'register_agent', 'gate_create']));
-    expect(body.call.result).toMatchObject({ tenantId: tenant.tenantId, keyId: expect.stringMatching(/^key_/), health: { status: 'ready' } });
+    expect(body.call.result).toMatchObject({ tenantId: tenant.tenantId, keyId: expect.stringMatching(/^ak_/), health: { status: 'ready' } });
     expect(res.body).not.toContain(env.SERVICE_API_KEY!.split('.')[1]);
     const pid = await pidOf(t, body.smokeTestId);
     expect(pid).toBeTypeOf('number');

@@ -21,7 +21,7 @@ const McpLaunch = Type.Object({ command: Type.String(), args: Type.Array(Type.St
 
 export const RuntimeBootstrap = Type.Object({
   tenantId: Type.String(),
-  apiKey: Type.Object({ keyId: Type.String(), scopes: Type.Array(Type.String()) }),
+  apiKey: Type.Object({ keyId: Type.String({ description: '`ak_…`' }), scopes: Type.Array(Type.String()), expiresAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'null: until revoked; the conformance matrix\'s key expires by itself after an hour' }) }),
   mcp: McpLaunch,
   mcpConfigJson: Type.String({ description: 'The `{"mcpServers": {...}}` document to paste, as a JSON string' }),
 });
@@ -36,7 +36,7 @@ export const SmokeTestBody = Type.Object(
   { env: McpEnv },
   {
     additionalProperties: false,
-    examples: [{ env: { SERVICE_BASE_URL: 'http://127.0.0.1:3000', SERVICE_TENANT_ID: 'ten_8JcW2nQ5rT7yB4mK1xZ9pLs3', SERVICE_API_KEY: 'sk_key_3vR8tY1uI6oP0aS5dF2gH7jK.secret-from-runtime-bootstrap' } }],
+    examples: [{ env: { SERVICE_BASE_URL: 'http://127.0.0.1:3000', SERVICE_TENANT_ID: 'ten_8JcW2nQ5rT7yB4mK1xZ9pLs3', SERVICE_API_KEY: 'sk_ak_3vR8tY1uI6oP0aS5dF2gH7jK.secret-from-runtime-bootstrap' } }],
   },
 );
 export const SmokeTestResult = Type.Object({
@@ -122,7 +122,7 @@ const Check = Type.Union([Type.Literal('passed'), Type.Literal('degraded'), Type
 export const ConformanceMatrix = Type.Object({
   tenantId: Type.String(),
   ready: Type.Boolean({ description: 'true only when bootstrap, smoke test and first paid call all passed' }),
-  apiKey: Type.Object({ keyId: Type.String(), scopes: Type.Array(Type.String()) }),
+  apiKey: Type.Object({ keyId: Type.String({ description: '`ak_…`' }), scopes: Type.Array(Type.String()), expiresAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'null: until revoked; the conformance matrix\'s key expires by itself after an hour' }) }),
   checks: Type.Object({
     bootstrap: Type.Object({ status: Check }),
     smokeTest: Type.Object({ status: Check, smokeTestId: Type.Union([Type.String(), Type.Null()]), step: Type.Union([Type.String(), Type.Null()]) }),

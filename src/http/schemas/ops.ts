@@ -46,7 +46,7 @@ export const IssuedApiKey = Type.Intersect([
   ApiKey,
   Type.Object({ token: Type.String({ description: 'Shown once: `sk_<keyId>.<secret>`' }) }),
 ]);
-export const ApiKeyParams = Type.Object({ keyId: Type.String({ pattern: '^key_[A-Za-z0-9_-]{1,64}$' }) });
+export const ApiKeyParams = Type.Object({ keyId: Type.String({ pattern: '^(ak|key)_[A-Za-z0-9_-]{1,64}$', description: '`ak_…` (keys issued before API and agent key ids were told apart: `key_…`)' }) });
 export const Rotate = Type.Object(
   { gracePeriodSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 0 })) },
   { additionalProperties: false, examples: [{ gracePeriodSeconds: 3600 }] },
