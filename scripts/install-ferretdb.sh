@@ -31,11 +31,13 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 mkdir -p "$ROOT/.tools/bin"
 start=$(date +%s)
+echo "install-ferretdb: building FerretDB $VERSION from its module source (first start only; about 1-3 minutes)" >&2
 work="$(mktemp -d)"
 trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 cd "$work"
 dir="$(GOFLAGS=-mod=mod go mod download -json "github.com/FerretDB/FerretDB@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
 [ -n "$dir" ] || { echo "install-ferretdb: go mod download gave no source directory" >&2; exit 1; }
+echo "install-ferretdb: source downloaded ($(( $(date +%s) - start ))s); patching its _id lookup and compiling" >&2
 cp -r "$dir" src
 chmod -R u+w src
 echo "$VERSION" > src/build/version/version.txt
@@ -45,6 +47,11 @@ grep -qF 'IDColumn = DefaultColumn + "->'"'"'$._id'"'"'"' "$metadata" \
 # ID_INDEX_PATCH: look _id up with the `_id` index's own expression.
 perl -pi -e 's/IDColumn = DefaultColumn \+ "->\x27\$\._id\x27"/IDColumn = DefaultColumn + "->\\"_id\\""/' "$metadata"
 grep -qF 'IDColumn = DefaultColumn + "->\"_id\""' "$metadata" || { echo "install-ferretdb: _id index patch did not apply" >&2; exit 1; }
+# The compile is the long part: say it is still going every 15 s.
+(while sleep 15; do echo "install-ferretdb: still compiling ($(( $(date +%s) - start ))s)" >&2; done) &
+ticker=$!
+trap 'kill $ticker 2>/dev/null; chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 (cd src && go build -trimpath -o "$BIN" ./cmd/ferretdb)
+kill $ticker 2>/dev/null || true
 "$BIN" --version | sed -n 1p  # not head: with pipefail, --version killed by SIGPIPE would fail the build
 echo "install-ferretdb: built from module source in $(( $(date +%s) - start ))s"

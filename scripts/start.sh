@@ -5,7 +5,18 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 [ -d node_modules ] || npm ci --no-audit --no-fund
+# One command moves everything: PORT (the API), REDIS_PORT and MONGO_PORT (the local Redis and FerretDB, and the URLs
+# the service uses for them, unless REDIS_URL / MONGO_URL name other servers).
+export LOCAL_REDIS_PORT="${LOCAL_REDIS_PORT:-${REDIS_PORT:-6390}}"
+export LOCAL_MONGO_PORT="${LOCAL_MONGO_PORT:-${MONGO_PORT:-27027}}"
+# Servers on other ports keep their data apart from the default pair's (stop them with the same variables and
+# `bash scripts/services.sh down`).
+if [ "$LOCAL_REDIS_PORT:$LOCAL_MONGO_PORT" != "6390:27027" ]; then
+  export SERVICES_DATA_DIR="${SERVICES_DATA_DIR:-$ROOT/.data/services-$LOCAL_REDIS_PORT-$LOCAL_MONGO_PORT}"
+fi
 bash scripts/services.sh up
+[ -n "${REDIS_URL:-}" ] || export REDIS_URL="redis://127.0.0.1:$LOCAL_REDIS_PORT"
+[ -n "${MONGO_URL:-}" ] || export MONGO_URL="mongodb://127.0.0.1:$LOCAL_MONGO_PORT/agent_settlement"
 mkdir -p .data
 if [ -z "${SERVICE_ADMIN_KEY:-}" ]; then
   # A development admin key, made once and kept out of the logs: read it from the file.
