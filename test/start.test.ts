@@ -23,7 +23,7 @@ function freePort(): Promise<number> {
 it('PORT, REDIS_PORT and MONGO_PORT move the whole service in one command', { timeout: 180_000 }, async () => {
   const [port, redisPort, mongoPort] = [await freePort(), await freePort(), await freePort()];
   const dataDir = mkdtempSync(join(tmpdir(), 'start-ports-'));
-  const env = { ...process.env, PORT: String(port), REDIS_PORT: String(redisPort), MONGO_PORT: String(mongoPort), SERVICES_DATA_DIR: dataDir, SERVICE_ADMIN_KEY: randomBytes(32).toString('base64url') };
+  const env: NodeJS.ProcessEnv = { ...process.env, PORT: String(port), REDIS_PORT: String(redisPort), MONGO_PORT: String(mongoPort), SERVICES_DATA_DIR: dataDir, SERVICE_ADMIN_KEY: randomBytes(32).toString('base64url') };
   delete env.REDIS_URL;
   delete env.MONGO_URL;
   delete env.MONGO_DB;
