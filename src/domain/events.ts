@@ -3,6 +3,8 @@ export const EVENT_TYPES = [
   'run.finalized',
   'settlement.completed',
   'settlement.held',
+  'settlement.refunded',
+  'settlement.holdback_released',
   'dispute.opened',
   'dispute.resolved',
   'escrow.returned',

@@ -191,6 +191,8 @@ export async function advanceSettlement(
   }
   if (pass) {
     inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`));
+    // Every money movement is announced: the part of a metered reserve the call did not cost went back too.
+    if (uncaptured > 0) inFlight(emitEvent(rt, s.tenantId, 'settlement.refunded', { ...subject, settlementId: s._id, amount: uncaptured, currency: s.currency, reason: 'uncaptured' }, `settlement.refunded:${s._id}:uncaptured`));
   } else if (!s.gateId && !s.sessionId) {
     // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
     inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`));
@@ -209,6 +211,8 @@ export async function advanceSettlement(
   if (facts.holdback?.fate === 'release') {
     await move(entryIds.holdback(s._id), 'holdback_release', s.payeeWalletId, d.holdback);
     failpoint('holdback-released');
+    await Promise.all(started);
+    await emitEvent(rt, s.tenantId, 'settlement.holdback_released', { ...subject, settlementId: s._id, amount: d.holdback, currency: s.currency }, `settlement.holdback_released:${s._id}`);
   }
 
   // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
@@ -234,6 +238,9 @@ export async function advanceSettlement(
     failpoint('held-resolved');
     if (release) {
       await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
+    } else {
+      // An operator's refund ruling, or a gate's failed verification (refunded at once).
+      await emitEvent(rt, s.tenantId, 'settlement.refunded', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason ?? 'held_ruling' }, `settlement.refunded:${s._id}`);
     }
   }
 

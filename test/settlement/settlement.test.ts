@@ -55,6 +55,9 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
 
     const events = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.runId': runId }).toArray();
     expect(events.map((e) => e.data)).toEqual([{ runId, settlementId: completed.settlementId, amount: 850, holdback: 150, currency: 'USD' }]);
+    // The holdback's release is a money movement of its own, announced once.
+    const holdbackEvents = await t.runtime.stores.outbox.events.find({ type: 'settlement.holdback_released', 'data.runId': runId }).toArray();
+    expect(holdbackEvents.map((e) => e.data)).toEqual([{ runId, settlementId: completed.settlementId, amount: 150, currency: 'USD' }]);
     const verify = (await t.app.inject({ method: 'GET', url: `/v1/verify/${runId}` })).json();
     expect(verify.settlement).toEqual({ status: 'completed', amount: 1_000, currency: 'USD' });
   });
@@ -90,6 +93,8 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     expect(release.json()).toMatchObject({ status: 'completed', releasedAmount: 700 });
     const refund = await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldB.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'refund' } });
     expect(refund.json()).toMatchObject({ status: 'refunded', refundedAmount: 500 });
+    const refunded = await t.runtime.stores.outbox.events.find({ type: 'settlement.refunded', 'data.runId': b }).toArray();
+    expect(refunded.map((e) => e.data)).toEqual([{ runId: b, settlementId: heldB.settlementId, amount: 500, currency: 'USD', reason: 'TERMS_NOT_MET' }]);
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 1_300, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 700, escrow: 0 });
     const again = await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldA.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'refund' } });
