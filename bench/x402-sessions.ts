@@ -13,7 +13,9 @@
 //               each call's scheduled time (no coordinated omission): p50/p95/p99;
 //   gate:       `--gate-flows` four-request gate flows (create, quote, authorize-payment, verify; poll while 202);
 //   metered:    the same flows, verify charging a part of the authorized amount (the rest goes back at once);
-//   ceilings:   the two ceilings, closed loop, `--clients` callers, `--seconds` each.
+//   ceilings:   the two ceilings, closed loop, `--clients` callers, `--seconds` each;
+//   settld:     the original service's own four-request x402 paid call (bench/settld.ts: its in-memory store, from a
+//               checkout of its mirror under /tmp), closed loop, `--clients` callers, `--seconds` (--no-settld: skip).
 // --own-backend starts a FerretDB and a Redis of the bench's own (bench/backend.ts), so their CPU is this bench's
 // alone; otherwise the shared ones (scripts/services.sh) are used and other work on them is counted too.
 // Loopback only; stops by itself.
@@ -25,6 +27,7 @@ import { sharedBackend, startOwnBackend, stopOwnBackend, type Backend } from './
 import { HttpClient } from './growth/http-client.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
 import { benchService, buildService, cleanUpOnSignals, dropBenchData, freePort, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
+import { startSettld, type Settld } from './settld.ts';
 import { call, percentiles, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
 const arg = (name: string, fallback: number) => {
@@ -38,6 +41,7 @@ const CLIENTS = arg('--clients', 32);
 const GATE_FLOWS = arg('--gate-flows', 120);
 const GATE_CLIENTS = arg('--gate-clients', 8);
 const OWN_BACKEND = process.argv.includes('--own-backend');
+const SETTLD = !process.argv.includes('--no-settld');
 const log = (line: string) => process.stderr.write(`[x402-sessions] ${line}\n`);
 const round = (x: number, digits = 2) => Number(x.toFixed(digits));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -125,8 +129,32 @@ process.on('SIGTERM', () => app.close().then(() => Promise.all([redis.quit(), mo
 
 const children: Child[] = [];
 let service: BenchService | null = null;
+let settld: Settld | null = null;
+
+/** Settld's paid call, closed loop like the session's, with its process's CPU; or why it could not run here. */
+async function measureSettld() {
+  if (!SETTLD) return { skipped: '--no-settld' };
+  try {
+    settld = await startSettld(log);
+    await settld.prepare(CLIENTS);
+    const once = async (client: number) => {
+      const started = performance.now();
+      await settld!.paidCall(client);
+      return performance.now() - started;
+    };
+    await closedLoop(CLIENTS, 2, once);
+    await quiesce([settld.pid]);
+    const run = await measured({ settld: settld.pid }, () => closedLoop(CLIENTS, SECONDS, once));
+    return { calls: run.value.length, callsPerSecond: round(run.value.length / (run.wallMs / 1000), 1), latency: percentiles(run.value), cpuMsPerCall: perOperation(run.cpuMs, run.value.length) };
+  } catch (err) {
+    log(`settld skipped: ${(err as Error).message}`);
+    return { skipped: (err as Error).message.slice(0, 300) };
+  }
+}
 
 async function cleanup(): Promise<void> {
+  await settld?.stop().catch(() => undefined);
+  settld = null;
   for (const child of children.splice(0)) await stopChild(child).catch(() => undefined);
   if (OWN_BACKEND) await stopOwnBackend();
   else if (service) {
@@ -238,6 +266,12 @@ async function main(): Promise<void> {
     closedLoop(CLIENTS, SECONDS, async (client) => (await raw.http.request('POST', '/charge', { body: { session: `s${client}`, paymentId: randomUUID(), amount: 3 } })).ms),
   );
 
+  await quiesce([raw.child.pid, bare.child.pid, ...pids]);
+  log('settld');
+  const settldRun = await measureSettld();
+  const settldRate = 'callsPerSecond' in settldRun ? settldRun.callsPerSecond! : null;
+  const settldCpu = 'cpuMsPerCall' in settldRun ? settldRun.cpuMsPerCall!.total : null;
+
   const sessionCpu = perOperation(saturation.cpuMs, saturation.value.length);
   const gateCpu = perOperation(gate.cpuMs, gate.value.length);
   const meteredCpu = metered.value.length > 0 ? perOperation(metered.cpuMs, metered.value.length) : null;
@@ -260,15 +294,19 @@ async function main(): Promise<void> {
       bareFastify: { requestsPerSecond: round(bareRun.value.length / (bareRun.wallMs / 1000), 1), latency: percentiles(bareRun.value), cpuMsPerRequest: perOperation(bareRun.cpuMs, bareRun.value.length) },
       rawDrivers: { callsPerSecond: round(rawRate, 1), latency: percentiles(rawRun.value), cpuMsPerCall: perOperation(rawRun.cpuMs, rawRun.value.length) },
     },
+    settld: settldRun,
     ratios: {
       sessionCpuOverGateFlowCpu: round(sessionCpu.total / gateCpu.total, 3),
       sessionCpuOverRawDriversCpu: round(sessionCpu.total / perOperation(rawRun.cpuMs, rawRun.value.length).total, 3),
       sessionRateOverRawDriversRate: round(saturationRate / rawRate, 3),
       meteredCpuOverGateFlowCpu: meteredCpu ? round(meteredCpu.total / gateCpu.total, 3) : null,
+      sessionRateOverSettldRate: settldRate ? round(saturationRate / settldRate, 3) : null,
+      sessionCpuOverSettldCpu: settldCpu ? round(sessionCpu.total / settldCpu, 3) : null,
     },
     targets: {
       sessionCpuAtMost5Ms: sessionCpu.total <= 5,
       sessionAtLeast400PerSecond: saturationRate >= 400,
+      sessionAtLeastSettldRate: settldRate ? saturationRate >= settldRate : null,
       openLoopP99Under25Ms: openLatency.p99 < 25,
       meteredAtMostGateFlow: meteredCpu ? meteredCpu.total <= gateCpu.total : null,
     },
