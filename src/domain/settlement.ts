@@ -145,8 +145,6 @@ export function decideSettlement(
 export const entryIds = {
   release: (settlementId: string) => `settle:${settlementId}:release`,
   holdback: (settlementId: string) => `settle:${settlementId}:holdback`,
-  /** A metered pass's uncaptured rest, back to the payer right after the release. */
-  uncaptured: (settlementId: string) => `settle:${settlementId}:uncaptured`,
   disputeToPayer: (disputeId: string) => `dispute:${disputeId}:payer`,
   disputeToPayee: (disputeId: string) => `dispute:${disputeId}:payee`,
   held: (settlementId: string, outcome: 'release' | 'refund') => `settle:${settlementId}:held-${outcome}`,
@@ -170,11 +168,11 @@ export function deriveSettlement(terms: SettlementTerms, facts: SettlementFacts,
   }
 
   const base = { holdback: d.holdback, disputeWindowEndsAt: windowEnds };
-  // A metered pass returns what it did not capture right after the release: refunded from then on.
+  // A metered pass returns what it did not capture by the release entry itself (a leg of its own): refunded from then on.
   const captured = capturedOf(terms.amount, d);
   const uncaptured = terms.amount - captured;
   // Decided, but the money has not moved yet: still pending to the outside.
-  if ((d.releaseNow > 0 && !applied.has(entryIds.release(terms.settlementId))) || (uncaptured > 0 && !applied.has(entryIds.uncaptured(terms.settlementId)))) {
+  if (d.releaseNow + uncaptured > 0 && !applied.has(entryIds.release(terms.settlementId))) {
     return { ...base, status: 'pending', holdbackState: 'none', releasedAmount: 0, refundedAmount: 0, final: false };
   }
   // Nothing charged: the whole amount went back, and there is nothing to dispute.

@@ -76,7 +76,7 @@ const GATE_DEADLINE_SLACK_MS = 86_400_000;
 /** How often, at most, the periodic audit runs (all processes together). Wanted as config: LEDGER_AUDIT_INTERVAL_MS. */
 export const AUDIT_EVERY_MS = 10 * 60_000;
 
-const SETTLEMENT_KINDS = new Set(['settlement_release', 'settlement_uncaptured', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
+const SETTLEMENT_KINDS = new Set(['settlement_release', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
 const LOCK_KINDS = new Set(['escrow_lock', 'x402_escrow_lock', 'x402_session_lock']);
 
 const violationsGauge = new Gauge({ name: 'ledger_audit_violations', help: 'Violations the last ledger audit of this process found, by kind', labelNames: ['kind'] as const, registers: [processMetrics] });
@@ -115,7 +115,7 @@ async function settlementOwnerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: s
   if (!SETTLEMENT_KINDS.has(p.kind)) return null;
   // A settlement's own steps name it in their id; checked against the ids it would make, else read from the entry.
   const m = /^settle:([^:]+):/.exec(p.entryId);
-  if (m && [entryIds.release(m[1]!), entryIds.uncaptured(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
+  if (m && [entryIds.release(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
   const entry = await rt.stores.ledgerAudit.entryAttempt(attemptId(p.entryId, p.attempt));
   return entry?.ref.settlementId ? { owner: entry.ref.settlementId, subject: null } : null;
 }

@@ -180,19 +180,20 @@ export async function advanceSettlement(
     started.push(work);
   };
 
-  // 2. Move what the decision releases now, then announce it (event ids derive from the settlement).
-  if (pass && d.releaseNow > 0) await move(entryIds.release(s._id), 'settlement_release', s.payeeWalletId, d.releaseNow);
-  failpoint('released');
-  // A metered pass charged less than its reserve: the rest goes back to the payer at once, by its own entry.
+  // 2. Move what the decision releases now, then announce it (event ids derive from the settlement). A metered pass
+  //    charged less than its reserve: the same entry returns the rest to the payer at once (one debit of the escrow,
+  //    a credit to each), so a metered call costs what a whole one does.
   const uncaptured = pass ? s.amount - capturedOf(s.amount, d) : 0;
-  if (uncaptured > 0) {
-    await move(entryIds.uncaptured(s._id), 'settlement_uncaptured', s.payerWalletId, uncaptured);
-    failpoint('uncaptured-returned');
+  if (pass && d.releaseNow + uncaptured > 0) {
+    const id = entryIds.release(s._id);
+    const legs = [fromEscrow(d.releaseNow + uncaptured), ...(d.releaseNow > 0 ? [toAvailable(s.payeeWalletId, d.releaseNow)] : []), ...(uncaptured > 0 ? [toAvailable(s.payerWalletId, uncaptured)] : [])];
+    await ledger.apply({ _id: id, tenantId: s.tenantId, kind: 'settlement_release', currency: s.currency, legs, ref }, { expectNew: known?.decidedNow === true, prepared: known?.prepared?.get(id) });
+    applied.add(id);
   }
+  failpoint('released');
   if (pass) {
-    inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency }, `settlement.completed:${s._id}`));
-    // Every money movement is announced: the part of a metered reserve the call did not cost went back too.
-    if (uncaptured > 0) inFlight(emitEvent(rt, s.tenantId, 'settlement.refunded', { ...subject, settlementId: s._id, amount: uncaptured, currency: s.currency, reason: 'uncaptured' }, `settlement.refunded:${s._id}:uncaptured`));
+    const returned = uncaptured > 0 ? { uncaptured } : {};
+    inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`));
   } else if (!s.gateId && !s.sessionId) {
     // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
     inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`));

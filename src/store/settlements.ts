@@ -181,7 +181,6 @@ export function termsOf(s: SettlementDoc): SettlementTerms {
 /** Every ledger entry a settlement can ever use. */
 export function candidateEntries(s: SettlementDoc, facts: SettlementFacts): string[] {
   const ids = [entryIds.release(s._id), entryIds.holdback(s._id), entryIds.held(s._id, 'release'), entryIds.held(s._id, 'refund')];
-  if (s.gateId) ids.push(entryIds.uncaptured(s._id)); // only a gate's capture can be metered
   if (facts.holdback?.fate === 'dispute') ids.push(entryIds.disputeToPayer(facts.holdback.disputeId), entryIds.disputeToPayee(facts.holdback.disputeId));
   return ids;
 }

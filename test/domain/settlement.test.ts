@@ -46,15 +46,13 @@ describe('metered settlement decision', () => {
 
 describe('metered settlement view', () => {
   const release = entryIds.release(terms.settlementId);
-  const uncaptured = entryIds.uncaptured(terms.settlementId);
   const holdback = entryIds.holdback(terms.settlementId);
 
-  it('is pending until both the release and the uncaptured return are applied; then released and refunded parts show', () => {
+  it('is pending until the release entry (which also returns the uncaptured rest) is applied; then released and refunded parts show', () => {
     const decision = decide(400);
-    expect(deriveSettlement(terms, { decision }, all(release), at).status).toBe('pending');
-    expect(deriveSettlement(terms, { decision }, all(uncaptured), at).status).toBe('pending');
-    expect(deriveSettlement(terms, { decision }, all(release, uncaptured), at)).toMatchObject({ status: 'completed', holdbackState: 'held', releasedAmount: 360, refundedAmount: 600, holdback: 40 });
-    const done = deriveSettlement(terms, { decision, holdback: { fate: 'release', at: at.toISOString() } }, all(release, uncaptured, holdback), at);
+    expect(deriveSettlement(terms, { decision }, all(), at).status).toBe('pending');
+    expect(deriveSettlement(terms, { decision }, all(release), at)).toMatchObject({ status: 'completed', holdbackState: 'held', releasedAmount: 360, refundedAmount: 600, holdback: 40 });
+    const done = deriveSettlement(terms, { decision, holdback: { fate: 'release', at: at.toISOString() } }, all(release, holdback), at);
     expect(done).toMatchObject({ status: 'completed', holdbackState: 'released', releasedAmount: 400, refundedAmount: 600, final: true });
   });
 
@@ -62,7 +60,7 @@ describe('metered settlement view', () => {
     const decision = decide(0);
     expect(decision).toMatchObject({ captured: 0, releaseNow: 0, holdback: 0 });
     expect(deriveSettlement(terms, { decision }, all(), at).status).toBe('pending');
-    expect(deriveSettlement(terms, { decision }, all(uncaptured), at)).toMatchObject({ status: 'refunded', releasedAmount: 0, refundedAmount: 1_000, final: true });
+    expect(deriveSettlement(terms, { decision }, all(release), at)).toMatchObject({ status: 'refunded', releasedAmount: 0, refundedAmount: 1_000, final: true });
   });
 
   it('a full capture needs no return: completed as before', () => {

@@ -85,10 +85,10 @@ describe('x402 metered capture: stock fetch wrapper -> stock express middleware 
     const gate = (await get(t, auth, `/x402/gate/${paymentPayload.payload.gateId as string}`)).json();
     expect(gate).toMatchObject({ status: 'released', amount: 100, verification: { capturedAmount: 10 }, settlement: { releasedAmount: 9, refundedAmount: 90, holdback: 1 } });
     expect(gate.receipt.body).toMatchObject({ amount: 100, captured: 10, releasedNow: 9, holdback: 1, verdict: 'pass' });
-    // Both movements are announced: the release, and the part of the reserve the call did not cost.
+    // The one movement is announced once: the release, with the part of the reserve the call did not cost.
     const settlementId = gate.settlement.settlementId as string;
-    const refunded = await t.runtime.stores.outbox.events.find({ type: 'settlement.refunded', 'data.settlementId': settlementId }).toArray();
-    expect(refunded.map((e) => e.data)).toEqual([{ gateId: gate.gateId, settlementId, amount: 90, currency: 'USD', reason: 'uncaptured' }]);
+    const completed = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.settlementId': settlementId }).toArray();
+    expect(completed.map((e) => e.data)).toEqual([{ gateId: gate.gateId, settlementId, amount: 9, holdback: 1, currency: 'USD', uncaptured: 90 }]);
 
     // Settling the same payment again, with this amount or another, answers the first settlement and moves nothing.
     const body = (amount: string) => ({ x402Version: 2, paymentPayload, paymentRequirements: { ...paymentPayload.accepted, amount } });
