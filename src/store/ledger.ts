@@ -14,7 +14,8 @@ import { insertFirst, insertInOrder, isDuplicateKey, RECONCILIATION_COMMENT } fr
 // - The head cache is written only at every HEAD_CACHE_EVERY-th position (an update costs FerretDB more than any
 //   other command), so it trails by a few positions. A process also remembers the furthest posting it has claimed or
 //   read per account: a head that may trail, never lead, so a poster starts from it without reading, and a claim
-//   lost to another process costs one read of the posting that won.
+//   lost to another process costs one read of the posting that won. On an account where it lost a claim (another
+//   process posts there too), the next entry reads the position after that head first, beside its other reads.
 // - A leg of an entry is resolved at most once: before claiming position p for it, a poster checks every position
 //   since the entry's floor (the account's head as read or remembered before the entry was recorded, never above any
 //   later posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
@@ -369,13 +370,29 @@ export class LedgerStore {
 
   /**
    * What apply reads before it records an entry: the heads of its accounts (its floors, and where its legs start),
-   * from this process's memory, else the chain's end read from its cache forward. A caller may read them beside its
-   * own reads and hand them to apply; read any time before the entry is recorded, they are valid floors (neither a
-   * remembered head nor the head cache ever leads its chain).
+   * from this process's memory (with the position after it read, where another process posts too), else the chain's
+   * end read from its cache forward. A caller may read them beside its own reads and hand them to apply; read any
+   * time before the entry is recorded, they are valid floors (neither a remembered head nor the head cache ever leads
+   * its chain).
    */
   async prepare(entry: { currency: string; legs: Array<Pick<Leg, 'walletId' | 'bucket'>> }): Promise<PreparedEntry> {
     const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
-    return { accounts, heads: await Promise.all(accounts.map((a) => this.knownHeads.get(a) ?? this.chainEnd(a))) };
+    const headOf = (account: string) => {
+      const known = this.knownHeads.get(account);
+      return !known ? this.chainEnd(account) : this.contended.has(account) ? this.peekPast(account, known) : known;
+    };
+    return { accounts, heads: await Promise.all(accounts.map(headOf)) };
+  }
+
+  /** The posting after a remembered head, if any (then the head it gives); none means the account went quiet. */
+  private async peekPast(account: string, known: AccountHead): Promise<AccountHead> {
+    const next = await this.postings.findOne({ _id: positionId(account, known.seq + 1) });
+    if (!next) {
+      this.contended.delete(account);
+      return known;
+    }
+    this.learnHead(account, next);
+    return { seq: next.seq, balance: next.balanceAfter };
   }
 
   /** Finishes an entry's latest attempt (what apply does after recording it). */
@@ -477,7 +494,7 @@ export class LedgerStore {
         if (inserted > 0) return { claims: postings.slice(0, inserted).map((posting, leg) => this.claimed(attempt, leg, posting, false)), lost: inserted < postings.length };
         const taken = await this.postings.findOne({ _id: postings[0]!._id });
         if (!taken || (taken.entryId === attempt.entryId && taken.attempt === attempt.attempt && taken.leg === 0)) break;
-        this.learnHead(accounts[0], taken);
+        this.learnTaken(accounts[0], taken);
         debitEnd = { seq: taken.seq, balance: taken.balanceAfter };
       }
       return { claims: [], lost: false };
@@ -552,7 +569,7 @@ export class LedgerStore {
     const taken = await this.postings.findOne({ _id: positionId(account, seq) });
     if (!taken) throw new Error(`ledger position ${positionId(account, seq)} was taken, yet it is empty`);
     seen.set(taken.seq, taken);
-    this.learnHead(account, taken);
+    this.learnTaken(account, taken);
     return { seq: taken.seq, balance: taken.balanceAfter };
   }
 
@@ -631,6 +648,13 @@ export class LedgerStore {
     if (known && known.seq >= posting.seq) return;
     if (!known && this.knownHeads.size >= MEMO_LIMIT) this.knownHeads.clear();
     this.knownHeads.set(account, { seq: posting.seq, balance: posting.balanceAfter });
+  }
+
+  /** Accounts on which this process lost a claim to another poster since it last found them quiet. */
+  private readonly contended = new Set<string>();
+  private learnTaken(account: string, posting: Pick<PostingDoc, 'seq' | 'balanceAfter'>): void {
+    this.learnHead(account, posting);
+    remember(this.contended, account);
   }
 
   // Postings on a wallet that does not exist would belong to nobody: wallets are created before money moves.
