@@ -2,7 +2,7 @@ import type { Collection, Db } from 'mongodb';
 import { errors, ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import type { LedgerDueIndex } from './ledger-due.ts';
-import { insertFirst, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts';
+import { insertFirst, insertInOrder, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts';
 
 // The ledger without transactions, and with every read and write of a growing collection by exact `_id` (on
 // FerretDB nothing else uses an index). What makes it correct is unique inserts only; updated documents (account
@@ -11,14 +11,22 @@ import { insertFirst, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts'
 // - A posting's `_id` is its position `<account>#<seq>`: claiming a position is a unique insert, so one posting
 //   holds each position, chains have no gaps (position n+1 is claimed only by one who read n), and walking a chain
 //   is by `_id`. Balances are the chains' ends: the cached head, walked forward to the first missing position.
+// - The head cache is written only at every HEAD_CACHE_EVERY-th position (an update costs FerretDB more than any
+//   other command), so it trails by a few positions. A process also remembers the furthest posting it has claimed or
+//   read per account: a head that may trail, never lead, so a poster starts from it without reading, and a claim
+//   lost to another process costs one read of the posting that won. On an account where it lost a claim (another
+//   process posts there too), the next entry reads the position after that head first, beside its other reads.
 // - A leg of an entry is resolved at most once: before claiming position p for it, a poster checks every position
-//   since the entry's floor (the account's cached head read before the entry was recorded, never above any later
-//   posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
+//   since the entry's floor (the account's head as read or remembered before the entry was recorded, never above any
+//   later posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
 //   later one sees the earlier one's posting; a crash after the claim is found the same way. The leg marker
 //   `<attemptId>#<leg>` records the result so that later looks are one read (written by whoever finishes an attempt
 //   it did not record itself; the recorder's own legs are only ever looked at again after a crash).
 // - Only the first leg may debit. A debit the chain's end cannot cover claims its position as a refusal (delta 0),
 //   so "refused" and "posted" are decided by the same unique insert and two posters can never disagree.
+// - A fresh two-leg attempt whose debit its head covers claims both positions in one ordered insert: the credit's
+//   position is inserted only once the debit's was (an ordered insert stops at its first failure), so a credit never
+//   lands without its debit. A claim that lost goes on alone, as any other.
 // - A refused entry moved nothing and may be retried under the same id: each retry is a new attempt document
 //   `<entryId>~<n>`, claimed by unique insert; attempts are never deleted, so no poster's work can vanish.
 
@@ -138,6 +146,8 @@ export interface LedgerEntryDoc extends NewLedgerEntry {
 const RECONCILED_KIND = 'escrow_lock';
 const MAX_POST_ATTEMPTS = 200;
 const CHAIN_READ_BATCH = 32;
+/** The head cache is written when a posting lands on a multiple of this (or a reader walked this far past it). */
+const HEAD_CACHE_EVERY = 8;
 /**
  * The least time between a lock's application and the sweeper concluding that its run will never be stored: the
  * locking request stores the run right after (a sweeper set to act at once raced it under load).
@@ -359,13 +369,30 @@ export class LedgerStore {
   }
 
   /**
-   * What apply reads before it records an entry: the cached heads of its accounts (its floors, and where its legs
-   * start). A caller may read them beside its own reads and hand them to apply; read any time before the entry is
-   * recorded, they are valid floors (a head cache never leads its chain).
+   * What apply reads before it records an entry: the heads of its accounts (its floors, and where its legs start),
+   * from this process's memory (with the position after it read, where another process posts too), else the chain's
+   * end read from its cache forward. A caller may read them beside its own reads and hand them to apply; read any
+   * time before the entry is recorded, they are valid floors (neither a remembered head nor the head cache ever leads
+   * its chain).
    */
   async prepare(entry: { currency: string; legs: Array<Pick<Leg, 'walletId' | 'bucket'>> }): Promise<PreparedEntry> {
     const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
-    return { accounts, heads: await Promise.all(accounts.map((a) => this.cachedHead(a))) };
+    const headOf = (account: string) => {
+      const known = this.knownHeads.get(account);
+      return !known ? this.chainEnd(account) : this.contended.has(account) ? this.peekPast(account, known) : known;
+    };
+    return { accounts, heads: await Promise.all(accounts.map(headOf)) };
+  }
+
+  /** The posting after a remembered head, if any (then the head it gives); none means the account went quiet. */
+  private async peekPast(account: string, known: AccountHead): Promise<AccountHead> {
+    const next = await this.postings.findOne({ _id: positionId(account, known.seq + 1) });
+    if (!next) {
+      this.contended.delete(account);
+      return known;
+    }
+    this.learnHead(account, next);
+    return { seq: next.seq, balance: next.balanceAfter };
   }
 
   /** Finishes an entry's latest attempt (what apply does after recording it). */
@@ -395,8 +422,9 @@ export class LedgerStore {
     if (attempt.state === 'applied') return attempt;
     const trailing: Array<Promise<unknown>> = [];
     try {
+      const pair = heads && this.pairable(attempt, heads) ? await this.claimPair(attempt, heads) : null;
       for (const [leg, spec] of attempt.legs.entries()) {
-        const { mark, written } = await this.resolveLeg(attempt, leg, spec, heads?.[leg]);
+        const { mark, written } = pair?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, heads?.[leg], pair?.lost === true && leg === pair.claims.length));
         trailing.push(written);
         if (mark.refused) {
           await Promise.all(trailing);
@@ -419,7 +447,7 @@ export class LedgerStore {
   }
 
   /** The leg's marker, resolving the leg first (posting it, or refusing its debit) if no one has yet. */
-  private async resolveLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, head?: AccountHead): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
+  private async resolveLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, head?: AccountHead, lost = false): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
     // The marker only saves a walk: claimLeg finds an earlier posting of the leg from the floor on its own, so a
     // fresh attempt (whose marker almost never exists) goes straight to it.
     if (!head) {
@@ -427,61 +455,122 @@ export class LedgerStore {
       if (known) return { mark: known, written: Promise.resolve() };
     }
     const account = accountOf(spec.walletId, attempt.currency, spec.bucket);
-    return this.serialized(account, () => this.claimLeg(attempt, leg, spec, account, head));
+    return this.serialized(account, () => this.claimLeg(attempt, leg, spec, account, head, lost));
   }
 
   /**
-   * Claims the leg's position (or finds the one already claimed for it). Starting from `head` (a cached head read
-   * moments ago), or the head this process's previous poster on the account left, the claim goes straight to the
-   * next position: the unique insert says when that position is taken, and only then is the chain walked.
+   * A fresh attempt's two legs (a debit, then a credit on another account), each starting right at its floor, so
+   * that neither has a position to look at before its claim.
    */
-  private async claimLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string, head?: AccountHead): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
+  private pairable(attempt: LedgerEntryDoc, heads: AccountHead[]): boolean {
+    const [debit, credit] = attempt.legs;
+    return attempt.legs.length === 2 && debit!.delta < 0 && credit!.delta > 0 && heads.length === 2 && heads.every((h, i) => h.seq === attempt.floors[i])
+      && accountOf(debit!.walletId, attempt.currency, debit!.bucket) !== accountOf(credit!.walletId, attempt.currency, credit!.bucket);
+  }
+
+  /**
+   * Claims both legs of a pairable attempt in one ordered insert (the credit's position only if the debit's was
+   * won) when the debit's head covers it and no poster in this process has moved either account on since the heads
+   * were read; a debit position found taken is read (it must not be this leg's posting) and the pair tried once more
+   * after it. Answers the legs it claimed, and whether the next one's position was found taken: that leg and any
+   * after it are then claimed alone, as in any other case. Holds both accounts' queues, taken in the order of their
+   * names (as every holder of two does), so two pairs never wait for each other.
+   */
+  private async claimPair(attempt: LedgerEntryDoc, heads: AccountHead[]): Promise<{ claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean }> {
+    const [debit, credit] = attempt.legs as [Leg, Leg];
+    const accounts = [accountOf(debit.walletId, attempt.currency, debit.bucket), accountOf(credit.walletId, attempt.currency, credit.bucket)] as const;
+    const [low, high] = [...accounts].sort();
+    return this.serialized(low!, () => this.serialized(high!, async () => {
+      await Promise.all([this.requireWallet(debit.walletId), this.requireWallet(credit.walletId)]);
+      const moved = accounts.some((a, i) => (this.knownHeads.get(a)?.seq ?? 0) > heads[i]!.seq);
+      // Armed to crash between the legs, the test hooks have the legs claimed one at a time.
+      if (moved || this.failAfterLeg || this.failAfterClaim) return { claims: [], lost: false };
+      let debitEnd = heads[0]!;
+      for (let round = 0; round < 2; round++) {
+        const fits = debitEnd.balance + debit.delta >= 0 && Number.isSafeInteger(heads[1]!.balance + credit.delta) && debitEnd.seq > 0 && heads[1]!.seq > 0;
+        if (!fits) break;
+        const postings = [this.postingAt(attempt, 0, debit, accounts[0], debitEnd, false), this.postingAt(attempt, 1, credit, accounts[1], heads[1]!, false)];
+        const inserted = await insertInOrder(this.postings, postings);
+        if (inserted > 0) return { claims: postings.slice(0, inserted).map((posting, leg) => this.claimed(attempt, leg, posting, false)), lost: inserted < postings.length };
+        const taken = await this.postings.findOne({ _id: postings[0]!._id });
+        if (!taken || (taken.entryId === attempt.entryId && taken.attempt === attempt.attempt && taken.leg === 0)) break;
+        this.learnTaken(accounts[0], taken);
+        debitEnd = { seq: taken.seq, balance: taken.balanceAfter };
+      }
+      return { claims: [], lost: false };
+    }));
+  }
+
+  /** The posting of a leg at the position after `end` (a refusal when it is a debit `end` cannot cover). */
+  private postingAt(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string, end: AccountHead, refused: boolean): PostingDoc {
+    return {
+      _id: positionId(account, end.seq + 1),
+      account,
+      walletId: spec.walletId,
+      currency: attempt.currency,
+      bucket: spec.bucket,
+      seq: end.seq + 1,
+      entryId: attempt.entryId,
+      attempt: attempt.attempt,
+      leg,
+      delta: refused ? 0 : spec.delta,
+      balanceAfter: refused ? end.balance : end.balance + spec.delta,
+      refused,
+      kind: attempt.kind,
+      at: new Date(),
+    };
+  }
+
+  /** What follows a won claim: the head learnt, the crash points, the marker (unless fresh) and the head cache. */
+  private claimed(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, writeMark: boolean): { mark: LegMarkDoc; written: Promise<unknown> } {
+    this.learnHead(posting.account, posting);
+    this.failAfterClaim?.(attempt.entryId, leg);
+    failpoint('ledger.position-claimed');
+    return this.markLeg(attempt, leg, posting, posting.account, writeMark);
+  }
+
+  /**
+   * Claims the leg's position (or finds the one already claimed for it). Starting from `head` (a head read moments
+   * ago), or the head this process knows (if further), the claim goes straight to the next position: the unique
+   * insert says when that position is taken, and only then is the chain read on. `lost`: the position after `head`
+   * was just claimed by another (read it first).
+   */
+  private async claimLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string, head?: AccountHead, lost = false): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
     await this.requireWallet(spec.walletId);
     const seen = new Map<number, PostingDoc>();
-    const cached = head ?? (await this.cachedHead(account));
-    let end = cached;
-    const left = this.handoff.get(account);
-    if (left && left.seq > end.seq) end = left;
+    const known = this.knownHeads.get(account);
+    let end = head ?? known ?? (await this.cachedHead(account));
+    if (lost) end = await this.readTaken(account, end.seq + 1, seen);
+    if (known && known.seq > end.seq) end = known;
     if (!head) end = await this.walkForward(account, end, seen);
     let checkedUpTo = attempt.floors[leg]!;
     for (let round = 0; round < MAX_POST_ATTEMPTS; round++) {
       const earlier = await this.findLegPosting(account, attempt, leg, checkedUpTo + 1, end.seq, seen);
-      if (earlier) return this.markLeg(attempt, leg, earlier, account, cached);
+      if (earlier) return this.markLeg(attempt, leg, earlier, account);
       checkedUpTo = Math.max(checkedUpTo, end.seq);
 
       const balanceAfter = end.balance + spec.delta;
       if (!Number.isSafeInteger(balanceAfter)) throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
-      const refused = balanceAfter < 0;
       if (end.seq === 0) await this.ensureCurrency(spec.walletId, attempt.currency); // before the chain can exist
-      const posting: PostingDoc = {
-        _id: positionId(account, end.seq + 1),
-        account,
-        walletId: spec.walletId,
-        currency: attempt.currency,
-        bucket: spec.bucket,
-        seq: end.seq + 1,
-        entryId: attempt.entryId,
-        attempt: attempt.attempt,
-        leg,
-        delta: refused ? 0 : spec.delta,
-        balanceAfter: refused ? end.balance : balanceAfter,
-        refused,
-        kind: attempt.kind,
-        at: new Date(),
-      };
-      if (await insertFirst(this.postings, posting)) {
-        this.handoff.set(account, { seq: posting.seq, balance: posting.balanceAfter });
-        this.failAfterClaim?.(attempt.entryId, leg);
-        failpoint('ledger.position-claimed');
-        // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,
-        // within the sweeper's staleness); that walk from the floor finds this posting all the same.
-        return this.markLeg(attempt, leg, posting, account, cached, !head);
-      }
-      // Someone else took this position (maybe a poster of this very leg): read on and check what they wrote.
-      end = await this.walkForward(account, end, seen);
+      const posting = this.postingAt(attempt, leg, spec, account, end, balanceAfter < 0);
+      // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,
+      // within the sweeper's staleness); that walk from the floor finds this posting all the same.
+      if (await insertFirst(this.postings, posting)) return this.claimed(attempt, leg, posting, !head);
+      // Someone else took this position (maybe a poster of this very leg): read what they wrote, check it on the
+      // next round and claim the position after it.
+      end = await this.readTaken(account, posting.seq, seen);
       await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(50, round * 5)));
     }
     throw errors.unavailable(`account ${account} is too contended; retry`);
+  }
+
+  /** The posting at a position just found taken (postings are never removed, so it is there to read). */
+  private async readTaken(account: string, seq: number, seen: Map<number, PostingDoc>): Promise<AccountHead> {
+    const taken = await this.postings.findOne({ _id: positionId(account, seq) });
+    if (!taken) throw new Error(`ledger position ${positionId(account, seq)} was taken, yet it is empty`);
+    seen.set(taken.seq, taken);
+    this.learnTaken(account, taken);
+    return { seq: taken.seq, balance: taken.balanceAfter };
   }
 
   /** A posting of this attempt's leg at positions from..to, if any (at most one can exist). */
@@ -495,12 +584,15 @@ export class LedgerStore {
     return null;
   }
 
-  /** The leg's marker (a loser's marker names the same posting: there is only one) and the head cache, both written behind. */
-  private markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, cached: AccountHead, writeMark = true): { mark: LegMarkDoc; written: Promise<unknown> } {
+  /**
+   * The leg's marker (a loser's marker names the same posting: there is only one) and, when the posting lands on a
+   * multiple of HEAD_CACHE_EVERY, the head cache: both written behind.
+   */
+  private markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, writeMark = true): { mark: LegMarkDoc; written: Promise<unknown> } {
     const mark: LegMarkDoc = { _id: `${attempt._id}#${leg}`, posting: posting._id, refused: posting.refused, balanceAfter: posting.balanceAfter };
     const written = Promise.all([
       writeMark ? insertFirst(this.legMarks, mark) : undefined,
-      posting.seq > cached.seq ? this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter }) : undefined,
+      posting.seq % HEAD_CACHE_EVERY === 0 ? this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter }) : undefined,
     ]);
     written.catch(() => undefined); // awaited by finish; this only keeps an early failure from going unhandled
     return { mark, written };
@@ -525,18 +617,44 @@ export class LedgerStore {
     let end = from;
     for (;;) {
       const next = await this.postings.findOne({ _id: positionId(account, end.seq + 1) });
-      if (!next) return end;
+      if (!next) {
+        if (end.seq > 0) this.learnHead(account, { seq: end.seq, balanceAfter: end.balance });
+        return end;
+      }
       seen.set(next.seq, next);
       end = { seq: next.seq, balance: next.balanceAfter };
     }
   }
 
-  /** An account's balance: its cached head walked forward to the chain's end (the cache repaired when it trailed). */
+  /**
+   * An account's balance: its cached head (or the head this process knows, when further) walked forward to the
+   * chain's end; the cache is repaired when it trailed by HEAD_CACHE_EVERY or more (by less is how it is kept).
+   */
   private async chainEnd(account: string): Promise<AccountHead> {
     const cached = await this.cachedHead(account);
-    const end = await this.walkForward(account, cached, new Map());
-    if (end.seq !== cached.seq) await this.cacheHead(account, end);
+    const known = this.knownHeads.get(account);
+    const end = await this.walkForward(account, known && known.seq > cached.seq ? known : cached, new Map());
+    if (end.seq - cached.seq >= HEAD_CACHE_EVERY) await this.cacheHead(account, end);
     return end;
+  }
+
+  /**
+   * The furthest posting this process has claimed or read, per account: a head that may trail its chain (another
+   * process posts on), never lead it, as postings are never removed. Forgotten all at once when this large.
+   */
+  private readonly knownHeads = new Map<string, AccountHead>();
+  private learnHead(account: string, posting: Pick<PostingDoc, 'seq' | 'balanceAfter'>): void {
+    const known = this.knownHeads.get(account);
+    if (known && known.seq >= posting.seq) return;
+    if (!known && this.knownHeads.size >= MEMO_LIMIT) this.knownHeads.clear();
+    this.knownHeads.set(account, { seq: posting.seq, balance: posting.balanceAfter });
+  }
+
+  /** Accounts on which this process lost a claim to another poster since it last found them quiet. */
+  private readonly contended = new Set<string>();
+  private learnTaken(account: string, posting: Pick<PostingDoc, 'seq' | 'balanceAfter'>): void {
+    this.learnHead(account, posting);
+    remember(this.contended, account);
   }
 
   // Postings on a wallet that does not exist would belong to nobody: wallets are created before money moves.
@@ -574,21 +692,13 @@ export class LedgerStore {
 
   /** One writer per account at a time within this process; other processes are kept apart by the chain itself. */
   private readonly accountQueues = new Map<string, Promise<unknown>>();
-  /**
-   * The head the last poster on an account left, for the next one in this process's queue. Forgotten when the
-   * queue drains, so it only lives through a burst of in-process posts (a head that may trail, never lead).
-   */
-  private readonly handoff = new Map<string, AccountHead>();
   private serialized<T>(account: string, work: () => Promise<T>): Promise<T> {
     const previous = this.accountQueues.get(account) ?? Promise.resolve();
     const run = previous.then(work, work);
     const tail = run.catch(() => undefined);
     this.accountQueues.set(account, tail);
     void tail.then(() => {
-      if (this.accountQueues.get(account) === tail) {
-        this.accountQueues.delete(account);
-        this.handoff.delete(account);
-      }
+      if (this.accountQueues.get(account) === tail) this.accountQueues.delete(account);
     });
     return run;
   }

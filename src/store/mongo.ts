@@ -89,6 +89,22 @@ class InsertGroup {
   }
 }
 
+/**
+ * Unique inserts of `docs` in order, as one command that stops at the first one already taken: how many were
+ * inserted (a prefix of `docs`). Document i is inserted only if every one before it was (an ordered insert, on
+ * MongoDB and FerretDB alike), so a claim can be made on the condition that the claims before it won.
+ */
+export async function insertInOrder<T extends Document>(collection: Collection<T>, docs: Array<OptionalUnlessRequiredId<T>>): Promise<number> {
+  try {
+    await collection.insertMany(docs, { ordered: true });
+    return docs.length;
+  } catch (err) {
+    const first = err instanceof MongoBulkWriteError && Array.isArray(err.writeErrors) && !err.result?.getWriteConcernError() ? err.writeErrors[0] : undefined;
+    if (first?.code === 11000) return first.index;
+    throw err; // the connection, or a write concern not met: unsure which were inserted
+  }
+}
+
 /** Per collection object: each store holds its collections for its lifetime. */
 const insertGroups = new WeakMap<object, InsertGroup>();
 

@@ -113,10 +113,11 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     };
     await expect(other.apply(credit('w3', 'credit:w3:2', 5))).rejects.toBeInstanceOf(Crash);
     other.failAfterClaim = null;
-    // The dead writer's posting holds position 2; no marker, the head cache still says 10.
+    // The dead writer's posting holds position 2; no marker, and the head cache (written every few positions) and this
+    // store's own head (position 1, its credit) both trail it.
     expect(await ledger.legMarks.findOne({ _id: 'credit:w3:2#0' })).toBeNull();
-    expect(await ledger.accounts.findOne({ _id: 'w3|USD|available' })).toMatchObject({ seq: 1, balance: 10 });
-    // A debit the stale cache could not cover (10 < 12) but the chain can (15); then the crashed entry is finished.
+    expect((await ledger.accounts.findOne({ _id: 'w3|USD|available' }))?.seq ?? 0).toBeLessThan(2);
+    // A debit the stale head could not cover (10 < 12) but the chain can (15); then the crashed entry is finished.
     await ledger.apply(lock('w3', 'spend:w3', 12));
     await Promise.all([ledger.resume('credit:w3:2'), other.apply(credit('w3', 'credit:w3:2', 5))]);
     expect(await ledger.balances('w3')).toEqual({ USD: { available: 3, escrow: 12 } });
