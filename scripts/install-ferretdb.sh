@@ -50,8 +50,9 @@ grep -qF 'IDColumn = DefaultColumn + "->\"_id\""' "$metadata" || { echo "install
 # The compile is the long part: say it is still going every 15 s.
 (while sleep 15; do echo "install-ferretdb: still compiling ($(( $(date +%s) - start ))s)" >&2; done) &
 ticker=$!
-trap 'kill $ticker 2>/dev/null; chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+# (|| true: under set -e a failing command in the EXIT trap would become the script's exit status)
+trap 'kill "$ticker" 2>/dev/null || true; chmod -R u+w "$work" 2>/dev/null || true; rm -rf "$work"' EXIT
 (cd src && go build -trimpath -o "$BIN" ./cmd/ferretdb)
-kill $ticker 2>/dev/null || true
+kill "$ticker" 2>/dev/null || true
 "$BIN" --version | sed -n 1p  # not head: with pipefail, --version killed by SIGPIPE would fail the build
 echo "install-ferretdb: built from module source in $(( $(date +%s) - start ))s"
