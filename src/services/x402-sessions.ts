@@ -30,7 +30,7 @@ import { disputeSettlement } from './disputes.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
 import { sweepItems } from './sweep-items.ts';
-import { valueOf, woundDownError, type X402Gates } from './x402-gates.ts';
+import { woundDownError, type X402Gates } from './x402-gates.ts';
 import type { X402WalletPolicies } from './x402-wallet-policies.ts';
 
 export const sessionEntryIds = {
