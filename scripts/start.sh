@@ -7,8 +7,8 @@ cd "$ROOT"
 [ -d node_modules ] || npm ci --no-audit --no-fund
 # One command moves everything: PORT (the API), REDIS_PORT and MONGO_PORT (the local Redis and FerretDB, and the URLs
 # the service uses for them, unless REDIS_URL / MONGO_URL name other servers).
-export LOCAL_REDIS_PORT="${LOCAL_REDIS_PORT:-${REDIS_PORT:-6390}}"
-export LOCAL_MONGO_PORT="${LOCAL_MONGO_PORT:-${MONGO_PORT:-27027}}"
+export LOCAL_REDIS_PORT="${REDIS_PORT:-${LOCAL_REDIS_PORT:-6390}}"
+export LOCAL_MONGO_PORT="${MONGO_PORT:-${LOCAL_MONGO_PORT:-27027}}"
 # Servers on other ports keep their data apart from the default pair's (stop them with the same variables and
 # `bash scripts/services.sh down`).
 if [ "$LOCAL_REDIS_PORT:$LOCAL_MONGO_PORT" != "6390:27027" ]; then
