@@ -109,7 +109,7 @@ describe('x402 payment sessions', () => {
     expect((await get(t, auth, `/x402/sessions/${session.sessionId}`)).json()).toMatchObject({ spent: 10, remaining: 40, charges: 2 });
     // Neither a payment id nor an Idempotency-Key: refused, nothing charged.
     const bare = await post(t, auth, `/x402/sessions/${session.sessionId}/charges`, { payeeAgentId: payee, amount: 3 });
-    expect(bare.statusCode).toBe(400);
+    expect(bare.statusCode).toBe(422);
     expect((await get(t, auth, `/x402/sessions/${session.sessionId}`)).json()).toMatchObject({ spent: 10 });
   });
 

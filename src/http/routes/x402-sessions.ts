@@ -43,12 +43,13 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
       body: ChargeBody,
       response: {
         201: Charge,
-        ...sessionErrors(410, { 409: ['X402_SESSION_CLOSED', 'X402_SESSION_EXPIRED', 'X402_SESSION_BUDGET_EXCEEDED', 'X402_SESSION_LIMIT_EXCEEDED', 'X402_SESSION_PAYEE_NOT_ALLOWED', 'X402_SESSION_PAYMENT_REUSED'] }),
+        ...sessionErrors(410, { 409: ['X402_SESSION_CLOSED', 'X402_SESSION_EXPIRED', 'X402_SESSION_BUDGET_EXCEEDED', 'X402_SESSION_LIMIT_EXCEEDED', 'X402_SESSION_PAYEE_NOT_ALLOWED', 'X402_SESSION_PAYMENT_REUSED'], 422: ['VALIDATION_FAILED'] }),
       },
     },
   }, async (request, reply) => {
     const paymentId = request.body.paymentId ?? parseIdempotencyKey(request.headers['idempotency-key']);
-    if (!paymentId) throw errors.validation('a charge needs a paymentId (or an Idempotency-Key): it is what makes a retry charge once', { errors: [{ path: 'body.paymentId', message: 'required without an Idempotency-Key' }] });
+    // The schema cannot say "one of the body's paymentId and the header": a request without either satisfies it (422).
+    if (!paymentId) throw errors.unprocessable('a charge needs a paymentId (or an Idempotency-Key): it is what makes a retry charge once', { errors: [{ path: 'body.paymentId', message: 'required without an Idempotency-Key' }] });
     const answer = await service.chargeSession(tenantOf(request), request.params.sessionId, { ...request.body, paymentId });
     return reply.status(201).send(chargeView(answer));
   });
