@@ -1,19 +1,22 @@
-// Offline artifact verifier: `agent-settlement verify <artifact.json> --jwks <file|url> [--json]`.
+// Offline verifier: `agent-settlement verify <artifact.json | statement.json> --jwks <file|url> [--json]`.
 // Exit codes: 0 all checks hold, 1 a check failed, 2 usage or I/O error.
 import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { ARTIFACT_CHECKS, verifyArtifact } from '../domain/artifact.ts';
 import type { ArtifactCheck, ArtifactVerification } from '../domain/artifact.ts';
+import { STATEMENT_CHECKS, verifyStatement, type StatementCheck, type StatementVerification } from '../domain/x402-sessions.ts';
 
 export const EXIT_OK = 0;
 export const EXIT_FAILED = 1;
 export const EXIT_USAGE = 2;
 
-const USAGE = `Usage: agent-settlement verify <artifact.json> --jwks <file|url> [--json]
+const USAGE = `Usage: agent-settlement verify <artifact.json | statement.json> --jwks <file|url> [--json]
 
 Repeats every check of a RunArtifact.v1 offline: artifact hash, service signature (against the JWKS),
-every event's hashes and agent signature, and the hash chain.
+every event's hashes and agent signature, and the hash chain. Given a payment session's statement (what
+GET /x402/sessions/{id}/statement answers): its hash, the service signature, the charges it commits to,
+and its totals.
 
   --jwks <file|url>  the service's JWKS (e.g. https://host/.well-known/jwks.json or a saved copy)
   --json             print the machine-readable result
@@ -127,6 +130,35 @@ function summary(artifact: unknown) {
   };
 }
 
+const STATEMENT_PASSED: Record<StatementCheck, string> = {
+  statementHash: 'recomputed hash matches statementHash',
+  serviceSignature: 'service signature verifies with the JWKS key',
+  charges: 'the listed charges are the ones the statement commits to',
+  totals: 'total, refund and every payee\'s share add up',
+};
+
+function isStatement(doc: unknown): boolean {
+  const body = typeof doc === 'object' && doc !== null ? (doc as { body?: { schema?: unknown } }).body : undefined;
+  return body?.schema === 'SessionStatement.v1';
+}
+
+function reportStatement(doc: unknown, result: StatementVerification, io: CliIo): void {
+  const body = ((doc as { body?: Record<string, unknown> }).body ?? {}) as Record<string, unknown>;
+  const lines = [
+    `Session      ${safe(body.sessionId)}  (payer ${safe(body.payerAgentId)}, ${safe(body.reason)} at ${safe(body.closedAt)})`,
+    `Money        charged ${safe(body.totalCharged)} of ${safe(body.budget)} ${safe(body.currency)} in ${safe(body.chargeCount)} charges, refunded ${safe(body.refunded)}`,
+    '',
+  ];
+  const width = Math.max(...STATEMENT_CHECKS.map((c) => c.length));
+  for (const check of STATEMENT_CHECKS) {
+    const [first, ...more] = result.reasons[check];
+    lines.push(`${result.checks[check] ? '✓' : '✗'} ${check.padEnd(width)}  ${safe(first ?? STATEMENT_PASSED[check])}`);
+    for (const reason of more) lines.push(`  ${' '.repeat(width)}  ${safe(reason)}`);
+  }
+  lines.push('', result.verified ? 'VERIFIED: all checks hold' : 'NOT VERIFIED');
+  io.stdout(lines.join('\n'));
+}
+
 function report(artifact: unknown, result: ArtifactVerification, io: CliIo): void {
   const s = summary(artifact);
   const lines = [
@@ -157,6 +189,12 @@ export async function main(argv: readonly string[], io: CliIo = processIo): Prom
       return EXIT_OK;
     }
     const [artifact, jwks] = await Promise.all([readJsonFile(args.artifactPath, 'artifact'), loadJwks(args.jwks)]);
+    if (isStatement(artifact)) {
+      const checked = verifyStatement(artifact, jwks);
+      if (args.json) io.stdout(JSON.stringify(checked, null, 2));
+      else reportStatement(artifact, checked, io);
+      return checked.verified ? EXIT_OK : EXIT_FAILED;
+    }
     const result = verifyArtifact(artifact, jwks);
     if (args.json) {
       io.stdout(JSON.stringify({ ...summary(artifact), ...result }, null, 2));

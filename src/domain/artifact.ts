@@ -225,12 +225,19 @@ function checkHash(a: Record<string, unknown>): string[] {
 }
 
 function checkServiceSignature(a: Record<string, unknown>, jwks: unknown): string[] {
-  const sig = a.signature;
+  if (!isSha256Hex(a.artifactHash)) return ['no valid artifactHash to check the signature against'];
+  return verifyServiceSignature(a.signature, a.artifactHash, jwks);
+}
+
+/**
+ * Checks a service signature (`{alg: 'Ed25519', keyId, value}` over a hex digest) against a JWKS, as every signed
+ * document of this service is checked offline (artifacts, receipts, session statements); answers what is wrong.
+ */
+export function verifyServiceSignature(sig: unknown, hexDigest: string, jwks: unknown): string[] {
   if (!isRecord(sig) || typeof sig.keyId !== 'string' || typeof sig.value !== 'string') {
     return ['signature must be {alg, keyId, value}'];
   }
   if (sig.alg !== 'Ed25519') return [`signature alg ${JSON.stringify(sig.alg)} is not "Ed25519"`];
-  if (!isSha256Hex(a.artifactHash)) return ['no valid artifactHash to check the signature against'];
   if (!isRecord(jwks) || !Array.isArray(jwks.keys)) return ['JWKS must be an object with a "keys" array'];
   const jwk = jwks.keys.find((k: unknown) => isRecord(k) && k.kid === sig.keyId);
   if (jwk === undefined) return [`no key with kid ${sig.keyId} in the JWKS`];
@@ -241,9 +248,7 @@ function checkServiceSignature(a: Record<string, unknown>, jwks: unknown): strin
     return [`JWKS key ${sig.keyId} is unusable: ${(err as Error).message}`];
   }
   if (isRecord(jwk) && jwk.use !== undefined && jwk.use !== 'sig') return [`JWKS key ${sig.keyId} is not a signing key`];
-  return verifyHexDigest(key, a.artifactHash, sig.value)
-    ? []
-    : [`signature does not verify with JWKS key ${sig.keyId}`];
+  return verifyHexDigest(key, hexDigest, sig.value) ? [] : [`signature does not verify with JWKS key ${sig.keyId}`];
 }
 
 function checkEvents(a: Record<string, unknown>, signatureVerified?: SignatureVerified): { eventSignatures: string[]; chain: string[] } {

@@ -1,6 +1,9 @@
-import { createPublicKey } from 'node:crypto';
-import { randomBytes } from 'node:crypto';
+import { createPublicKey, randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { main } from '../../src/cli/verify.ts';
 import { canonicalize } from '../../src/domain/canonical-json.ts';
 import { sha256Hex, verifyHexDigest } from '../../src/domain/crypto.ts';
 import { createProcessors } from '../../src/workers/index.ts';
@@ -66,6 +69,21 @@ describe('x402 payment sessions', () => {
     expect(statement.body.chargesSha256).toBe(sha256Hex(canonicalize(statement.charges)));
     expect(statement.statementHash).toBe(sha256Hex(canonicalize(statement.body)));
     expect(verifyHexDigest(publicKey(), statement.statementHash, statement.signature.value)).toBe(true);
+    // The offline verifier repeats every check of it from a saved copy and the JWKS; a changed charge fails it.
+    const dir = mkdtempSync(join(tmpdir(), 'statement-'));
+    const jwksFile = join(dir, 'jwks.json');
+    writeFileSync(jwksFile, (await t.app.inject({ method: 'GET', url: '/.well-known/jwks.json' })).body);
+    const verify = async (doc: unknown) => {
+      const file = join(dir, `s${randomBytes(4).toString('hex')}.json`);
+      writeFileSync(file, JSON.stringify(doc));
+      const out: string[] = [];
+      const code = await main(['verify', file, '--jwks', jwksFile], { stdout: (l) => out.push(l), stderr: (l) => out.push(l) });
+      return { code, out: out.join('\n') };
+    };
+    expect(await verify(statement)).toMatchObject({ code: 0, out: expect.stringContaining('VERIFIED: all checks hold') });
+    const tampered = { ...statement, charges: [{ ...statement.charges[0], amount: 4 }, statement.charges[1]] };
+    expect(await verify(tampered)).toMatchObject({ code: 1, out: expect.stringMatching(/✗ charges/) });
+    rmSync(dir, { recursive: true, force: true });
 
     // Closed: no more charges; a second close answers the same.
     expect((await charge(session.sessionId, { payeeAgentId: payee, amount: 1 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
