@@ -25,7 +25,7 @@ import {
 } from '../domain/x402-sessions.ts';
 import type { Runtime } from '../runtime.ts';
 import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
-import { chargeId, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type SessionDoc } from '../store/x402-sessions.ts';
+import { chargeId, type BudgetState, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type SessionDoc } from '../store/x402-sessions.ts';
 import { disputeSettlement } from './disputes.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
@@ -297,7 +297,7 @@ export class X402Sessions {
   private async debit(session: SessionDoc, paymentId: string, amount: number, mode: Debit['mode'], now: Date): Promise<Extract<DebitResult, { kind: 'new' | 'repeat' }>> {
     let debit = await this.store.debit(session._id, paymentId, amount, mode, now);
     if (debit.kind === 'missing') {
-      await this.ensureBudget(session);
+      if ((await this.ensureBudget(session)) === 'closed') throw await this.closedError(session);
       debit = await this.store.debit(session._id, paymentId, amount, mode, now);
     }
     if (debit.kind === 'missing') throw errors.unavailable('the session\'s budget could not be read');
@@ -337,21 +337,38 @@ export class X402Sessions {
   async paymentState(tenantId: string, sessionId: string, paymentId: string): Promise<{ status: 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused'; session: SessionDoc | null; charged: ChargeAnswer | null }> {
     const session = await this.store.get(sessionId);
     if (!session || session.tenantId !== tenantId) return { status: 'unknown', session: null, charged: null };
-    let debit = await this.store.debitOf(session._id, paymentId);
-    if (!debit && !(await this.store.budgetState(session._id))) {
-      // Redis no longer holds the budget (a session closed long ago, or lost): put it back from the charges.
-      await this.ensureBudget(session).catch(() => undefined);
-      debit = await this.store.debitOf(session._id, paymentId);
-    }
+    const [debit, budget] = await Promise.all([this.store.debitOf(session._id, paymentId), this.store.budgetState(session._id)]);
+    if (!debit && !budget) return this.paymentOfRetired(session, paymentId);
     if (!debit) return { status: 'unknown', session, charged: null };
     const [charge, close] = await Promise.all([this.store.getCharge(session._id, debit.seq), this.store.closeOf(session._id)]);
-    if (charge?.state === 'charged') {
-      const charged = { charge, receipt: this.receiptOf(session, charge), remaining: await this.remaining(session), repeated: true };
-      return { status: 'settled', session, charged };
-    }
+    if (charge?.state === 'charged') return { status: 'settled', session, charged: this.answerOf(session, charge, budget) };
     if (charge?.state === 'void') return { status: 'refused', session, charged: null };
     if (close) return { status: 'refused', session, charged: null }; // the close voids it at its next look
     return { status: debit.mode === 'hold' ? 'authorized' : 'settling', session, charged: null };
+  }
+
+  /**
+   * A payment of a session Redis no longer holds the budget of: a closed one's (its budget retired), looked up among
+   * the statement's charges by `_id` (what the session charged, never the whole collection); an open one's after
+   * Redis lost it, once the budget is rebuilt. Not among a closed session's charges: `unknown` (never charged, and
+   * now never will be: a hold the close voided is not told apart from an id never seen).
+   */
+  private async paymentOfRetired(session: SessionDoc, paymentId: string): Promise<Awaited<ReturnType<X402Sessions['paymentState']>>> {
+    const close = await this.store.closeOf(session._id);
+    if (!close) {
+      await this.ensureBudget(session).catch(() => undefined);
+      const debit = await this.store.debitOf(session._id, paymentId);
+      return debit ? this.paymentState(session.tenantId, session._id, paymentId) : { status: 'unknown', session, charged: null };
+    }
+    const { chargeCount, voided } = close.statement.body;
+    const charge = (await this.store.chargesThrough(session._id, chargeCount + voided)).find((c) => c?.state === 'charged' && c.paymentId === paymentId);
+    return charge ? { status: 'settled', session, charged: this.answerOf(session, charge, null) } : { status: 'unknown', session, charged: null };
+  }
+
+  /** A recorded charge as a charge answers it (a repeat: nothing new was charged); `remaining` from the budget read. */
+  private answerOf(session: SessionDoc, charge: ChargeDoc, budget: BudgetState | null): ChargeAnswer {
+    const remaining = budget?.state === 'open' ? budget.budget - budget.spent : 0;
+    return { charge, receipt: this.receiptOf(session, charge), remaining, repeated: true };
   }
 
   private async remaining(session: SessionDoc): Promise<number> {
@@ -409,25 +426,27 @@ export class X402Sessions {
   /**
    * Puts an open session's budget back in Redis when it is not there: a crashed open (its lock applied, the budget
    * never started) or a Redis that lost it. Only a funded session gets one; nothing was charged unless charge #1
-   * exists, else the budget is rebuilt from the charges (a scan, on this rare path only).
+   * exists, else the budget is rebuilt from the charges (a scan, on this rare path only). A closed session's budget
+   * is never put back (its charges are final, and a close's retired budget is meant to go): answers `closed`.
    */
-  private async ensureBudget(session: SessionDoc): Promise<void> {
+  private async ensureBudget(session: SessionDoc): Promise<'restored' | 'closed'> {
     const { ledger } = this.runtime.stores;
     const [close, lock, first] = await Promise.all([this.store.closeOf(session._id), ledger.getEntry(sessionEntryIds.lock(session._id)), this.store.getCharge(session._id, 1)]);
+    if (close) return 'closed';
     let funded = lock?.state === 'applied';
     if (lock?.state === 'pending') funded = (await ledger.resume(lock.entryId).catch((err) => (isInsufficientFunds(err) ? null : Promise.reject(err))))?.state === 'applied';
     if (!funded) throw x402Error('X402_SESSION_CLOSED', 'the session holds no budget: its reserve was never made', { status: 'unfunded' });
-    const state = close ? 'closed' : 'open';
     if (!first) {
-      await this.store.initBudget(session._id, { state, budget: session.budget, spent: 0, seq: 0, expiresAt: session.expiresAt });
-      return;
+      await this.store.initBudget(session._id, { state: 'open', budget: session.budget, spent: 0, seq: 0, expiresAt: session.expiresAt });
+      return 'restored';
     }
     const charges = await this.store.allCharges(session._id);
     const seq = Math.max(0, ...charges.map((c) => c.seq));
     const spent = charges.filter((c) => c.state === 'charged').reduce((sum, c) => sum + c.amount, 0);
     const payments = charges.filter((c) => c.paymentId).map((c): [string, string] => [c.paymentId!, `${c.seq}:${c.amount}:c`]);
     this.runtime.logger.warn({ sessionId: session._id, charges: charges.length, spent }, 'x402 session budget rebuilt from its charges');
-    await this.store.initBudget(session._id, { state, budget: session.budget, spent, seq, expiresAt: session.expiresAt }, payments);
+    await this.store.initBudget(session._id, { state: 'open', budget: session.budget, spent, seq, expiresAt: session.expiresAt }, payments);
+    return 'restored';
   }
 
   /** The payer's close: charges stop, the rest goes back at once, the payees are paid through their settlements. */
@@ -453,12 +472,14 @@ export class X402Sessions {
     await this.store.due.mark(session._id, session.tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
     let lastSeq = await this.store.stopDebits(session._id);
     if (lastSeq === null) {
+      let budget: 'restored' | 'closed';
       try {
-        await this.ensureBudget(session);
+        budget = await this.ensureBudget(session);
       } catch (err) {
         if (err instanceof ServiceError && err.code === 'X402_SESSION_CLOSED') return this.unfunded(session);
         throw err;
       }
+      if (budget === 'closed') return this.closeSession(session, reason, woundDownAgentId); // another closer recorded it
       lastSeq = (await this.store.stopDebits(session._id)) ?? 0;
     }
     failpoint('x402.session.stopped');

@@ -128,5 +128,15 @@ describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> t
     expect((await t.app.inject({ method: 'GET', url: heldUrl, headers: auth })).json()).toMatchObject({ status: 'refused', settlement: { success: false, errorReason: 'session_closed' } });
     const statement = (await t.app.inject({ method: 'GET', url: `/x402/sessions/${sessionId}/statement`, headers: auth })).json();
     expect(statement.body).toMatchObject({ totalCharged: 5, voided: 1 });
+
+    // Once the closed session's budget is retired from Redis, a lookup still finds the settled payment among the
+    // session's own charges, a charge is refused as closed, and neither puts the budget back.
+    const budgetKeys = ['budget', 'payments'].map((k) => `${t.runtime.config.redisPrefix}:{ses:${sessionId}}:${k}`);
+    await t.runtime.redis.del(...budgetKeys);
+    expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${encodeURIComponent(paymentId)}`, headers: auth })).json()).toMatchObject({ status: 'settled', settlement: { success: true, amount: '5', transaction: first.transaction } });
+    expect((await t.app.inject({ method: 'GET', url: heldUrl, headers: auth })).json()).toMatchObject({ status: 'unknown' });
+    const late = await t.app.inject({ method: 'POST', url: `/x402/sessions/${sessionId}/charges`, headers: auth, payload: { paymentId: 'too-late', payeeAgentId: payee, amount: 1 } });
+    expect(late.json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
+    expect(await t.runtime.redis.exists(...budgetKeys)).toBe(0);
   });
 });
