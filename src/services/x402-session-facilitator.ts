@@ -49,8 +49,7 @@ export class X402SessionFacilitator {
   async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
     try {
       const p = this.check(request);
-      const session = await this.x402.requireSession(tenantId, p.sessionId);
-      await this.x402.holdInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted });
+      const { session } = await this.x402.holdInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted });
       return { isValid: true, payer: session.payerAgentId };
     } catch (err) {
       const refusal = refusalOf(err);

@@ -253,12 +253,12 @@ export class X402Sessions {
    * so that a verified call can always be paid; its settle captures what the call cost (capture). A hold nobody
    * captures is voided at the close and costs the payer nothing. Answers what is left of the budget.
    */
-  async hold(tenantId: string, sessionId: string, input: { paymentId: string; payeeAgentId: string; maxAmount: number }): Promise<{ remaining: number }> {
+  async hold(tenantId: string, sessionId: string, input: { paymentId: string; payeeAgentId: string; maxAmount: number }): Promise<{ session: SessionDoc; remaining: number }> {
     const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.maxAmount);
     const debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date());
     if (debit.kind === 'repeat' && debit.mode === 'charge') throw x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${input.paymentId} was already settled`, { paymentId: input.paymentId });
     if (debit.kind === 'repeat' && debit.amount !== input.maxAmount) throw this.reusedError(input.paymentId);
-    return { remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session) };
+    return { session, remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session) };
   }
 
   /**

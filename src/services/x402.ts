@@ -136,9 +136,6 @@ export class X402Service {
   sessionStatement(...args: Parameters<X402Sessions['statement']>) {
     return this.sessions.statement(...args);
   }
-  requireSession(...args: Parameters<X402Sessions['requireSession']>) {
-    return this.sessions.requireSession(...args);
-  }
   sessionPaymentState(...args: Parameters<X402Sessions['paymentState']>) {
     return this.sessions.paymentState(...args);
   }
