@@ -22,7 +22,8 @@ export interface InProcessService {
   close(): Promise<void>;
 }
 
-export async function startInProcessService(queues: QueueName[], rateLimitMax = 10_000_000): Promise<InProcessService> {
+/** The configuration the in-process benches run with: a fresh database and Redis prefix, an admin key of their own. */
+export function inProcessConfig(rateLimitMax = 10_000_000): { config: Config; adminKey: string } {
   const suffix = randomBytes(4).toString('hex');
   const adminKey = randomBytes(32).toString('base64url');
   const config = loadConfig({
@@ -36,6 +37,11 @@ export async function startInProcessService(queues: QueueName[], rateLimitMax = 
     SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
     RATE_LIMIT_MAX: String(rateLimitMax),
   });
+  return { config, adminKey };
+}
+
+export async function startInProcessService(queues: QueueName[], rateLimitMax = 10_000_000): Promise<InProcessService> {
+  const { config, adminKey } = inProcessConfig(rateLimitMax);
   const runtime = createRuntime(config, createLogger(config, 'bench'));
   await connectRuntime(runtime);
   const app = await buildApp(runtime, { logger: false, bullBoard: false });

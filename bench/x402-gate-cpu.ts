@@ -4,34 +4,22 @@
 // FerretDB and Redis of one's own via MONGO_URL and REDIS_URL, as the shared ones serve other work too) and the
 // MongoDB commands by kind and collection. Run under `node --cpu-prof` to see where this process's CPU goes.
 //   MONGO_URL=... REDIS_URL=... FERRETDB_PID=... REDIS_PID=... node --import tsx bench/x402-gate-cpu.ts [flows] [clients]
-import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import type { CommandStartedEvent } from 'mongodb';
-import { loadConfig } from '../src/config.ts';
-import { generateEd25519KeyPair, privateKeyToPem } from '../src/domain/crypto.ts';
+import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
 import { buildApp } from '../src/http/app.ts';
 import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { createProcessors } from '../src/workers/index.ts';
 import { startWorkers } from '../src/workers/runner.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks } from './growth/processes.ts';
+import { inProcessConfig } from './in-process.ts';
 
 const FLOWS = Number(process.argv[2] ?? 200);
 const CLIENTS = Number(process.argv[3] ?? 4);
 process.env.MONGO_COMMAND_MONITORING = process.env.COUNT_COMMANDS === 'false' ? 'false' : 'true';
 // The API and the workers each with a runtime of their own (their own caches and connections), as in production.
-const suffix = randomBytes(4).toString('hex');
-const adminKey = randomBytes(32).toString('base64url');
-const config = loadConfig({
-  ...process.env,
-  NODE_ENV: 'test',
-  LOG_LEVEL: 'warn',
-  MONGO_URL: process.env.MONGO_URL ?? `mongodb://127.0.0.1:27027/bench_${suffix}`,
-  MONGO_DB: `bench_${suffix}`,
-  REDIS_PREFIX: `bench${suffix}`,
-  SERVICE_ADMIN_KEY: adminKey,
-  SERVICE_SIGNING_KEY: privateKeyToPem(generateEd25519KeyPair().privateKey),
-  RATE_LIMIT_MAX: '10000000',
-});
+const { config, adminKey } = inProcessConfig();
 const api = createRuntime(config, createLogger(config, 'bench-api'));
 const worker = createRuntime(config, createLogger(config, 'bench-worker'));
 await connectRuntime(api);
