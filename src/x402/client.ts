@@ -10,7 +10,7 @@
 import type { PaymentPayloadResult, PaymentRequirements, SchemeNetworkClient } from '@x402/core/types';
 import { canonicalize } from '../domain/canonical-json.ts';
 import { sha256Hex } from '../domain/crypto.ts';
-import { MAX_QUOTE_TTL_SECONDS, requestBindingOf, X402_SCHEME, X402_USD_ASSET, x402RequestSha256 } from '../domain/x402.ts';
+import { MAX_QUOTE_TTL_SECONDS, requestBindingOf, X402_SCHEME, X402_USD_ASSET, x402RequestSha256, type X402RequestBinding } from '../domain/x402.ts';
 
 export interface EscrowGateClientOptions {
   /** The service's base URL, e.g. https://settlement.example.com */
@@ -40,54 +40,64 @@ const IN_PROGRESS_RETRIES = 20;
 const IN_PROGRESS_WAIT_MS = 100;
 
 /**
- * A POST to the service with the payer's key and an Idempotency-Key; a duplicate still in progress is waited for.
- * Throws EscrowGatePaymentError with the service's error code when it refuses.
+ * What a payer's scheme of this service holds: where the service is, the payer's key, and a POST that carries an
+ * Idempotency-Key and waits out a duplicate still in progress (a refusal throws EscrowGatePaymentError with the
+ * service's code). USD is a default asset (cents), so the stock client's spend controls ("$1" per payment unless
+ * raised) apply.
  */
-export async function postToService<T>(
-  to: { fetch: typeof globalThis.fetch; serviceUrl: string; apiKey: string },
-  path: string,
-  idempotencyKey: string,
-  body: Record<string, unknown>,
-): Promise<T> {
-  for (let attempt = 0; ; attempt++) {
-    const res = await to.fetch(`${to.serviceUrl}${path}`, {
-      method: 'POST',
-      headers: { authorization: `Bearer ${to.apiKey}`, 'content-type': 'application/json', 'idempotency-key': idempotencyKey },
-      body: JSON.stringify(body),
-    });
-    const answer = (await res.json().catch(() => ({}))) as { code?: string; message?: string };
-    if (res.ok) return answer as T;
-    if (res.status === 409 && answer.code === 'IDEMPOTENCY_IN_PROGRESS' && attempt < IN_PROGRESS_RETRIES) {
-      await new Promise((resolve) => setTimeout(resolve, IN_PROGRESS_WAIT_MS));
-      continue;
-    }
-    throw new EscrowGatePaymentError(res.status, answer.code ?? 'HTTP_ERROR', answer.message ?? `the service answered ${res.status} to ${path}`);
-  }
-}
+export abstract class ServiceClientScheme {
+  abstract readonly scheme: string;
+  protected readonly serviceUrl: string;
+  protected readonly fetch: typeof globalThis.fetch;
 
-export class EscrowGateClientScheme implements SchemeNetworkClient {
-  readonly scheme = X402_SCHEME;
-  private readonly serviceUrl: string;
-  private readonly fetch: typeof globalThis.fetch;
-
-  constructor(private readonly options: EscrowGateClientOptions) {
-    this.serviceUrl = options.serviceUrl.replace(/\/$/, '');
-    this.fetch = options.fetch ?? globalThis.fetch;
+  constructor(private readonly service: { serviceUrl: string; apiKey: string; fetch?: typeof globalThis.fetch }) {
+    this.serviceUrl = service.serviceUrl.replace(/\/$/, '');
+    this.fetch = service.fetch ?? globalThis.fetch;
   }
 
-  /** USD is a default asset (cents), so the stock client's spend controls ("$1" per payment unless raised) apply. */
   findDefaultAsset(asset: string) {
     return asset === X402_USD_ASSET.asset ? X402_USD_ASSET : undefined;
   }
 
-  async createPaymentPayload(x402Version: number, requirements: PaymentRequirements): Promise<PaymentPayloadResult> {
+  /** The request the requirement names (written by this project's server scheme of the same name), or an error. */
+  protected bindingOf(requirements: PaymentRequirements): X402RequestBinding {
     const binding = requestBindingOf(requirements.extra);
-    if (!binding) throw new Error('the payment requirements name no request (extra.method and extra.resource): the provider must use the escrow-gate server scheme');
+    if (!binding) throw new Error(`the payment requirements name no request (extra.method and extra.resource): the provider must use the ${this.scheme} server scheme`);
+    return binding;
+  }
+
+  protected async post<T>(path: string, idempotencyKey: string, body: Record<string, unknown>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      const res = await this.fetch(`${this.serviceUrl}${path}`, {
+        method: 'POST',
+        headers: { authorization: `Bearer ${this.service.apiKey}`, 'content-type': 'application/json', 'idempotency-key': idempotencyKey },
+        body: JSON.stringify(body),
+      });
+      const answer = (await res.json().catch(() => ({}))) as { code?: string; message?: string };
+      if (res.ok) return answer as T;
+      if (res.status === 409 && answer.code === 'IDEMPOTENCY_IN_PROGRESS' && attempt < IN_PROGRESS_RETRIES) {
+        await new Promise((resolve) => setTimeout(resolve, IN_PROGRESS_WAIT_MS));
+        continue;
+      }
+      throw new EscrowGatePaymentError(res.status, answer.code ?? 'HTTP_ERROR', answer.message ?? `the service answered ${res.status} to ${path}`);
+    }
+  }
+}
+
+export class EscrowGateClientScheme extends ServiceClientScheme implements SchemeNetworkClient {
+  readonly scheme = X402_SCHEME;
+
+  constructor(private readonly options: EscrowGateClientOptions) {
+    super(options);
+  }
+
+  async createPaymentPayload(x402Version: number, requirements: PaymentRequirements): Promise<PaymentPayloadResult> {
+    const binding = this.bindingOf(requirements);
     const requestSha256 = x402RequestSha256(binding);
     const keyBase = `x402-${sha256Hex(canonicalize({ payer: this.options.payerAgentId, requirements })).slice(0, 40)}`;
     const extra = requirements.extra;
 
-    const gate = await this.call<{ gateId: string }>('/x402/gate/create', `${keyBase}:gate`, {
+    const gate = await this.post<{ gateId: string }>('/x402/gate/create', `${keyBase}:gate`, {
       payerAgentId: this.options.payerAgentId,
       payeeAgentId: requirements.payTo,
       amount: Number(requirements.amount),
@@ -98,18 +108,15 @@ export class EscrowGateClientScheme implements SchemeNetworkClient {
       ...(this.options.sponsorWalletId ? { sponsorWalletId: this.options.sponsorWalletId } : {}),
     });
     const ttlSeconds = Math.min(Math.max(requirements.maxTimeoutSeconds, 1), MAX_QUOTE_TTL_SECONDS);
-    const quote = await this.call<{ quoteId: string }>('/x402/gate/quote', `${keyBase}:quote`, { gateId: gate.gateId, requestSha256, ttlSeconds });
+    const quote = await this.post<{ quoteId: string }>('/x402/gate/quote', `${keyBase}:quote`, { gateId: gate.gateId, requestSha256, ttlSeconds });
     const bound = { gateId: gate.gateId, quoteId: quote.quoteId, requestSha256 };
     let walletDecisionToken: string | undefined;
     if (this.options.sponsorWalletId) {
-      const decision = await this.call<{ walletDecisionToken: string }>(`/x402/wallets/${encodeURIComponent(this.options.sponsorWalletId)}/authorize`, `${keyBase}:wallet`, bound);
+      const decision = await this.post<{ walletDecisionToken: string }>(`/x402/wallets/${encodeURIComponent(this.options.sponsorWalletId)}/authorize`, `${keyBase}:wallet`, bound);
       walletDecisionToken = decision.walletDecisionToken;
     }
-    const authorization = await this.call<{ token: string }>('/x402/gate/authorize-payment', `${keyBase}:authorize`, { ...bound, ...(walletDecisionToken ? { walletDecisionToken } : {}) });
+    const authorization = await this.post<{ token: string }>('/x402/gate/authorize-payment', `${keyBase}:authorize`, { ...bound, ...(walletDecisionToken ? { walletDecisionToken } : {}) });
     return { x402Version, payload: { token: authorization.token, ...bound } };
   }
 
-  private call<T>(path: string, idempotencyKey: string, body: Record<string, unknown>): Promise<T> {
-    return postToService<T>({ fetch: this.fetch, serviceUrl: this.serviceUrl, apiKey: this.options.apiKey }, path, idempotencyKey, body);
-  }
 }

@@ -8,11 +8,11 @@
 // names the session and a fresh payment id, and the provider's facilitator charges it. When the session could no
 // longer cover a call (its budget spent by the prices paid, or close to its expiry), the next call opens a new one
 // and the old one is closed (its unspent rest goes back at once). close() closes them all. Runs in the payer's
-// process: it imports only pure domain modules and the gate client's POST helper.
+// process: it imports only pure domain modules and the gate client's base class.
 import { randomUUID } from 'node:crypto';
 import type { PaymentPayloadResult, PaymentRequirements, SchemeNetworkClient } from '@x402/core/types';
-import { requestBindingOf, X402_SESSION_SCHEME, X402_USD_ASSET, x402RequestSha256 } from '../domain/x402.ts';
-import { postToService } from './client.ts';
+import { X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
+import { ServiceClientScheme } from './client.ts';
 
 export interface EscrowSessionClientOptions {
   /** The service's base URL, e.g. https://settlement.example.com */
@@ -42,25 +42,17 @@ interface OpenSession {
 /** A session this close to its expiry takes no new call: the call could be served after it. */
 const EXPIRY_MARGIN_MS = 10_000;
 
-export class EscrowSessionClientScheme implements SchemeNetworkClient {
+export class EscrowSessionClientScheme extends ServiceClientScheme implements SchemeNetworkClient {
   readonly scheme = X402_SESSION_SCHEME;
-  private readonly serviceUrl: string;
-  private readonly fetch: typeof globalThis.fetch;
   /** The open session per payee and asset (a promise, so concurrent first calls open one session). */
   private readonly sessions = new Map<string, Promise<OpenSession>>();
 
   constructor(private readonly options: EscrowSessionClientOptions) {
-    this.serviceUrl = options.serviceUrl.replace(/\/$/, '');
-    this.fetch = options.fetch ?? globalThis.fetch;
-  }
-
-  findDefaultAsset(asset: string) {
-    return asset === X402_USD_ASSET.asset ? X402_USD_ASSET : undefined;
+    super(options);
   }
 
   async createPaymentPayload(x402Version: number, requirements: PaymentRequirements): Promise<PaymentPayloadResult> {
-    const binding = requestBindingOf(requirements.extra);
-    if (!binding) throw new Error('the payment requirements name no request (extra.method and extra.resource): the provider must use the escrow-session server scheme');
+    const binding = this.bindingOf(requirements);
     const price = Number(requirements.amount);
     const session = await this.sessionFor(requirements, price);
     return { x402Version, payload: { sessionId: session.sessionId, paymentId: randomUUID(), requestSha256: x402RequestSha256(binding) } };
@@ -113,9 +105,5 @@ export class EscrowSessionClientScheme implements SchemeNetworkClient {
 
   private closeSession(sessionId: string): Promise<unknown> {
     return this.post(`/x402/sessions/${encodeURIComponent(sessionId)}/close`, `x402ses-close-${sessionId}`, {});
-  }
-
-  private post<T>(path: string, idempotencyKey: string, body: Record<string, unknown>): Promise<T> {
-    return postToService<T>({ fetch: this.fetch, serviceUrl: this.serviceUrl, apiKey: this.options.apiKey }, path, idempotencyKey, body);
   }
 }
