@@ -37,6 +37,23 @@ export async function get(t: TestApp, auth: Record<string, string>, url: string)
   return t.app.inject({ method: 'GET', url, headers: auth });
 }
 
+/**
+ * The test service listening on loopback for stock x402 clients, with a tenant key (the payer's, X402_SCOPES) and a
+ * provider's key of the same tenant (x402:write), as a resource server's facilitator client holds one.
+ */
+export async function listeningForX402(t: TestApp) {
+  await t.app.listen({ host: '127.0.0.1', port: 0 });
+  const tenant = await t.tenantWithKey([...X402_SCOPES]);
+  const key = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } });
+  return {
+    base: `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`,
+    network: t.config.x402.network,
+    auth: tenant.auth,
+    payerKey: tenant.token,
+    providerKey: key.json().token as string,
+  };
+}
+
 /** A payer funded with `funds` USD and a payee, both agents of the key's tenant. */
 export async function gateParties(t: TestApp, auth: Record<string, string>, funds: number) {
   const payer = await registerAgent(t, auth);

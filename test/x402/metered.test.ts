@@ -11,7 +11,7 @@ import { EscrowGateServerScheme } from '../../src/x402/server.ts';
 import { expectCleanAudit } from '../helpers/audit.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';
-import { expectLedgerBalances, gateParties, get, post, X402_SCOPES } from './helpers.ts';
+import { expectLedgerBalances, gateParties, get, post, listeningForX402 } from './helpers.ts';
 
 // Metered ("upto") capture: the stock middleware's settlement override charges less than the authorized maximum;
 // the payer pays exactly that (holdback on it), and the rest is back in its available funds at once.
@@ -37,13 +37,7 @@ describe('x402 metered capture: stock fetch wrapper -> stock express middleware 
 
   beforeAll(async () => {
     t = await startTestApp({ workers: ['x402-verify', 'settle', 'webhook-dispatch'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    await t.app.listen({ host: '127.0.0.1', port: 0 });
-    base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
-    network = t.config.x402.network;
-    const tenant = await t.tenantWithKey([...X402_SCOPES]);
-    auth = tenant.auth;
-    payerKey = tenant.token;
-    providerKey = (await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } })).json().token;
+    ({ base, network, auth, payerKey, providerKey } = await listeningForX402(t));
   });
   afterAll(async () => {
     await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))));

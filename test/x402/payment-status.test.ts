@@ -7,7 +7,7 @@ import { EscrowGateClientScheme } from '../../src/x402/client.ts';
 import { expectCleanAudit } from '../helpers/audit.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';
-import { createGate, expectLedgerBalances, gateParties, post, X402_SCOPES } from './helpers.ts';
+import { createGate, expectLedgerBalances, gateParties, post, listeningForX402 } from './helpers.ts';
 
 // GET /x402/facilitator/payments/{paymentId}: a resource server whose settle timed out finds out, definitively,
 // whether the payment was settled, refused or never seen, and never pays twice.
@@ -22,13 +22,7 @@ describe('x402 facilitator: payment status by payment id', () => {
 
   beforeAll(async () => {
     t = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    await t.app.listen({ host: '127.0.0.1', port: 0 });
-    base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
-    network = t.config.x402.network;
-    const tenant = await t.tenantWithKey([...X402_SCOPES]);
-    auth = tenant.auth;
-    payerKey = tenant.token;
-    providerKey = (await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } })).json().token;
+    ({ base, network, auth, payerKey, providerKey } = await listeningForX402(t));
   });
   afterAll(() => t.close());
 

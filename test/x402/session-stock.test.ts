@@ -6,7 +6,7 @@ import { createSessionTool } from '../../examples/session-tool/tool.ts';
 import { expectCleanAudit } from '../helpers/audit.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';
-import { gateParties, X402_SCOPES } from './helpers.ts';
+import { gateParties, listeningForX402 } from './helpers.ts';
 
 describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> this service as escrow-session facilitator', () => {
   let t: TestApp;
@@ -21,13 +21,9 @@ describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> t
 
   beforeAll(async () => {
     t = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    await t.app.listen({ host: '127.0.0.1', port: 0 });
-    base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
-    network = t.config.x402.network;
-    const tenant = await t.tenantWithKey([...X402_SCOPES]);
-    auth = tenant.auth;
-    payerKey = tenant.token;
-    const providerKey = (await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } })).json().token;
+    const listening = await listeningForX402(t);
+    ({ base, network, auth, payerKey } = listening);
+    const { providerKey } = listening;
     ({ payer, payee } = await gateParties(t, auth, 1_000));
     tool = createSessionTool({ serviceUrl: base, apiKey: providerKey, network, payeeAgentId: payee, searchPrice: '$0.05', rowPrice: 2, maxRows: 10 }).listen(0, '127.0.0.1');
     await new Promise((resolve) => tool.once('listening', resolve));

@@ -11,7 +11,7 @@ import { EscrowGateClientScheme } from '../../src/x402/client.ts';
 import { EscrowGateServerScheme } from '../../src/x402/server.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';
-import { expectLedgerBalances, gateParties, X402_SCOPES } from './helpers.ts';
+import { expectLedgerBalances, gateParties, listeningForX402 } from './helpers.ts';
 
 describe('x402 v2: stock fetch wrapper -> stock express middleware -> this service as escrow-gate facilitator', () => {
   let t: TestApp;
@@ -28,14 +28,7 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
 
   beforeAll(async () => {
     t = await startTestApp({ workers: ['x402-verify', 'settle', 'webhook-dispatch'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    await t.app.listen({ host: '127.0.0.1', port: 0 });
-    base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
-    network = t.config.x402.network;
-    const tenant = await t.tenantWithKey([...X402_SCOPES]);
-    payerAuth = tenant.auth;
-    payerKey = tenant.token;
-    const key = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } });
-    providerKey = key.json().token;
+    ({ base, network, auth: payerAuth, payerKey, providerKey } = await listeningForX402(t));
     ({ payer, payee } = await gateParties(t, payerAuth, 1_000));
     const app = createPaidTool({ serviceUrl: base, apiKey: providerKey, network, payeeAgentId: payee, price: '$1.00', holdbackBps: 1_000, search: (q) => ({ q, n: ++searches }) });
     tool = app.listen(0, '127.0.0.1');
