@@ -102,6 +102,11 @@ function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
   return terms(a) === terms(b);
 }
 
+/** A recorded charge as its statement lists it (what the statement's chargesSha256 commits to). */
+function statementLine(c: ChargeDoc): StatementCharge {
+  return { seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash };
+}
+
 function statusOfClose(close: CloseDoc): SessionStatus {
   return close.reason === 'closed' ? 'closed' : close.reason;
 }
@@ -494,7 +499,7 @@ export class X402Sessions {
     failpoint('x402.session.voided');
     const lines: StatementCharge[] = decided
       .filter((c) => c.state === 'charged')
-      .map((c) => ({ seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash }));
+      .map(statementLine);
     const totals = statementTotals(session, lines);
     const statement = signStatement(
       {
@@ -636,7 +641,7 @@ export class X402Sessions {
     const lastSeq = close.statement.body.chargeCount + close.statement.body.voided;
     const charges = (await this.store.chargesThrough(session._id, lastSeq))
       .filter((c): c is ChargeDoc => c?.state === 'charged')
-      .map((c) => ({ seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash }));
+      .map(statementLine);
     return { close, charges };
   }
 
