@@ -1,4 +1,5 @@
 // The error every refused call surfaces: the service's error body (contract section 2) with the HTTP status.
+import { parseRetryAfter } from '../domain/webhook-signing.ts';
 
 /** What the service answers on every error: `{code, message, details?, requestId}`. */
 export interface ApiErrorBody {
@@ -44,14 +45,6 @@ export function apiErrorFrom(status: number, body: unknown, retryAfter: string |
     : isErrorBody(nested)
       ? nested
       : { code: `HTTP_${status}`, message: typeof body === 'string' && body ? body.slice(0, 200) : 'the service answered without an error body' };
-  const seconds = retryAfter === null ? undefined : retryAfterMs(retryAfter, Date.now());
-  return new SettlementApiError(status, parsed, seconds === undefined ? undefined : seconds / 1000);
-}
-
-/** Retry-After (RFC 9110 section 10.2.3) in milliseconds from `now`: delay-seconds or an HTTP date; undefined if unreadable. */
-export function retryAfterMs(value: string, now: number): number | undefined {
-  const text = value.trim();
-  if (/^\d+$/.test(text)) return Number(text) * 1000;
-  const date = Date.parse(text);
-  return Number.isNaN(date) ? undefined : Math.max(0, date - now);
+  const ms = parseRetryAfter(retryAfter);
+  return new SettlementApiError(status, parsed, ms === null ? undefined : ms / 1000);
 }

@@ -1,7 +1,7 @@
 // The fetch every client call goes through: an Idempotency-Key on each state-changing call, and retries with
 // backoff and jitter that honour Retry-After, for as many attempts as the caller allows.
 import { randomUUID } from 'node:crypto';
-import { retryAfterMs } from './errors.ts';
+import { parseRetryAfter } from '../domain/webhook-signing.ts';
 
 export type FetchLike = (request: Request) => Promise<Response>;
 
@@ -79,11 +79,10 @@ export function retryingFetch(base: FetchLike, options: RetryOptions | false = {
         continue;
       }
       if (attempt >= maxAttempts || !(RETRYABLE_STATUS.has(response.status) || (await isInProgress(response)))) return response;
-      const asked = response.headers.get('retry-after');
-      const askedMs = asked === null ? undefined : retryAfterMs(asked, Date.now());
-      if (askedMs !== undefined && askedMs > maxDelayMs) return response;
+      const askedMs = parseRetryAfter(response.headers.get('retry-after'));
+      if (askedMs !== null && askedMs > maxDelayMs) return response;
       // After the wait the service asked for, a little jitter so that callers told the same second do not return together.
-      const delayMs = askedMs === undefined ? backoff : askedMs + Math.random() * baseDelayMs;
+      const delayMs = askedMs === null ? backoff : askedMs + Math.random() * baseDelayMs;
       onRetry?.({ attempt, delayMs, method, url: request.url, status: response.status });
       await response.body?.cancel().catch(() => undefined);
       await sleep(delayMs, request.signal);
