@@ -4,7 +4,7 @@
 // page, never what is stored. Status changes (a run finalizing, an escalation decided) are not indexed: a status
 // filter is applied while materializing, reading at most SCAN_BUDGET entries per page; a page that ran out of
 // budget returns fewer items and a cursor to go on from.
-import { errors } from '../domain/errors.ts';
+import { errors, ServiceError } from '../domain/errors.ts';
 import type { Runtime } from '../runtime.ts';
 import type { AgentDoc } from '../store/agents.ts';
 import { LIST_ENTRY_REPAIR_AFTER_MS, type IndexedRow, type ListKind, type ListScope } from '../store/list-index.ts';
@@ -67,7 +67,7 @@ async function orNull<T>(read: Promise<T>): Promise<T | null> {
   try {
     return await read;
   } catch (err) {
-    if ((err as { statusCode?: number }).statusCode === 404) return null;
+    if (err instanceof ServiceError && err.status === 404) return null;
     throw err;
   }
 }
