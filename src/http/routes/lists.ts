@@ -43,7 +43,7 @@ export async function listRoutes(app: FastifyInstance, opts: { runtime: Runtime 
       config: { access: READ_SCOPE[kind] },
       schema: {
         tags: ['lists'],
-        operationId: `list${upperFirst(kind)}`,
+        operationId: `listTenant${upperFirst(kind)}`,
         summary: `${shape.noun} of the tenant, newest first (paged; filters by status, agent and creation time)`,
         querystring: listQuery(shape.statuses, false),
         response,
@@ -54,7 +54,7 @@ export async function listRoutes(app: FastifyInstance, opts: { runtime: Runtime 
       config: { access: 'admin' },
       schema: {
         tags: ['ops'],
-        operationId: `opsList${upperFirst(kind)}`,
+        operationId: `listAll${upperFirst(kind)}`,
         summary: `${shape.noun} of every tenant (or of \`tenantId\`), newest first (paged)`,
         querystring: listQuery(shape.statuses, true),
         response,
