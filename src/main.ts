@@ -4,14 +4,15 @@ import { exitGracefullyOnSignals } from './lifecycle.ts';
 import { createLogger } from './logger.ts';
 import { isQueueName, type QueueName } from './queues/index.ts';
 import { connectRuntime, createRuntime } from './runtime.ts';
+import { rebuildListIndex } from './store/list-rebuild.ts';
 import { createProcessors } from './workers/index.ts';
 import { startWorkers, type RunningWorkers } from './workers/runner.ts';
 
-const USAGE = 'usage: main.ts api | worker [queue…] | all';
+const USAGE = 'usage: main.ts api | worker [queue…] | all | rebuild-lists';
 
 async function main(argv: string[]): Promise<void> {
   const [mode, ...queueArgs] = argv;
-  if (mode !== 'api' && mode !== 'worker' && mode !== 'all') {
+  if (mode !== 'api' && mode !== 'worker' && mode !== 'all' && mode !== 'rebuild-lists') {
     console.error(USAGE);
     process.exit(2);
   }
@@ -28,6 +29,13 @@ async function main(argv: string[]): Promise<void> {
   const logger = createLogger(config, mode);
   const runtime = createRuntime(config, logger);
   await connectRuntime(runtime);
+  if (mode === 'rebuild-lists') {
+    // An operator's command: enters every stored object in the list index (store/list-rebuild.ts), then exits.
+    const counts = await rebuildListIndex(runtime.stores.lists, runtime.stores);
+    logger.info({ counts }, 'list index rebuilt');
+    await runtime.close();
+    return;
+  }
 
   const app = mode === 'worker' ? null : await buildApp(runtime);
   let workers: RunningWorkers | null = null;

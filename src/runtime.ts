@@ -13,6 +13,7 @@ import { OnboardingStore } from './store/onboarding.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
 import { LedgerStore } from './store/ledger.ts';
+import { ListIndex } from './store/list-index.ts';
 import { LedgerDueIndex } from './store/ledger-due.ts';
 import { SettlementStore } from './store/settlements.ts';
 import { ReserveStore } from './store/reserves.ts';
@@ -53,6 +54,8 @@ export interface Runtime {
     onboarding: OnboardingStore;
     x402: X402Store;
     x402Sessions: X402SessionStore;
+    /** The list index every "newest first" list pages through (store/list-index.ts). */
+    lists: ListIndex;
   };
   keys: ServiceKeyRing;
   /** Cached API keys and agents, invalidated across processes through Redis. */
@@ -117,6 +120,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       onboarding: new OnboardingStore(db),
       x402: new X402Store(db, redis, config.redisPrefix),
       x402Sessions: new X402SessionStore(db, redis, config.redisPrefix),
+      lists: new ListIndex(redis, config.redisPrefix),
     },
     keys: loadServiceKeys(config),
     credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),

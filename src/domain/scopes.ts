@@ -1,5 +1,6 @@
 export const SCOPES = [
   'agents:write',
+  'agents:read',
   'runs:write',
   'runs:read',
   'x402:write',
@@ -15,6 +16,7 @@ export type Scope = (typeof SCOPES)[number];
 
 /** A write scope implies its read scope. */
 const IMPLIED: Partial<Record<Scope, Scope[]>> = {
+  'agents:write': ['agents:read'],
   'runs:write': ['runs:read'],
   'x402:write': ['x402:read'],
   'wallets:write': ['wallets:read'],

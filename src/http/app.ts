@@ -17,6 +17,7 @@ import { agentRoutes } from './routes/agents.ts';
 import { artifactRoutes } from './routes/artifacts.ts';
 import { docsRoutes } from './routes/docs.ts';
 import { healthRoutes } from './routes/health.ts';
+import { listRoutes } from './routes/lists.ts';
 import { identityRoutes } from './routes/identity.ts';
 import { onboardingRoutes } from './routes/onboarding.ts';
 import { opsRoutes } from './routes/ops.ts';
@@ -154,6 +155,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(x402Routes, { runtime });
   await app.register(x402FacilitatorRoutes, { runtime });
   await app.register(x402SessionRoutes, { runtime });
+  await app.register(listRoutes, { runtime });
   if (options.bullBoard !== false) await app.register(bullBoardPlugin, { runtime });
 
   return app;

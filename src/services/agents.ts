@@ -50,6 +50,8 @@ export async function registerAgent(rt: Runtime, tenantId: string, input: Regist
       errors: [{ path: input.agentId ? 'body.agentId' : 'body.namespace', message: `chosen name in the shared namespace "${SHARED_NAMESPACE}"` }],
     });
   }
+  // Listed before it is stored (see store/list-index.ts); a refused duplicate's entry matches no agent and is skipped.
+  await rt.stores.lists.add({ kind: 'agents', id: agentId, tenantId, at: now, agentIds: [agentId] });
   const agent = await rt.stores.agents.create(tenantId, {
     _id: agentId,
     displayName: input.displayName ?? null,

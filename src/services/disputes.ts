@@ -32,7 +32,7 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   if (!view.disputeWindowEndsAt || Date.parse(view.disputeWindowEndsAt) <= now) throw errors.transitionIllegal('the dispute window has ended', view.status);
   const disputeId = newId('dsp');
   const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
-  await settlements.referDispute(disputeId, s._id);
+  await settlements.referDispute(disputeId, s);
   const { won, fact } = await settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: input.reason, evidenceJson, frozenAmount, at: new Date(now).toISOString() });
   if (!won) {
     throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');

@@ -7,6 +7,7 @@ import { errors, ServiceError } from '../domain/errors.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
 import { DueWorkStore } from './due-work.ts';
 import { EventIdIndex } from './event-id-index.ts';
+import { ListIndex, type ListEntry } from './list-index.ts';
 import { insertFirst, isDuplicateKey } from './mongo.ts';
 
 export type RunStatus = 'in_progress' | 'finalizing' | 'finalized';
@@ -129,6 +130,10 @@ export function storedBatchEvents(events: EventEnvelope[]): Pick<RunBatchDoc, 'e
 /** What an append needs of a run. */
 export type AppendTarget = Pick<RunDoc, '_id' | 'tenantId' | 'agentId' | 'status'>;
 
+export function runListEntry(run: Pick<RunDoc, '_id' | 'tenantId' | 'agentId' | 'settlement' | 'createdAt'>): ListEntry {
+  return { kind: 'runs', id: run._id, tenantId: run.tenantId, at: run.createdAt, agentIds: [run.agentId, ...(run.settlement ? [run.settlement.payerAgentId] : [])] };
+}
+
 export class RunStore {
   readonly runs: Collection<RunDoc>;
   readonly batches: Collection<RunBatchDoc>;
@@ -136,8 +141,11 @@ export class RunStore {
   readonly artifacts: Collection<ArtifactDoc>;
   /** Runs whose finalize is requested and not yet done (see DueWorkStore). */
   readonly finalizeDue: DueWorkStore;
+  /** The run lists (see list-index.ts): a run is entered before it is stored. */
+  readonly listed: ListIndex;
 
   constructor(db: Db, redis: RedisClient, redisPrefix: string) {
+    this.listed = new ListIndex(redis, redisPrefix);
     this.runs = db.collection<RunDoc>('runs');
     this.batches = db.collection<RunBatchDoc>('run_batches');
     this.heads = db.collection<RunHeadDoc>('run_heads');
@@ -150,6 +158,7 @@ export class RunStore {
    * answered as it is, unless it was made from another request (then 422 IDEMPOTENCY_KEY_REUSED).
    */
   async createOrResume(run: RunDoc): Promise<RunDoc> {
+    await this.listed.add(runListEntry(run));
     if (!(await insertFirst(this.runs, run))) {
       const existing = (await this.runs.findOne({ _id: run._id }))!;
       const same = (r: RunDoc) => canonicalize({ t: r.tenantId, a: r.agentId, terms: r.terms, s: r.settlement });
@@ -165,6 +174,7 @@ export class RunStore {
     const run = await this.get(tenantId, runId);
     if (!run) throw errors.notFound('run');
     if (run.settlement) return run;
+    await this.listed.add(runListEntry({ ...run, settlement: terms })); // now listed under its payer too
     // The run's escrow lock (one per run, by its entry id) already decided which terms win; this records them.
     await this.runs.updateOne({ _id: runId }, { $set: { settlement: terms } });
     return { ...run, settlement: terms };

@@ -13,6 +13,7 @@ import type {
 import { deriveSettlement, entryIds } from '../domain/settlement.ts';
 import { DueWorkStore } from './due-work.ts';
 import type { LedgerStore } from './ledger.ts';
+import { ListIndex, type ListEntry } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
 /**
@@ -34,9 +35,11 @@ export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
 }
 
 /** Which settlement a dispute belongs to, recorded before the dispute is claimed (disputes are found by their id). */
-interface DisputeRefDoc {
+export interface DisputeRefDoc {
   _id: string;
   settlementId: string;
+  /** When the dispute was opened (refs recorded before the lists existed have none). */
+  createdAt?: Date;
 }
 
 /** One settlement per run, under an id derived from the run, so the settlement of a run is an id lookup. */
@@ -53,14 +56,22 @@ interface FactDoc {
   at: Date;
 }
 
+export function settlementListEntry(s: Pick<SettlementDoc, '_id' | 'tenantId' | 'createdAt' | 'payerWalletId' | 'payeeWalletId'>): ListEntry {
+  // A party's wallet id is its agent id (sponsor wallets are named otherwise and simply match no agent filter).
+  return { kind: 'settlements', id: s._id, tenantId: s.tenantId, at: s.createdAt, agentIds: [s.payerWalletId, s.payeeWalletId] };
+}
+
 export class SettlementStore {
   readonly settlements: Collection<SettlementDoc>;
   readonly facts: Collection<FactDoc>;
   readonly disputeRefs: Collection<DisputeRefDoc>;
   /** Settlements with a step still to come (see DueWorkStore); removed once final. */
   readonly due: DueWorkStore;
+  /** The settlement and dispute lists (see list-index.ts): entered before the document is stored. */
+  readonly listed: ListIndex;
 
   constructor(db: Db, redis: RedisClient, redisPrefix: string) {
+    this.listed = new ListIndex(redis, redisPrefix);
     this.settlements = db.collection<SettlementDoc>('settlements');
     this.facts = db.collection<FactDoc>('settlement_facts');
     this.disputeRefs = db.collection<DisputeRefDoc>('dispute_refs');
@@ -79,6 +90,7 @@ export class SettlementStore {
       view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };
     await this.due.mark(_id, input.tenantId, new Date()); // due before it exists: a crash leaves it findable
+    await this.listed.add(settlementListEntry(doc));
     return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(_id))!;
   }
 
@@ -94,6 +106,7 @@ export class SettlementStore {
       createdAt: new Date(),
       view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };
+    await this.listed.add(settlementListEntry(doc));
     return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
   }
 
@@ -109,6 +122,7 @@ export class SettlementStore {
       createdAt: new Date(),
       view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };
+    await this.listed.add(settlementListEntry(doc));
     return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
   }
 
@@ -143,11 +157,16 @@ export class SettlementStore {
   }
 
   /** Records which settlement a dispute id belongs to; done before the dispute itself is claimed. */
-  async referDispute(disputeId: string, settlementId: string): Promise<void> {
-    await insertFirst(this.disputeRefs, { _id: disputeId, settlementId });
+  async referDispute(disputeId: string, s: SettlementDoc, at = new Date()): Promise<void> {
+    await this.listed.add({ ...settlementListEntry(s), kind: 'disputes', id: disputeId, at });
+    await insertFirst(this.disputeRefs, { _id: disputeId, settlementId: s._id, createdAt: at });
   }
 
   /** The settlement a dispute id was opened on (a reference whose claim lost belongs to no dispute: null). */
+  disputeRef(disputeId: string): Promise<DisputeRefDoc | null> {
+    return this.disputeRefs.findOne({ _id: disputeId });
+  }
+
   async byDispute(disputeId: string): Promise<SettlementDoc | null> {
     const ref = await this.disputeRefs.findOne({ _id: disputeId });
     return ref ? this.get(ref.settlementId) : null;

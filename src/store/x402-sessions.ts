@@ -2,6 +2,7 @@ import type { Collection, Db } from 'mongodb';
 import type { SignedStatement } from '../domain/x402-sessions.ts';
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
+import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
 // Payment sessions: a budget reserved once, spent by many calls, settled at close.
@@ -167,12 +168,15 @@ export class X402SessionStore {
   readonly due: DueWorkStore;
   /** Terms never change: a session seen once is served from memory. */
   private readonly known = new Map<string, SessionDoc>();
+  /** The session list (see list-index.ts): a session is entered before it is stored. */
+  readonly listed: ListIndex;
 
   constructor(
     db: Db,
     private readonly redis: RedisClient,
     private readonly redisPrefix: string,
   ) {
+    this.listed = new ListIndex(redis, redisPrefix);
     this.sessions = db.collection<SessionDoc>('x402_sessions');
     this.charges = db.collection<ChargeDoc>('x402_session_charges');
     this.closes = db.collection<CloseDoc>('x402_session_closes');
@@ -187,6 +191,7 @@ export class X402SessionStore {
 
   /** Records a session once; a repeat (same id) gets the first one back with `created` false. */
   async record(doc: SessionDoc): Promise<{ session: SessionDoc; created: boolean }> {
+    await this.listed.add({ kind: 'sessions', id: doc._id, tenantId: doc.tenantId, at: doc.createdAt, agentIds: [doc.payerAgentId, ...doc.payeeAgentIds] });
     if (await insertFirst(this.sessions, doc)) return { session: doc, created: true };
     return { session: (await this.get(doc._id))!, created: false };
   }

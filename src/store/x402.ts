@@ -2,6 +2,7 @@ import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb
 import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/x402.ts';
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
+import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
 // The x402 gate's records. Every one is found by `_id` (on FerretDB nothing else uses an index), and every fact is
@@ -307,8 +308,11 @@ export class X402Store {
    * recorded, removed once the sweep has seen it decided (by a person, or by itself at the deadline).
    */
   readonly escalationsDue: DueWorkStore;
+  /** The gate and escalation lists (see list-index.ts): entered before the document is stored. */
+  readonly listed: ListIndex;
 
   constructor(db: Db, redis: RedisClient, redisPrefix: string) {
+    this.listed = new ListIndex(redis, redisPrefix);
     this.gates = db.collection('x402_gates');
     this.quotes = db.collection('x402_quotes');
     this.commitments = db.collection('x402_gate_commitments');
@@ -383,6 +387,7 @@ export class X402Store {
    * 5xx: its id derives from the client's Idempotency-Key). `created` false hands back the earlier gate.
    */
   async recordGate(gate: GateDoc): Promise<{ created: boolean; gate: GateDoc }> {
+    await this.listed.add({ kind: 'gates', id: gate._id, tenantId: gate.tenantId, at: gate.createdAt, agentIds: [gate.payerAgentId, gate.payeeAgentId] });
     if (await insertFirst(this.gates, gate)) return { created: true, gate };
     const existing = await this.gates.findOne({ _id: gate._id });
     if (!existing) throw new Error(`gate ${gate._id} collided but is not stored`);
@@ -487,8 +492,9 @@ export class X402Store {
   }
 
   /** The escalation raised for one gate and quote (first writer wins): whether this one was recorded. */
-  recordEscalation(escalation: EscalationDoc): Promise<boolean> {
-    return insertFirst(this.escalations, escalation);
+  async recordEscalation(e: EscalationDoc): Promise<boolean> {
+    await this.listed.add({ kind: 'escalations', id: e._id, tenantId: e.tenantId, at: e.createdAt, agentIds: [e.payerAgentId, e.payeeAgentId] });
+    return insertFirst(this.escalations, e);
   }
 
   escalationOf(escalationId: string): Promise<EscalationDoc | null> {

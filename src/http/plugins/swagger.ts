@@ -30,6 +30,7 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
         { name: 'x402', description: 'Payment gates for x402 paid calls: quotes, authorizations, verification, wallet policies, escalations' },
         { name: 'x402 facilitator', description: 'The x402 v2 facilitator API, for stock x402 clients' },
         { name: 'x402 sessions', description: 'Payment sessions: a budget reserved once, one request per paid call, settled and refunded at close' },
+        { name: 'lists', description: 'Runs, agents, settlements, disputes, gates, escalations and sessions of the tenant, newest first, paged with an opaque cursor' },
         { name: 'onboarding', description: 'A tenant\'s first steps: runtime bootstrap, MCP smoke test, first paid call, conformance matrix' },
         { name: 'identity', description: 'Who the calling API key is' },
         { name: 'ops', description: 'Operator routes under the admin key: tenants, API keys, ledger audit, buyer sessions' },

@@ -23,7 +23,7 @@ export const DisputeRuling = Type.Object(
 export const DisputeParams = Type.Object({ disputeId: Type.String({ maxLength: 128 }) });
 export const HeldRuling = Type.Object({ outcome: Type.Union([Type.Literal('release'), Type.Literal('refund')]) }, { additionalProperties: false, examples: [{ outcome: 'refund' }] });
 export const SettlementParams = Type.Object({ settlementId: Type.String({ maxLength: 128 }) });
-const Dispute = Type.Object({
+export const Dispute = Type.Object({
   disputeId: Type.String(),
   status: Type.String(),
   reason: Type.String(),

@@ -1,0 +1,122 @@
+import type { RedisClient } from '../redis.ts';
+
+// The list index: what every "newest first" list pages through without asking MongoDB for anything but exact `_id`
+// lookups (on FerretDB any other filter or sort scans the whole collection). One Redis sorted set per kind and
+// scope, every member at score 0 and ordered by its text `<createdAt ms, 15 digits>|<id>|<tenantId>`, so a page is
+// one ZREVRANGEBYLEX (O(log n + page)) whatever the set holds, and the cursor (a time and an id) names an exact
+// place in it. Scopes: every tenant (`all`, what the operator lists), one tenant (`t:<tenantId>`), one agent
+// (`a:<agentId>`: an agent id belongs to one tenant, so it needs no tenant in its key).
+//
+// An entry is written BEFORE the document it stands for. A crash in between leaves an entry whose `_id` lookup
+// misses (or finds a document created at another time, by a retry): readers skip it, and remove it once it is old
+// enough that no writer can still be on its way (LIST_ENTRY_REPAIR_AFTER_MS). So an object is listed from the
+// moment its document exists and never lost; a dangling entry is never shown.
+
+export const LIST_KINDS = ['runs', 'agents', 'settlements', 'disputes', 'gates', 'escalations', 'sessions'] as const;
+export type ListKind = (typeof LIST_KINDS)[number];
+
+/** A dangling entry (no document, or one of another creation) younger than this may still get its document. */
+export const LIST_ENTRY_REPAIR_AFTER_MS = 10 * 60_000;
+
+export interface ListEntry {
+  kind: ListKind;
+  id: string;
+  tenantId: string;
+  at: Date;
+  /** Agents the object concerns (a run's agent, a payer and a payee…): each gets the entry in its own set. */
+  agentIds: readonly string[];
+}
+
+/** Where a page starts and ends: a cursor position (exclusive) and creation bounds (both exclusive). */
+export interface ListRange {
+  before?: { at: Date; id: string };
+  createdAfter?: Date;
+  createdBefore?: Date;
+}
+
+export interface IndexedRow {
+  id: string;
+  tenantId: string;
+  at: Date;
+  member: string;
+}
+
+export type ListScope = { agentId: string } | { tenantId: string } | 'all';
+
+const MS_DIGITS = 15;
+const pad = (ms: number) => String(ms).padStart(MS_DIGITS, '0');
+
+export function memberOf(e: Pick<ListEntry, 'id' | 'tenantId' | 'at'>): string {
+  return `${pad(e.at.getTime())}|${e.id}|${e.tenantId}`;
+}
+
+function parseMember(member: string): IndexedRow | null {
+  const [ms, id, tenantId] = member.split('|');
+  if (!ms || !id || !tenantId) return null;
+  return { id, tenantId, at: new Date(Number(ms)), member };
+}
+
+export class ListIndex {
+  constructor(
+    private readonly redis: RedisClient,
+    private readonly prefix: string,
+  ) {}
+
+  /** One hash slot for all of them (`{lists}`), so a pipeline of several keys also works on Redis Cluster. */
+  key(kind: ListKind, scope: ListScope): string {
+    const part = scope === 'all' ? 'all' : 'agentId' in scope ? `a:${scope.agentId}` : `t:${scope.tenantId}`;
+    return `${this.prefix}:{lists}:${kind}:${part}`;
+  }
+
+  private keysOf(e: ListEntry): string[] {
+    return [this.key(e.kind, 'all'), this.key(e.kind, { tenantId: e.tenantId }), ...[...new Set(e.agentIds)].map((agentId) => this.key(e.kind, { agentId }))];
+  }
+
+  /** Enters the object in every set it belongs to (harmless when repeated: a member is only there once). */
+  async add(e: ListEntry): Promise<void> {
+    const member = memberOf(e);
+    const pipeline = this.redis.pipeline();
+    for (const key of this.keysOf(e)) pipeline.zadd(key, 0, member);
+    const results = await pipeline.exec();
+    const failed = results?.find(([err]) => err);
+    if (failed) throw failed[0];
+  }
+
+  /** Many entries at once (the rebuild, and seeding a benchmark), in pipelines of `chunk` commands. */
+  async addMany(entries: readonly ListEntry[], chunk = 2_000): Promise<void> {
+    for (let i = 0; i < entries.length; i += chunk) {
+      const byKey = new Map<string, string[]>();
+      for (const e of entries.slice(i, i + chunk)) {
+        const member = memberOf(e);
+        for (const key of this.keysOf(e)) byKey.set(key, [...(byKey.get(key) ?? []), member]);
+      }
+      const pipeline = this.redis.pipeline();
+      for (const [key, members] of byKey) pipeline.zadd(key, ...members.flatMap((m) => [0, m]));
+      const results = await pipeline.exec();
+      const failed = results?.find(([err]) => err);
+      if (failed) throw failed[0];
+    }
+  }
+
+  /** Up to `count` rows of the scope's set, newest first, strictly inside `range`. */
+  async page(kind: ListKind, scope: ListScope, range: ListRange, count: number): Promise<IndexedRow[]> {
+    const maxes = ['+'];
+    if (range.before) maxes.push(`(${pad(range.before.at.getTime())}|${range.before.id}`);
+    if (range.createdBefore) maxes.push(`(${pad(range.createdBefore.getTime())}`);
+    // The smallest bound wins ('+' is above every member; '(' and '[' prefixes compare alike).
+    const max = maxes.reduce((a, b) => (a === '+' ? b : b === '+' ? a : a.slice(1) < b.slice(1) ? a : b));
+    const min = range.createdAfter ? `[${pad(range.createdAfter.getTime() + 1)}` : '-';
+    const members = await this.redis.zrevrangebylex(this.key(kind, scope), max, min, 'LIMIT', 0, count);
+    return members.map(parseMember).filter((r): r is IndexedRow => r !== null);
+  }
+
+  /** Removes a dangling entry from the set it was found in (the repair; see the header). */
+  async removeFrom(kind: ListKind, scope: ListScope, member: string): Promise<void> {
+    await this.redis.zrem(this.key(kind, scope), member);
+  }
+
+  /** How many entries the scope's set holds (what the rebuild reports). */
+  size(kind: ListKind, scope: ListScope): Promise<number> {
+    return this.redis.zcard(this.key(kind, scope));
+  }
+}
