@@ -101,6 +101,10 @@ describe('MCP by URL (/mcp) and by the bootstrap command', () => {
       expect(res.statusCode, String(authorization)).toBe(expected);
       expect(res.json()).toMatchObject({ code: expected === 401 ? 'UNAUTHENTICATED' : 'FORBIDDEN', message: expect.any(String), requestId: expect.any(String) });
     }
+    // A live key with a message the MCP transport refuses: 422 in the same shape, not a JSON-RPC body.
+    const refused = await t.app.inject({ method: 'POST', url: '/mcp', headers: { ...headers, authorization: `Bearer ${tenant.token}` }, payload: { jsonrpc: '2.0' } });
+    expect(refused.statusCode).toBe(422);
+    expect(refused.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'body' }] }, requestId: expect.any(String) });
     // The SDK client sees the refusal at connect.
     await expect(connect('sk_key_unknownunknown.' + 'y'.repeat(43))).rejects.toThrow(/401|Unauthorized|UNAUTHENTICATED/i);
   });

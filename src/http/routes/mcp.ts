@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { errors } from '../../domain/errors.ts';
+import { errors, type ServiceError } from '../../domain/errors.ts';
 import type { FetchLike } from '../../mcp/api-client.ts';
 import type { Runtime } from '../../runtime.ts';
 import { presentedCredential } from '../plugins/auth.ts';
@@ -31,14 +31,30 @@ function inProcessFetch(app: FastifyInstance, baseUrl: string, requestId: string
   };
 }
 
-/** The Fastify request as the web Request the MCP transport reads (the body is handed over already parsed). */
+/**
+ * The Fastify request as the web Request the MCP transport reads (the body is handed over already parsed). The
+ * answer is always JSON, so the transport's demand that clients also accept an event stream is met for them.
+ */
 function webRequest(request: FastifyRequest, baseUrl: string): Request {
   const headers = new Headers();
   for (const [name, value] of Object.entries(request.headers)) {
     if (typeof value === 'string') headers.set(name, value);
     else if (Array.isArray(value)) for (const v of value) headers.append(name, v);
   }
+  headers.set('accept', 'application/json, text/event-stream');
   return new Request(new URL(request.url, baseUrl), { method: request.method, headers });
+}
+
+/** The transport's own refusal (a message that is no JSON-RPC it takes, an unknown protocol version), as a contract error. */
+async function transportRefusal(answer: Response): Promise<ServiceError> {
+  let reason = `the MCP transport answered HTTP ${answer.status}`;
+  try {
+    const body = (await answer.json()) as { error?: { message?: unknown } };
+    if (typeof body.error?.message === 'string') reason = body.error.message;
+  } catch {
+    // no JSON-RPC error body: keep the status as the reason
+  }
+  return errors.unprocessable('the request is not an MCP message this endpoint takes', { errors: [{ path: 'body', message: reason }] });
 }
 
 export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
@@ -55,13 +71,13 @@ export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       summary: 'MCP over Streamable HTTP (stateless): the tools of `agent-settlement mcp`, acting with this API key',
       description:
         'Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap\'s `mcpHttp`). Send ' +
-        '`Accept: application/json, text/event-stream`; answers are JSON. Every tool call passes the scope and tenant ' +
+        'JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant ' +
         'checks of the route it calls. Agents registered here keep their signing key in the service, sealed.',
       body: McpRequestBody,
       response: {
         200: McpResponseBody,
         202: { description: 'Notifications or responses only: accepted, no body', type: 'null' },
-        ...errorResponses(401, 403),
+        ...errorResponses(401, 403, 422),
       },
     },
   }, async (request, reply) => {
@@ -72,6 +88,7 @@ export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     const { answerMcpRequest } = await mcpHttp;
     const base = rt.config.publicBaseUrl;
     const answer = await answerMcpRequest(rt, { tenantId: principal.tenantId, apiKey }, webRequest(request, base), request.body, inProcessFetch(app, base, request.id));
+    if (answer.status >= 400) throw await transportRefusal(answer);
     reply.code(answer.status as 200);
     const contentType = answer.headers.get('content-type');
     if (contentType) reply.type(contentType);
