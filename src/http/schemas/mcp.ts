@@ -4,7 +4,7 @@ import { Type } from 'typebox';
 const JsonRpcMessage = Type.Object(
   {
     jsonrpc: Type.Literal('2.0'),
-    id: Type.Optional(Type.Union([Type.String(), Type.Integer()])),
+    id: Type.Optional(Type.Union([Type.String(), Type.Integer(), Type.Null()])),
     method: Type.Optional(Type.String({ description: 'initialize, tools/list, tools/call, notifications/…' })),
     params: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
     result: Type.Optional(Type.Unknown()),
