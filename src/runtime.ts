@@ -9,6 +9,7 @@ import { AgentStore } from './store/agents.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient, MongoHealthWatch } from './store/mongo.ts';
+import { McpAgentKeyStore } from './store/mcp-agent-keys.ts';
 import { OnboardingStore } from './store/onboarding.ts';
 import { OutboxStore } from './store/outbox.ts';
 import { RunStore } from './store/runs.ts';
@@ -52,6 +53,7 @@ export interface Runtime {
     webhookDeliveries: WebhookDeliveryStore;
     webhookDue: WebhookDueIndex;
     onboarding: OnboardingStore;
+    mcpAgentKeys: McpAgentKeyStore;
     x402: X402Store;
     x402Sessions: X402SessionStore;
     /** The list index every "newest first" list pages through (store/list-index.ts). */
@@ -118,6 +120,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
       webhookDue,
       onboarding: new OnboardingStore(db),
+      mcpAgentKeys: new McpAgentKeyStore(db),
       x402: new X402Store(db, redis, config.redisPrefix),
       x402Sessions: new X402SessionStore(db, redis, config.redisPrefix),
       lists: new ListIndex(redis, config.redisPrefix),

@@ -19,6 +19,7 @@ import { docsRoutes } from './routes/docs.ts';
 import { healthRoutes } from './routes/health.ts';
 import { listRoutes } from './routes/lists.ts';
 import { identityRoutes } from './routes/identity.ts';
+import { mcpRoutes } from './routes/mcp.ts';
 import { onboardingRoutes } from './routes/onboarding.ts';
 import { opsRoutes } from './routes/ops.ts';
 import { webhookRoutes } from './routes/webhooks.ts';
@@ -152,6 +153,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(settlementRoutes, { runtime });
   await app.register(webhookRoutes, { runtime });
   await app.register(onboardingRoutes, { runtime });
+  await app.register(mcpRoutes, { runtime });
   await app.register(x402Routes, { runtime });
   await app.register(x402FacilitatorRoutes, { runtime });
   await app.register(x402SessionRoutes, { runtime });

@@ -31,6 +31,9 @@ function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
+/** The fetch the client sends with; the service's own /mcp passes one that answers in process. */
+export type FetchLike = (url: URL, init: RequestInit) => Promise<Response>;
+
 export class ApiClient {
   private readonly base: URL;
 
@@ -38,6 +41,7 @@ export class ApiClient {
     baseUrl: string,
     private readonly apiKey: string,
     private readonly timeoutMs = DEFAULT_TIMEOUT_MS,
+    private readonly fetchImpl: FetchLike = fetch,
   ) {
     // A trailing slash makes relative paths resolve under a base path (https://host/settlement/ + v1/runs).
     this.base = new URL(baseUrl.endsWith('/') ? baseUrl : `${baseUrl}/`);
@@ -52,7 +56,7 @@ export class ApiClient {
     let res: Response;
     let text: string;
     try {
-      res = await fetch(url, {
+      res = await this.fetchImpl(url, {
         method,
         headers,
         body: options.body === undefined ? null : JSON.stringify(options.body),

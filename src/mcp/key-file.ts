@@ -9,7 +9,7 @@ import { parsePrivateKey, privateKeyToPem, publicKeyOf } from '../domain/crypto.
 
 const FORMAT_VERSION = 1;
 
-export type KeyFileErrorCode = 'KEY_FILE_INVALID' | 'KEY_FILE_INSECURE' | 'KEY_FILE_UNAVAILABLE' | 'AGENT_KEY_NOT_FOUND';
+export type KeyFileErrorCode = 'KEY_FILE_INVALID' | 'KEY_FILE_INSECURE' | 'KEY_FILE_UNAVAILABLE' | 'KEY_FILE_NOT_SUPPORTED' | 'AGENT_KEY_NOT_FOUND';
 
 /** Messages name the path and the problem, never the file's content. */
 export class KeyFileError extends Error {
@@ -40,6 +40,16 @@ export interface AgentSigningKey {
   privateKey: KeyObject;
 }
 
+/** Where the tools keep and find agents' signing keys: a local key file, or the service's sealed store (/mcp). */
+export interface AgentKeyStore {
+  /** Where the keys are, as the tools report it (a path, or a description); never a key. */
+  readonly location: string;
+  /** Fails before an agent is registered if its key could not be stored afterwards. */
+  ensureUsable(): Promise<void>;
+  save(agentId: string, privateKey: KeyObject, keyId: string): Promise<void>;
+  load(agentId: string): Promise<AgentSigningKey>;
+}
+
 export function defaultKeyFilePath(tenantId: string, home: string = homedir()): string {
   return join(home, '.agent-settlement', 'keys', `${tenantId}.json`);
 }
@@ -53,7 +63,7 @@ function isStoredKey(value: unknown): value is StoredAgentKey {
   return typeof v?.keyId === 'string' && typeof v.privateKey === 'string' && typeof v.createdAt === 'string';
 }
 
-export class KeyFile {
+export class KeyFile implements AgentKeyStore {
   readonly path: string;
   // Writes of this process are serialized so two registrations cannot drop each other's key.
   private writing: Promise<unknown> = Promise.resolve();
@@ -63,6 +73,10 @@ export class KeyFile {
     private readonly tenantId: string,
   ) {
     this.path = resolve(path);
+  }
+
+  get location(): string {
+    return this.path;
   }
 
   /** The file's keys; a missing file is an empty one. Refuses a file others can read, as ssh does. */

@@ -8,9 +8,9 @@ import packageJson from '../../package.json' with { type: 'json' };
 import type { JsonValue } from '../domain/canonical-json.ts';
 import { base64urlEncode, generateEd25519KeyPair, newId } from '../domain/crypto.ts';
 import { signEvents } from '../domain/event-chain.ts';
-import { ApiClient, ApiError } from './api-client.ts';
+import { ApiClient, ApiError, type FetchLike } from './api-client.ts';
 import type { McpConfig } from './config.ts';
-import { defaultKeyFilePath, KeyFile, KeyFileError } from './key-file.ts';
+import { defaultKeyFilePath, KeyFile, KeyFileError, type AgentKeyStore } from './key-file.ts';
 import {
   AgentId,
   EventInput,
@@ -56,18 +56,32 @@ function redactor(apiKey: string): <T>(value: T) => T {
   return <T>(value: T) => walk(value) as T;
 }
 
-export function buildMcpServer(config: McpConfig, log: (line: string) => void = () => undefined): McpServer {
-  const api = new ApiClient(config.baseUrl, config.apiKey);
-  const redact = redactor(config.apiKey);
+export interface McpServerOptions {
+  /** How the tools reach the API; default: fetch over the network to config.baseUrl. */
+  fetch?: FetchLike;
+  /**
+   * Where agents' private keys live, given the tool's `keyFile` argument. Default: local key files (the stdio server,
+   * on the runtime's machine). The service's own /mcp passes a store of its own and refuses paths.
+   */
+  agentKeys?: (requestedKeyFile: string | undefined) => AgentKeyStore;
+}
+
+/** Local key files, one instance per path so that its writes are serialized. */
+function localKeyFiles(tenantId: string): (requested: string | undefined) => AgentKeyStore {
   const keyFiles = new Map<string, KeyFile>();
-  const keyFile = (requested: string | undefined): KeyFile => {
-    const candidate = new KeyFile(requested ?? defaultKeyFilePath(config.tenantId), config.tenantId);
-    // One instance per file, so its writes are serialized.
+  return (requested) => {
+    const candidate = new KeyFile(requested ?? defaultKeyFilePath(tenantId), tenantId);
     const known = keyFiles.get(candidate.path);
     if (known) return known;
     keyFiles.set(candidate.path, candidate);
     return candidate;
   };
+}
+
+export function buildMcpServer(config: McpConfig, log: (line: string) => void = () => undefined, options: McpServerOptions = {}): McpServer {
+  const api = new ApiClient(config.baseUrl, config.apiKey, undefined, options.fetch);
+  const redact = redactor(config.apiKey);
+  const keyFile = options.agentKeys ?? localKeyFiles(config.tenantId);
 
   const server = new McpServer(
     { name: 'agent-settlement', version: packageJson.version },
@@ -157,7 +171,7 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
         const reason = err instanceof Error ? err.message : String(err);
         throw new ToolFailure('KEY_FILE_UNAVAILABLE', `agent ${agentId} is registered but its key could not be stored (${reason}); add a new key to it`);
       }
-      return { summary: `registered ${agentId} with key ${keyId}; private key in ${file.path}`, data: { agentId, keyId, status, createdAt, keyFile: file.path } };
+      return { summary: `registered ${agentId} with key ${keyId}; private key in ${file.location}`, data: { agentId, keyId, status, createdAt, keyFile: file.location } };
     },
   );
 

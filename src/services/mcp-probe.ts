@@ -1,16 +1,23 @@
-// Drives an MCP server the way an agent runtime does: spawns it on stdio, then `initialize`, `tools/list` and one
-// real tool call, within a time limit. The process never outlives the probe: it is killed on timeout and always
-// stopped (and, if need be, killed) before the probe returns.
+// Drives an MCP server the way an agent runtime does: spawns it on stdio (or connects to its URL over Streamable
+// HTTP), then `initialize`, `tools/list` and one real tool call, within a time limit. A spawned process never
+// outlives the probe: it is killed on timeout and always stopped (and, if need be, killed) before the probe returns.
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import type { SmokeTestOutcome } from '../store/onboarding.ts';
 
 export type SmokeStep = 'spawn' | 'initialize' | 'tools/list' | 'tools/call' | 'timeout';
 
+/** A stdio server to spawn, or a Streamable HTTP server to connect to. */
+export type ProbeServer =
+  | {
+      command: string;
+      args: string[];
+      /** The server's variables; the child gets these plus the SDK's safe defaults (PATH, HOME…), nothing else of ours. */
+      env: Record<string, string>;
+    }
+  | { url: string; headers: Record<string, string> };
+
 export interface ProbeInput {
-  command: string;
-  args: string[];
-  /** The server's variables; the child gets these plus the SDK's safe defaults (PATH, HOME…), nothing else of ours. */
-  env: Record<string, string>;
+  server: ProbeServer;
   timeoutMs: number;
   /** The tool to call; it must succeed. */
   tool: string;
@@ -45,11 +52,21 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
   let stderr = '';
   // Loaded on first use: only a smoke test needs the MCP client, and the SDK with its schemas is about 6 MB of heap
   // that the API process (which imports this module through the onboarding routes) would otherwise carry for ever.
-  const [{ Client }, { StdioClientTransport }] = await Promise.all([import('@modelcontextprotocol/sdk/client/index.js'), import('@modelcontextprotocol/sdk/client/stdio.js')]);
-  const transport = new StdioClientTransport({ command: input.command, args: input.args, env: input.env, stderr: 'pipe' });
-  transport.stderr?.on('data', (chunk: Buffer) => {
-    stderr = (stderr + chunk.toString()).slice(-STDERR_TAIL);
-  });
+  const { Client } = await import('@modelcontextprotocol/sdk/client/index.js');
+  const server = input.server;
+  let transport: import('@modelcontextprotocol/sdk/shared/transport.js').Transport;
+  let stdio: import('@modelcontextprotocol/sdk/client/stdio.js').StdioClientTransport | null = null;
+  if ('url' in server) {
+    const { StreamableHTTPClientTransport } = await import('@modelcontextprotocol/sdk/client/streamableHttp.js');
+    transport = new StreamableHTTPClientTransport(new URL(server.url), { requestInit: { headers: server.headers } });
+  } else {
+    const { StdioClientTransport } = await import('@modelcontextprotocol/sdk/client/stdio.js');
+    stdio = new StdioClientTransport({ command: server.command, args: server.args, env: server.env, stderr: 'pipe' });
+    stdio.stderr?.on('data', (chunk: Buffer) => {
+      stderr = (stderr + chunk.toString()).slice(-STDERR_TAIL);
+    });
+    transport = stdio;
+  }
   const client = new Client({ name: 'agent-settlement-smoke-test', version: '1.0.0' });
   let exited = false;
   client.onclose = () => {
@@ -63,7 +80,7 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
       await client.connect(transport);
     } catch (err) {
       // The process could not start, or ended before it answered: that is the spawn failing, not the handshake.
-      if (exited || (err as NodeJS.ErrnoException).code === 'ENOENT') throw new StepFailure('spawn', 'the MCP server did not start or exited at once', { error: (err as Error).message });
+      if (stdio && (exited || (err as NodeJS.ErrnoException).code === 'ENOENT')) throw new StepFailure('spawn', 'the MCP server did not start or exited at once', { error: (err as Error).message });
       throw new StepFailure('initialize', 'the MCP handshake failed', { error: (err as Error).message });
     }
     const info = client.getServerVersion();
@@ -95,7 +112,7 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
   } finally {
     clearTimeout(timer);
   }
-  const pid = transport.pid;
+  const pid = stdio?.pid ?? null;
   if (failure?.step === 'timeout' && pid !== null && isAlive(pid)) process.kill(pid, 'SIGKILL');
   await client.close().catch(() => undefined); // closes stdin, then SIGTERM, then SIGKILL, waiting for the exit
   if (pid !== null && isAlive(pid)) process.kill(pid, 'SIGKILL');

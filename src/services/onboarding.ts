@@ -5,7 +5,7 @@ import { fileURLToPath } from 'node:url';
 import { signBuyerSession, type BuyerSession } from '../domain/buyer-session.ts';
 import { decryptAtRest, encryptAtRest, newId } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { mcpLaunch, mcpServersJson, RUNTIME_SCOPES, runtimeSnippet, type McpEnv, type McpLaunch, type RuntimeSnippet, type RuntimeTarget } from '../domain/onboarding.ts';
+import { mcpHttpConfig, mcpLaunch, mcpServersJson, RUNTIME_SCOPES, RUNTIME_TRANSPORT, runtimeSnippet, type McpEnv, type McpHttpConfig, type McpLaunch, type RuntimeSnippet, type RuntimeTarget } from '../domain/onboarding.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { SmokeTestDoc } from '../store/onboarding.ts';
@@ -13,8 +13,13 @@ import { paidCallAttemptId, runFirstPaidCall, type FirstPaidCallResult } from '.
 import { probeMcpServer } from './mcp-probe.ts';
 import { issueApiKey } from './tenants.ts';
 
-/** The shipped launcher (`npx agent-settlement mcp` runs this file), from src/services or dist/services alike. */
+/** The shipped launcher (the package's bin), from src/services or dist/services alike. */
 const MCP_LAUNCHER = fileURLToPath(new URL('../../bin/agent-settlement.js', import.meta.url));
+
+/** The stdio command by absolute paths: this Node binary and this installation's launcher (a test may swap the launcher). */
+function launchFrom(rt: Runtime): { nodePath: string; launcherPath: string } {
+  return { nodePath: process.execPath, launcherPath: rt.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER };
+}
 /** How long the API waits for a worker beyond the smoke test's own limit (queue latency, process start). */
 const SMOKE_WAIT_MARGIN_MS = 15_000;
 const SMOKE_POLL_MS = 150;
@@ -35,6 +40,8 @@ export interface RuntimeBootstrap {
   tenantId: string;
   apiKey: { keyId: string; scopes: string[]; expiresAt: string | null };
   mcp: McpLaunch;
+  /** The same server by URL (this service's /mcp), for clients that take one. */
+  mcpHttp: McpHttpConfig;
   mcpConfigJson: string;
 }
 
@@ -45,8 +52,14 @@ const CONFORMANCE_KEY_TTL_MS = 3_600_000;
 export async function bootstrapRuntime(rt: Runtime, tenantId: string, options: { expiresAt?: Date; description?: string } = {}): Promise<RuntimeBootstrap> {
   await requireTenant(rt, tenantId);
   const { key, token } = await issueApiKey(rt, { tenantId, scopes: RUNTIME_SCOPES, description: options.description ?? 'agent runtime (runtime bootstrap)', expiresAt: options.expiresAt ?? null });
-  const launch = mcpLaunch({ SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token });
-  return { tenantId, apiKey: { keyId: key._id, scopes: key.scopes, expiresAt: key.expiresAt?.toISOString() ?? null }, mcp: launch, mcpConfigJson: mcpServersJson(launch) };
+  const launch = mcpLaunch({ SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token }, launchFrom(rt));
+  return {
+    tenantId,
+    apiKey: { keyId: key._id, scopes: key.scopes, expiresAt: key.expiresAt?.toISOString() ?? null },
+    mcp: launch,
+    mcpHttp: mcpHttpConfig(rt.config.publicBaseUrl, token),
+    mcpConfigJson: mcpServersJson(launch),
+  };
 }
 
 /** Where a smoke test's env waits for its worker: sealed (AES-GCM, bound to this key name), expiring, deleted after use. */
@@ -127,10 +140,10 @@ export async function smokeTestJob(rt: Runtime, payload: { tenantId: string; smo
     return record({ passed: false, failedStep: 'spawn', serverInfo: null, toolNames: [], call: null, error: { message: 'the smoke test expired before a worker took it', details: {} }, durationMs: 0 }, null);
   }
   const env = JSON.parse(decryptAtRest(rt.config.webhooks.encryptionKey, sealed, key)) as McpEnv;
+  // The very command the runtime bootstrap hands out for this env.
+  const launch = mcpLaunch(env, launchFrom(rt));
   const { outcome, pid } = await probeMcpServer({
-    command: process.execPath,
-    args: [rt.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER, 'mcp'],
-    env: { ...env },
+    server: { command: launch.command, args: launch.args, env: { ...launch.env } },
     timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
     tool: SMOKE_TOOL,
     secrets: [env.SERVICE_API_KEY],
@@ -149,12 +162,20 @@ export interface ConformanceMatrix {
   checks: {
     bootstrap: { status: CheckStatus };
     smokeTest: { status: CheckStatus; smokeTestId: string | null; step: string | null };
+    /** The URL configuration (this service's /mcp) connected to, its tools listed and whoami called. */
+    mcpHttp: { status: CheckStatus; step: string | null; toolCount: number };
     firstPaidCall: { status: CheckStatus; attemptId: string; step: string | null; result: FirstPaidCallResult | null };
   };
   targets: Array<RuntimeSnippet & { ready: boolean }>;
 }
 
-/** Runs bootstrap, smoke test and first paid call once, and reports every requested runtime's snippet with the checks. */
+/**
+ * Runs bootstrap, the two MCP configurations and the first paid call once each, and reports every requested
+ * runtime's snippet with the checks. Each distinct configuration is started once, however many runtimes use it: the
+ * stdio command by the smoke test (on its queue, spawning exactly `mcp.command` with `mcp.env`), the URL by
+ * connecting to it here with the SDK's Streamable HTTP client. A runtime is ready when its own configuration
+ * started and listed its tools and the first paid call passed; the matrix is ready when every requested one is.
+ */
 export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: RuntimeTarget[]): Promise<ConformanceMatrix> {
   const bootstrap = await bootstrapRuntime(rt, tenantId, { expiresAt: new Date(Date.now() + CONFORMANCE_KEY_TTL_MS), description: 'conformance matrix (expires by itself)' });
   let smoke: ConformanceMatrix['checks']['smokeTest'];
@@ -165,6 +186,13 @@ export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: 
     if (!(err instanceof ServiceError) || err.status !== 502) throw err;
     smoke = { status: 'failed', smokeTestId: String(err.details?.smokeTestId ?? '') || null, step: String(err.details?.step ?? 'timeout') };
   }
+  const probe = await probeMcpServer({
+    server: { url: bootstrap.mcpHttp.url, headers: { ...bootstrap.mcpHttp.headers } },
+    timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
+    tool: SMOKE_TOOL,
+    secrets: [bootstrap.mcp.env.SERVICE_API_KEY],
+  });
+  const http: ConformanceMatrix['checks']['mcpHttp'] = { status: probe.outcome.passed ? 'passed' : 'failed', step: probe.outcome.failedStep, toolCount: probe.outcome.toolNames.length };
   const attemptId = paidCallAttemptId(tenantId, null);
   let paid: ConformanceMatrix['checks']['firstPaidCall'];
   try {
@@ -174,12 +202,13 @@ export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: 
     if (!(err instanceof ServiceError) || err.code !== 'SETTLD_API_CALL_FAILED') throw err;
     paid = { status: 'failed', attemptId, step: String(err.details?.step ?? ''), result: null };
   }
-  const ready = smoke.status === 'passed' && paid.status === 'passed';
+  const configReady = { stdio: smoke.status === 'passed', http: http.status === 'passed' };
+  const snippets = targets.map((target) => ({ ...runtimeSnippet(target, bootstrap.mcp, bootstrap.mcpHttp), ready: paid.status === 'passed' && configReady[RUNTIME_TRANSPORT[target]] }));
   return {
     tenantId,
-    ready,
+    ready: snippets.every((s) => s.ready),
     apiKey: bootstrap.apiKey,
-    checks: { bootstrap: { status: 'passed' }, smokeTest: smoke, firstPaidCall: paid },
-    targets: targets.map((target) => ({ ...runtimeSnippet(target, bootstrap.mcp), ready })),
+    checks: { bootstrap: { status: 'passed' }, smokeTest: smoke, mcpHttp: http, firstPaidCall: paid },
+    targets: snippets,
   };
 }

@@ -30,7 +30,7 @@ describe('runtime bootstrap', () => {
     const body = await bootstrap(t, a.tenantId, a.headers);
     expect(body.tenantId).toBe(a.tenantId);
     expect(Object.keys(body.mcp.env).sort()).toEqual(['SERVICE_API_KEY', 'SERVICE_BASE_URL', 'SERVICE_TENANT_ID']);
-    expect(body.mcp).toMatchObject({ command: 'npx', args: ['agent-settlement', 'mcp'], env: { SERVICE_BASE_URL: t.config.publicBaseUrl, SERVICE_TENANT_ID: a.tenantId } });
+    expect(body.mcp).toMatchObject({ command: process.execPath, args: [expect.stringMatching(/\/bin\/agent-settlement\.js$/), 'mcp'], env: { SERVICE_BASE_URL: t.config.publicBaseUrl, SERVICE_TENANT_ID: a.tenantId } });
     expect(body.apiKey.scopes.sort()).toEqual(['agents:write', 'runs:write', 'wallets:write', 'x402:write']);
     expect(JSON.parse(body.mcpConfigJson)).toEqual({ mcpServers: { 'agent-settlement': body.mcp } });
 

@@ -11,21 +11,21 @@ type Env = Record<string, string>;
 
 const FIXTURE = resolve(import.meta.dirname, '../fixtures/mcp-misbehaving.mjs');
 
-/** The env of each runtime's snippet, read back in that runtime's own format. */
-function envOf(target: string, content: string): Env {
+/** The server each runtime's snippet configures, read back in that runtime's own format. */
+function serverOf(target: string, content: string): Record<string, any> {
   switch (target) {
     case 'codex':
-      return (parseToml(content) as any).mcp_servers['agent-settlement'].env;
+      return (parseToml(content) as any).mcp_servers['agent-settlement'];
     case 'openhands': {
       const servers = (parseToml(content) as any).mcp.stdio_servers;
       expect(servers).toHaveLength(1);
-      expect(servers[0]).toMatchObject({ name: 'agent-settlement', command: 'npx', args: ['agent-settlement', 'mcp'] });
-      return servers[0].env;
+      expect(servers[0].name).toBe('agent-settlement');
+      return servers[0];
     }
     case 'openclaw':
-      return JSON.parse(content).mcp.servers['agent-settlement'].env;
+      return JSON.parse(content).mcp.servers['agent-settlement'];
     default:
-      return JSON.parse(content).mcpServers['agent-settlement'].env;
+      return JSON.parse(content).mcpServers['agent-settlement'];
   }
 }
 
@@ -65,19 +65,25 @@ describe('conformance matrix', () => {
     expect((await t.app.inject({ method: 'POST', url: `/v1/tenants/${tenant.tenantId}/onboarding/runtime-bootstrap`, headers: tenant.headers })).statusCode).toBe(201);
   });
 
-  it('reports every runtime\'s snippet in its own format, naming the same three variables, with the checks', { timeout: 120_000 }, async () => {
+  it('reports every runtime\'s snippet in its own format: stdio ones the absolute command, URL ones /mcp with the key as bearer, each started', { timeout: 120_000 }, async () => {
     const tenant = await onboardingTenant(t);
     const res = await matrix(tenant.tenantId, tenant.headers);
     expect(res.statusCode, res.body).toBe(200);
     const body = res.json();
     expect(body.targets.map((x: { target: string }) => x.target)).toEqual(['codex', 'claude', 'cursor', 'openclaw', 'openhands']);
     expect(body.targets.map((x: { format: string }) => x.format)).toEqual(['toml', 'json', 'json', 'json', 'toml']);
-    const envs = body.targets.map((x: { target: string; content: string }) => envOf(x.target, x.content));
-    for (const env of envs) {
-      expect(Object.keys(env).sort()).toEqual(['SERVICE_API_KEY', 'SERVICE_BASE_URL', 'SERVICE_TENANT_ID']);
-      expect(env).toEqual(envs[0]);
+    expect(body.targets.map((x: { transport: string }) => x.transport)).toEqual(['http', 'stdio', 'http', 'stdio', 'stdio']);
+    const servers = body.targets.map((x: { target: string; content: string }) => serverOf(x.target, x.content));
+    const token: string = servers[1].env.SERVICE_API_KEY;
+    expect(token).toMatch(new RegExp(`^sk_${body.apiKey.keyId}\\.`));
+    // stdio runtimes: this Node and this installation's launcher by absolute path, with exactly the three variables.
+    for (const server of [servers[1], servers[3], servers[4]]) {
+      expect(server).toMatchObject({ command: process.execPath, args: [resolve(import.meta.dirname, '../../bin/agent-settlement.js'), 'mcp'] });
+      expect(server.env).toEqual({ SERVICE_BASE_URL: t.baseUrl, SERVICE_TENANT_ID: tenant.tenantId, SERVICE_API_KEY: token } satisfies Env);
     }
-    expect(envs[0]).toMatchObject({ SERVICE_BASE_URL: t.baseUrl, SERVICE_TENANT_ID: tenant.tenantId, SERVICE_API_KEY: expect.stringMatching(new RegExp(`^sk_${body.apiKey.keyId}\\.`)) });
+    // URL runtimes: this service's /mcp with the same key as bearer (Codex: http_headers; Cursor: headers).
+    expect(servers[0]).toEqual({ url: `${t.baseUrl}/mcp`, http_headers: { Authorization: `Bearer ${token}` } });
+    expect(servers[2]).toEqual({ url: `${t.baseUrl}/mcp`, headers: { Authorization: `Bearer ${token}` } });
     // The matrix's key is for its own checks: it expires by itself within the hour, and says so.
     expect(body.apiKey.keyId).toMatch(/^ak_/);
     const expiresIn = Date.parse(body.apiKey.expiresAt) - Date.now();
@@ -86,26 +92,30 @@ describe('conformance matrix', () => {
     const stored = await t.runtime.stores.apiKeys.get(body.apiKey.keyId);
     expect(stored?.expiresAt?.toISOString()).toBe(body.apiKey.expiresAt);
 
-    // The smoke test ran that very key through the real MCP server.
+    // Both configurations were started with that very key: the stdio command by the smoke test, the URL here.
     expect(body.checks.bootstrap.status).toBe('passed');
     expect(body.checks.smokeTest).toMatchObject({ status: 'passed', step: null, smokeTestId: expect.stringMatching(/^smk_/) });
+    expect(body.checks.mcpHttp).toEqual({ status: 'passed', step: null, toolCount: 15 });
     expect(body.checks.firstPaidCall).toMatchObject({ status: 'passed', step: null, result: { result: 'passed', ids: { gateId: expect.stringMatching(/^gate_/) } } });
     expect(body.ready).toBe(true);
     for (const target of body.targets) expect(target.ready).toBe(true);
   });
 
-  it('is not ready when one check fails, even with the first paid call passed', { timeout: 120_000 }, async () => {
-    // The same service, but the smoke test starts a fixture that exits at once in place of the MCP server.
+  it('a runtime whose configuration cannot start is not ready, even with the first paid call passed; one whose can is', { timeout: 120_000 }, async () => {
+    // The same service, but its stdio command is broken: the launcher is a fixture that exits at once.
     const broken = await startListeningApp({ workers: ['smoke-test', 'x402-verify', 'settle'], overrides: { SMOKE_TEST_MCP_ENTRY_FOR_TESTS: FIXTURE, SMOKE_TEST_TIMEOUT_MS: '3000' } });
     try {
       const tenant = await onboardingTenant(broken);
-      const res = await broken.app.inject({ method: 'POST', url: `/v1/tenants/${tenant.tenantId}/onboarding/conformance-matrix`, headers: tenant.headers, payload: { targets: ['claude'] } });
+      const res = await broken.app.inject({ method: 'POST', url: `/v1/tenants/${tenant.tenantId}/onboarding/conformance-matrix`, headers: tenant.headers, payload: { targets: ['claude', 'cursor'] } });
       expect(res.statusCode, res.body).toBe(200);
       const body = res.json();
+      // The snippet hands out the broken command, and the matrix started exactly that.
+      expect(serverOf('claude', body.targets[0].content).args).toEqual([FIXTURE, 'mcp']);
       expect(body.checks.smokeTest).toMatchObject({ status: 'failed', step: 'spawn' });
+      expect(body.checks.mcpHttp).toMatchObject({ status: 'passed' });
       expect(body.checks.firstPaidCall.status).toBe('passed');
       expect(body.ready).toBe(false);
-      expect(body.targets).toEqual([expect.objectContaining({ target: 'claude', ready: false })]);
+      expect(body.targets).toEqual([expect.objectContaining({ target: 'claude', transport: 'stdio', ready: false }), expect.objectContaining({ target: 'cursor', transport: 'http', ready: true })]);
     } finally {
       await broken.close();
     }

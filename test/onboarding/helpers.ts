@@ -21,7 +21,7 @@ export async function onboardingTenant(t: TestApp) {
 export async function bootstrap(t: TestApp, tenantId: string, headers: Record<string, string>) {
   const res = await t.app.inject({ method: 'POST', url: `/v1/tenants/${tenantId}/onboarding/runtime-bootstrap`, headers });
   expect(res.statusCode, res.body).toBe(201);
-  return res.json() as { tenantId: string; apiKey: { keyId: string; scopes: string[] }; mcp: { command: string; args: string[]; env: Record<string, string> }; mcpConfigJson: string };
+  return res.json() as { tenantId: string; apiKey: { keyId: string; scopes: string[] }; mcp: { command: string; args: string[]; env: Record<string, string> }; mcpHttp: { type: 'http'; url: string; headers: { Authorization: string } }; mcpConfigJson: string };
 }
 
 export function isAlive(pid: number): boolean {

@@ -34,7 +34,7 @@ function sha256(value: string): Buffer {
 }
 
 /** Bearer token, or the password of HTTP Basic (so a browser can open Bull Board). */
-function presentedCredential(request: FastifyRequest): string | null {
+export function presentedCredential(request: FastifyRequest): string | null {
   const header = request.headers.authorization;
   if (!header) return null;
   const [scheme, value] = header.split(' ', 2);

@@ -33,6 +33,7 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
         { name: 'lists', description: 'Runs, agents, settlements, disputes, gates, escalations and sessions of the tenant, newest first, paged with an opaque cursor' },
         { name: 'onboarding', description: 'A tenant\'s first steps: runtime bootstrap, MCP smoke test, first paid call, conformance matrix' },
         { name: 'identity', description: 'Who the calling API key is' },
+        { name: 'mcp', description: 'The MCP server of this service (Streamable HTTP): the same tools as `agent-settlement mcp`, with the API key as bearer' },
         { name: 'ops', description: 'Operator routes under the admin key: tenants, API keys, ledger audit, buyer sessions' },
         { name: 'health', description: 'Liveness, readiness and Prometheus metrics' },
         { name: 'docs', description: 'The service index and this API reference' },

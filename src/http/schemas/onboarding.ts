@@ -17,13 +17,30 @@ export const McpEnv = Type.Object(
   { additionalProperties: false, description: 'Exactly the three variables of the MCP server' },
 );
 
-const McpLaunch = Type.Object({ command: Type.String(), args: Type.Array(Type.String()), env: McpEnv });
+const McpLaunch = Type.Object(
+  {
+    command: Type.String({ description: 'absolute path of the Node binary of the machine this service is installed on' }),
+    args: Type.Array(Type.String(), { description: 'the absolute path of this installation\'s `bin/agent-settlement.js`, then `mcp`' }),
+    env: McpEnv,
+  },
+  { description: 'The stdio server: runs from any directory of the machine this package is installed on' },
+);
+
+const McpHttp = Type.Object(
+  {
+    type: Type.Literal('http'),
+    url: Type.String({ description: 'this service\'s MCP endpoint, `<PUBLIC_BASE_URL>/mcp` (Streamable HTTP)' }),
+    headers: Type.Object({ Authorization: Type.String({ description: '`Bearer sk_…`: the runtime key' }) }),
+  },
+  { description: 'The same tools by URL, for MCP clients that take one' },
+);
 
 export const RuntimeBootstrap = Type.Object({
   tenantId: Type.String(),
   apiKey: Type.Object({ keyId: Type.String({ description: '`ak_…`' }), scopes: Type.Array(Type.String()), expiresAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'null: until revoked; the conformance matrix\'s key expires by itself after an hour' }) }),
   mcp: McpLaunch,
-  mcpConfigJson: Type.String({ description: 'The `{"mcpServers": {...}}` document to paste, as a JSON string' }),
+  mcpHttp: McpHttp,
+  mcpConfigJson: Type.String({ description: 'The `{"mcpServers": {...}}` document to paste (the stdio server), as a JSON string' }),
 });
 
 export const BuyerSession = Type.Object({
@@ -121,20 +138,28 @@ export const ConformanceBody = Type.Object(
 const Check = Type.Union([Type.Literal('passed'), Type.Literal('degraded'), Type.Literal('failed')]);
 export const ConformanceMatrix = Type.Object({
   tenantId: Type.String(),
-  ready: Type.Boolean({ description: 'true only when bootstrap, smoke test and first paid call all passed' }),
+  ready: Type.Boolean({ description: 'true only when every requested runtime is ready' }),
   apiKey: Type.Object({ keyId: Type.String({ description: '`ak_…`' }), scopes: Type.Array(Type.String()), expiresAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'null: until revoked; the conformance matrix\'s key expires by itself after an hour' }) }),
   checks: Type.Object({
     bootstrap: Type.Object({ status: Check }),
-    smokeTest: Type.Object({ status: Check, smokeTestId: Type.Union([Type.String(), Type.Null()]), step: Type.Union([Type.String(), Type.Null()]) }),
+    smokeTest: Type.Object(
+      { status: Check, smokeTestId: Type.Union([Type.String(), Type.Null()]), step: Type.Union([Type.String(), Type.Null()]) },
+      { description: 'The stdio configuration: `mcp.command` spawned with `mcp.env`, tools listed, whoami called' },
+    ),
+    mcpHttp: Type.Object(
+      { status: Check, step: Type.Union([Type.String(), Type.Null()]), toolCount: Type.Integer({ minimum: 0 }) },
+      { description: 'The URL configuration: `mcpHttp.url` connected to with its headers, tools listed, whoami called' },
+    ),
     firstPaidCall: Type.Object({ status: Check, attemptId: Type.String(), step: Type.Union([Type.String(), Type.Null()]), result: Type.Union([FirstPaidCall, Type.Null()]) }),
   }),
   targets: Type.Array(
     Type.Object({
       target: Target,
+      transport: Type.Union([Type.Literal('stdio'), Type.Literal('http')], { description: 'which configuration the snippet carries: the stdio command or the URL' }),
       format: Type.Union([Type.Literal('toml'), Type.Literal('json')]),
       file: Type.String({ description: 'where that runtime reads the snippet' }),
       content: Type.String({ description: 'the snippet, in the runtime\'s own format' }),
-      ready: Type.Boolean(),
+      ready: Type.Boolean({ description: 'this runtime\'s configuration started and listed its tools, and the first paid call passed' }),
     }),
   ),
 });
