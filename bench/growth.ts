@@ -14,7 +14,6 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
-import { Redis } from 'ioredis';
 import { MongoClient } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
 import { generateEd25519KeyPair, newId } from '../src/domain/crypto.ts';

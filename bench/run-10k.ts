@@ -9,7 +9,7 @@ import { startInProcessService } from './in-process.ts';
 const EVENTS = Number(process.argv[2] ?? 10_000);
 const BATCH = 100;
 const service = await startInProcessService(['finalize'], 1_000_000);
-const { runtime, base, adminKey } = service;
+const { base, adminKey } = service;
 
 async function call(method: string, path: string, token: string, body?: unknown) {
   const res = await fetch(base + path, {
