@@ -213,7 +213,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** Agents of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantAgents"];
         put?: never;
         /**
          * Register an agent identity with its first Ed25519 key
@@ -304,7 +305,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** Runs of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantRuns"];
         put?: never;
         /** Start a run of an agent under terms; with settlement, the amount is locked in the payer escrow */
         post: operations["createRun"];
@@ -844,6 +846,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/mcp": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * MCP over Streamable HTTP (stateless): the tools of `agent-settlement mcp`, acting with this API key
+         * @description Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap's `mcpHttp`). Send JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant checks of the route it calls. Agents registered here keep their signing key in the service, sealed.
+         */
+        post: operations["callMcp"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/x402/gate/create": {
         parameters: {
             query?: never;
@@ -1230,6 +1252,210 @@ export interface paths {
         put?: never;
         /** Dispute what a payee was paid at the close, inside the dispute window: freezes its holdback for an ops ruling */
         post: operations["disputeSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Runs of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllRuns"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/agents": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Agents of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllAgents"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/settlements": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Settlements (of runs, gates and session payees) of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantSettlements"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/settlements": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Settlements (of runs, gates and session payees) of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllSettlements"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/disputes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Disputes of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantDisputes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/disputes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Disputes of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllDisputes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/gates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** x402 gates of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantGates"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/gates": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** x402 gates of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllGates"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/escalations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** x402 escalations of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantEscalations"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/escalations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** x402 escalations of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllEscalations"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** x402 payment sessions of the tenant, newest first (paged; filters by status, agent and creation time) */
+        get: operations["listTenantSessions"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** x402 payment sessions of every tenant (or of `tenantId`), newest first (paged) */
+        get: operations["listAllSessions"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -1862,7 +2088,7 @@ export interface operations {
                  */
                 "application/json": {
                     tenantId: string;
-                    scopes: ("agents:write" | "runs:write" | "runs:read" | "x402:write" | "x402:read" | "wallets:write" | "wallets:read" | "webhooks:write" | "onboarding" | "ops")[];
+                    scopes: ("agents:write" | "agents:read" | "runs:write" | "runs:read" | "x402:write" | "x402:read" | "wallets:write" | "wallets:read" | "webhooks:write" | "onboarding" | "ops")[];
                     description?: string;
                     /**
                      * Format: date-time
@@ -2646,6 +2872,126 @@ export interface operations {
             };
         };
     };
+    listTenantAgents: {
+        parameters: {
+            query?: {
+                status?: "active" | "wound_down" | "frozen";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            agentId: string;
+                            displayName: string | null;
+                            metadata: {
+                                [key: string]: unknown;
+                            } | null;
+                            status: string;
+                            keys: {
+                                keyId: string;
+                                /** @description base64url of the raw 32-byte key */
+                                publicKey: string;
+                                status: "active" | "revoked";
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                createdAt: string;
+                                revokedAt: string | null;
+                            }[];
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     registerAgent: {
         parameters: {
             query?: never;
@@ -3325,6 +3671,135 @@ export interface operations {
                 };
             };
             /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listTenantRuns: {
+        parameters: {
+            query?: {
+                status?: "in_progress" | "finalizing" | "finalized";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            runId: string;
+                            status: "in_progress" | "finalizing" | "finalized";
+                            verdict: "pass" | "fail" | null;
+                            artifactId: string | null;
+                            agentId: string;
+                            /** @description metric name -> {min} | {max} (inclusive); e.g. {"accuracy":{"min":0.9},"latencyP95":{"max":800}} */
+                            terms: {
+                                [key: string]: {
+                                    min: number;
+                                } | {
+                                    max: number;
+                                };
+                            };
+                            settlement: {
+                                [key: string]: unknown;
+                            } | null;
+                            head: {
+                                seq: number;
+                                chainHash: string | null;
+                            };
+                            eventCount: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            finalizedAt: string | null;
+                            /** @description set when the run could not be made into an artifact; it is then finalized with verdict fail */
+                            finalizeError: {
+                                code: string;
+                                message: string;
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -7685,8 +8160,11 @@ export interface operations {
                             /** @description null: until revoked; the conformance matrix's key expires by itself after an hour */
                             expiresAt: string | null;
                         };
+                        /** @description The stdio server: runs from any directory of the machine this package is installed on */
                         mcp: {
+                            /** @description absolute path of the Node binary of the machine this service is installed on */
                             command: string;
+                            /** @description the absolute path of this installation's `bin/agent-settlement.js`, then `mcp` */
                             args: string[];
                             /** @description Exactly the three variables of the MCP server */
                             env: {
@@ -7695,7 +8173,18 @@ export interface operations {
                                 SERVICE_API_KEY: string;
                             };
                         };
-                        /** @description The `{"mcpServers": {...}}` document to paste, as a JSON string */
+                        /** @description The same tools by URL, for MCP clients that take one */
+                        mcpHttp: {
+                            /** @enum {string} */
+                            type: "http";
+                            /** @description this service's MCP endpoint, `<PUBLIC_BASE_URL>/mcp` (Streamable HTTP) */
+                            url: string;
+                            headers: {
+                                /** @description `Bearer sk_…`: the runtime key */
+                                Authorization: string;
+                            };
+                        };
+                        /** @description The `{"mcpServers": {...}}` document to paste (the stdio server), as a JSON string */
                         mcpConfigJson: string;
                     };
                 };
@@ -8315,7 +8804,7 @@ export interface operations {
                 content: {
                     "application/json": {
                         tenantId: string;
-                        /** @description true only when bootstrap, smoke test and first paid call all passed */
+                        /** @description true only when every requested runtime is ready */
                         ready: boolean;
                         apiKey: {
                             /** @description `ak_…` */
@@ -8328,10 +8817,17 @@ export interface operations {
                             bootstrap: {
                                 status: "passed" | "degraded" | "failed";
                             };
+                            /** @description The stdio configuration: `mcp.command` spawned with `mcp.env`, tools listed, whoami called */
                             smokeTest: {
                                 status: "passed" | "degraded" | "failed";
                                 smokeTestId: string | null;
                                 step: string | null;
+                            };
+                            /** @description The URL configuration: `mcpHttp.url` connected to with its headers, tools listed, whoami called */
+                            mcpHttp: {
+                                status: "passed" | "degraded" | "failed";
+                                step: string | null;
+                                toolCount: number;
                             };
                             firstPaidCall: {
                                 status: "passed" | "degraded" | "failed";
@@ -8363,11 +8859,14 @@ export interface operations {
                         };
                         targets: {
                             target: "codex" | "claude" | "cursor" | "openclaw" | "openhands";
+                            /** @description which configuration the snippet carries: the stdio command or the URL */
+                            transport: "stdio" | "http";
                             format: "toml" | "json";
                             /** @description where that runtime reads the snippet */
                             file: string;
                             /** @description the snippet, in the runtime's own format */
                             content: string;
+                            /** @description this runtime's configuration started and listed its tools, and the first paid call passed */
                             ready: boolean;
                         }[];
                     };
@@ -8402,6 +8901,183 @@ export interface operations {
             };
             /** @description Not Found. `code`: `NOT_FOUND`. */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    callMcp: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description One JSON-RPC message or a batch (MCP Streamable HTTP, stateless: no Mcp-Session-Id) */
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "jsonrpc": "2.0",
+                 *       "id": 1,
+                 *       "method": "tools/call",
+                 *       "params": {
+                 *         "name": "whoami",
+                 *         "arguments": {}
+                 *       }
+                 *     }
+                 */
+                "application/json": {
+                    /** @enum {string} */
+                    jsonrpc: "2.0";
+                    id?: string | number | null;
+                    /** @description initialize, tools/list, tools/call, notifications/… */
+                    method?: string;
+                    params?: {
+                        [key: string]: unknown;
+                    };
+                    result?: unknown;
+                    error?: unknown;
+                } | {
+                    /** @enum {string} */
+                    jsonrpc: "2.0";
+                    id?: string | number | null;
+                    /** @description initialize, tools/list, tools/call, notifications/… */
+                    method?: string;
+                    params?: {
+                        [key: string]: unknown;
+                    };
+                    result?: unknown;
+                    error?: unknown;
+                }[];
+            };
+        };
+        responses: {
+            /** @description The JSON-RPC response(s); a tool that failed answers a result with isError and the service's error code */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @enum {string} */
+                        jsonrpc: "2.0";
+                        id?: string | number | null;
+                        /** @description initialize, tools/list, tools/call, notifications/… */
+                        method?: string;
+                        params?: {
+                            [key: string]: unknown;
+                        };
+                        result?: unknown;
+                        error?: unknown;
+                    } | {
+                        /** @enum {string} */
+                        jsonrpc: "2.0";
+                        id?: string | number | null;
+                        /** @description initialize, tools/list, tools/call, notifications/… */
+                        method?: string;
+                        params?: {
+                            [key: string]: unknown;
+                        };
+                        result?: unknown;
+                        error?: unknown;
+                    }[];
+                };
+            };
+            /** @description Notifications or responses only: accepted, no body */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -12649,6 +13325,1679 @@ export interface operations {
                 };
             };
             /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllRuns: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "in_progress" | "finalizing" | "finalized";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            runId: string;
+                            status: "in_progress" | "finalizing" | "finalized";
+                            verdict: "pass" | "fail" | null;
+                            artifactId: string | null;
+                            agentId: string;
+                            /** @description metric name -> {min} | {max} (inclusive); e.g. {"accuracy":{"min":0.9},"latencyP95":{"max":800}} */
+                            terms: {
+                                [key: string]: {
+                                    min: number;
+                                } | {
+                                    max: number;
+                                };
+                            };
+                            settlement: {
+                                [key: string]: unknown;
+                            } | null;
+                            head: {
+                                seq: number;
+                                chainHash: string | null;
+                            };
+                            eventCount: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            finalizedAt: string | null;
+                            /** @description set when the run could not be made into an artifact; it is then finalized with verdict fail */
+                            finalizeError: {
+                                code: string;
+                                message: string;
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllAgents: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "active" | "wound_down" | "frozen";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            agentId: string;
+                            displayName: string | null;
+                            metadata: {
+                                [key: string]: unknown;
+                            } | null;
+                            status: string;
+                            keys: {
+                                keyId: string;
+                                /** @description base64url of the raw 32-byte key */
+                                publicKey: string;
+                                status: "active" | "revoked";
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                createdAt: string;
+                                revokedAt: string | null;
+                            }[];
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listTenantSettlements: {
+        parameters: {
+            query?: {
+                status?: "pending" | "completed" | "held" | "refunded" | "disputed" | "partially_refunded";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            settlementId: string;
+                            runId: string;
+                            status: string;
+                            amount: number;
+                            releasedAmount: number;
+                            refundedAmount: number;
+                            holdback: number;
+                            holdbackState: string;
+                            currency: string;
+                            payerWalletId: string;
+                            payeeWalletId: string;
+                            disputeWindowEndsAt: string | null;
+                            dispute: {
+                                disputeId: string;
+                                status: string;
+                                reason: string;
+                                frozenAmount: number;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                openedAt: string;
+                                outcome: string | null;
+                                toPayer: number | null;
+                                toPayee: number | null;
+                                resolvedAt: string | null;
+                            } | null;
+                            decision: {
+                                verdict: string;
+                                reason: string | null;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                decidedAt: string;
+                            } | null;
+                            receipt: {
+                                receiptHash: string;
+                                signature: {
+                                    alg: string;
+                                    keyId: string;
+                                    value: string;
+                                };
+                                /** @description SettlementReceipt.v1; receiptHash = sha256hex(JCS(body)) */
+                                body: {
+                                    [key: string]: unknown;
+                                };
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllSettlements: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "pending" | "completed" | "held" | "refunded" | "disputed" | "partially_refunded";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            settlementId: string;
+                            runId: string;
+                            status: string;
+                            amount: number;
+                            releasedAmount: number;
+                            refundedAmount: number;
+                            holdback: number;
+                            holdbackState: string;
+                            currency: string;
+                            payerWalletId: string;
+                            payeeWalletId: string;
+                            disputeWindowEndsAt: string | null;
+                            dispute: {
+                                disputeId: string;
+                                status: string;
+                                reason: string;
+                                frozenAmount: number;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                openedAt: string;
+                                outcome: string | null;
+                                toPayer: number | null;
+                                toPayee: number | null;
+                                resolvedAt: string | null;
+                            } | null;
+                            decision: {
+                                verdict: string;
+                                reason: string | null;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                decidedAt: string;
+                            } | null;
+                            receipt: {
+                                receiptHash: string;
+                                signature: {
+                                    alg: string;
+                                    keyId: string;
+                                    value: string;
+                                };
+                                /** @description SettlementReceipt.v1; receiptHash = sha256hex(JCS(body)) */
+                                body: {
+                                    [key: string]: unknown;
+                                };
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listTenantDisputes: {
+        parameters: {
+            query?: {
+                status?: "open" | "resolving" | "resolved";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: ({
+                            disputeId: string;
+                            status: string;
+                            reason: string;
+                            frozenAmount: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            openedAt: string;
+                            outcome: string | null;
+                            toPayer: number | null;
+                            toPayee: number | null;
+                            resolvedAt: string | null;
+                        } & {
+                            settlementId: string;
+                            runId: string;
+                            currency: string;
+                            payerWalletId: string;
+                            payeeWalletId: string;
+                        })[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllDisputes: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "open" | "resolving" | "resolved";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: ({
+                            disputeId: string;
+                            status: string;
+                            reason: string;
+                            frozenAmount: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            openedAt: string;
+                            outcome: string | null;
+                            toPayer: number | null;
+                            toPayee: number | null;
+                            resolvedAt: string | null;
+                        } & {
+                            settlementId: string;
+                            runId: string;
+                            currency: string;
+                            payerWalletId: string;
+                            payeeWalletId: string;
+                        })[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listTenantGates: {
+        parameters: {
+            query?: {
+                status?: "unfunded" | "held" | "authorized" | "settling" | "released" | "refunded" | "cancelled" | "expired";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            gateId: string;
+                            /** @description held | authorized | settling | released | refunded | cancelled | expired | unfunded; expired: nobody authorized it within the gate TTL, or nobody reported the authorized call by its deadline (the payer is refunded) */
+                            status: string;
+                            payerAgentId: string;
+                            payeeAgentId: string;
+                            escrowWalletId: string;
+                            sponsorWalletId: string | null;
+                            toolId: string | null;
+                            amount: number;
+                            currency: string;
+                            holdbackBps: number;
+                            disputeWindowSeconds: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            quote: {
+                                quoteId: string;
+                                requestSha256: string;
+                                quoteSha256: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                expiresAt: string;
+                                /** @description live | expired | used | cancelled */
+                                status: string;
+                            } | null;
+                            authorization: {
+                                authorizationRef: string;
+                                quoteId: string;
+                                requestSha256: string;
+                                tokenKid: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                expiresAt: string;
+                                reserve: {
+                                    amount: number;
+                                    currency: string;
+                                    /** @enum {string} */
+                                    status: "reserved";
+                                };
+                            } | null;
+                            verification: {
+                                /** @description verified | failed (the provider's report) | expired | wound_down (the gate was returned: no report may come any more) */
+                                verificationStatus: string;
+                                responseSha256: string | null;
+                                capturedAmount: number | null;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                at: string;
+                            } | null;
+                            settlement: {
+                                settlementId: string;
+                                status: string;
+                                releasedAmount: number;
+                                refundedAmount: number;
+                                holdback: number;
+                                holdbackState: string;
+                                disputeWindowEndsAt: string | null;
+                            } | null;
+                            decision: {
+                                verdict: string;
+                                reason: string | null;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                decidedAt: string;
+                            } | null;
+                            receipt: {
+                                receiptHash: string;
+                                signature: {
+                                    alg: string;
+                                    keyId: string;
+                                    value: string;
+                                };
+                                /** @description SettlementReceipt.v1; receiptHash = sha256hex(JCS(body)) */
+                                body: {
+                                    [key: string]: unknown;
+                                };
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllGates: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "unfunded" | "held" | "authorized" | "settling" | "released" | "refunded" | "cancelled" | "expired";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            gateId: string;
+                            /** @description held | authorized | settling | released | refunded | cancelled | expired | unfunded; expired: nobody authorized it within the gate TTL, or nobody reported the authorized call by its deadline (the payer is refunded) */
+                            status: string;
+                            payerAgentId: string;
+                            payeeAgentId: string;
+                            escrowWalletId: string;
+                            sponsorWalletId: string | null;
+                            toolId: string | null;
+                            amount: number;
+                            currency: string;
+                            holdbackBps: number;
+                            disputeWindowSeconds: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            quote: {
+                                quoteId: string;
+                                requestSha256: string;
+                                quoteSha256: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                expiresAt: string;
+                                /** @description live | expired | used | cancelled */
+                                status: string;
+                            } | null;
+                            authorization: {
+                                authorizationRef: string;
+                                quoteId: string;
+                                requestSha256: string;
+                                tokenKid: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                expiresAt: string;
+                                reserve: {
+                                    amount: number;
+                                    currency: string;
+                                    /** @enum {string} */
+                                    status: "reserved";
+                                };
+                            } | null;
+                            verification: {
+                                /** @description verified | failed (the provider's report) | expired | wound_down (the gate was returned: no report may come any more) */
+                                verificationStatus: string;
+                                responseSha256: string | null;
+                                capturedAmount: number | null;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                at: string;
+                            } | null;
+                            settlement: {
+                                settlementId: string;
+                                status: string;
+                                releasedAmount: number;
+                                refundedAmount: number;
+                                holdback: number;
+                                holdbackState: string;
+                                disputeWindowEndsAt: string | null;
+                            } | null;
+                            decision: {
+                                verdict: string;
+                                reason: string | null;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                decidedAt: string;
+                            } | null;
+                            receipt: {
+                                receiptHash: string;
+                                signature: {
+                                    alg: string;
+                                    keyId: string;
+                                    value: string;
+                                };
+                                /** @description SettlementReceipt.v1; receiptHash = sha256hex(JCS(body)) */
+                                body: {
+                                    [key: string]: unknown;
+                                };
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listTenantEscalations: {
+        parameters: {
+            query?: {
+                status?: "pending" | "approved" | "denied";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            escalationId: string;
+                            status: "pending" | "approved" | "denied";
+                            gateId: string;
+                            quoteId: string;
+                            requestSha256: string;
+                            walletId: string;
+                            payerAgentId: string;
+                            payeeAgentId: string;
+                            amount: number;
+                            currency: string;
+                            rule: string;
+                            details: {
+                                [key: string]: unknown;
+                            };
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            /**
+                             * Format: date-time
+                             * @description when it is denied by itself (reason deadline_passed) if nobody decides
+                             */
+                            deadlineAt: string;
+                            resolution: {
+                                action: string;
+                                reason: string | null;
+                                /** @description who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded) */
+                                by: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                at: string;
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllEscalations: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "pending" | "approved" | "denied";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            escalationId: string;
+                            status: "pending" | "approved" | "denied";
+                            gateId: string;
+                            quoteId: string;
+                            requestSha256: string;
+                            walletId: string;
+                            payerAgentId: string;
+                            payeeAgentId: string;
+                            amount: number;
+                            currency: string;
+                            rule: string;
+                            details: {
+                                [key: string]: unknown;
+                            };
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            /**
+                             * Format: date-time
+                             * @description when it is denied by itself (reason deadline_passed) if nobody decides
+                             */
+                            deadlineAt: string;
+                            resolution: {
+                                action: string;
+                                reason: string | null;
+                                /** @description who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded) */
+                                by: string;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                at: string;
+                            } | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listTenantSessions: {
+        parameters: {
+            query?: {
+                status?: "open" | "closing" | "closed" | "expired" | "wound_down" | "unfunded";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            sessionId: string;
+                            /** @description open | closing | closed | expired | wound_down | unfunded */
+                            status: string;
+                            payerAgentId: string;
+                            payeeAgentIds: string[];
+                            /** @description the wallet the budget is reserved from */
+                            walletId: string;
+                            sponsorWalletId: string | null;
+                            currency: string;
+                            budget: number;
+                            maxPerCall: number;
+                            /** @description charged so far (at close: the statement's total) */
+                            spent: number;
+                            remaining: number;
+                            /** @description calls debited so far (at close: charges in the statement) */
+                            charges: number;
+                            holdbackBps: number;
+                            disputeWindowSeconds: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            expiresAt: string;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            closedAt: string | null;
+                            refunded: number | null;
+                            statementUrl: string | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listAllSessions: {
+        parameters: {
+            query?: {
+                /** @description `ten_…` */
+                tenantId?: string;
+                status?: "open" | "closing" | "closed" | "expired" | "wound_down" | "unfunded";
+                agentId?: string;
+                /** @description only objects created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only objects created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        items: {
+                            sessionId: string;
+                            /** @description open | closing | closed | expired | wound_down | unfunded */
+                            status: string;
+                            payerAgentId: string;
+                            payeeAgentIds: string[];
+                            /** @description the wallet the budget is reserved from */
+                            walletId: string;
+                            sponsorWalletId: string | null;
+                            currency: string;
+                            budget: number;
+                            maxPerCall: number;
+                            /** @description charged so far (at close: the statement's total) */
+                            spent: number;
+                            remaining: number;
+                            /** @description calls debited so far (at close: charges in the statement) */
+                            charges: number;
+                            holdbackBps: number;
+                            disputeWindowSeconds: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            expiresAt: string;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            closedAt: string | null;
+                            refunded: number | null;
+                            statementUrl: string | null;
+                        }[];
+                        nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
             422: {
                 headers: {
                     [name: string]: unknown;
