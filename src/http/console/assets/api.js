@@ -1,0 +1,111 @@
+// The console's only door to data: every screen reads and writes through these functions, which call the service's
+// own API routes with the session cookie (the auth plugin checks them as for the key that signed in). When a route
+// lands (cursor lists, bulk decisions, resend), it is added here and the screens pick it up.
+
+const meta = (name) => document.querySelector(`meta[name="console-${name}"]`)?.content ?? '';
+
+export const session = {
+  signer: meta('signer'),
+  tenantId: meta('tenant') || null,
+  keyId: meta('key') || null,
+  scopes: meta('scopes').split(' ').filter(Boolean),
+  expiresAt: meta('expires'),
+};
+
+/** The tenant the operator looks into (`?tenant=` on every console URL); a tenant key's own tenant. */
+export function currentTenant() {
+  if (session.signer !== 'admin') return session.tenantId;
+  return new URLSearchParams(location.search).get('tenant');
+}
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    super(body?.error?.message ?? `the service answered ${status}`);
+    this.status = status;
+    this.code = body?.error?.code ?? 'HTTP_' + status;
+    this.details = body?.error?.details ?? null;
+  }
+}
+
+async function call(method, path, body) {
+  const headers = { accept: 'application/json' };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  if (method !== 'GET') headers['x-csrf-token'] = meta('csrf');
+  const tenant = currentTenant();
+  if (session.signer === 'admin' && tenant && !path.startsWith('/ops/')) headers['x-console-tenant'] = tenant;
+  const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), credentials: 'same-origin' });
+  if (res.status === 401) {
+    // The session ended: the page itself answers with the sign-in form.
+    location.assign(location.pathname + location.search);
+    throw new ApiError(401, { error: { code: 'UNAUTHENTICATED', message: 'your session ended; sign in again' } });
+  }
+  const text = await res.text();
+  const json = text ? JSON.parse(text) : null;
+  if (!res.ok) throw new ApiError(res.status, json);
+  return json;
+}
+
+const q = (params) => {
+  const s = new URLSearchParams(Object.entries(params).filter(([, v]) => v !== undefined && v !== null && v !== ''));
+  return s.size ? `?${s}` : '';
+};
+const id = encodeURIComponent;
+
+/**
+ * Lists by their route, `{items, nextCursor}` each; null where the service has no list route yet (the screen then
+ * offers a lookup by id instead).
+ */
+export const listRoutes = {
+  escalations: '/x402/gate/escalations',
+  webhooks: '/v1/webhooks',
+  runs: null,
+  gates: null,
+  settlements: null,
+  agents: null,
+  disputes: null,
+  sessions: null,
+};
+
+export function list(kind, params = {}) {
+  const route = listRoutes[kind];
+  if (!route) throw new Error(`no list route for ${kind}`);
+  return call('GET', route + q(params));
+}
+
+export const tenants = () => call('GET', '/ops/tenants?limit=200');
+
+export const escalations = (params) => list('escalations', params);
+
+/**
+ * Approves or denies each escalation with one reason; one call per escalation until a bulk route exists. Every
+ * outcome is reported, refusals included (an escalation already decided says so and changes nothing).
+ */
+export async function resolveEscalations(ids, action, reason) {
+  const outcomes = [];
+  for (const escalationId of ids) {
+    try {
+      const r = await call('POST', `/x402/gate/escalations/${id(escalationId)}/resolve`, { action, ...(reason ? { reason } : {}) });
+      outcomes.push({ escalationId, ok: true, result: r });
+    } catch (err) {
+      if (err.status === 401) throw err;
+      outcomes.push({ escalationId, ok: false, error: err });
+    }
+  }
+  return outcomes;
+}
+
+export const run = (runId) => call('GET', `/v1/runs/${id(runId)}`);
+export const artifact = (artifactId) => call('GET', `/v1/artifacts/${id(artifactId)}`);
+export const runVerification = (runId) => call('GET', `/runs/${id(runId)}/verification`);
+export const runSettlement = (runId) => call('GET', `/runs/${id(runId)}/settlement`);
+export const gate = (gateId) => call('GET', `/x402/gate/${id(gateId)}`);
+export const wallet = (walletId) => call('GET', `/v1/wallets/${id(walletId)}`);
+export const walletEntries = (walletId, cursor) => call('GET', `/v1/wallets/${id(walletId)}/entries${q({ limit: 50, cursor })}`);
+export const walletPolicy = (walletId) => call('GET', `/x402/wallets/${id(walletId)}/policy`);
+export const webhookEndpoint = (endpointId) => call('GET', `/v1/webhooks/${id(endpointId)}`);
+export const deliveries = (endpointId, params = {}) => call('GET', `/v1/webhooks/${id(endpointId)}/deliveries${q({ limit: 50, ...params })}`);
+
+/** Resend one delivery: null until the service has the route (then: `(endpointId, deliveryId) => call('POST', …)`). */
+export const resendDelivery = null;
+
+export const signOut = () => call('POST', '/console/session/end');
