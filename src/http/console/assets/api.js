@@ -12,18 +12,20 @@ export const session = {
   expiresAt: meta('expires'),
 };
 
-/** The tenant the operator looks into (`?tenant=` on every console URL); a tenant key's own tenant. */
+/** The tenant a console URL names (`?tenant=`, how the operator picks one); else a tenant key's own tenant. */
+const namedTenant = new URLSearchParams(location.search).get('tenant');
 export function currentTenant() {
-  if (session.signer !== 'admin') return session.tenantId;
-  return new URLSearchParams(location.search).get('tenant');
+  return namedTenant ?? (session.signer === 'admin' ? null : session.tenantId);
 }
 
 export class ApiError extends Error {
   constructor(status, body) {
-    super(body?.error?.message ?? `the service answered ${status}`);
+    // The contract's error body: {code, message, requestId, details}.
+    super(body?.message ?? `the service answered ${status}`);
     this.status = status;
-    this.code = body?.error?.code ?? 'HTTP_' + status;
-    this.details = body?.error?.details ?? null;
+    this.code = body?.code ?? `HTTP_${status}`;
+    this.requestId = body?.requestId ?? null;
+    this.details = body?.details ?? null;
   }
 }
 
@@ -31,13 +33,13 @@ async function call(method, path, body) {
   const headers = { accept: 'application/json' };
   if (body !== undefined) headers['content-type'] = 'application/json';
   if (method !== 'GET') headers['x-csrf-token'] = meta('csrf');
-  const tenant = currentTenant();
-  if (session.signer === 'admin' && tenant && !path.startsWith('/ops/')) headers['x-console-tenant'] = tenant;
+  // The service checks the tenant a URL names: the operator's choice, or for a tenant key its own (another: 404).
+  if (namedTenant && !path.startsWith('/ops/')) headers['x-console-tenant'] = namedTenant;
   const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), credentials: 'same-origin' });
   if (res.status === 401) {
     // The session ended: the page itself answers with the sign-in form.
     location.assign(location.pathname + location.search);
-    throw new ApiError(401, { error: { code: 'UNAUTHENTICATED', message: 'your session ended; sign in again' } });
+    throw new ApiError(401, { code: 'UNAUTHENTICATED', message: 'your session ended; sign in again' });
   }
   const text = await res.text();
   const json = text ? JSON.parse(text) : null;

@@ -29,7 +29,8 @@ function errorBox(err, context) {
     429: 'Too many requests; wait a minute and reload.',
     503: 'The service cannot reach its database or Redis right now; reload in a few seconds.',
   }[err.status] ?? 'Reload the page; if it keeps failing, the request id in the service log tells what happened.';
-  return el('div', { class: 'error', role: 'alert' }, el('strong', {}, `${context}: `), `${err.message} `, el('span', { class: 'code' }, err.code ?? ''), el('p', {}, advice));
+  return el('div', { class: 'error', role: 'alert' }, el('strong', {}, `${context}: `), `${err.message} `, el('span', { class: 'code' }, err.code ?? ''), el('p', {}, advice),
+    err.requestId ? el('p', { class: 'quiet' }, `request id ${err.requestId}`) : null);
 }
 
 function table(headers, rows, empty) {

@@ -17,7 +17,7 @@ form.addEventListener('submit', async (event) => {
     UNAUTHENTICATED: 'That key was not accepted: check it was copied whole, and that it is not revoked or expired.',
     FORBIDDEN: 'That key has no read scope (runs:read, x402:read or wallets:read). Sign in with a key that has one.',
     RATE_LIMITED: 'Too many attempts; wait a minute and try again.',
-  }[body?.error?.code];
-  notice.textContent = why ?? body?.error?.message ?? `Sign-in failed (HTTP ${res.status}).`;
+  }[body?.code];
+  notice.textContent = why ?? body?.message ?? `Sign-in failed (HTTP ${res.status}).`;
   notice.hidden = false;
 });
