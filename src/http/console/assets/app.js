@@ -16,7 +16,7 @@ function href(path, params = {}) {
 const link = (path, text, params) => el('a', { href: href(path, params) }, text);
 
 function show(...nodes) {
-  screen.replaceChildren(...nodes);
+  screen.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined));
 }
 
 /** What went wrong and what to do about it, in words. */
@@ -96,8 +96,8 @@ async function escalationsScreen() {
       el('td', {}, el('span', { class: 'mono' }, e.escalationId), el('div', { class: 'quiet' }, time(e.createdAt))),
       el('td', {}, waited),
       el('td', {}, left),
-      el('td', {}, e.payerAgentId, el('div', { class: 'quiet' }, link(`/wallets/${encodeURIComponent(e.walletId)}`, `wallet ${e.walletId}`))),
-      el('td', {}, e.payeeAgentId),
+      el('td', { class: 'id' }, e.payerAgentId, el('div', { class: 'quiet' }, link(`/wallets/${encodeURIComponent(e.walletId)}`, `wallet ${e.walletId}`))),
+      el('td', { class: 'id' }, e.payeeAgentId),
       el('td', { class: 'num' }, money(e.amount, e.currency)),
       el('td', {}, el('strong', {}, e.rule), el('div', { class: 'quiet' }, shortJson(e.details))),
       el('td', {}, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate'), e.resolution?.reason ? el('div', { class: 'quiet' }, `reason: ${e.resolution.reason}`) : null));
@@ -210,7 +210,7 @@ function settlementFields(s) {
 async function entriesOfSettlement(s) {
   try {
     const pages = await Promise.all([s.payerWalletId, s.payeeWalletId].map((w) => api.walletEntries(w).then((p) => p.items.map((i) => ({ ...i, walletId: w })))));
-    const mine = pages.flat().filter((i) => i.entryId.includes(s.settlementId) || i.entryId.includes(s.runId));
+    const mine = pages.flat().filter((i) => i.entryId.includes(s.settlementId) || i.entryId.includes(s.runId)).sort((x, y) => Date.parse(y.at) - Date.parse(x.at));
     return entriesTable(mine, 'No postings of this settlement in the latest entries of its wallets; open the wallets for older ones.');
   } catch (err) {
     return errorBox(err, 'Could not load ledger entries');
