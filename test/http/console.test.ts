@@ -236,6 +236,23 @@ describe('web console in a browser', () => {
     expect(res.json().items[0].status).toBe('pending');
   }, BROWSER_TIMEOUT_MS);
 
+  it('a session acts with exactly its key\'s scopes: a read-only key reads but cannot decide, even with the CSRF token', async () => {
+    const call = await escalatedCall(a.auth);
+    const reader = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['x402:read'] } });
+    const signedIn = await t.app.inject({ method: 'POST', url: '/console/session', payload: { key: reader.json().token } });
+    expect(signedIn.statusCode, signedIn.body).toBe(200);
+    const cookie = String(signedIn.headers['set-cookie']).split(';')[0]!;
+    const shell = await t.app.inject({ method: 'GET', url: '/console', headers: { cookie } });
+    const csrf = /name="console-csrf" content="([^"]+)"/.exec(shell.body)![1]!;
+    const read = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${call.gateId}`, headers: { cookie } });
+    expect(read.json().items[0].escalationId).toBe(call.escalationId);
+    const decide = await t.app.inject({ method: 'POST', url: `/x402/gate/escalations/${call.escalationId}/resolve`, headers: { cookie, 'x-csrf-token': csrf }, payload: { action: 'approve' } });
+    expect(decide.statusCode).toBe(403);
+    expect(decide.json()).toMatchObject({ code: 'FORBIDDEN', details: { requiredScope: 'x402:write' } });
+    // Nor does the cookie open the operator's routes.
+    expect((await t.app.inject({ method: 'GET', url: '/ops/tenants', headers: { cookie } })).statusCode).toBe(403);
+  });
+
   it('run detail (events, verification, settlement, ledger), webhook endpoints and their deliveries', async () => {
     const p = await parties(t, a.auth, 5_000);
     const runId = await finalizedRun(t, a.auth, p, { pass: true, amount: 1_250 });
