@@ -54,6 +54,8 @@ export interface Config {
     /** Multiplies the retry schedule (tests use a small fraction). */
     retryScale: number;
     timeoutMs: number;
+    /** Days deliveries, their attempts and parked records are kept (then a TTL index removes them, on MongoDB). */
+    retentionDays: number;
   };
   x402: {
     /** CAIP-2 style network id this deployment's x402 payment requirements name. */
@@ -254,6 +256,7 @@ export function loadConfig(env: Env = process.env): Config {
       allowPrivateAddresses: bool(env, 'WEBHOOK_ALLOW_PRIVATE_ADDRESSES', false),
       retryScale: num(env, 'WEBHOOK_RETRY_SCALE', 1, 0, 100),
       timeoutMs: int(env, 'WEBHOOK_TIMEOUT_MS', 10_000, 100, 60_000),
+      retentionDays: int(env, 'WEBHOOK_RETENTION_DAYS', 30, 1, 3650),
     },
     x402: {
       network: x402Network as `${string}:${string}`,

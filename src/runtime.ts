@@ -139,7 +139,7 @@ export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Prom
     try {
       if (runtime.redis.status === 'wait' || runtime.redis.status === 'end') await runtime.redis.connect();
       await runtime.mongo.connect();
-      await ensureIndexes(runtime.db);
+      await ensureIndexes(runtime.db, { webhookRetentionDays: runtime.config.webhooks.retentionDays, logger: runtime.logger });
       await runtime.credentials.start();
       return;
     } catch (err) {

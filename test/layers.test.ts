@@ -45,4 +45,11 @@ describe('layers', () => {
     const offenders = files('src/x402').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/x402/')).map((i) => `${f} -> ${i}`));
     expect(offenders).toEqual([]);
   });
+
+  it('the client (agent-settlement/client, run in users\' processes) imports only pure domain modules, the webhook verifier and itself', () => {
+    const offenders = files('src/client').flatMap((f) =>
+      imports(f).filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/client/') && i !== 'src/webhooks/verify.ts').map((i) => `${f} -> ${i}`),
+    );
+    expect(offenders).toEqual([]);
+  });
 });

@@ -4,12 +4,18 @@ import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { Validator } from '@seriousme/openapi-schema-validator';
 import { describe, expect, it } from 'vitest';
-import { generateOpenApi, OPENAPI_PATH } from '../scripts/write-openapi.ts';
+import { generateClientFiles, generateOpenApi, OPENAPI_PATH } from '../scripts/write-openapi.ts';
 
 describe('openapi/openapi.json', () => {
   it('matches what the route schemas generate (run `npm run openapi` after changing a route)', async () => {
     const generated = await generateOpenApi();
     expect(readFileSync(OPENAPI_PATH, 'utf8')).toBe(generated);
+  });
+
+  it('and the client types (src/client/generated/) match the document (run `npm run openapi`)', async () => {
+    const files = await generateClientFiles(readFileSync(OPENAPI_PATH, 'utf8'));
+    expect(Object.keys(files).length).toBe(2);
+    for (const [path, text] of Object.entries(files)) expect(readFileSync(path, 'utf8'), path).toBe(text);
   });
 
   it('is a valid OpenAPI 3.1 document in which every operation but the public ones names its scope', async () => {

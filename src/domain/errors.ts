@@ -25,6 +25,8 @@ export const errors = {
     new ServiceError(403, 'FORBIDDEN', `this credential lacks the scope ${scope}`, { requiredScope: scope }),
   notFound: (what = 'resource') => new ServiceError(404, 'NOT_FOUND', `${what} not found`),
   conflict: (code: string, message: string, details?: ErrorDetails) => new ServiceError(409, code, message, details),
+  /** A webhook send (test, resend, recovery) to an address the SSRF guard refuses, as deliveries would be. */
+  destinationRefused: (message: string) => new ServiceError(422, 'WEBHOOK_DESTINATION_REFUSED', message),
   transitionIllegal: (message: string, status: string) =>
     new ServiceError(409, 'TRANSITION_ILLEGAL', message, { status }),
   unavailable: (message = 'a backing service is unavailable; retry shortly') =>
@@ -45,6 +47,8 @@ export const X402_ERROR_STATUS = {
   X402_WALLET_POLICY_VIOLATION: 409,
   X402_AUTHORIZATION_ESCALATION_REQUIRED: 409,
   X402_ESCALATION_TERMINAL: 409,
+  /** A decision on an escalation whose deadline passed: it is (or is about to be) denied by itself. */
+  X402_ESCALATION_DEADLINE_PASSED: 409,
   X402_OVERRIDE_INVALID: 409,
   X402_OVERRIDE_REPLAYED: 409,
   X402_PAYMENT_NOT_AUTHORIZED: 409,

@@ -16,6 +16,8 @@ export const EVENT_TYPES = [
   'x402.session.opened',
   'x402.session.closed',
   'x402.session.expired',
+  /** Sent to one endpoint on request (POST /v1/webhooks/{id}/test), whatever it subscribes to. */
+  'webhook.test',
 ] as const;
 
 export type EventType = (typeof EVENT_TYPES)[number];

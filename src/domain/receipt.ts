@@ -1,6 +1,7 @@
 import type { KeyObject } from 'node:crypto';
+import { verifyServiceSignature } from './artifact.ts';
 import { canonicalize } from './canonical-json.ts';
-import { sha256Hex, signHexDigest } from './crypto.ts';
+import { isSha256Hex, sha256Hex, signHexDigest } from './crypto.ts';
 
 /** The money every settlement receipt commits to, whatever was settled. */
 interface ReceiptMoney {
@@ -57,4 +58,55 @@ export interface SignedReceipt {
 export function signReceipt(body: ReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
   const receiptHash = sha256Hex(canonicalize(body));
   return { body, receiptHash, signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, receiptHash) } };
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Verification (pure): anyone repeats it offline from the receipt and the service's JWKS.
+
+export type ReceiptCheck = 'receiptHash' | 'serviceSignature' | 'artifact';
+
+export interface ReceiptVerification {
+  verified: boolean;
+  /** `artifact` holds when no artifact was given to compare with. */
+  checks: Record<ReceiptCheck, boolean>;
+  /** Every failure as "<check>: <reason>". */
+  failures: string[];
+}
+
+/**
+ * Checks a settlement receipt (`{body, receiptHash, signature}`, as GET /runs/{runId}/settlement carries it):
+ * receiptHash = sha256hex(JCS(body)), the service signature over it with the JWKS key it names, and, given the run's
+ * artifact, that the receipt commits to that artifact (same run, same artifactHash). Never throws.
+ */
+export function verifyReceipt(receipt: unknown, jwks: unknown, options: { artifact?: { runId?: unknown; artifactHash?: unknown } } = {}): ReceiptVerification {
+  const found: Record<ReceiptCheck, string[]> = { receiptHash: [], serviceSignature: [], artifact: [] };
+  const r = receipt as Partial<SignedReceipt> | null;
+  if (typeof r !== 'object' || r === null || typeof r.body !== 'object' || r.body === null) {
+    const msg = ['receipt must be {body, receiptHash, signature}'];
+    found.receiptHash = msg;
+    found.serviceSignature = msg;
+    found.artifact = options.artifact ? msg : [];
+  } else {
+    let recomputed: string | null = null;
+    try {
+      recomputed = sha256Hex(canonicalize(r.body));
+    } catch (err) {
+      found.receiptHash.push(`body is not canonical JSON: ${(err as Error).message}`);
+    }
+    if (recomputed !== null && recomputed !== r.receiptHash) {
+      found.receiptHash.push(`recomputed hash ${recomputed} does not match receiptHash ${String(r.receiptHash)}`);
+    }
+    found.serviceSignature = isSha256Hex(r.receiptHash)
+      ? verifyServiceSignature(r.signature, r.receiptHash, jwks)
+      : ['receiptHash is not 64 lowercase hex digits'];
+    const artifact = options.artifact;
+    if (artifact) {
+      const body = r.body as Partial<SettlementReceiptBody>;
+      if (body.runId !== artifact.runId) found.artifact.push(`receipt is for run ${String(body.runId)}, the artifact for ${String(artifact.runId)}`);
+      if (body.artifactHash !== artifact.artifactHash) found.artifact.push(`receipt commits to artifactHash ${String(body.artifactHash)}, not ${String(artifact.artifactHash)}`);
+    }
+  }
+  const checks = { receiptHash: found.receiptHash.length === 0, serviceSignature: found.serviceSignature.length === 0, artifact: found.artifact.length === 0 };
+  const failures = (Object.keys(found) as ReceiptCheck[]).flatMap((c) => found[c].map((m) => `${c}: ${m}`));
+  return { verified: failures.length === 0, checks, failures };
 }

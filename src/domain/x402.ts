@@ -82,6 +82,16 @@ export interface WalletPolicy {
   dailyLimit: number | null;
   allowedPayeeAgentIds: string[] | null;
   allowedToolIds: string[] | null;
+  /** How long an escalation this policy raises waits for a person before it is denied by itself (absent: the default). */
+  escalationTimeoutSeconds?: number | null;
+}
+
+/** An escalation nobody answers is denied this long after it was raised, unless the wallet's policy says otherwise. */
+export const DEFAULT_ESCALATION_TIMEOUT_SECONDS = 900;
+
+/** When an escalation raised at `createdAt` under `policy` is denied by itself. */
+export function escalationDeadline(createdAt: Date, policy: Pick<WalletPolicy, 'escalationTimeoutSeconds'> | null): Date {
+  return new Date(createdAt.getTime() + (policy?.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS) * 1000);
 }
 
 export interface PolicyCall {

@@ -5,6 +5,8 @@ import { errors, ServiceError } from '../domain/errors.ts';
 
 /** `webhook-dispatch` job that fans an outbox event out into one delivery per subscribed endpoint. */
 export const WebhookFanOutPayload = Type.Object({ tenantId: Type.String(), eventId: Type.String() });
+/** `webhook-dispatch` job (name `recover`) that sends an endpoint's failed deliveries since a time again. */
+export const WebhookRecoverPayload = Type.Object({ kind: Type.Literal('recover'), tenantId: Type.String(), recoveryId: Type.String() });
 /** `webhook-dispatch` job (name `deliver`) for one attempt of one delivery; `rev` is the delivery revision it acts on. */
 export const WebhookDeliverPayload = Type.Object({
   kind: Type.Literal('deliver'),
@@ -19,7 +21,7 @@ export const QueuePayloads = {
   finalize: Type.Object({ tenantId: Type.String(), runId: Type.String() }),
   settle: Type.Object({ tenantId: Type.String(), runId: Type.String(), settlementId: Type.String() }),
   'x402-verify': Type.Object({ tenantId: Type.String(), gateId: Type.String() }),
-  'webhook-dispatch': Type.Union([WebhookFanOutPayload, WebhookDeliverPayload]),
+  'webhook-dispatch': Type.Union([WebhookFanOutPayload, WebhookDeliverPayload, WebhookRecoverPayload]),
   'smoke-test': Type.Object({ tenantId: Type.String(), smokeTestId: Type.String() }),
 } satisfies Record<string, TSchema>;
 

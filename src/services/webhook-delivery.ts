@@ -3,8 +3,9 @@ import type { Runtime } from '../runtime.ts';
 import type { WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
 import { bucketEnd, bucketOf, type DueEntry } from '../store/webhook-due.ts';
 import type { WebhookEndpoint } from '../store/webhook-endpoints.ts';
-import { DELIVER_JOB, deliverJobId, fanOutJobId, leaseKey, takeoverJobId } from '../webhooks/jobs.ts';
-import { sendWebhook, type Resolver, type SendResult } from '../webhooks/send.ts';
+import { errors } from '../domain/errors.ts';
+import { DELIVER_JOB, deliverJobId, fanOutJobId, leaseKey, RECOVER_JOB, recoverJobId, takeoverJobId } from '../webhooks/jobs.ts';
+import { destinationRefusal, sendWebhook, type Resolver, type SendResult } from '../webhooks/send.ts';
 
 // Delivering events to webhook endpoints; durability, step by step (a worker may be SIGKILLed at any point):
 // 1. emitEvent records the event in the outbox (its fan-out entered in the due index first), then enqueues the
@@ -22,6 +23,76 @@ import { sendWebhook, type Resolver, type SendResult } from '../webhooks/send.ts
 export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delayMs: number): Promise<void> {
   const payload = { kind: 'deliver' as const, tenantId: delivery.tenantId, deliveryId: delivery._id, rev: delivery.rev };
   return rt.producers.schedule('webhook-dispatch', payload, deliverJobId(delivery._id, delivery.rev), delayMs, DELIVER_JOB);
+}
+
+/**
+ * Refuses a send the dispatcher would not make: to a disabled endpoint (409, enable it first), or to a URL whose
+ * address the SSRF guard refuses now (422, the same check as every attempt; a name that no longer resolves is left
+ * to the attempt, which records the failure).
+ */
+export async function assertSendable(rt: Runtime, endpoint: WebhookEndpoint, options: { resolver?: Resolver } = {}): Promise<void> {
+  if (endpoint.status === 'disabled') {
+    throw errors.conflict('WEBHOOK_ENDPOINT_DISABLED', `the endpoint is disabled (${endpoint.disabledReason ?? 'no reason given'}); enable it first`, { disabledReason: endpoint.disabledReason });
+  }
+  const refusal = await destinationRefusal(endpoint.url, { allowPrivateAddresses: rt.config.webhooks.allowPrivateAddresses, resolver: options.resolver });
+  if (refusal) throw errors.destinationRefused(`deliveries to this endpoint are refused: ${refusal}`);
+}
+
+/**
+ * Makes a finished delivery (succeeded, failed, abandoned, cancelled) due again now as a new revision with a fresh
+ * retry schedule, and enqueues its attempt: the same event id and body, a new attempt. Null when something else
+ * moved the delivery first (the caller says so). The due entry is written before the revision, so a crash before
+ * the enqueue is found by the sweeper.
+ */
+export async function sendAgain(rt: Runtime, delivery: WebhookDeliveryDoc): Promise<WebhookDeliveryDoc | null> {
+  const due = await rt.stores.webhookDeliveries.transition(delivery, { status: 'pending', nextAttemptAt: new Date(), lastError: delivery.lastError, roundAttempts: 0 });
+  if (due) await scheduleAttempt(rt, due, 0).catch((err: Error) => rt.logger.warn({ deliveryId: due._id, err: err.message }, 'resent delivery left to the sweeper'));
+  return due;
+}
+
+/** Enqueues a recovery's job (one per recovery, whoever asks). */
+export function scheduleRecovery(rt: Runtime, recovery: { tenantId: string; _id: string }): Promise<void> {
+  return rt.producers.schedule('webhook-dispatch', { kind: 'recover', tenantId: recovery.tenantId, recoveryId: recovery._id }, recoverJobId(recovery._id), 0, RECOVER_JOB);
+}
+
+/** Positions a recovery job looks at between progress notes. */
+const RECOVERY_BATCH = 100;
+
+/**
+ * The recovery job: walks the endpoint's deliveries from the newest (when it was asked for) down to the first one
+ * created before `since`, and sends each failed or abandoned one again. It may run twice (or die halfway and run
+ * again): each delivery it sends is first claimed by a unique insert `<recoveryId>#<position>` holding the revision
+ * it was failed at, and sent only while it is still at that revision, so each is sent again once per recovery.
+ */
+export async function runRecovery(rt: Runtime, input: { tenantId: string; recoveryId: string }): Promise<{ queued: number; scannedDownTo: number }> {
+  const deliveries = rt.stores.webhookDeliveries;
+  const recovery = await deliveries.recoveryOf(input.recoveryId);
+  if (!recovery || recovery.tenantId !== input.tenantId) return { queued: 0, scannedDownTo: 0 };
+  let queued = 0;
+  let position = recovery.fromPosition;
+  for (; position >= 1; position -= RECOVERY_BATCH) {
+    const positions = Array.from({ length: Math.min(RECOVERY_BATCH, position) }, (_, i) => position - i);
+    const batch = await Promise.all(positions.map((n) => deliveries.atPosition(recovery.endpointId, n)));
+    let reachedSince = false;
+    for (const [i, d] of batch.entries()) {
+      if (!d) continue; // a position whose delivery write never happened, or past retention
+      if (d.createdAt.getTime() < recovery.since.getTime()) {
+        reachedSince = true;
+        break;
+      }
+      if (d.status !== 'failed' && d.status !== 'abandoned') continue;
+      const claim = await deliveries.claimRecoveryItem(recovery._id, positions[i]!, d);
+      if (claim.fromRev === d.rev && (await sendAgain(rt, d))) queued++;
+    }
+    const low = positions.at(-1)!;
+    if (reachedSince || low === 1) {
+      await deliveries.noteRecoveryProgress(recovery._id, low, new Date());
+      return { queued, scannedDownTo: low };
+    }
+    await deliveries.noteRecoveryProgress(recovery._id, low, null);
+  }
+  await deliveries.noteRecoveryProgress(recovery._id, 1, new Date());
+  return { queued, scannedDownTo: 1 };
 }
 
 /** Creates the deliveries of an outbox event, one per endpoint subscribed when it happened, and enqueues them. */

@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import { isIP } from 'node:net';
 import type { Config } from '../config.ts';
 import { errors } from '../domain/errors.ts';
@@ -5,9 +6,10 @@ import { EVENT_TYPES, type EventType } from '../domain/events.ts';
 import { isAddressAllowed } from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import { decodeCursor, encodeCursor } from '../store/paging.ts';
-import type { DeliveryStatus, WebhookAttemptDoc, WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
+import type { DeliveryStatus, WebhookAttemptDoc, WebhookDeliveryDoc, WebhookRecoveryDoc } from '../store/webhook-deliveries.ts';
 import type { WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
-import { scheduleAttempt } from './webhook-delivery.ts';
+import type { Resolver } from '../webhooks/send.ts';
+import { assertSendable, scheduleAttempt, scheduleRecovery, sendAgain } from './webhook-delivery.ts';
 
 // The webhook registry's use cases. Endpoints and deliveries are read by id and checked against the tenant here
 // (another tenant's endpoint is simply not found); every change of an endpoint is a new revision decided on the
@@ -206,4 +208,91 @@ export async function listDeliveries(
     items: items.map((delivery, i) => ({ delivery, attempts: attempts[i]! })),
     nextCursor: position > 1 ? cursorAt(position, lastAt) : null,
   };
+}
+
+// ---- Replay: a test event, resending one delivery, recovering the failed ones since a time. Each refuses what the
+// dispatcher would refuse (a disabled endpoint, an address the SSRF guard refuses), before anything is recorded.
+
+/** Positions one progress read looks at, at most (a recovery reaching further reports on its newest ones). */
+const RECOVERY_READ_LIMIT = 10_000;
+
+/**
+ * Sends a `webhook.test` event to this endpoint alone (whatever it subscribes to), signed and retried like any
+ * delivery; the delivery is listed with the others.
+ */
+export async function sendTestEvent(rt: Runtime, tenantId: string, endpointId: string, options: { resolver?: Resolver } = {}) {
+  const endpoint = await getEndpoint(rt, tenantId, endpointId);
+  await assertSendable(rt, endpoint, options);
+  const now = new Date();
+  const data = { endpointId, message: 'a test event sent on request; it changes nothing' };
+  const event = await rt.stores.outbox.recordForOneEndpoint(tenantId, 'webhook.test', data, `webhook.test:${endpointId}:${randomUUID()}`);
+  const delivery = await rt.stores.webhookDeliveries.ensure({ eventId: event._id, eventType: 'webhook.test', endpoint, now });
+  // If Redis refuses, the sweeper finds the pending delivery through its due entry.
+  await scheduleAttempt(rt, delivery, 0).catch((err: Error) => rt.logger.warn({ deliveryId: delivery._id, err: err.message }, 'test delivery left to the sweeper'));
+  return { event, delivery };
+}
+
+/** Sends one delivery of this endpoint again: same event id and body, a new attempt (409 while one is already due). */
+export async function resendDelivery(rt: Runtime, tenantId: string, endpointId: string, deliveryId: string, options: { resolver?: Resolver } = {}): Promise<WebhookDeliveryDoc> {
+  const endpoint = await getEndpoint(rt, tenantId, endpointId);
+  const delivery = await rt.stores.webhookDeliveries.get(deliveryId);
+  if (!delivery || delivery.endpointId !== endpoint._id || delivery.tenantId !== tenantId) throw errors.notFound('webhook delivery');
+  await assertSendable(rt, endpoint, options);
+  const pending = () => errors.conflict('WEBHOOK_DELIVERY_PENDING', 'an attempt of this delivery is already due; it needs no resend', { nextAttemptAt: delivery.nextAttemptAt?.toISOString() ?? null });
+  if (delivery.status === 'pending') throw pending();
+  const due = await sendAgain(rt, delivery);
+  if (!due) throw pending(); // a concurrent resend or replay moved it first
+  return due;
+}
+
+/** Asks for every failed (or abandoned) delivery of the endpoint created since `since` to be sent again, by a job. */
+export async function recoverFailed(rt: Runtime, tenantId: string, endpointId: string, since: Date, options: { resolver?: Resolver } = {}): Promise<WebhookRecoveryDoc> {
+  const endpoint = await getEndpoint(rt, tenantId, endpointId);
+  if (since.getTime() > Date.now()) throw fieldError('body.since', 'since must not be in the future');
+  await assertSendable(rt, endpoint, options);
+  const deliveries = rt.stores.webhookDeliveries;
+  const fromPosition = await deliveries.lastPosition(endpoint._id);
+  const recovery = await deliveries.recordRecovery({
+    _id: `whr_${randomUUID().replace(/-/g, '')}`,
+    tenantId,
+    endpointId: endpoint._id,
+    since,
+    createdAt: new Date(),
+    fromPosition,
+    scannedDownTo: fromPosition + 1,
+    finishedAt: null,
+  });
+  await scheduleRecovery(rt, recovery);
+  return recovery;
+}
+
+export interface RecoveryProgress {
+  recovery: WebhookRecoveryDoc;
+  status: 'running' | 'finished';
+  /** Deliveries this recovery sent again; of those, delivered since, failed again, and still on their way. */
+  counts: { queued: number; sent: number; failed: number; pending: number };
+}
+
+/** A recovery's progress, read back from its claims and their deliveries (by `_id`). */
+export async function getRecovery(rt: Runtime, tenantId: string, endpointId: string, recoveryId: string): Promise<RecoveryProgress> {
+  const endpoint = await getEndpoint(rt, tenantId, endpointId);
+  const deliveries = rt.stores.webhookDeliveries;
+  const recovery = await deliveries.recoveryOf(recoveryId);
+  if (!recovery || recovery.tenantId !== tenantId || recovery.endpointId !== endpoint._id) throw errors.notFound('webhook recovery');
+  const low = Math.max(1, recovery.scannedDownTo, recovery.fromPosition - RECOVERY_READ_LIMIT + 1);
+  const positions = Array.from({ length: Math.max(0, recovery.fromPosition - low + 1) }, (_, i) => recovery.fromPosition - i);
+  const counts = { queued: 0, sent: 0, failed: 0, pending: 0 };
+  for (let i = 0; i < positions.length; i += 200) {
+    const items = (await Promise.all(positions.slice(i, i + 200).map((n) => deliveries.recoveryItemAt(recoveryId, n)))).filter((x) => x !== null);
+    const now = await Promise.all(items.map((item) => deliveries.get(item!.deliveryId)));
+    for (const [j, item] of items.entries()) {
+      const d = now[j];
+      if (!d || d.rev <= item!.fromRev) continue; // claimed, but its resend has not been recorded (yet)
+      counts.queued++;
+      if (d.status === 'succeeded') counts.sent++;
+      else if (d.status === 'pending') counts.pending++;
+      else counts.failed++;
+    }
+  }
+  return { recovery, status: recovery.finishedAt ? 'finished' : 'running', counts };
 }

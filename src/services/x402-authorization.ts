@@ -84,7 +84,7 @@ export class X402Authorization {
     if (!escalationId) {
       const breach = await this.policyBreach(gate, quote, now, version);
       if (breach) {
-        const escalation = await this.escalations.escalate(gate, quote, breach.walletId, breach.breach);
+        const escalation = await this.escalations.escalate(gate, quote, breach.walletId, breach.breach, version?.policy.escalationTimeoutSeconds ?? null);
         throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
       }
     } else {

@@ -100,7 +100,7 @@ export function settledStatus(s: SettlementState): GateStatus {
 }
 
 /** The `x402.gate.expired` event: whose reserve went back, how much, and why (`gate_ttl` or `authorization_expired`). */
-export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired', returned: number): Record<string, unknown> {
+export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired' | 'escalation_deadline', returned: number): Record<string, unknown> {
   return {
     gateId: gate._id,
     reason,

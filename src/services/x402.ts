@@ -14,7 +14,7 @@
 // its per-process memory (funded gates, wallets seen) and its one listener on the verify queue's events.
 import type { Runtime } from '../runtime.ts';
 import { X402Authorization } from './x402-authorization.ts';
-import { X402Escalations } from './x402-escalations.ts';
+import { X402EscalationDeadlines, X402Escalations } from './x402-escalations.ts';
 import { X402Gates } from './x402-gates.ts';
 import { X402Quotes } from './x402-quotes.ts';
 import { X402Sessions } from './x402-sessions.ts';
@@ -24,7 +24,7 @@ import { X402WalletPolicies } from './x402-wallet-policies.ts';
 import { X402WindDown } from './x402-wind-down.ts';
 
 export type { PaymentAuthorization } from './x402-authorization.ts';
-export { escalationStatus, type EscalationState } from './x402-escalations.ts';
+export { BULK_RESOLVE_LIMIT, deadlineOf, deciderName, escalationStatus, type BulkOutcome, type EscalationState } from './x402-escalations.ts';
 export { gateSettlementId, x402EntryIds, type CreateGateInput, type GateState } from './x402-gates.ts';
 export type { QuoteResult } from './x402-quotes.ts';
 export type { VerifyOutcome } from './x402-verify.ts';
@@ -34,6 +34,7 @@ export class X402Service {
   private readonly quotes: X402Quotes;
   private readonly policies: X402WalletPolicies;
   private readonly escalations: X402Escalations;
+  private readonly escalationDeadlines: X402EscalationDeadlines;
   private readonly authorization: X402Authorization;
   private readonly verification: X402Verification;
   private readonly windDowns: X402WindDown;
@@ -45,6 +46,7 @@ export class X402Service {
     this.quotes = new X402Quotes(runtime, this.gates);
     this.policies = new X402WalletPolicies(runtime, this.gates, this.quotes, tokens);
     this.escalations = new X402Escalations(runtime, tokens);
+    this.escalationDeadlines = new X402EscalationDeadlines(runtime, this);
     this.authorization = new X402Authorization(runtime, this.gates, this.quotes, this.policies, this.escalations, tokens);
     this.verification = new X402Verification(runtime, this.gates);
     this.sessions = new X402Sessions(runtime, this.gates, this.policies);
@@ -98,6 +100,13 @@ export class X402Service {
   }
   resolveEscalation(...args: Parameters<X402Escalations['resolveEscalation']>) {
     return this.escalations.resolveEscalation(...args);
+  }
+  resolveEscalations(...args: Parameters<X402Escalations['resolveEscalations']>) {
+    return this.escalations.resolveEscalations(...args);
+  }
+  /** Denies the escalations past their deadline and returns their gates' reserves (the x402-verify worker's sweep). */
+  sweepEscalationDeadlines() {
+    return this.escalationDeadlines.sweep();
   }
 
   // Verification and wind-down

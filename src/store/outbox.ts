@@ -45,6 +45,18 @@ export class OutboxStore {
     return event;
   }
 
+  /**
+   * Records an event meant for one endpoint (a test event): born fanned out, so no fan-out ever sends it to the
+   * tenant's other endpoints; its one delivery is created by the caller. A repeat returns the first record.
+   */
+  async recordForOneEndpoint(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
+    const _id = eventIdFor(cause);
+    const now = new Date();
+    const event: OutboxEventDoc = { _id, tenantId, type, data, createdAt: now, fannedOutAt: now };
+    if (await insertFirst(this.events, event)) return event;
+    return (await this.get(_id)) ?? event;
+  }
+
   get(eventId: string): Promise<OutboxEventDoc | null> {
     return this.events.findOne({ _id: eventId });
   }

@@ -64,6 +64,29 @@ export interface WebhookAttemptDoc {
   succeeded: boolean;
 }
 
+/** A recovery of an endpoint's failed deliveries since a time (a background job; its progress is read back). */
+export interface WebhookRecoveryDoc {
+  _id: string;
+  tenantId: string;
+  endpointId: string;
+  since: Date;
+  createdAt: Date;
+  /** The endpoint's last delivery position when it was asked for: the job walks down from here. */
+  fromPosition: number;
+  /** Progress cache: the lowest position the job has looked at, and whether it has finished (written as it goes). */
+  scannedDownTo: number;
+  finishedAt: Date | null;
+}
+
+/** One delivery a recovery sent again: `<recoveryId>#<position>`, inserted before the delivery is made due again. */
+export interface WebhookRecoveryItemDoc {
+  _id: string;
+  deliveryId: string;
+  /** The revision it was recovered from: the delivery moved past it means this recovery's resend is done. */
+  fromRev: number;
+  at: Date;
+}
+
 export type AttemptResult = Pick<WebhookAttemptDoc, 'startedAt' | 'durationMs' | 'statusCode' | 'error' | 'succeeded'>;
 
 /** Deterministic: the same event and endpoint always give the same delivery, so a repeated fan-out adds none. */
@@ -74,8 +97,11 @@ export function deliveryIdFor(eventId: string, endpointId: string): string {
 export class WebhookDeliveryStore {
   readonly log: RevisionLog<WebhookDeliveryDoc>;
   readonly attempts: Collection<WebhookAttemptDoc>;
-  readonly byEndpoint: Sequence<{ deliveryId: string }>;
-  readonly parked: Sequence<{ deliveryId: string }>;
+  /** Entries carry `indexedAt`, the date their retention (TTL, see store/indexes.ts) counts from. */
+  readonly byEndpoint: Sequence<{ deliveryId: string; indexedAt?: Date }>;
+  readonly parked: Sequence<{ deliveryId: string; indexedAt?: Date }>;
+  readonly recoveries: Collection<WebhookRecoveryDoc>;
+  readonly recoveryItems: Collection<WebhookRecoveryItemDoc>;
 
   constructor(
     db: Db,
@@ -85,8 +111,10 @@ export class WebhookDeliveryStore {
   ) {
     this.log = new RevisionLog<WebhookDeliveryDoc>(db, 'webhook_deliveries', 'webhook_delivery_revisions');
     this.attempts = db.collection<WebhookAttemptDoc>('webhook_attempts');
-    this.byEndpoint = new Sequence<{ deliveryId: string }>(db, 'webhook_index', redis, counterPrefix);
-    this.parked = new Sequence<{ deliveryId: string }>(db, 'webhook_index', redis, counterPrefix);
+    this.byEndpoint = new Sequence<{ deliveryId: string; indexedAt?: Date }>(db, 'webhook_index', redis, counterPrefix);
+    this.parked = new Sequence<{ deliveryId: string; indexedAt?: Date }>(db, 'webhook_index', redis, counterPrefix);
+    this.recoveries = db.collection<WebhookRecoveryDoc>('webhook_recoveries');
+    this.recoveryItems = db.collection<WebhookRecoveryItemDoc>('webhook_recovery_items');
   }
 
   get(id: string): Promise<WebhookDeliveryDoc | null> {
@@ -108,7 +136,7 @@ export class WebhookDeliveryStore {
     if (existing) return existing;
     const { endpoint, now } = input;
     const disabled = endpoint.status !== 'active';
-    const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id });
+    const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id, indexedAt: now });
     const doc: WebhookDeliveryDoc = {
       _id,
       tenantId: endpoint.tenantId,
@@ -158,7 +186,7 @@ export class WebhookDeliveryStore {
     if (d.status === 'pending' && d.nextAttemptAt) {
       await this.due.add({ kind: 'deliver', tenantId: d.tenantId, deliveryId: d._id, dueAt: d.nextAttemptAt });
     } else if (d.status === 'failed' || d.status === 'abandoned') {
-      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id });
+      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id, indexedAt: d.updatedAt });
     }
   }
 
@@ -197,6 +225,32 @@ export class WebhookDeliveryStore {
     return delivery && delivery.endpointId === endpointId && delivery.seq === n ? delivery : null;
   }
 
+  /** A recovery asked for (its id is new: random, or derived from the request's idempotency key). */
+  async recordRecovery(recovery: WebhookRecoveryDoc): Promise<WebhookRecoveryDoc> {
+    if (await insertFirst(this.recoveries, recovery)) return recovery;
+    return (await this.recoveryOf(recovery._id))!;
+  }
+
+  recoveryOf(recoveryId: string): Promise<WebhookRecoveryDoc | null> {
+    return this.recoveries.findOne({ _id: recoveryId });
+  }
+
+  /** A cache of how far the job got (a lost write only makes a progress read look at more positions). */
+  async noteRecoveryProgress(recoveryId: string, scannedDownTo: number, finishedAt: Date | null): Promise<void> {
+    await this.recoveries.updateOne({ _id: recoveryId }, { $set: { scannedDownTo, finishedAt } });
+  }
+
+  /** The recovery's claim on the delivery at `position` (first writer wins): the claim that stands, this one or an earlier. */
+  async claimRecoveryItem(recoveryId: string, position: number, delivery: WebhookDeliveryDoc): Promise<WebhookRecoveryItemDoc> {
+    const item: WebhookRecoveryItemDoc = { _id: recoveryItemId(recoveryId, position), deliveryId: delivery._id, fromRev: delivery.rev, at: new Date() };
+    if (await insertFirst(this.recoveryItems, item)) return item;
+    return (await this.recoveryItems.findOne({ _id: item._id }))!;
+  }
+
+  recoveryItemAt(recoveryId: string, position: number): Promise<WebhookRecoveryItemDoc | null> {
+    return this.recoveryItems.findOne({ _id: recoveryItemId(recoveryId, position) });
+  }
+
   lastParked(endpointId: string): Promise<number> {
     return this.parked.head(parkedOwner(endpointId));
   }
@@ -205,6 +259,10 @@ export class WebhookDeliveryStore {
     const entry = await this.parked.get(parkedOwner(endpointId), n);
     return entry ? this.get(entry.deliveryId) : null;
   }
+}
+
+export function recoveryItemId(recoveryId: string, position: number): string {
+  return `${recoveryId}#${position}`;
 }
 
 function deliveriesOwner(endpointId: string): string {

@@ -146,14 +146,19 @@ export interface EscalationDoc {
   currency: string;
   breach: PolicyBreach;
   createdAt: Date;
+  /** When it is denied by itself if nobody decided (absent on escalations raised before deadlines: the default). */
+  deadlineAt?: Date;
 }
+
+/** Who decided an escalation, as events and views name them: the API key id, `admin`, `deadline`, `wind-down:<agent>`. */
+export type Decider = { kind: 'tenant' } | { kind: 'api-key'; keyId: string } | { kind: 'admin' } | { kind: 'deadline' } | { kind: 'wind-down'; agentId: string };
 
 export interface ResolutionDoc {
   _id: string;
   action: 'approve' | 'deny';
   reason: string | null;
-  /** Who resolved it: the tenant, or the wind-down of this agent. */
-  by: { kind: 'tenant' } | { kind: 'wind-down'; agentId: string };
+  /** Who resolved it (`tenant`: an escalation resolved before deciders were recorded). */
+  by: Decider;
   at: Date;
 }
 
@@ -297,6 +302,11 @@ export class X402Store {
    * gate's lock, removed once its money is returned or handed to its settlement.
    */
   readonly due: DueWorkStore;
+  /**
+   * Escalations nobody has decided yet, due at their deadline (see DueWorkStore): marked before the escalation is
+   * recorded, removed once the sweep has seen it decided (by a person, or by itself at the deadline).
+   */
+  readonly escalationsDue: DueWorkStore;
 
   constructor(db: Db, redis: RedisClient, redisPrefix: string) {
     this.gates = db.collection('x402_gates');
@@ -316,6 +326,7 @@ export class X402Store {
     this.policies = new SlotChain(db.collection('x402_wallet_policies'), null, 'policies');
     this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends');
     this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix);
+    this.escalationsDue = new DueWorkStore(db, 'x402_escalations', redis, redisPrefix);
   }
 
   /**

@@ -6,6 +6,13 @@ import { jobIdFor } from '../queues/index.ts';
 
 export const DELIVER_JOB = 'deliver';
 
+export const RECOVER_JOB = 'recover';
+
+/** One job per recovery: asking twice, or a sweep re-enqueueing it, adds none. */
+export function recoverJobId(recoveryId: string): string {
+  return jobIdFor('webhook-dispatch', recoveryId, 'recover');
+}
+
 export function fanOutJobId(eventId: string): string {
   return jobIdFor('webhook-dispatch', eventId);
 }

@@ -45,6 +45,21 @@ async function resolveChecked(host: string, options: SendOptions): Promise<Looku
   return addresses[0]!;
 }
 
+/**
+ * Why a delivery to `url` would be refused by the SSRF guard right now (the same check every attempt makes), or null
+ * when it may go out. A name that does not resolve is not a refusal here: the attempt records it as a failure.
+ */
+export async function destinationRefusal(url: string, options: Omit<SendOptions, 'timeoutMs'>): Promise<string | null> {
+  try {
+    const target = new URL(url);
+    if (target.protocol !== 'https:' && target.protocol !== 'http:') return `refused: unsupported scheme ${target.protocol}`;
+    await resolveChecked(target.hostname, { ...options, timeoutMs: 0 });
+    return null;
+  } catch (err) {
+    return err instanceof RefusedError ? err.message : null;
+  }
+}
+
 /** POSTs `body` to `url` with `headers`; never throws, every failure is a result with a readable error. */
 export async function sendWebhook(url: string, body: string, headers: Record<string, string>, options: SendOptions): Promise<SendResult> {
   const started = performance.now();

@@ -3,13 +3,13 @@ import type { Job } from 'bullmq';
 import type { Static } from 'typebox';
 import type { WebhookDeliverPayload } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
-import { attemptDelivery, fanOut, scheduleAttempt, sweepWebhookWork, type AttemptOutcome } from '../services/webhook-delivery.ts';
+import { attemptDelivery, fanOut, runRecovery, scheduleAttempt, sweepWebhookWork, type AttemptOutcome } from '../services/webhook-delivery.ts';
 import { acquireLease, leaseKey, releaseLease } from '../webhooks/jobs.ts';
 import type { Resolver } from '../webhooks/send.ts';
 import type { QueueProcessor } from './runner.ts';
 
-// The `webhook-dispatch` queue: fan-out jobs, `deliver` jobs (one attempt each, under the delivery's lease) and the
-// sweeper. What each step records, and how a crash at any point is recovered, is in services/webhook-delivery.ts.
+// The `webhook-dispatch` queue: fan-out jobs, `deliver` jobs (one attempt each, under the delivery's lease),
+// `recover` jobs (an endpoint's failed deliveries since a time, sent again) and the sweeper. What each step records, and how a crash at any point is recovered, is in services/webhook-delivery.ts.
 
 type Deliver = Static<typeof WebhookDeliverPayload>;
 
@@ -48,7 +48,8 @@ export function createWebhookDispatchProcessor(runtime: Runtime, options: Webhoo
 
   return {
     process(payload, job: Job) {
-      return 'deliveryId' in payload ? deliver(payload, job) : fanOut(runtime, payload);
+      if ('deliveryId' in payload) return deliver(payload, job);
+      return 'recoveryId' in payload ? runRecovery(runtime, payload) : fanOut(runtime, payload);
     },
     sweep() {
       return sweepWebhookWork(runtime, { batch: options.sweepBatch ?? 500 });

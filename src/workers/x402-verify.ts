@@ -7,14 +7,14 @@ import type { QueueProcessor } from './runner.ts';
  * Decides a verified x402 gate and moves its money through the settlement machinery (see X402Service.processVerify).
  * Safe to run twice or on two workers at once: every step is a unique insert or a ledger entry with a derived id.
  * Its sweep returns the reserves of gates past their deadline and finishes what a crash left half-done
- * (services/x402-expiry.ts), then closes the payment sessions past their expiry (services/x402-sessions.ts).
+ * (services/x402-expiry.ts), denies the escalations past their deadline (services/x402-escalations.ts), then closes the payment sessions past their expiry (services/x402-sessions.ts).
  */
 export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x402-verify'> {
   const service = new X402Service(runtime);
   const expiry = new X402GateExpiry(runtime, service);
   return {
     process: ({ tenantId, gateId }) => service.processVerify(tenantId, gateId),
-    // The gates' summary, with the sessions' beside it.
-    sweep: async () => ({ ...(await expiry.sweep()), sessions: await service.sweepSessions() }),
+    // The gates' summary, with the escalations' and the sessions' beside it.
+    sweep: async () => ({ ...(await expiry.sweep()), escalations: await service.sweepEscalationDeadlines(), sessions: await service.sweepSessions() }),
   };
 }

@@ -6,7 +6,9 @@ import { tenantOf } from '../plugins/auth.ts';
 import { emptyBodyIsObject, errorResponses } from '../schemas/common.ts';
 import {
   CreateEndpoint,
+  Delivery,
   DeliveryList,
+  DeliveryParams,
   DeliveryListQuery,
   deliveryView,
   EnabledEndpoint,
@@ -16,7 +18,12 @@ import {
   EndpointParams,
   endpointView,
   EndpointWithSecret,
+  RecoverBody,
+  Recovery,
+  RecoveryParams,
+  recoveryView,
   RotateSecret,
+  TestEventSent,
 } from '../schemas/webhooks.ts';
 
 type Params = { Params: Static<typeof EndpointParams> };
@@ -119,6 +126,64 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
     const page = await webhooks.listDeliveries(runtime, tenantOf(request), request.params.endpointId, { limit, cursor, status });
     return { items: page.items.map(deliveryView), nextCursor: page.nextCursor };
   });
+
+  // ---- Replay: a test event, one delivery again, every failed one since a time (a job with readable progress)
+
+  app.post<Params>('/v1/webhooks/:endpointId/test', {
+    config,
+    schema: {
+      tags,
+      operationId: 'sendWebhookTestEvent',
+      summary: 'Send a webhook.test event to this endpoint alone (signed and retried like any delivery; refused for a disabled endpoint or a refused address)',
+      params: EndpointParams,
+      response: { 202: TestEventSent, ...errorResponses(401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED'], 422: ['WEBHOOK_DESTINATION_REFUSED'] }) },
+    },
+  }, async (request, reply) => {
+    const { event, delivery } = await webhooks.sendTestEvent(runtime, tenantOf(request), request.params.endpointId);
+    return reply.status(202).send({ eventId: event._id, deliveryId: delivery._id, eventType: 'webhook.test' as const, status: delivery.status });
+  });
+
+  app.post<{ Params: Static<typeof DeliveryParams> }>('/v1/webhooks/:endpointId/deliveries/:deliveryId/resend', {
+    config,
+    schema: {
+      tags,
+      operationId: 'resendWebhookDelivery',
+      summary: 'Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due)',
+      params: DeliveryParams,
+      response: { 202: Delivery, ...errorResponses(401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_DELIVERY_PENDING'], 422: ['WEBHOOK_DESTINATION_REFUSED'] }) },
+    },
+  }, async (request, reply) => {
+    const delivery = await webhooks.resendDelivery(runtime, tenantOf(request), request.params.endpointId, request.params.deliveryId);
+    const attempts = await runtime.stores.webhookDeliveries.attemptsOf(delivery);
+    return reply.status(202).send(deliveryView({ delivery, attempts }));
+  });
+
+  app.post<Params & { Body: Static<typeof RecoverBody> }>('/v1/webhooks/:endpointId/recoveries', {
+    config,
+    schema: {
+      tags,
+      operationId: 'recoverWebhookDeliveries',
+      summary: 'Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery',
+      params: EndpointParams,
+      body: RecoverBody,
+      response: { 202: Recovery, ...errorResponses(400, 401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED'], 422: ['VALIDATION_FAILED', 'WEBHOOK_DESTINATION_REFUSED'] }) },
+    },
+  }, async (request, reply) => {
+    const tenantId = tenantOf(request);
+    const recovery = await webhooks.recoverFailed(runtime, tenantId, request.params.endpointId, new Date(request.body.since));
+    return reply.status(202).header('location', `/v1/webhooks/${recovery.endpointId}/recoveries/${recovery._id}`).send(recoveryView(await webhooks.getRecovery(runtime, tenantId, recovery.endpointId, recovery._id)));
+  });
+
+  app.get<{ Params: Static<typeof RecoveryParams> }>('/v1/webhooks/:endpointId/recoveries/:recoveryId', {
+    config,
+    schema: {
+      tags,
+      operationId: 'getWebhookRecovery',
+      summary: 'A recovery\'s progress: deliveries sent again (queued) and, of those, sent, failed again and pending',
+      params: RecoveryParams,
+      response: { 200: Recovery, ...errorResponses(401, 403, 404) },
+    },
+  }, async (request) => recoveryView(await webhooks.getRecovery(runtime, tenantOf(request), request.params.endpointId, request.params.recoveryId)));
 
   // ---- /x402/webhooks/endpoints: the same registry, for x402 integrations
 

@@ -3,12 +3,17 @@ import type { Static } from 'typebox';
 import type { Runtime } from '../../runtime.ts';
 import { X402Service } from '../../services/x402.ts';
 import { tenantOf } from '../plugins/auth.ts';
+import type { FastifyRequest } from 'fastify';
+import type { Decider } from '../../store/x402.ts';
 import { emptyBodyIsObject, errorResponses, type ErrorCodes } from '../schemas/common.ts';
 import {
   AgentParams,
   Authorization,
   authorizationView,
   AuthorizePaymentBody,
+  BulkResolveBody,
+  BulkResolved,
+  bulkResolvedView,
   CreateGateBody,
   EscalationPage,
   EscalationParams,
@@ -39,6 +44,12 @@ import {
 const x402Errors = (...statuses: Array<number | ErrorCodes>) => errorResponses(400, 401, 403, 404, ...statuses);
 /** What a quote can be refused for when a call names it (services/x402-quotes.ts). */
 const QUOTE_CODES = ['X402_GATE_TERMINAL', 'X402_QUOTE_NOT_FOUND', 'X402_QUOTE_EXPIRED', 'X402_QUOTE_MISMATCH', 'X402_REQUEST_BINDING_MISMATCH'];
+
+/** Who is deciding: the calling API key, or the operator's admin credential. */
+function deciderOf(request: FastifyRequest): Decider {
+  const principal = request.principal;
+  return principal?.kind === 'key' ? { kind: 'api-key', keyId: principal.credentialId } : { kind: 'admin' };
+}
 
 export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime }) {
   const service = new X402Service(opts.runtime);
@@ -80,7 +91,7 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
     schema: { tags, operationId: 'setWalletPolicy', summary: 'Set a wallet\'s x402 spending policy (a new version; the last one is in force)', params: WalletParams, body: PolicyBody, response: { 200: Policy, ...errorResponses(400, 401, 403, 404) } },
   }, async (request) => {
     const b = request.body;
-    const policy = { currency: b.currency, perCallLimit: b.perCallLimit ?? null, dailyLimit: b.dailyLimit ?? null, allowedPayeeAgentIds: b.allowedPayeeAgentIds ?? null, allowedToolIds: b.allowedToolIds ?? null };
+    const policy = { currency: b.currency, perCallLimit: b.perCallLimit ?? null, dailyLimit: b.dailyLimit ?? null, allowedPayeeAgentIds: b.allowedPayeeAgentIds ?? null, allowedToolIds: b.allowedToolIds ?? null, escalationTimeoutSeconds: b.escalationTimeoutSeconds ?? null };
     return policyView(await service.putPolicy(tenantOf(request), request.params.walletId, policy));
   });
 
@@ -112,11 +123,40 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
 
   app.post<{ Params: Static<typeof EscalationParams>; Body: Static<typeof ResolveBody> }>('/x402/gate/escalations/:escalationId/resolve', {
     config: { access: 'x402:write' },
-    schema: { tags, operationId: 'resolveEscalation', summary: 'Approve (a single-use override token) or deny an escalation', params: EscalationParams, body: ResolveBody, response: { 200: Resolved, ...x402Errors({ 409: ['X402_ESCALATION_TERMINAL'] }) } },
+    schema: {
+      tags,
+      operationId: 'resolveEscalation',
+      summary: 'Approve (a single-use override token) or deny an escalation, with a reason; the caller\'s key is recorded as who decided',
+      params: EscalationParams,
+      body: ResolveBody,
+      response: { 200: Resolved, ...x402Errors({ 409: ['X402_ESCALATION_TERMINAL', 'X402_ESCALATION_DEADLINE_PASSED'] }) },
+    },
   }, async (request) => {
-    const r = await service.resolveEscalation(tenantOf(request), request.params.escalationId, request.body);
+    const r = await service.resolveEscalation(tenantOf(request), request.params.escalationId, request.body, deciderOf(request));
     return { ...escalationView(r), escalationOverrideToken: r.escalationOverrideToken, overrideExpiresAt: r.overrideExpiresAt?.toISOString() ?? null };
   });
+
+  app.post<{ Body: Static<typeof BulkResolveBody> }>('/x402/gate/escalations/resolve', {
+    config: { access: 'x402:write' },
+    schema: {
+      tags,
+      operationId: 'resolveEscalations',
+      summary: 'Approve or deny up to 100 escalations of the tenant at once (the ids a console selected under a filter), with one reason; answers per id what happened',
+      body: BulkResolveBody,
+      response: { 200: BulkResolved, ...errorResponses(400, 401, 403, 422) },
+    },
+  }, async (request) => bulkResolvedView(await service.resolveEscalations(tenantOf(request), request.body.escalationIds, request.body, deciderOf(request))));
+
+  app.post<{ Body: Static<typeof BulkResolveBody> }>('/ops/x402/escalations/resolve', {
+    config: { access: 'admin' },
+    schema: {
+      tags: ['ops'],
+      operationId: 'resolveEscalationsAsOperator',
+      summary: 'The operator approves or denies up to 100 escalations of any tenant (decided by admin); answers per id what happened',
+      body: BulkResolveBody,
+      response: { 200: BulkResolved, ...errorResponses(400, 401, 403, 422) },
+    },
+  }, async (request) => bulkResolvedView(await service.resolveEscalations(null, request.body.escalationIds, request.body, deciderOf(request))));
 
   app.post<{ Params: Static<typeof AgentParams>; Body: Static<typeof WindDownBody> }>('/x402/gate/agents/:agentId/wind-down', {
     config: { access: 'x402:write' },

@@ -1,6 +1,6 @@
 import { Type, type Static } from 'typebox';
 import { EVENT_TYPES } from '../../domain/events.ts';
-import { DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, type DeliveryWithAttempts } from '../../services/webhooks.ts';
+import { DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, type DeliveryWithAttempts, type RecoveryProgress } from '../../services/webhooks.ts';
 import type { WebhookEndpoint } from '../../store/webhook-endpoints.ts';
 import { Cursor, Timestamp } from './common.ts';
 
@@ -78,7 +78,7 @@ const Attempt = Type.Object({
   error: Type.Union([Type.String(), Type.Null()]),
   succeeded: Type.Boolean(),
 });
-const Delivery = Type.Object({
+export const Delivery = Type.Object({
   id: Type.String({ description: '`whd_…`, one per event and endpoint' }),
   eventId: Type.String(),
   eventType: Type.String(),
@@ -92,6 +92,35 @@ const Delivery = Type.Object({
   succeededAt: Type.Union([Timestamp, Type.Null()]),
 });
 export const DeliveryList = Type.Object({ items: Type.Array(Delivery), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+
+export const DeliveryParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }), deliveryId: Type.String({ maxLength: 100 }) });
+export const RecoveryParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }), recoveryId: Type.String({ maxLength: 100 }) });
+
+export const TestEventSent = Type.Object({
+  eventId: Type.String(),
+  deliveryId: Type.String({ description: 'listed with the endpoint\'s deliveries' }),
+  eventType: Type.Literal('webhook.test'),
+  status: DeliveryStatus,
+});
+
+export const RecoverBody = Type.Object(
+  { since: { ...Timestamp, description: 'every failed or abandoned delivery created at or after this time is sent again' } },
+  { additionalProperties: false, examples: [{ since: '2025-01-31T09:00:00.000Z' }] },
+);
+
+export const Recovery = Type.Object({
+  id: Type.String({ description: '`whr_…`' }),
+  endpointId: Type.String(),
+  since: Timestamp,
+  createdAt: Timestamp,
+  status: Type.Union([Type.Literal('running'), Type.Literal('finished')], { description: 'finished: the job has looked at every delivery since `since`' }),
+  counts: Type.Object({
+    queued: Type.Integer({ description: 'deliveries this recovery sent again' }),
+    sent: Type.Integer({ description: 'of those, delivered since' }),
+    failed: Type.Integer({ description: 'of those, failed again (or abandoned, cancelled)' }),
+    pending: Type.Integer({ description: 'of those, still on their way' }),
+  }),
+});
 
 /** One name for an endpoint id on every webhook route. */
 export const EndpointParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }) });
@@ -118,6 +147,11 @@ export function endpointView(e: WebhookEndpoint, now = new Date()): Static<typeo
     createdAt: e.createdAt.toISOString(),
     updatedAt: e.updatedAt.toISOString(),
   };
+}
+
+export function recoveryView(p: RecoveryProgress): Static<typeof Recovery> {
+  const r = p.recovery;
+  return { id: r._id, endpointId: r.endpointId, since: r.since.toISOString(), createdAt: r.createdAt.toISOString(), status: p.status, counts: p.counts };
 }
 
 export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): Static<typeof Delivery> {

@@ -1,9 +1,9 @@
 // Request and response schemas of the x402 payment gate (contract section 8), and the views that fill them.
 import { Type, type Static } from 'typebox';
 import { MAX_AMOUNT } from '../../domain/money.ts';
-import { MAX_QUOTE_TTL_SECONDS } from '../../domain/x402.ts';
+import { DEFAULT_ESCALATION_TIMEOUT_SECONDS, MAX_QUOTE_TTL_SECONDS } from '../../domain/x402.ts';
 import type { EscalationState, GateState, PaymentAuthorization, QuoteResult } from '../../services/x402.ts';
-import { escalationStatus } from '../../services/x402.ts';
+import { deadlineOf, deciderName, escalationStatus, type BulkOutcome } from '../../services/x402.ts';
 import type { PolicyVersionDoc, WindDownSummary as WindDownSummaryDoc } from '../../store/x402.ts';
 import { AgentId, Amount, Currency, Timestamp } from './common.ts';
 
@@ -50,10 +50,13 @@ export const PolicyBody = Type.Object(
     dailyLimit: Type.Optional(Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER, description: 'authorized minor units per UTC day' })),
     allowedPayeeAgentIds: Type.Optional(Type.Array(AgentId, { maxItems: 1000, uniqueItems: true })),
     allowedToolIds: Type.Optional(Type.Array(ToolId, { maxItems: 1000, uniqueItems: true })),
+    escalationTimeoutSeconds: Type.Optional(
+      Type.Integer({ minimum: 1, maximum: 7 * 86_400, description: `how long an escalation this policy raises waits for a person before it is denied by itself (deadline_passed) and its reserve returned; default ${DEFAULT_ESCALATION_TIMEOUT_SECONDS}` }),
+    ),
   },
   {
     additionalProperties: false,
-    examples: [{ currency: 'USD', perCallLimit: 100, dailyLimit: 5000, allowedPayeeAgentIds: ['tools:agent:weather'], allowedToolIds: ['weather/forecast'] }],
+    examples: [{ currency: 'USD', perCallLimit: 100, dailyLimit: 5000, allowedPayeeAgentIds: ['tools:agent:weather'], allowedToolIds: ['weather/forecast'], escalationTimeoutSeconds: 900 }],
   },
 );
 
@@ -201,6 +204,7 @@ export const Policy = Type.Object({
   dailyLimit: Nullable(Type.Integer()),
   allowedPayeeAgentIds: Nullable(Type.Array(Type.String())),
   allowedToolIds: Nullable(Type.Array(Type.String())),
+  escalationTimeoutSeconds: Type.Integer(),
   updatedAt: Timestamp,
 });
 
@@ -220,10 +224,50 @@ export const Escalation = Type.Object({
   rule: Type.String(),
   details: Type.Record(Type.String(), Type.Unknown()),
   createdAt: Timestamp,
-  resolution: Nullable(Type.Object({ action: Type.String(), reason: Nullable(Type.String()), by: Type.String(), at: Timestamp })),
+  deadlineAt: { ...Timestamp, description: 'when it is denied by itself (reason deadline_passed) if nobody decides' },
+  resolution: Nullable(
+    Type.Object({
+      action: Type.String(),
+      reason: Nullable(Type.String()),
+      by: Type.String({ description: 'who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded)' }),
+      at: Timestamp,
+    }),
+  ),
 });
 
 export const EscalationPage = Type.Object({ items: Type.Array(Escalation), nextCursor: Nullable(Type.String()) });
+
+export const BulkResolveBody = Type.Object(
+  {
+    action: Type.Union([Type.Literal('approve'), Type.Literal('deny')]),
+    reason: Type.String({ minLength: 1, maxLength: 2000 }),
+    escalationIds: Type.Array(Id, { minItems: 1, maxItems: 100, description: 'the escalations to decide, e.g. the rows a person selected in a filtered list' }),
+  },
+  { additionalProperties: false, examples: [{ action: 'deny', reason: 'Unknown payee; ask the team first', escalationIds: ['esc_3f1a9c0b2d4e5f60718293a4b5c6d7e8'] }] },
+);
+
+export const BulkResolved = Type.Object({
+  results: Type.Array(
+    Type.Object({
+      escalationId: Type.String(),
+      outcome: Type.Union([Type.Literal('approved'), Type.Literal('denied'), Type.Literal('already_decided'), Type.Literal('deadline_passed'), Type.Literal('not_found')]),
+      message: Type.Optional(Type.String()),
+      escalation: Type.Optional(Escalation),
+      escalationOverrideToken: Type.Optional(Nullable(Type.String({ description: 'approve only: present it once to authorize-payment' }))),
+      overrideExpiresAt: Type.Optional(Nullable(Timestamp)),
+    }),
+  ),
+});
+
+export function bulkResolvedView(outcomes: BulkOutcome[]): Static<typeof BulkResolved> {
+  return {
+    results: outcomes.map((o) =>
+      'state' in o
+        ? { escalationId: o.escalationId, outcome: o.outcome, escalation: escalationView(o.state), escalationOverrideToken: o.escalationOverrideToken, overrideExpiresAt: o.overrideExpiresAt?.toISOString() ?? null }
+        : { escalationId: o.escalationId, outcome: o.outcome, message: o.message },
+    ),
+  };
+}
 
 export const Resolved = Type.Intersect([
   Escalation,
@@ -313,7 +357,7 @@ export function authorizationView(a: PaymentAuthorization): Static<typeof Author
 }
 
 export function policyView(p: PolicyVersionDoc): Static<typeof Policy> {
-  return { walletId: p.walletId, version: p.version, ...p.policy, updatedAt: p.at.toISOString() };
+  return { walletId: p.walletId, version: p.version, ...p.policy, escalationTimeoutSeconds: p.policy.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS, updatedAt: p.at.toISOString() };
 }
 
 export function escalationView(e: EscalationState): Static<typeof Escalation> {
@@ -333,7 +377,8 @@ export function escalationView(e: EscalationState): Static<typeof Escalation> {
     rule,
     details,
     createdAt: x.createdAt.toISOString(),
-    resolution: r ? { action: r.action, reason: r.reason, by: r.by.kind === 'tenant' ? 'tenant' : `wind-down:${r.by.agentId}`, at: r.at.toISOString() } : null,
+    deadlineAt: deadlineOf(x).toISOString(),
+    resolution: r ? { action: r.action, reason: r.reason, by: deciderName(r.by), at: r.at.toISOString() } : null,
   };
 }
 
