@@ -58,7 +58,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Where to start: the API reference, this document, the liveness probe and the queue console */
+        /** Where to start: the API reference, this document, the liveness probe, the web console and the queue console */
         get: operations["getServiceIndex"];
         put?: never;
         post?: never;
@@ -656,6 +656,74 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks/{endpointId}/test": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send a webhook.test event to this endpoint alone (signed and retried like any delivery; refused for a disabled endpoint or a refused address) */
+        post: operations["sendWebhookTestEvent"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{endpointId}/deliveries/{deliveryId}/resend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due) */
+        post: operations["resendWebhookDelivery"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{endpointId}/recoveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery */
+        post: operations["recoverWebhookDeliveries"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{endpointId}/recoveries/{recoveryId}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A recovery's progress: deliveries sent again (queued) and, of those, sent, failed again and pending */
+        get: operations["getWebhookRecovery"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/x402/webhooks/endpoints": {
         parameters: {
             query?: never;
@@ -922,8 +990,42 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Approve (a single-use override token) or deny an escalation */
+        /** Approve (a single-use override token) or deny an escalation, with a reason; the caller's key is recorded as who decided */
         post: operations["resolveEscalation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/x402/gate/escalations/resolve": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Approve or deny up to 100 escalations of the tenant at once (the ids a console selected under a filter), with one reason; answers per id what happened */
+        post: operations["resolveEscalations"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/ops/x402/escalations/resolve": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** The operator approves or denies up to 100 escalations of any tenant (decided by admin); answers per id what happened */
+        post: operations["resolveEscalationsAsOperator"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1310,6 +1412,8 @@ export interface operations {
                             openapi: string;
                             /** @description Liveness probe */
                             health: string;
+                            /** @description The web console: escalations, runs, gates, wallets, webhooks (sign in with a key) */
+                            console: string;
                             /** @description Bull Board, the operators' queue console (admin key) */
                             queues?: string;
                         };
@@ -5765,7 +5869,7 @@ export interface operations {
                 "application/json": {
                     /** @description https URL that receives POSTed events */
                     url: string;
-                    /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired. Unknown types are refused with 400. */
+                    /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired, webhook.test. Unknown types are refused with 400. */
                     events: string[];
                     description?: string;
                 };
@@ -6556,6 +6660,575 @@ export interface operations {
             };
         };
     };
+    sendWebhookTestEvent: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                endpointId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        eventId: string;
+                        /** @description listed with the endpoint's deliveries */
+                        deliveryId: string;
+                        /** @enum {string} */
+                        eventType: "webhook.test";
+                        /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
+                        status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_ENDPOINT_DISABLED`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`, `WEBHOOK_DESTINATION_REFUSED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resendWebhookDelivery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                endpointId: string;
+                deliveryId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description `whd_…`, one per event and endpoint */
+                        id: string;
+                        eventId: string;
+                        eventType: string;
+                        /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
+                        status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                        attemptCount: number;
+                        nextAttemptAt: string | null;
+                        lastError: string | null;
+                        attempts: {
+                            /** @description 1-based, over the delivery's whole life */
+                            attempt: number;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            startedAt: string;
+                            durationMs: number;
+                            /** @description null when no HTTP answer came (timeout, network error, refused address) */
+                            statusCode: number | null;
+                            error: string | null;
+                            succeeded: boolean;
+                        }[];
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        createdAt: string;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        updatedAt: string;
+                        succeededAt: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_DELIVERY_PENDING`, `WEBHOOK_ENDPOINT_DISABLED`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`, `WEBHOOK_DESTINATION_REFUSED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    recoverWebhookDeliveries: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                endpointId: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "since": "2025-01-31T09:00:00.000Z"
+                 *     }
+                 */
+                "application/json": {
+                    /**
+                     * Format: date-time
+                     * @description every failed or abandoned delivery created at or after this time is sent again
+                     */
+                    since: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description `whr_…` */
+                        id: string;
+                        endpointId: string;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        since: string;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        createdAt: string;
+                        /** @description finished: the job has looked at every delivery since `since` */
+                        status: "running" | "finished";
+                        counts: {
+                            /** @description deliveries this recovery sent again */
+                            queued: number;
+                            /** @description of those, delivered since */
+                            sent: number;
+                            /** @description of those, failed again (or abandoned, cancelled) */
+                            failed: number;
+                            /** @description of those, still on their way */
+                            pending: number;
+                        };
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_ENDPOINT_DISABLED`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`, `WEBHOOK_DESTINATION_REFUSED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    getWebhookRecovery: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                endpointId: string;
+                recoveryId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description `whr_…` */
+                        id: string;
+                        endpointId: string;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        since: string;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        createdAt: string;
+                        /** @description finished: the job has looked at every delivery since `since` */
+                        status: "running" | "finished";
+                        counts: {
+                            /** @description deliveries this recovery sent again */
+                            queued: number;
+                            /** @description of those, delivered since */
+                            sent: number;
+                            /** @description of those, failed again (or abandoned, cancelled) */
+                            failed: number;
+                            /** @description of those, still on their way */
+                            pending: number;
+                        };
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     listX402WebhookEndpoints: {
         parameters: {
             query?: {
@@ -6692,7 +7365,7 @@ export interface operations {
                 "application/json": {
                     /** @description https URL that receives POSTed events */
                     url: string;
-                    /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired. Unknown types are refused with 400. */
+                    /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired, webhook.test. Unknown types are refused with 400. */
                     events: string[];
                     description?: string;
                 };
@@ -8272,9 +8945,15 @@ export interface operations {
                              * @description RFC 3339 UTC
                              */
                             createdAt: string;
+                            /**
+                             * Format: date-time
+                             * @description when it is denied by itself (reason deadline_passed) if nobody decides
+                             */
+                            deadlineAt: string;
                             resolution: {
                                 action: string;
                                 reason: string | null;
+                                /** @description who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded) */
                                 by: string;
                                 /**
                                  * Format: date-time
@@ -8559,6 +9238,7 @@ export interface operations {
                         dailyLimit: number | null;
                         allowedPayeeAgentIds: string[] | null;
                         allowedToolIds: string[] | null;
+                        escalationTimeoutSeconds: number;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -8662,7 +9342,8 @@ export interface operations {
                  *       ],
                  *       "allowedToolIds": [
                  *         "weather/forecast"
-                 *       ]
+                 *       ],
+                 *       "escalationTimeoutSeconds": 900
                  *     }
                  */
                 "application/json": {
@@ -8673,6 +9354,8 @@ export interface operations {
                     dailyLimit?: number;
                     allowedPayeeAgentIds?: string[];
                     allowedToolIds?: string[];
+                    /** @description how long an escalation this policy raises waits for a person before it is denied by itself (deadline_passed) and its reserve returned; default 900 */
+                    escalationTimeoutSeconds?: number;
                 };
             };
         };
@@ -8691,6 +9374,7 @@ export interface operations {
                         dailyLimit: number | null;
                         allowedPayeeAgentIds: string[] | null;
                         allowedToolIds: string[] | null;
+                        escalationTimeoutSeconds: number;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -9507,9 +10191,15 @@ export interface operations {
                          * @description RFC 3339 UTC
                          */
                         createdAt: string;
+                        /**
+                         * Format: date-time
+                         * @description when it is denied by itself (reason deadline_passed) if nobody decides
+                         */
+                        deadlineAt: string;
                         resolution: {
                             action: string;
                             reason: string | null;
+                            /** @description who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded) */
                             by: string;
                             /**
                              * Format: date-time
@@ -9559,7 +10249,353 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_ESCALATION_TERMINAL`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_ESCALATION_DEADLINE_PASSED`, `X402_ESCALATION_TERMINAL`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resolveEscalations: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "action": "deny",
+                 *       "reason": "Unknown payee; ask the team first",
+                 *       "escalationIds": [
+                 *         "esc_3f1a9c0b2d4e5f60718293a4b5c6d7e8"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    action: "approve" | "deny";
+                    reason: string;
+                    /** @description the escalations to decide, e.g. the rows a person selected in a filtered list */
+                    escalationIds: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        results: {
+                            escalationId: string;
+                            outcome: "approved" | "denied" | "already_decided" | "deadline_passed" | "not_found";
+                            message?: string;
+                            escalation?: {
+                                escalationId: string;
+                                status: "pending" | "approved" | "denied";
+                                gateId: string;
+                                quoteId: string;
+                                requestSha256: string;
+                                walletId: string;
+                                payerAgentId: string;
+                                payeeAgentId: string;
+                                amount: number;
+                                currency: string;
+                                rule: string;
+                                details: {
+                                    [key: string]: unknown;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                createdAt: string;
+                                /**
+                                 * Format: date-time
+                                 * @description when it is denied by itself (reason deadline_passed) if nobody decides
+                                 */
+                                deadlineAt: string;
+                                resolution: {
+                                    action: string;
+                                    reason: string | null;
+                                    /** @description who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded) */
+                                    by: string;
+                                    /**
+                                     * Format: date-time
+                                     * @description RFC 3339 UTC
+                                     */
+                                    at: string;
+                                } | null;
+                            };
+                            escalationOverrideToken?: string | null;
+                            overrideExpiresAt?: string | null;
+                        }[];
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resolveEscalationsAsOperator: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "action": "deny",
+                 *       "reason": "Unknown payee; ask the team first",
+                 *       "escalationIds": [
+                 *         "esc_3f1a9c0b2d4e5f60718293a4b5c6d7e8"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    action: "approve" | "deny";
+                    reason: string;
+                    /** @description the escalations to decide, e.g. the rows a person selected in a filtered list */
+                    escalationIds: string[];
+                };
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        results: {
+                            escalationId: string;
+                            outcome: "approved" | "denied" | "already_decided" | "deadline_passed" | "not_found";
+                            message?: string;
+                            escalation?: {
+                                escalationId: string;
+                                status: "pending" | "approved" | "denied";
+                                gateId: string;
+                                quoteId: string;
+                                requestSha256: string;
+                                walletId: string;
+                                payerAgentId: string;
+                                payeeAgentId: string;
+                                amount: number;
+                                currency: string;
+                                rule: string;
+                                details: {
+                                    [key: string]: unknown;
+                                };
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                createdAt: string;
+                                /**
+                                 * Format: date-time
+                                 * @description when it is denied by itself (reason deadline_passed) if nobody decides
+                                 */
+                                deadlineAt: string;
+                                resolution: {
+                                    action: string;
+                                    reason: string | null;
+                                    /** @description who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded) */
+                                    by: string;
+                                    /**
+                                     * Format: date-time
+                                     * @description RFC 3339 UTC
+                                     */
+                                    at: string;
+                                } | null;
+                            };
+                            escalationOverrideToken?: string | null;
+                            overrideExpiresAt?: string | null;
+                        }[];
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`. */
             409: {
                 headers: {
                     [name: string]: unknown;
