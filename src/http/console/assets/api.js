@@ -107,7 +107,7 @@ export const walletPolicy = (walletId) => call('GET', `/x402/wallets/${id(wallet
 export const webhookEndpoint = (endpointId) => call('GET', `/v1/webhooks/${id(endpointId)}`);
 export const deliveries = (endpointId, params = {}) => call('GET', `/v1/webhooks/${id(endpointId)}/deliveries${q({ limit: 50, ...params })}`);
 
-/** Resend one delivery: null until the service has the route (then: `(endpointId, deliveryId) => call('POST', …)`). */
-export const resendDelivery = null;
+/** Sends one delivery again (202; scope webhooks:write). */
+export const resendDelivery = (endpointId, deliveryId) => call('POST', `/v1/webhooks/${id(endpointId)}/deliveries/${id(deliveryId)}/resend`);
 
 export const signOut = () => call('POST', '/console/session/end');
