@@ -88,6 +88,12 @@ export interface Config {
     /** Budget of conformance-matrix calls per tenant. */
     conformanceRateLimit: RateLimitPolicy;
   };
+  console: {
+    /** How long a console sign-in lasts (the session is dropped from Redis then, and the page asks again). */
+    sessionTtlSeconds: number;
+    /** The session cookie's Secure attribute: on everywhere but development (browsers accept it on localhost too). */
+    secureCookie: boolean;
+  };
 }
 
 export class ConfigError extends Error {
@@ -273,6 +279,10 @@ export function loadConfig(env: Env = process.env): Config {
         limit: int(env, 'CONFORMANCE_RATE_LIMIT_MAX', 12, 1, 10_000),
         windowSeconds: int(env, 'CONFORMANCE_RATE_LIMIT_WINDOW_SECONDS', 3600, 1, 86_400),
       },
+    },
+    console: {
+      sessionTtlSeconds: int(env, 'CONSOLE_SESSION_TTL_SECONDS', 8 * 3600, 60, 7 * 86_400),
+      secureCookie: bool(env, 'CONSOLE_COOKIE_SECURE', nodeEnv !== 'development'),
     },
   };
 }

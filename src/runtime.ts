@@ -6,6 +6,7 @@ import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
 import { CredentialCache } from './services/credentials.ts';
 import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
+import { ConsoleSessionStore } from './store/console-sessions.ts';
 import { ApiKeyStore } from './store/api-keys.ts';
 import { ensureIndexes } from './store/indexes.ts';
 import { createMongoClient, MongoHealthWatch } from './store/mongo.ts';
@@ -41,6 +42,7 @@ export interface Runtime {
   stores: {
     tenants: TenantStore;
     apiKeys: ApiKeyStore;
+    consoleSessions: ConsoleSessionStore;
     outbox: OutboxStore;
     agents: AgentStore;
     runs: RunStore;
@@ -108,6 +110,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
     stores: {
       tenants: new TenantStore(db),
       apiKeys: new ApiKeyStore(db),
+      consoleSessions: new ConsoleSessionStore(redis, config.redisPrefix),
       outbox: new OutboxStore(db, webhookDue),
       agents: new AgentStore(db),
       runs: new RunStore(db, redis, config.redisPrefix),

@@ -15,6 +15,7 @@ import rateLimitPlugin from './plugins/rate-limit.ts';
 import swaggerPlugin from './plugins/swagger.ts';
 import { agentRoutes } from './routes/agents.ts';
 import { artifactRoutes } from './routes/artifacts.ts';
+import { consoleRoutes } from './routes/console.ts';
 import { docsRoutes } from './routes/docs.ts';
 import { healthRoutes } from './routes/health.ts';
 import { listRoutes } from './routes/lists.ts';
@@ -144,6 +145,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
 
   await app.register(healthRoutes, { runtime });
   await app.register(docsRoutes, { bullBoard: options.bullBoard !== false });
+  await app.register(consoleRoutes, { runtime });
   await app.register(opsRoutes, { runtime });
   await app.register(identityRoutes);
   await app.register(agentRoutes, { runtime });

@@ -2,7 +2,7 @@ import { errors } from '../domain/errors.ts';
 import { createRedisClient, type RedisClient } from '../redis.ts';
 import type { Logger } from 'pino';
 import type { AgentDoc, AgentStore } from '../store/agents.ts';
-import { isLiveKey, parseToken, type ApiKeyDoc, type ApiKeyStore } from '../store/api-keys.ts';
+import { isActiveKey, isLiveKey, parseToken, type ApiKeyDoc, type ApiKeyStore } from '../store/api-keys.ts';
 
 /** Longest an entry is trusted even without an invalidation (a safety net; invalidations are the real mechanism). */
 const ENTRY_TTL_MS = 60_000;
@@ -137,6 +137,15 @@ export class CredentialCache {
     if (!parsed) return null;
     const key = await this.cached(this.apiKeys, parsed.keyId, () => store.get(parsed.keyId));
     return key && isLiveKey(key, parsed.secret, now) ? key : null;
+  }
+
+  /**
+   * The key with this id if it is live now (not revoked, not expired), cached like `authenticate`: for a console
+   * session, which holds the key id of its sign-in and never the secret, so a revocation ends the session at once.
+   */
+  async liveKeyById(store: ApiKeyStore, keyId: string, now = new Date()): Promise<ApiKeyDoc | null> {
+    const key = await this.cached(this.apiKeys, keyId, () => store.get(keyId));
+    return key && isActiveKey(key, now) ? key : null;
   }
 
   /** The policy in force for a wallet, as `load` reads it; every new version invalidates it (x402 putPolicy). */

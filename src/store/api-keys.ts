@@ -42,6 +42,11 @@ export function isLiveKey(key: ApiKeyDoc, secret: string, now: Date): boolean {
   const presented = Buffer.from(hashSecret(secret), 'hex');
   const expected = Buffer.from(key.secretHash, 'hex');
   if (presented.length !== expected.length || !timingSafeEqual(presented, expected)) return false;
+  return isActiveKey(key, now);
+}
+
+/** A resolved key is neither revoked nor expired (what a console session signed in with a key re-checks each time). */
+export function isActiveKey(key: ApiKeyDoc, now: Date): boolean {
   if (key.status !== 'active') return false;
   return !key.expiresAt || key.expiresAt.getTime() > now.getTime();
 }

@@ -58,7 +58,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Where to start: the API reference, this document, the liveness probe and the queue console */
+        /** Where to start: the API reference, this document, the liveness probe, the web console and the queue console */
         get: operations["getServiceIndex"];
         put?: never;
         post?: never;
@@ -1638,6 +1638,8 @@ export interface operations {
                             openapi: string;
                             /** @description Liveness probe */
                             health: string;
+                            /** @description The web console: escalations, runs, gates, wallets, webhooks (sign in with a key) */
+                            console: string;
                             /** @description Bull Board, the operators' queue console (admin key) */
                             queues?: string;
                         };

@@ -2,9 +2,10 @@ import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { BUYER_SESSION_COOKIE, cookieValue, verifyBuyerSession } from '../../domain/buyer-session.ts';
-import { errors } from '../../domain/errors.ts';
+import { errors, ServiceError } from '../../domain/errors.ts';
 import { grants, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
+import { consoleSession, csrfTokenMatches } from '../../services/console-sessions.ts';
 import { sendError } from './errors.ts';
 
 /**
@@ -18,7 +19,22 @@ export type Principal =
   | { kind: 'admin'; credentialId: 'admin' }
   | { kind: 'key'; credentialId: string; tenantId: string; scopes: string[] }
   /** Acting for the path's tenant on an onboarding route; credentialId is 'admin', a key id or a session id. */
-  | { kind: 'onboarding'; via: 'admin' | 'api-key' | 'buyer-session'; credentialId: string; tenantId: string };
+  | { kind: 'onboarding'; via: 'admin' | 'api-key' | 'buyer-session'; credentialId: string; tenantId: string }
+  /**
+   * The operator (signed in to the console with the admin key) looking into the one tenant the console names
+   * (header `x-console-tenant`). It holds every tenant scope there: the admin key can issue itself any key of any
+   * tenant (`POST /ops/api-keys`), so this grants nothing the admin key does not already have.
+   */
+  | { kind: 'operator'; credentialId: 'admin'; tenantId: string };
+
+/** The console's session cookie: a random id of a session in Redis (services/console-sessions.ts), never a key. */
+export const CONSOLE_SESSION_COOKIE = 'as_console';
+/** The header a console page sends its session's CSRF token in, on every state-changing request. */
+export const CSRF_HEADER = 'x-csrf-token';
+/** The header the operator's console pages name the tenant they look into with. */
+export const CONSOLE_TENANT_HEADER = 'x-console-tenant';
+const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+const TENANT_ID = /^[A-Za-z0-9_-]{1,128}$/;
 
 declare module 'fastify' {
   interface FastifyContextConfig {
@@ -48,10 +64,15 @@ export function presentedCredential(request: FastifyRequest): string | null {
   return null;
 }
 
+function headerValue(request: FastifyRequest, name: string): string | undefined {
+  const value = request.headers[name];
+  return typeof value === 'string' && value !== '' ? value : undefined;
+}
+
 /** Tenant id of the principal; only reachable on routes that require a tenant scope. */
 export function tenantOf(request: FastifyRequest): string {
   const principal = request.principal;
-  if (principal?.kind !== 'key' && principal?.kind !== 'onboarding') throw errors.unauthenticated();
+  if (principal?.kind !== 'key' && principal?.kind !== 'onboarding' && principal?.kind !== 'operator') throw errors.unauthenticated();
   return principal.tenantId;
 }
 
@@ -112,22 +133,56 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     }
 
     const credential = presentedCredential(request);
-    if (!credential) {
+    const sessionToken = credential ? null : cookieValue(request.headers.cookie, CONSOLE_SESSION_COOKIE);
+    let principal: Principal;
+    if (credential) {
+      principal = await credentialPrincipal(credential);
+    } else if (sessionToken) {
+      principal = await consolePrincipal(request, sessionToken);
+    } else {
       if (access === 'admin') reply.header('www-authenticate', 'Basic realm="agent-settlement admin"');
       throw errors.unauthenticated();
     }
-    if (isAdminKey(credential)) {
-      request.principal = { kind: 'admin', credentialId: 'admin' };
+    request.principal = principal;
+    // The same checks whichever way the credential came: a console session acts exactly as the key it signed in with.
+    if (principal.kind === 'admin') {
       if (access === 'admin') return;
       // The admin credential belongs to no tenant, so it cannot act inside one.
       throw errors.forbidden(access);
     }
-    const key = await opts.runtime.credentials.authenticate(stores.apiKeys, credential);
-    if (!key) throw errors.unauthenticated();
-    request.principal = { kind: 'key', credentialId: key._id, tenantId: key.tenantId, scopes: key.scopes };
+    if (principal.kind !== 'key') return; // the operator inside a tenant the console names (see Principal)
     if (access === 'tenant') return;
     const needed: Scope = access === 'admin' ? 'ops' : access;
-    if (!grants(key.scopes, needed)) throw errors.forbidden(needed);
+    if (!grants(principal.scopes, needed)) throw errors.forbidden(needed);
+  };
+
+  const credentialPrincipal = async (credential: string): Promise<Principal> => {
+    if (isAdminKey(credential)) return { kind: 'admin', credentialId: 'admin' };
+    const key = await opts.runtime.credentials.authenticate(stores.apiKeys, credential);
+    if (!key) throw errors.unauthenticated();
+    return { kind: 'key', credentialId: key._id, tenantId: key.tenantId, scopes: key.scopes };
+  };
+
+  /**
+   * A request of a console page: its session cookie, plus (on every state-changing method) the session's CSRF token
+   * in a header, which another site's page cannot read. SameSite=Strict already keeps the cookie off cross-site
+   * requests; the token also covers a sibling subdomain or a browser that ignores SameSite.
+   */
+  const consolePrincipal = async (request: FastifyRequest, sessionToken: string): Promise<Principal> => {
+    const session = await consoleSession(opts.runtime, sessionToken);
+    if (!session) throw errors.unauthenticated('the console session is invalid or expired; sign in again at /console');
+    if (!SAFE_METHODS.has(request.method) && !csrfTokenMatches(session, headerValue(request, CSRF_HEADER))) {
+      throw new ServiceError(403, 'FORBIDDEN', `a console request that changes something must carry the session's CSRF token in ${CSRF_HEADER}`);
+    }
+    const tenant = headerValue(request, CONSOLE_TENANT_HEADER);
+    if (session.signer.kind === 'admin') {
+      if (!tenant) return { kind: 'admin', credentialId: 'admin' };
+      if (!TENANT_ID.test(tenant)) throw errors.validation(`${CONSOLE_TENANT_HEADER} is not a tenant id`);
+      return { kind: 'operator', credentialId: 'admin', tenantId: tenant };
+    }
+    // A tenant key sees its own tenant only; naming another gets what any other tenant's id gets.
+    if (tenant && tenant !== session.signer.tenantId) throw errors.notFound('tenant');
+    return { kind: 'key', credentialId: session.signer.keyId, tenantId: session.signer.tenantId, scopes: session.scopes };
   };
 
   app.addHook('onRequest', async (request, reply) => {

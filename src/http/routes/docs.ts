@@ -15,6 +15,7 @@ const ServiceIndex = Type.Object({
     docs: Type.String({ description: 'API reference (HTML)' }),
     openapi: Type.String({ description: 'OpenAPI 3.1 document' }),
     health: Type.String({ description: 'Liveness probe' }),
+    console: Type.String({ description: 'The web console: escalations, runs, gates, wallets, webhooks (sign in with a key)' }),
     queues: Type.Optional(Type.String({ description: 'Bull Board, the operators\' queue console (admin key)' })),
   }),
 });
@@ -42,10 +43,10 @@ export async function docsRoutes(app: FastifyInstance, opts: { bullBoard: boolea
 
   app.get('/', {
     config: { access: 'public' },
-    schema: { tags, operationId: 'getServiceIndex', summary: 'Where to start: the API reference, this document, the liveness probe and the queue console', response: { 200: ServiceIndex } },
+    schema: { tags, operationId: 'getServiceIndex', summary: 'Where to start: the API reference, this document, the liveness probe, the web console and the queue console', response: { 200: ServiceIndex } },
   }, async () => ({
     name: 'Agent Run Settlement Service',
-    links: { docs: DOCS_PATH, openapi: OPENAPI_PATH, health: '/healthz', ...(opts.bullBoard ? { queues: BULL_BOARD_PATH } : {}) },
+    links: { docs: DOCS_PATH, openapi: OPENAPI_PATH, health: '/healthz', console: '/console', ...(opts.bullBoard ? { queues: BULL_BOARD_PATH } : {}) },
   }));
 
   app.get(DOCS_PATH, {

@@ -1,0 +1,284 @@
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestApp, type TestApp } from '../helpers/context.ts';
+import { finalizedRun, parties, settle, waitSettlement } from '../helpers/money.ts';
+import { createGate, gateParties, post, quote } from '../x402/helpers.ts';
+
+// The console in a real browser (Debian's chromium driven by playwright-core) against the service listening on
+// loopback: sign-in, the escalation inbox deciding a real paid call, tenant isolation, sessions that end, CSRF.
+// Each screen is written to .data/console-screenshots/ for people to look at.
+
+const CHROMIUM = '/usr/bin/chromium';
+const SHOTS = join(process.cwd(), '.data', 'console-screenshots');
+const SCOPES = ['agents:write', 'runs:write', 'x402:write', 'wallets:write', 'webhooks:write'] as const;
+const BROWSER_TIMEOUT_MS = 120_000;
+
+/** Waits until `condition` holds, checking every 100 ms (the test's own timeout bounds it). */
+async function until(condition: () => boolean | Promise<boolean>) {
+  while (!(await condition())) await new Promise((resolve) => setTimeout(resolve, 100));
+}
+
+describe('web console in a browser', () => {
+  let t: TestApp;
+  let base: string;
+  let context: BrowserContext;
+  let page: Page;
+  let profile: string;
+  let receiver: Server;
+  const received: string[] = [];
+  let a: Awaited<ReturnType<TestApp['tenantWithKey']>>;
+  let b: Awaited<ReturnType<TestApp['tenantWithKey']>>;
+
+  beforeAll(async () => {
+    t = await startTestApp({
+      workers: ['finalize', 'settle', 'x402-verify', 'webhook-dispatch'],
+      overrides: { RATE_LIMIT_MAX: '100000', WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true', WEBHOOK_RETRY_SCALE: '0.001' },
+    });
+    await t.app.listen({ host: '127.0.0.1', port: 0 });
+    base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
+    a = await t.tenantWithKey([...SCOPES], 'Acme');
+    b = await t.tenantWithKey([...SCOPES], 'Globex');
+    receiver = createServer((req, res) => {
+      let body = '';
+      req.on('data', (chunk) => (body += chunk));
+      req.on('end', () => {
+        received.push(body);
+        res.writeHead(200).end();
+      });
+    });
+    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+    mkdirSync(SHOTS, { recursive: true });
+    profile = mkdtempSync(join(tmpdir(), 'console-chromium-'));
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+      viewport: { width: 1280, height: 800 },
+      timezoneId: 'Europe/Berlin',
+      locale: 'en-US',
+    });
+    page = context.pages()[0] ?? (await context.newPage());
+  }, BROWSER_TIMEOUT_MS);
+
+  afterAll(async () => {
+    await context?.close();
+    if (profile) rmSync(profile, { recursive: true, force: true });
+    await new Promise((resolve) => receiver?.close(resolve));
+    await t?.close();
+  });
+
+  const shot = (name: string) => page.screenshot({ path: join(SHOTS, `${name}.png`), fullPage: true });
+
+  async function signIn(key: string) {
+    await context.clearCookies();
+    await page.goto(`${base}/console`);
+    await page.locator('#key').fill(key);
+    await page.locator('#sign-in button[type=submit]').click();
+    await page.locator('#sign-out').waitFor();
+  }
+
+  /** A gate of the tenant whose payer's policy caps calls at 100 USD cents, and the 409 its 500-cent call gets. */
+  async function escalatedCall(auth: Record<string, string>) {
+    const { payer, payee } = await gateParties(t, auth, 10_000);
+    const policy = await t.app.inject({ method: 'PUT', url: `/x402/wallets/${encodeURIComponent(payer)}/policy`, headers: auth, payload: { currency: 'USD', perCallLimit: 100 } });
+    expect(policy.statusCode, policy.body).toBe(200);
+    const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 500 });
+    const q = await quote(t, auth, gate.gateId);
+    const body = { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 };
+    const refused = await post(t, auth, '/x402/gate/authorize-payment', body);
+    expect(refused.statusCode, refused.body).toBe(409);
+    return { payer, gateId: gate.gateId, body, escalationId: refused.json().details.escalationId as string };
+  }
+
+  it('without a session /console is the sign-in page; a wrong key is refused there; GET / links the console', async () => {
+    expect((await t.app.inject({ method: 'GET', url: '/' })).json().links.console).toBe('/console');
+    await context.clearCookies();
+    await page.goto(`${base}/console/escalations`);
+    await expect(page.locator('#sign-in').isVisible()).resolves.toBe(true);
+    await page.locator('#key').fill('sk_ak_notakeyatall0000.AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA');
+    await page.locator('#sign-in button[type=submit]').click();
+    await page.locator('#notice:not([hidden])').waitFor();
+    expect(await page.locator('#notice').textContent()).toContain('not accepted');
+    await shot('sign-in');
+    // A key without a read scope cannot sign in either.
+    const writer = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['agents:write'] } });
+    await page.locator('#key').fill(writer.json().token);
+    await page.locator('#sign-in button[type=submit]').click();
+    await page.waitForFunction(() => document.getElementById('notice')?.textContent?.includes('no read scope'));
+  }, BROWSER_TIMEOUT_MS);
+
+  it('a paid call that escalates appears in the inbox, is approved in the page, and the waiting authorization then succeeds', async () => {
+    const call = await escalatedCall(a.auth);
+    await signIn(a.token);
+
+    // The session is a cookie the page's scripts cannot read, and it is not the key.
+    const cookies = await context.cookies(base);
+    expect(cookies).toHaveLength(1);
+    expect(cookies[0]).toMatchObject({ name: 'as_console', httpOnly: true, sameSite: 'Strict', secure: true });
+    expect(cookies[0]!.value).not.toContain(a.token.split('.')[1]!);
+    expect(await page.evaluate(() => ({ cookie: document.cookie, stored: localStorage.length + sessionStorage.length }))).toEqual({ cookie: '', stored: 0 });
+
+    const row = page.locator(`tr[data-escalation-id="${call.escalationId}"]`);
+    await row.waitFor();
+    const text = await row.textContent();
+    expect(text).toContain(call.payer);
+    expect(text).toContain('$5.00'); // 500 minor units of USD
+    expect(text).toContain('perCallLimit');
+    await shot('escalations');
+
+    await row.locator('input[type=checkbox]').check();
+    await page.locator('input[name=reason]').fill('known tool, one-off');
+    await page.locator('#approve').click();
+    const token = await page.locator(`[data-override-token="${call.escalationId}"]`).textContent();
+    expect(token).toMatch(/^[\w-]+\.[\w-]+\.[\w-]+$/);
+    await shot('escalation-approved');
+
+    const paid = await post(t, a.auth, '/x402/gate/authorize-payment', { ...call.body, escalationOverrideToken: token });
+    expect(paid.statusCode, paid.body).toBe(200);
+    const listed = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${call.gateId}`, headers: a.auth });
+    expect(listed.json().items[0]).toMatchObject({ status: 'approved', resolution: { action: 'approve', reason: 'known tool, one-off' } });
+
+    await page.goto(`${base}/console/gates/${call.gateId}`);
+    await page.locator('[data-gate-status="authorized"]').waitFor();
+    await shot('gate');
+    await page.goto(`${base}/console/wallets/${encodeURIComponent(call.payer)}`);
+    await page.locator('[data-available="USD"]').waitFor();
+    expect(await page.locator('[data-available="USD"]').textContent()).toBe('$95.00'); // 10,000 credited, 500 reserved
+    await shot('wallet');
+  }, BROWSER_TIMEOUT_MS);
+
+  it('bulk: several selected escalations are denied at once with one reason', async () => {
+    const calls = [await escalatedCall(a.auth), await escalatedCall(a.auth)];
+    await signIn(a.token);
+    for (const call of calls) await page.locator(`tr[data-escalation-id="${call.escalationId}"] input[type=checkbox]`).check();
+    await page.locator('input[name=reason]').fill('not in budget');
+    await page.locator('#deny').click();
+    for (const call of calls) await page.locator(`li[data-outcome="denied"][data-escalation-id="${call.escalationId}"]`).waitFor();
+    for (const call of calls) {
+      const res = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${call.gateId}`, headers: a.auth });
+      expect(res.json().items[0]).toMatchObject({ status: 'denied', resolution: { reason: 'not in budget' } });
+    }
+  }, BROWSER_TIMEOUT_MS);
+
+  it('a tenant key cannot see another tenant\'s rows; the operator sees each tenant it opens', async () => {
+    const mine = await escalatedCall(a.auth);
+    const theirs = await escalatedCall(b.auth);
+    await signIn(a.token);
+    await page.locator(`tr[data-escalation-id="${mine.escalationId}"]`).waitFor();
+    expect(await page.locator(`tr[data-escalation-id="${theirs.escalationId}"]`).count()).toBe(0);
+    // Naming the other tenant, or opening its gate by id, shows nothing of it.
+    await page.goto(`${base}/console/escalations?tenant=${b.tenantId}`);
+    await page.locator('.error').waitFor();
+    expect(await page.locator('.error').textContent()).toContain('not found');
+    await page.goto(`${base}/console/gates/${theirs.gateId}`);
+    await page.locator('.error').waitFor();
+    expect(await page.locator('.error').textContent()).toContain('not found');
+    expect(await page.locator('main').textContent()).not.toContain(theirs.payer);
+
+    await signIn(t.env.adminKey);
+    await page.goto(`${base}/console/escalations`);
+    await page.locator(`a[href="/console/escalations?tenant=${b.tenantId}"]`).waitFor(); // the tenant picker
+    await shot('tenant-picker');
+    await page.locator(`a[href="/console/escalations?tenant=${b.tenantId}"]`).click();
+    await page.locator(`tr[data-escalation-id="${theirs.escalationId}"]`).waitFor();
+    expect(await page.locator(`tr[data-escalation-id="${mine.escalationId}"]`).count()).toBe(0);
+    await page.goto(`${base}/console/tenants`);
+    await page.locator(`text=${a.tenantId}`).waitFor();
+    await shot('tenants');
+  }, BROWSER_TIMEOUT_MS);
+
+  it('a forged, expired or signed-out session gets the sign-in page, and the API answers 401', async () => {
+    await context.clearCookies();
+    await context.addCookies([{ name: 'as_console', value: 'A'.repeat(43), url: base }]);
+    await page.goto(`${base}/console/escalations`);
+    await page.locator('#sign-in').waitFor();
+    expect(await page.locator('#notice').textContent()).toContain('session ended');
+    const api = await page.evaluate(async () => (await fetch('/x402/gate/escalations')).status);
+    expect(api).toBe(401);
+
+    // Expired: the session's Redis key is gone (its TTL ran out).
+    await signIn(a.token);
+    const sessions = await t.runtime.redis.keys(`${t.env.redisPrefix}:console:session:*`);
+    expect(sessions.length).toBeGreaterThan(0);
+    await t.runtime.redis.del(...sessions);
+    await page.reload();
+    await page.locator('#sign-in').waitFor();
+
+    // Revoking the key ends its sessions.
+    await signIn(a.token);
+    const other = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['x402:read'] } });
+    await signIn(other.json().token);
+    await t.app.inject({ method: 'POST', url: `/ops/api-keys/${other.json().keyId}/revoke`, headers: t.admin });
+    await page.reload();
+    await page.locator('#sign-in').waitFor();
+
+    await signIn(a.token);
+    await page.locator('#sign-out').click();
+    await page.locator('#sign-in').waitFor();
+    expect(await context.cookies(base)).toEqual([]);
+  }, BROWSER_TIMEOUT_MS);
+
+  it('a state-changing request without the session\'s CSRF token is refused and changes nothing', async () => {
+    const call = await escalatedCall(a.auth);
+    await signIn(a.token);
+    const answers = await page.evaluate(async (id) => {
+      const resolve = (headers: Record<string, string>) => fetch(`/x402/gate/escalations/${id}/resolve`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify({ action: 'deny' }) });
+      const without = await resolve({});
+      const wrong = await resolve({ 'x-csrf-token': 'x'.repeat(43) });
+      return { without: without.status, wrong: wrong.status, body: await without.json() };
+    }, call.escalationId);
+    expect(answers).toMatchObject({ without: 403, wrong: 403, body: { code: 'FORBIDDEN' } });
+    const res = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${call.gateId}`, headers: a.auth });
+    expect(res.json().items[0].status).toBe('pending');
+  }, BROWSER_TIMEOUT_MS);
+
+  it('a session acts with exactly its key\'s scopes: a read-only key reads but cannot decide, even with the CSRF token', async () => {
+    const call = await escalatedCall(a.auth);
+    const reader = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['x402:read'] } });
+    const signedIn = await t.app.inject({ method: 'POST', url: '/console/session', payload: { key: reader.json().token } });
+    expect(signedIn.statusCode, signedIn.body).toBe(200);
+    const cookie = String(signedIn.headers['set-cookie']).split(';')[0]!;
+    const shell = await t.app.inject({ method: 'GET', url: '/console', headers: { cookie } });
+    const csrf = /name="console-csrf" content="([^"]+)"/.exec(shell.body)![1]!;
+    const read = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${call.gateId}`, headers: { cookie } });
+    expect(read.json().items[0].escalationId).toBe(call.escalationId);
+    const decide = await t.app.inject({ method: 'POST', url: `/x402/gate/escalations/${call.escalationId}/resolve`, headers: { cookie, 'x-csrf-token': csrf }, payload: { action: 'approve' } });
+    expect(decide.statusCode).toBe(403);
+    expect(decide.json()).toMatchObject({ code: 'FORBIDDEN', details: { requiredScope: 'x402:write' } });
+    // Nor does the cookie open the operator's routes.
+    expect((await t.app.inject({ method: 'GET', url: '/ops/tenants', headers: { cookie } })).statusCode).toBe(403);
+  });
+
+  it('run detail (events, verification, settlement, ledger), webhook endpoints and their deliveries', async () => {
+    const p = await parties(t, a.auth, 5_000);
+    const runId = await finalizedRun(t, a.auth, p, { pass: true, amount: 1_250 });
+    expect((await settle(t, a.auth, runId)).statusCode).toBeLessThan(300);
+    await waitSettlement(t, a.auth, runId, (s) => s.status !== 'pending');
+    const endpoint = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: a.auth, payload: { url: `http://127.0.0.1:${(receiver.address() as { port: number }).port}/hook`, events: ['x402.escalation.created'] } });
+    expect(endpoint.statusCode, endpoint.body).toBe(201);
+    const call = await escalatedCall(a.auth); // an event for the endpoint
+
+    await signIn(a.token);
+    await page.goto(`${base}/console/runs/${runId}`);
+    await page.locator('text=yes: every check passed').waitFor();
+    const detail = await page.locator('main').textContent();
+    expect(detail).toContain('$12.50');
+    expect(detail).toContain('metric');
+    await shot('run');
+
+    // The receiver gets the escalation's event; then the endpoint's page lists that delivery as succeeded.
+    await until(() => received.some((body) => body.includes(call.escalationId)));
+    const delivered = async () => (await t.app.inject({ method: 'GET', url: `/v1/webhooks/${endpoint.json().id}/deliveries?status=succeeded`, headers: a.auth })).json().items as Array<{ id: string; eventType: string }>;
+    await until(async () => (await delivered()).some((d) => d.eventType === 'x402.escalation.created'));
+    const deliveryId = (await delivered()).find((d) => d.eventType === 'x402.escalation.created')!.id;
+    await page.goto(`${base}/console/webhooks`);
+    await shot('webhooks');
+    await page.locator(`a[href="/console/webhooks/${endpoint.json().id}"]`).click();
+    await page.locator(`tr[data-delivery-id="${deliveryId}"][data-status="succeeded"]`).waitFor();
+    await shot('webhook-deliveries');
+  }, BROWSER_TIMEOUT_MS);
+});
