@@ -10,7 +10,7 @@
 import { appendFileSync, existsSync, readFileSync } from 'node:fs';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
 import { fileURLToPath } from 'node:url';
-import { verifyWebhook, WebhookVerificationError, type WebhookEvent } from '../../src/webhooks/verify.ts';
+import { verifyWebhook, WebhookVerificationError, type WebhookEvent } from 'agent-settlement/webhooks';
 
 type Data = Record<string, unknown>;
 type Hook = (event: WebhookEvent<Data>) => Promise<void> | void;
