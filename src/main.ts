@@ -40,7 +40,7 @@ async function main(argv: string[]): Promise<void> {
       process.exit(2);
     }
     const queues = queueArgs.length > 0 ? (queueArgs as QueueName[]) : available;
-    workers = startWorkers(config, logger, processors, queues);
+    workers = startWorkers(config, logger, processors, queues, runtime.outages);
   }
   if (app) {
     await app.listen({ host: config.host, port: config.port });
