@@ -19,3 +19,20 @@ export const EVENT_TYPES = [
 ] as const;
 
 export type EventType = (typeof EVENT_TYPES)[number];
+
+/**
+ * What every settlement and dispute event names as the thing settled, in one shape whatever it is: the run, the
+ * x402 gate or the x402 session, each key present and null when it does not apply. A gate or session settlement
+ * has no run of its own (its internal run id is the gate's or session's id, never shown as a run).
+ */
+export interface SettlementSubject {
+  runId: string | null;
+  gateId: string | null;
+  sessionId: string | null;
+}
+
+export function settlementSubject(settlement: { runId: string; gateId?: string | null; sessionId?: string | null }): SettlementSubject {
+  const gateId = settlement.gateId ?? null;
+  const sessionId = settlement.sessionId ?? null;
+  return { runId: gateId || sessionId ? null : settlement.runId, gateId, sessionId };
+}

@@ -1,6 +1,7 @@
 import { canonicalize } from '../domain/canonical-json.ts';
 import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
+import { settlementSubject } from '../domain/events.ts';
 import { assertMoney } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
 import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
@@ -121,8 +122,8 @@ export async function advanceSettlement(
   if (!s) return null;
   const facts: SettlementFacts = known ? { ...known.facts } : await settlements.factsOf(s._id);
   const ref = { settlementId: s._id, runId: s.runId };
-  // What events name as the settled thing: the run, or the x402 gate.
-  const subject = s.sessionId ? { sessionId: s.sessionId } : s.gateId ? { gateId: s.gateId } : { runId: s.runId };
+  // What events name as the settled thing, one shape for a run, an x402 gate and an x402 session.
+  const subject = settlementSubject(s);
   const fromEscrow = (amount: number): Leg => ({ walletId: s.payerWalletId, bucket: 'escrow', delta: -amount });
   const toAvailable = (walletId: string, amount: number): Leg => ({ walletId, bucket: 'available', delta: amount });
   // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
@@ -196,7 +197,7 @@ export async function advanceSettlement(
     inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`));
   } else if (!s.gateId && !s.sessionId) {
     // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
-    inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`));
+    inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason }, `settlement.held:${s._id}`));
   }
   failpoint('decided');
 

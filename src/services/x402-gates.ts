@@ -3,6 +3,7 @@
 // other x402 flow checks first: the agents' lifecycle, the gate, whether it is funded. See services/x402.ts.
 import { idFromIdempotency, newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
+import { settlementSubject } from '../domain/events.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { firstGateCheck, type GateStatus } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
@@ -102,7 +103,7 @@ export function settledStatus(s: SettlementState): GateStatus {
 /** The `x402.gate.expired` event: whose reserve went back, how much, and why (`gate_ttl` or `authorization_expired`). */
 export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired', returned: number): Record<string, unknown> {
   return {
-    gateId: gate._id,
+    ...settlementSubject({ runId: gate._id, gateId: gate._id }),
     reason,
     payerAgentId: gate.payerAgentId,
     payeeAgentId: gate.payeeAgentId,

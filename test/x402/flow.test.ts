@@ -78,7 +78,10 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     expect(await balances(t, auth, payee)).toEqual({ available: 1_000, escrow: 0 });
     expect(await balances(t, auth, sponsor)).toEqual({ available: 4_000, escrow: 0 });
     const completed = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.gateId': gate.gateId }).toArray();
-    expect(completed.map((e) => e.data)).toEqual([{ gateId: gate.gateId, settlementId: v.settlement.settlementId, amount: 900, holdback: 100, currency: 'USD' }]);
+    // One shape with run settlements: the gate named, and the run and session keys present (no run pays this gate).
+    expect(completed.map((e) => e.data)).toEqual([{ runId: null, gateId: gate.gateId, sessionId: null, settlementId: v.settlement.settlementId, amount: 900, holdback: 100, currency: 'USD' }]);
+    const holdback = await t.runtime.stores.outbox.events.find({ type: 'settlement.holdback_released', 'data.gateId': gate.gateId }).toArray();
+    expect(holdback.map((e) => e.data)).toEqual([{ runId: null, gateId: gate.gateId, sessionId: null, settlementId: v.settlement.settlementId, amount: 100, currency: 'USD' }]);
     await expectLedgerBalances(t);
   });
 
