@@ -40,7 +40,9 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   }
   // Named as advanceSettlement names it (the same event id: whichever emits first, the data is the same).
   const subject = settlementSubject(s);
-  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`);
+  // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
+  const marks = { test: s.test === true };
+  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`, marks);
   await settlements.cacheView(s._id, (await read(rt, s)).view);
   return { disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount };
 }

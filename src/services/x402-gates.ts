@@ -32,6 +32,8 @@ export interface CreateGateInput {
   disputeWindowSeconds?: number;
   toolId?: string;
   sponsorWalletId?: string;
+  /** Test traffic (see GateDoc.test). */
+  test?: boolean;
 }
 
 export interface GateState {
@@ -187,6 +189,7 @@ export class X402Gates {
       currency: input.currency,
       holdbackBps: input.holdbackBps ?? 0,
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
+      test: input.test === true,
       createdAt: new Date(),
     };
     const lock = this.lockEntry(fresh);

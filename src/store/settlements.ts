@@ -29,6 +29,8 @@ export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
   gateId?: string;
   /** Set when the settlement pays a payee of an x402 payment session (`runId` then holds the settlement id). */
   sessionId?: string;
+  /** Test traffic (a test gate's settlement): its events are marked `test` (see OutboxEventDoc.test). */
+  test?: boolean;
   createdAt: Date;
   view: SettlementView;
 }

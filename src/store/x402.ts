@@ -20,6 +20,8 @@ export interface GateDoc {
   currency: string;
   holdbackBps: number;
   disputeWindowSeconds: number;
+  /** Test traffic: its events are marked and delivered only to endpoints that include test events. Absent on old records. */
+  test?: boolean;
   createdAt: Date;
 }
 
