@@ -1,4 +1,5 @@
 import { MongoNetworkError, MongoNotConnectedError, MongoServerSelectionError, MongoTopologyClosedError } from 'mongodb';
+import type { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 
 /** The services this process cannot work without. */
@@ -29,6 +30,8 @@ const STRAY_LINE_INTERVAL_MS = 10_000;
 interface Outage {
   since: number;
   failures: number;
+  /** The connections that lost the dependency and have not reached it again: the outage ends when none is left. */
+  lostBy: Set<object>;
 }
 
 /**
@@ -57,21 +60,27 @@ export class DependencyOutages {
     return outage !== undefined;
   }
 
-  /** A connection of this process lost `dependency`: opens an outage (one line) or counts one more failure. */
-  lost(dependency: Dependency, err?: unknown): void {
+  /** `connection` (a client of this process) lost `dependency`: opens an outage (one line) or counts a failure. */
+  lost(dependency: Dependency, connection: object, err?: unknown): void {
     const outage = this.open.get(dependency);
     if (outage) {
       outage.failures++;
+      outage.lostBy.add(connection);
       return;
     }
-    this.open.set(dependency, { since: Date.now(), failures: 1 });
+    this.open.set(dependency, { since: Date.now(), failures: 1, lostBy: new Set([connection]) });
     this.logger.warn({ dependency, state: 'down', error: messageOf(err) }, `${dependency} unreachable`);
   }
 
-  /** A connection of this process reached `dependency` again: closes the outage (one line) if one is open. */
-  reached(dependency: Dependency): void {
+  /**
+   * `connection` reached `dependency` again: once every connection that lost it has, the outage ends (one line).
+   * A process holds several clients that reconnect on their own schedules; the first one back is not the end.
+   */
+  reached(dependency: Dependency, connection: object): void {
     const outage = this.open.get(dependency);
     if (!outage) return;
+    outage.lostBy.delete(connection);
+    if (outage.lostBy.size > 0) return;
     this.open.delete(dependency);
     this.logger.warn({ dependency, state: 'up', failures: outage.failures, downMs: Date.now() - outage.since }, `${dependency} reachable again`);
   }
@@ -106,4 +115,15 @@ export class DependencyOutages {
 function messageOf(err: unknown): string | undefined {
   if (err === undefined) return undefined;
   return err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+}
+
+/**
+ * Reports an ioredis client's connection to the process's outage log: lost when it starts reconnecting (a manual
+ * disconnect does not reconnect) or fails to, reached when it is ready again. Every client needs an `error`
+ * listener: without one ioredis prints "Unhandled error event" and a stack trace, not JSON, on every attempt.
+ */
+export function watchRedis(client: EventEmitter, outages: DependencyOutages): void {
+  client.on('reconnecting', () => outages.lost('redis', client, 'connection lost; reconnecting'));
+  client.on('error', (err: Error) => outages.lost('redis', client, err));
+  client.on('ready', () => outages.reached('redis', client));
 }

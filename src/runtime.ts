@@ -1,7 +1,7 @@
 import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
-import { DependencyOutages } from './outages.ts';
+import { DependencyOutages, watchRedis } from './outages.ts';
 import { Producers } from './queues/index.ts';
 import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
 import { CredentialCache } from './services/credentials.ts';
@@ -79,20 +79,20 @@ export function createApiRedis(config: Config, outages: DependencyOutages): Redi
 }
 
 /**
- * Reports a Redis client's connection to the process's outage log. Every client needs an `error` listener: without
- * one ioredis prints "Unhandled error event" and a stack trace, not JSON, on every reconnect attempt.
+ * Reports MongoDB's reachability to the process's outage log from the driver's monitoring and pool events (always
+ * emitted, unlike command monitoring). A busy process learns of a lost server from its pool (a connection cannot be
+ * made) before the monitor's next heartbeat (every 10 s), and of its return from the first connection made again.
  */
-export function watchRedis(redis: RedisClient, outages: DependencyOutages): void {
-  redis.on('error', (err: Error) => outages.lost('redis', err));
-  redis.on('ready', () => outages.reached('redis'));
-}
-
-/** Reports MongoDB's reachability, as the driver's monitoring sees it, to the process's outage log. */
 export function watchMongo(mongo: MongoClient, outages: DependencyOutages): void {
-  mongo.on('serverHeartbeatFailed', (e) => outages.lost('mongodb', e.failure));
+  mongo.on('serverHeartbeatFailed', (e) => outages.lost('mongodb', mongo, e.failure));
+  mongo.on('connectionCheckOutFailed', (e) => {
+    if (e.reason === 'connectionError') outages.lost('mongodb', mongo, 'no connection could be made');
+  });
+  mongo.on('connectionReady', () => outages.reached('mongodb', mongo));
+  mongo.on('serverHeartbeatSucceeded', () => outages.reached('mongodb', mongo));
   mongo.on('topologyDescriptionChanged', (e) => {
-    if (e.newDescription.hasDataBearingServers) outages.reached('mongodb');
-    else if (e.previousDescription.hasDataBearingServers) outages.lost('mongodb', e.newDescription.error ?? undefined);
+    if (e.newDescription.hasDataBearingServers) outages.reached('mongodb', mongo);
+    else if (e.previousDescription.hasDataBearingServers) outages.lost('mongodb', mongo, e.newDescription.error ?? undefined);
   });
 }
 

@@ -3,7 +3,7 @@ import type { Logger } from 'pino';
 import { Value } from 'typebox/value';
 import type { Config } from '../config.ts';
 import { jobsFailedForGood } from '../metrics.ts';
-import { DependencyOutages } from '../outages.ts';
+import { DependencyOutages, watchRedis } from '../outages.ts';
 import { createRedisClient, isClusterUrl } from '../redis.ts';
 import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
@@ -45,8 +45,7 @@ export function startWorkers(
   const prefix = bullPrefix(config.redisPrefix, isClusterUrl(config.redisUrl));
   // BullMQ reconnects by itself. Its queues and workers re-emit their connections' errors (this one's, and the
   // blocking connections each worker duplicates from it): counted into the outage, not a line each.
-  connection.on('error', (err: Error) => outages.lost('redis', err));
-  connection.on('ready', () => outages.reached('redis'));
+  watchRedis(connection, outages);
   const onBullError = (log: Logger, what: string) => (err: Error) => {
     if (!outages.absorb(err)) log.error({ err: err.message }, `${what} error`);
   };

@@ -48,6 +48,7 @@ describe('logs during an outage: JSON only, one line down and one up per depende
     const env = serviceEnv(ferret.url('outage_logs'), redis.url, { LOG_LEVEL: 'info' });
     api = await ServiceProcess.start('api', env);
     worker = await ServiceProcess.start('worker', env);
+    await eventually(() => worker.logs.includes('"workers started"'), 60_000, 'the worker started');
     tenant = await createTenant(api.url, env.SERVICE_ADMIN_KEY!);
     const payer = await registerAgent(api.url, tenant);
     const payee = await registerAgent(api.url, tenant);
@@ -90,18 +91,30 @@ describe('logs during an outage: JSON only, one line down and one up per depende
       expect(down, `${who}: one "${dependency} down" line`).toHaveLength(1);
       expect(up, `${who}: one "${dependency} up" line`).toHaveLength(1);
       expect(up[0]!.failures, `${who}: failures counted while ${dependency} was down`).toBeGreaterThan(0);
-      expect(up[0]!.downMs, `${who}: how long ${dependency} was down`).toBeGreaterThanOrEqual(OUTAGE_MS / 2);
+      // A process notices the loss when it next talks to the server (an idle one a little later), and the return at once.
+      expect(up[0]!.downMs, `${who}: how long ${dependency} was down`).toBeGreaterThanOrEqual(1_000);
       const others = parsed.filter((l) => l.msg !== 'request completed' && l.dependency !== dependency);
-      console.log(`outage log (${dependency}, ${who}): ${lines.length} lines, ${requests} requests, failures ${up[0]!.failures}, downMs ${up[0]!.downMs}, other lines: ${JSON.stringify(others.map((l) => l.msg))}`);
+      console.log(`outage log (${dependency}, ${who}): ${lines.length} lines, ${requests} requests, down ${JSON.stringify(down[0])}, up ${JSON.stringify(up[0])}, other lines: ${JSON.stringify(others.map((l) => l.msg))}`);
       expect(others.length, `${who}: lines besides the access log and the down/up pair: ${JSON.stringify(others.map((l) => l.msg))}`).toBeLessThanOrEqual(MAX_OTHER_LINES);
     }
   }
 
+  /** On a failure, what the processes wrote is what explains it. */
+  async function explained(work: Promise<void>): Promise<void> {
+    try {
+      await work;
+    } catch (err) {
+      const besidesAccess = (text: string) => linesOf(text).filter((l) => !l.includes('"request completed"')).slice(-40).join('\n');
+      console.log(`api log (no access lines):\n${besidesAccess(api.logs)}\nworker log (no access lines):\n${besidesAccess(worker.logs)}`);
+      throw err;
+    }
+  }
+
   it('Redis stopped for some seconds', async () => {
-    await outage(redis, 'redis', runIds.slice(0, 2));
+    await explained(outage(redis, 'redis', runIds.slice(0, 2)));
   });
 
   it('FerretDB stopped for some seconds', async () => {
-    await outage(ferret, 'mongodb', runIds.slice(2));
+    await explained(outage(ferret, 'mongodb', runIds.slice(2)));
   });
 });
