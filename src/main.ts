@@ -9,10 +9,13 @@ import { startWorkers, type RunningWorkers } from './workers/runner.ts';
 
 const USAGE = 'usage: main.ts api | worker [queue…] | all';
 
+/** Until the configuration is read, and for a crash: every line the process writes is JSON, these too. */
+const bootLogger = createLogger({ logLevel: 'info' }, 'main');
+
 async function main(argv: string[]): Promise<void> {
   const [mode, ...queueArgs] = argv;
   if (mode !== 'api' && mode !== 'worker' && mode !== 'all') {
-    console.error(USAGE);
+    bootLogger.fatal({ argv }, USAGE);
     process.exit(2);
   }
   let config;
@@ -20,7 +23,7 @@ async function main(argv: string[]): Promise<void> {
     config = loadConfig();
   } catch (err) {
     if (err instanceof ConfigError) {
-      console.error(err.message);
+      bootLogger.fatal(err.message);
       process.exit(1);
     }
     throw err;
@@ -54,6 +57,6 @@ async function main(argv: string[]): Promise<void> {
 }
 
 main(process.argv.slice(2)).catch((err) => {
-  console.error(err);
+  bootLogger.fatal({ err }, 'could not start');
   process.exit(1);
 });
