@@ -22,8 +22,8 @@ export type EventType = (typeof EVENT_TYPES)[number];
 
 /**
  * What every settlement and dispute event names as the thing settled, in one shape whatever it is: the run, the
- * x402 gate or the x402 session, each key present and null when it does not apply. A gate or session settlement
- * has no run of its own (its internal run id is the gate's or session's id, never shown as a run).
+ * x402 gate or the x402 session, each key present and null when it does not apply. A gate names the run it pays
+ * for when it was created for one (`gateRunId`); a session settlement names none (its internal run id is never shown).
  */
 export interface SettlementSubject {
   runId: string | null;
@@ -31,8 +31,9 @@ export interface SettlementSubject {
   sessionId: string | null;
 }
 
-export function settlementSubject(settlement: { runId: string; gateId?: string | null; sessionId?: string | null }): SettlementSubject {
+export function settlementSubject(settlement: { runId: string; gateId?: string | null; sessionId?: string | null; gateRunId?: string | null }): SettlementSubject {
   const gateId = settlement.gateId ?? null;
   const sessionId = settlement.sessionId ?? null;
-  return { runId: gateId || sessionId ? null : settlement.runId, gateId, sessionId };
+  if (gateId) return { runId: settlement.gateRunId ?? null, gateId, sessionId };
+  return { runId: sessionId ? null : settlement.runId, gateId, sessionId };
 }

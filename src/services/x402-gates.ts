@@ -32,6 +32,8 @@ export interface CreateGateInput {
   disputeWindowSeconds?: number;
   toolId?: string;
   sponsorWalletId?: string;
+  /** The tenant's run this payment is for (see GateDoc.runId). */
+  runId?: string;
   /** Test traffic (see GateDoc.test). */
   test?: boolean;
 }
@@ -62,7 +64,8 @@ function sameGateTerms(a: GateDoc, b: GateDoc): boolean {
     a.amount === b.amount &&
     a.currency === b.currency &&
     a.holdbackBps === b.holdbackBps &&
-    a.disputeWindowSeconds === b.disputeWindowSeconds
+    a.disputeWindowSeconds === b.disputeWindowSeconds &&
+    (a.runId ?? null) === (b.runId ?? null)
   );
 }
 
@@ -105,7 +108,7 @@ export function settledStatus(s: SettlementState): GateStatus {
 /** The `x402.gate.expired` event: whose reserve went back, how much, and why (`gate_ttl` or `authorization_expired`). */
 export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired', returned: number): Record<string, unknown> {
   return {
-    ...settlementSubject({ runId: gate._id, gateId: gate._id }),
+    ...settlementSubject({ runId: gate._id, gateId: gate._id, gateRunId: gate.runId ?? null }),
     reason,
     payerAgentId: gate.payerAgentId,
     payeeAgentId: gate.payeeAgentId,
@@ -189,6 +192,7 @@ export class X402Gates {
       currency: input.currency,
       holdbackBps: input.holdbackBps ?? 0,
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
+      runId: input.runId ?? null,
       test: input.test === true,
       createdAt: new Date(),
     };
@@ -203,6 +207,7 @@ export class X402Gates {
       input.sponsorWalletId ? this.knownWallet(input.sponsorWalletId) : null,
     ]);
     valueOf(lifecycle);
+    if (input.runId && !(await this.runtime.stores.runs.get(tenantId, input.runId))) throw errors.notFound('run');
     if (input.sponsorWalletId) {
       const wallet = valueOf(sponsor);
       if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');

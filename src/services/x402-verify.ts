@@ -49,6 +49,7 @@ export class X402Verification {
       currency: gate.currency,
       holdbackBps: gate.holdbackBps,
       disputeWindowSeconds: gate.disputeWindowSeconds,
+      gateRunId: gate.runId ?? null,
       test: gate.test === true,
     };
   }
