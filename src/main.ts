@@ -10,10 +10,13 @@ import { startWorkers, type RunningWorkers } from './workers/runner.ts';
 
 const USAGE = 'usage: main.ts api | worker [queue…] | all | rebuild-lists';
 
+/** Until the configuration is read, and for a crash: every line the process writes is JSON, these too. */
+const bootLogger = createLogger({ logLevel: 'info' }, 'main');
+
 async function main(argv: string[]): Promise<void> {
   const [mode, ...queueArgs] = argv;
   if (mode !== 'api' && mode !== 'worker' && mode !== 'all' && mode !== 'rebuild-lists') {
-    console.error(USAGE);
+    bootLogger.fatal({ argv }, USAGE);
     process.exit(2);
   }
   let config;
@@ -21,7 +24,7 @@ async function main(argv: string[]): Promise<void> {
     config = loadConfig();
   } catch (err) {
     if (err instanceof ConfigError) {
-      console.error(err.message);
+      bootLogger.fatal(err.message);
       process.exit(1);
     }
     throw err;
@@ -48,7 +51,7 @@ async function main(argv: string[]): Promise<void> {
       process.exit(2);
     }
     const queues = queueArgs.length > 0 ? (queueArgs as QueueName[]) : available;
-    workers = startWorkers(config, logger, processors, queues);
+    workers = startWorkers(config, logger, processors, queues, runtime.outages);
   }
   if (app) {
     await app.listen({ host: config.host, port: config.port });
@@ -62,6 +65,6 @@ async function main(argv: string[]): Promise<void> {
 }
 
 main(process.argv.slice(2)).catch((err) => {
-  console.error(err);
+  bootLogger.fatal({ err }, 'could not start');
   process.exit(1);
 });

@@ -1,6 +1,7 @@
 import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
+import { DependencyOutages, watchRedis } from './outages.ts';
 import { Producers } from './queues/index.ts';
 import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
 import { CredentialCache } from './services/credentials.ts';
@@ -32,6 +33,8 @@ import { X402SessionStore } from './store/x402-sessions.ts';
 export interface Runtime {
   config: Config;
   logger: Logger;
+  /** One line when Redis or MongoDB goes away and one when it is back, with the failures counted in between. */
+  outages: DependencyOutages;
   mongo: MongoClient;
   /** Whether MongoDB is reachable and how long its oldest command in flight has waited (the request deadline reads it). */
   mongoWatch: MongoHealthWatch;
@@ -67,7 +70,7 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
-export function createApiRedis(config: Config, logger: Logger): RedisClient {
+export function createApiRedis(config: Config, outages: DependencyOutages): RedisClient {
   const redis = createRedisClient(config.redisUrl, {
     lazyConnect: true,
     enableOfflineQueue: false,
@@ -78,30 +81,47 @@ export function createApiRedis(config: Config, logger: Logger): RedisClient {
     // Keep trying to reconnect for ever: the API recovers by itself when Redis returns.
     retryStrategy: (attempt) => Math.min(attempt * 200, 2_000),
   });
-  let down = false;
-  redis.on('error', (err) => {
-    if (!down) logger.warn({ err: err.message }, 'redis unreachable');
-    down = true;
-  });
-  redis.on('ready', () => {
-    if (down) logger.info('redis reachable again');
-    down = false;
-  });
+  watchRedis(redis, outages);
   return redis;
+}
+
+/**
+ * Reports MongoDB's reachability to the process's outage log from the driver's monitoring and pool events (always
+ * emitted, unlike command monitoring). A busy process learns of a lost server from its pool (a connection cannot be
+ * made) before the monitor's next heartbeat (every 10 s), and of its return from the first connection made again.
+ */
+export function watchMongo(mongo: MongoClient, outages: DependencyOutages): void {
+  mongo.on('serverHeartbeatFailed', (e) => outages.lost('mongodb', mongo, e.failure));
+  mongo.on('connectionCheckOutFailed', (e) => {
+    if (e.reason === 'connectionError') outages.lost('mongodb', mongo, 'no connection could be made');
+  });
+  mongo.on('connectionReady', () => outages.reached('mongodb', mongo));
+  mongo.on('serverHeartbeatSucceeded', () => outages.reached('mongodb', mongo));
+  mongo.on('topologyDescriptionChanged', (e) => {
+    if (e.newDescription.hasDataBearingServers) outages.reached('mongodb', mongo);
+    else if (e.previousDescription.hasDataBearingServers) outages.lost('mongodb', mongo, e.newDescription.error ?? undefined);
+  });
 }
 
 /** Builds the runtime without touching the network; `connectRuntime` then opens the connections. */
 export function createRuntime(config: Config, logger: Logger): Runtime {
+  const outages = new DependencyOutages(logger);
   const mongo = createMongoClient(config);
+  watchMongo(mongo, outages);
   const db = mongo.db(config.mongoDb);
-  const redis = createApiRedis(config, logger);
-  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl), (cause) => logger.warn({ cause }, 'job queue unavailable: answering 503'));
+  const redis = createApiRedis(config, outages);
+  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl), (cause) => {
+    if (!outages.countIfDown('redis')) logger.warn({ cause }, 'job queue unavailable: answering 503');
+  });
+  // Producers' queues share `redis`; their own `error` events repeat what its listener above already counted.
+  for (const queue of Object.values(producers.queues)) queue.on('error', (err) => outages.absorb(err));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
   const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix);
   const ledger = new LedgerStore(db, ledgerDue);
   return {
     config,
     logger,
+    outages,
     mongo,
     mongoWatch: new MongoHealthWatch(mongo),
     db,
@@ -151,7 +171,8 @@ export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Prom
       return;
     } catch (err) {
       if (Date.now() > deadline) throw err;
-      runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for Redis and MongoDB');
+      // The first attempts are the common case (the services still starting); then a line every few seconds.
+      if (attempt === 1 || attempt % 10 === 0) runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for Redis and MongoDB');
       await new Promise((resolve) => setTimeout(resolve, Math.min(attempt * 250, 2_000)));
     }
   }

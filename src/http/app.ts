@@ -134,7 +134,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     }
   });
 
-  await app.register(errorsPlugin);
+  await app.register(errorsPlugin, { outages: runtime.outages });
   await app.register(contractPlugin, { maxParamLength: MAX_PARAM_LENGTH });
   await app.register(deadlinePlugin, { runtime });
   await app.register(swaggerPlugin);

@@ -1,6 +1,7 @@
 import { assertClientJsonDepth, toStoredJson } from '../domain/client-json.ts';
 import { newId } from '../domain/crypto.ts';
 import { errors } from '../domain/errors.ts';
+import { settlementSubject } from '../domain/events.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { disputeSplit } from '../domain/money.ts';
 import type { RulingFact } from '../domain/settlement.ts';
@@ -38,8 +39,10 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
     throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');
   }
   // Named as advanceSettlement names it (the same event id: whichever emits first, the data is the same).
-  const subject = s.sessionId ? { sessionId: s.sessionId } : { runId: s.runId };
-  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`);
+  const subject = settlementSubject(s);
+  // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
+  const marks = { test: s.test === true };
+  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`, marks);
   await settlements.cacheView(s._id, (await read(rt, s)).view);
   return { disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount };
 }

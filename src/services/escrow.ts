@@ -1,4 +1,5 @@
 import { errors, ServiceError } from '../domain/errors.ts';
+import { settlementSubject } from '../domain/events.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { MoneyInvariantError } from '../domain/money.ts';
 import type { Runtime } from '../runtime.ts';
@@ -172,7 +173,7 @@ export async function reconcileRunReserve(rt: Runtime, lock: LedgerEntryDoc): Pr
       ref: { runId, generation: String(generation) },
     });
     failpoint('run.reserve.returned');
-    await emitEvent(rt, lock.tenantId, 'escrow.returned', { runId, payerWalletId: fromAvailable.walletId, amount: toEscrow.delta, currency: lock.currency, reason: fate.by, entryId: unlock.entryId }, `escrow.returned:${lock.entryId}`);
+    await emitEvent(rt, lock.tenantId, 'escrow.returned', { ...settlementSubject({ runId }), payerWalletId: fromAvailable.walletId, amount: toEscrow.delta, currency: lock.currency, reason: fate.by, entryId: unlock.entryId }, `escrow.returned:${lock.entryId}`);
     returned = true;
   }
   await ledger.markReconciled(lock.entryId);

@@ -176,7 +176,8 @@ export async function runFirstPaidCall(
     }
 
     const gate = await step('gate-create', async () => {
-      const body = { payerAgentId, payeeAgentId, amount: AMOUNT, currency: CURRENCY, holdbackBps: 0, toolId: TOOL_ID, ...(sponsorWalletId ? { sponsorWalletId } : {}) };
+      // Test traffic: its events reach only webhook endpoints that subscribe to test events, marked `"test": true`.
+      const body = { payerAgentId, payeeAgentId, amount: AMOUNT, currency: CURRENCY, holdbackBps: 0, toolId: TOOL_ID, test: true, ...(sponsorWalletId ? { sponsorWalletId } : {}) };
       return (await api.call('gate-create', 'POST', '/x402/gate/create', { body, idempotencyKey: idem('gate-create') })).body;
     });
     const gateId = String(gate.gateId);

@@ -1,6 +1,7 @@
 import { canonicalize } from '../domain/canonical-json.ts';
 import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
+import { settlementSubject } from '../domain/events.ts';
 import { assertMoney } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
 import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
@@ -121,8 +122,10 @@ export async function advanceSettlement(
   if (!s) return null;
   const facts: SettlementFacts = known ? { ...known.facts } : await settlements.factsOf(s._id);
   const ref = { settlementId: s._id, runId: s.runId };
-  // What events name as the settled thing: the run, or the x402 gate.
-  const subject = s.sessionId ? { sessionId: s.sessionId } : s.gateId ? { gateId: s.gateId } : { runId: s.runId };
+  // What events name as the settled thing, one shape for a run, an x402 gate and an x402 session.
+  const subject = settlementSubject(s);
+  // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
+  const marks = { test: s.test === true };
   const fromEscrow = (amount: number): Leg => ({ walletId: s.payerWalletId, bucket: 'escrow', delta: -amount });
   const toAvailable = (walletId: string, amount: number): Leg => ({ walletId, bucket: 'available', delta: amount });
   // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
@@ -193,10 +196,10 @@ export async function advanceSettlement(
   failpoint('released');
   if (pass) {
     const returned = uncaptured > 0 ? { uncaptured } : {};
-    inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`));
+    inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`, marks));
   } else if (!s.gateId && !s.sessionId) {
     // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
-    inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { runId: s.runId, settlementId: s._id, reason: d.reason }, `settlement.held:${s._id}`));
+    inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason }, `settlement.held:${s._id}`, marks));
   }
   failpoint('decided');
 
@@ -213,21 +216,21 @@ export async function advanceSettlement(
     await move(entryIds.holdback(s._id), 'holdback_release', s.payeeWalletId, d.holdback);
     failpoint('holdback-released');
     await Promise.all(started);
-    await emitEvent(rt, s.tenantId, 'settlement.holdback_released', { ...subject, settlementId: s._id, amount: d.holdback, currency: s.currency }, `settlement.holdback_released:${s._id}`);
+    await emitEvent(rt, s.tenantId, 'settlement.holdback_released', { ...subject, settlementId: s._id, amount: d.holdback, currency: s.currency }, `settlement.holdback_released:${s._id}`, marks);
   }
 
   // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
   if (facts.holdback?.fate === 'dispute') {
     const dispute = facts.holdback;
     await Promise.all(started);
-    await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, ...subject, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`);
+    await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, ...subject, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`, marks);
     const ruling = facts.ruling;
     if (ruling) {
       if (ruling.toPayer > 0) await move(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', s.payerWalletId, ruling.toPayer);
       failpoint('dispute-payer-paid');
       if (ruling.toPayee > 0) await move(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', s.payeeWalletId, ruling.toPayee);
       failpoint('dispute-payee-paid');
-      await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, ...subject, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`);
+      await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, ...subject, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`, marks);
     }
   }
 
@@ -238,10 +241,10 @@ export async function advanceSettlement(
     await move(entryIds.held(s._id, facts.heldRuling.outcome), release ? 'held_release' : 'held_refund', release ? s.payeeWalletId : s.payerWalletId, s.amount);
     failpoint('held-resolved');
     if (release) {
-      await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
+      await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`, marks);
     } else {
       // An operator's refund ruling, or a gate's failed verification (refunded at once).
-      await emitEvent(rt, s.tenantId, 'settlement.refunded', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason ?? 'held_ruling' }, `settlement.refunded:${s._id}`);
+      await emitEvent(rt, s.tenantId, 'settlement.refunded', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason ?? 'held_ruling' }, `settlement.refunded:${s._id}`, marks);
     }
   }
 

@@ -107,7 +107,7 @@ export async function fanOut(rt: Runtime, input: { tenantId: string; eventId: st
   const now = new Date();
   // The tenant's few endpoints, read by id; subscription, status and age are decided here, not by a query.
   const subscribers = (await endpoints.allOfTenant(event.tenantId)).filter(
-    (e) => e.status !== 'revoked' && e.events.includes(event.type) && e.createdAt.getTime() <= event.createdAt.getTime(),
+    (e) => e.status !== 'revoked' && e.events.includes(event.type) && e.createdAt.getTime() <= event.createdAt.getTime() && (event.test !== true || e.includeTestEvents === true),
   );
   for (const endpoint of subscribers) {
     const delivery = await deliveries.ensure({ eventId: event._id, eventType: event.type, endpoint, now });
@@ -146,7 +146,7 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
 
   // The body is rebuilt from the stored event on every attempt, byte for byte the same; only the timestamp (and
   // with it the signature) is new.
-  const body = JSON.stringify({ id: event._id, type: event.type, createdAt: event.createdAt.toISOString(), data: event.data });
+  const body = JSON.stringify({ id: event._id, type: event.type, createdAt: event.createdAt.toISOString(), test: event.test === true, data: event.data });
   const startedAt = new Date();
   let headers: Record<string, string> | null = null;
   try {

@@ -88,10 +88,10 @@ function cursorAt(position: number, at: Date): string {
   return encodeCursor({ at, id: String(position) });
 }
 
-export async function registerEndpoint(rt: Runtime, tenantId: string, input: { url: string; events: string[]; description?: string }) {
+export async function registerEndpoint(rt: Runtime, tenantId: string, input: { url: string; events: string[]; description?: string; includeTestEvents?: boolean }) {
   const url = checkEndpointUrl(rt.config, input.url);
   const events = checkEventTypes(input.events);
-  return rt.stores.webhookEndpoints.create(tenantId, { url, events, description: input.description ?? null });
+  return rt.stores.webhookEndpoints.create(tenantId, { url, events, description: input.description ?? null, includeTestEvents: input.includeTestEvents ?? false });
 }
 
 /** A live endpoint of this tenant, or 404 (another tenant's and deleted ones alike). */

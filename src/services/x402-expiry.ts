@@ -107,7 +107,7 @@ export class X402GateExpiry {
       return Date.now() < graceEnds ? { lookAgainAt: new Date(graceEnds) } : 'done';
     }
     if (commitment.kind === 'expired') {
-      await emitEvent(this.runtime, gate.tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'gate_ttl', gate.amount), `x402.gate.expired:${gate._id}`);
+      await emitEvent(this.runtime, gate.tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'gate_ttl', gate.amount), `x402.gate.expired:${gate._id}`, { test: gate.test === true });
       summary.expired++;
     } else {
       summary.returned++;

@@ -3,6 +3,7 @@
 // other x402 flow checks first: the agents' lifecycle, the gate, whether it is funded. See services/x402.ts.
 import { idFromIdempotency, newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
+import { settlementSubject } from '../domain/events.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { firstGateCheck, type GateStatus } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
@@ -31,6 +32,10 @@ export interface CreateGateInput {
   disputeWindowSeconds?: number;
   toolId?: string;
   sponsorWalletId?: string;
+  /** The tenant's run this payment is for (see GateDoc.runId). */
+  runId?: string;
+  /** Test traffic (see GateDoc.test). */
+  test?: boolean;
 }
 
 export interface GateState {
@@ -59,7 +64,8 @@ function sameGateTerms(a: GateDoc, b: GateDoc): boolean {
     a.amount === b.amount &&
     a.currency === b.currency &&
     a.holdbackBps === b.holdbackBps &&
-    a.disputeWindowSeconds === b.disputeWindowSeconds
+    a.disputeWindowSeconds === b.disputeWindowSeconds &&
+    (a.runId ?? null) === (b.runId ?? null)
   );
 }
 
@@ -102,7 +108,7 @@ export function settledStatus(s: SettlementState): GateStatus {
 /** The `x402.gate.expired` event: whose reserve went back, how much, and why (`gate_ttl` or `authorization_expired`). */
 export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired' | 'escalation_deadline', returned: number): Record<string, unknown> {
   return {
-    gateId: gate._id,
+    ...settlementSubject({ runId: gate._id, gateId: gate._id, gateRunId: gate.runId ?? null }),
     reason,
     payerAgentId: gate.payerAgentId,
     payeeAgentId: gate.payeeAgentId,
@@ -186,6 +192,8 @@ export class X402Gates {
       currency: input.currency,
       holdbackBps: input.holdbackBps ?? 0,
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
+      runId: input.runId ?? null,
+      test: input.test === true,
       createdAt: new Date(),
     };
     const lock = this.lockEntry(fresh);
@@ -199,6 +207,7 @@ export class X402Gates {
       input.sponsorWalletId ? this.knownWallet(input.sponsorWalletId) : null,
     ]);
     valueOf(lifecycle);
+    if (input.runId && !(await this.runtime.stores.runs.get(tenantId, input.runId))) throw errors.notFound('run');
     if (input.sponsorWalletId) {
       const wallet = valueOf(sponsor);
       if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');

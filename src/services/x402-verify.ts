@@ -49,6 +49,8 @@ export class X402Verification {
       currency: gate.currency,
       holdbackBps: gate.holdbackBps,
       disputeWindowSeconds: gate.disputeWindowSeconds,
+      gateRunId: gate.runId ?? null,
+      test: gate.test === true,
     };
   }
 
@@ -303,7 +305,7 @@ export class X402Verification {
     const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
     if (verification.verificationStatus === 'expired') {
-      await emitEvent(this.runtime, tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount), `x402.gate.expired:${gateId}`);
+      await emitEvent(this.runtime, tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount), `x402.gate.expired:${gateId}`, { test: gate.test === true });
     }
     // The gate's money is its settlement's now (final, or due in the settlement sweeper): the gate sweeper is done.
     await this.store.due.done(gateId);

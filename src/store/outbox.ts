@@ -14,6 +14,8 @@ export interface OutboxEventDoc {
   type: EventType;
   createdAt: Date;
   data: Record<string, unknown>;
+  /** Test traffic (onboarding's first paid call): delivered only to endpoints that include test events. Absent on old records. */
+  test?: boolean;
   /** Set by the webhook dispatcher once it has created a delivery for every subscribed endpoint. */
   fannedOutAt: Date | null;
 }
@@ -36,9 +38,9 @@ export class OutboxStore {
    * Records the event once: a repeat with the same cause returns the first record unchanged. Its fan-out is entered
    * in the due index first, so an event whose fan-out job is never enqueued (the emitter died) is still found.
    */
-  async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
+  async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, test = false): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
-    const event: OutboxEventDoc = { _id, tenantId, type, data, createdAt: new Date(), fannedOutAt: null };
+    const event: OutboxEventDoc = { _id, tenantId, type, data, test, createdAt: new Date(), fannedOutAt: null };
     await this.due.add({ kind: 'fan-out', tenantId, eventId: _id, dueAt: event.createdAt });
     // A repeat loses to the first record, which stands; the id is all callers need (the dispatcher reads the record).
     await insertFirst(this.events, event);

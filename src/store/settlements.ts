@@ -30,6 +30,10 @@ export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
   gateId?: string;
   /** Set when the settlement pays a payee of an x402 payment session (`runId` then holds the settlement id). */
   sessionId?: string;
+  /** A gate's settlement: the run the gate pays for, when it was created for one (events name it). */
+  gateRunId?: string | null;
+  /** Test traffic (a test gate's settlement): its events are marked `test` (see OutboxEventDoc.test). */
+  test?: boolean;
   createdAt: Date;
   view: SettlementView;
 }

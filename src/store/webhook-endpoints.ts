@@ -33,6 +33,8 @@ export interface WebhookEndpointDoc {
   url: string;
   events: EventType[];
   description: string | null;
+  /** Also receives test traffic (events marked `test: true`, e.g. onboarding's first paid call); absent on old records. */
+  includeTestEvents?: boolean;
   createdAt: Date;
   rev: number;
   status: EndpointStatus;
@@ -78,7 +80,7 @@ export class WebhookEndpointStore {
    * Registers an endpoint; the plaintext secret is returned once and only its sealed form is stored. The index
    * entry comes first: a crash before the endpoint's insert leaves an entry pointing at nothing, which readers skip.
    */
-  async create(tenantId: string, input: { url: string; events: EventType[]; description: string | null }) {
+  async create(tenantId: string, input: { url: string; events: EventType[]; description: string | null; includeTestEvents: boolean }) {
     const _id = newId('whe');
     const secret = generateWebhookSecret();
     const now = new Date();
@@ -90,6 +92,7 @@ export class WebhookEndpointStore {
       url: input.url,
       events: input.events,
       description: input.description,
+      includeTestEvents: input.includeTestEvents,
       createdAt: now,
       rev: 0,
       status: 'active',

@@ -21,6 +21,10 @@ export interface GateDoc {
   currency: string;
   holdbackBps: number;
   disputeWindowSeconds: number;
+  /** The run this payment is for, when the gate was created for one (events name it beside the gate). Absent on old records. */
+  runId?: string | null;
+  /** Test traffic: its events are marked and delivered only to endpoints that include test events. Absent on old records. */
+  test?: boolean;
   createdAt: Date;
 }
 

@@ -34,6 +34,8 @@ export interface WebhookEvent<T = Record<string, unknown>> {
   id: string;
   type: string;
   createdAt: string;
+  /** Test traffic (onboarding's first paid call); only endpoints created with `includeTestEvents` receive it. Absent before this field existed. */
+  test?: boolean;
   data: T;
 }
 

@@ -3,6 +3,7 @@ import type { Logger } from 'pino';
 import { Value } from 'typebox/value';
 import type { Config } from '../config.ts';
 import { jobsFailedForGood } from '../metrics.ts';
+import { DependencyOutages, watchRedis } from '../outages.ts';
 import { createRedisClient, isClusterUrl } from '../redis.ts';
 import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
@@ -37,10 +38,17 @@ export function startWorkers(
   logger: Logger,
   processors: ProcessorMap,
   queues: QueueName[],
+  /** The process's outage log (the runtime's), so that a process writes one line per outage whatever notices it. */
+  outages: DependencyOutages = new DependencyOutages(logger),
 ): RunningWorkers {
   const connection = createRedisClient(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
   const prefix = bullPrefix(config.redisPrefix, isClusterUrl(config.redisUrl));
-  connection.on('error', () => undefined); // BullMQ reconnects by itself; the worker logs the gap below.
+  // BullMQ reconnects by itself. Its queues and workers re-emit their connections' errors (this one's, and the
+  // blocking connections each worker duplicates from it): counted into the outage, not a line each.
+  watchRedis(connection, outages);
+  const onBullError = (log: Logger, what: string) => (err: Error) => {
+    if (!outages.absorb(err)) log.error({ err: err.message }, `${what} error`);
+  };
   const schedulerQueues: Queue[] = [];
   const watchdogs: NodeJS.Timeout[] = [];
   let closing = false;
@@ -49,6 +57,7 @@ export function startWorkers(
     if (!processor) throw new Error(`no processor for queue ${queue}`);
     if (processor.sweep) {
       const scheduler = new Queue(queue, { connection, prefix });
+      scheduler.on('error', onBullError(logger.child({ queue }), 'scheduler queue'));
       schedulerQueues.push(scheduler);
       // Upserting the same scheduler id from every worker process keeps exactly one schedule.
       void scheduler
@@ -57,11 +66,14 @@ export function startWorkers(
           data: {},
           opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
         })
-        .catch((err) => logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper'));
+        .catch((err) => {
+          if (!outages.absorb(err)) logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper');
+        });
     }
     const watchQueue = new Queue(queue, { connection, prefix });
-    schedulerQueues.push(watchQueue);
     const log = logger.child({ queue });
+    watchQueue.on('error', onBullError(log, 'queue'));
+    schedulerQueues.push(watchQueue);
     let inFlight = 0;
     const startWorker = () => {
       inFlight = 0;
@@ -86,11 +98,12 @@ export function startWorkers(
           // Out of retries: the sweepers will try again, but a person should look (logs and the metric below).
           jobsFailedForGood.inc({ queue });
           log.error({ alert: 'job_failed_for_good', jobId: job.id, attempts: job.attemptsMade, err: err.message }, 'job failed after its last retry');
-        } else {
+        } else if (!outages.absorb(err)) {
+          // A job that failed because Redis or MongoDB is away is one more failure of the outage, not a line.
           log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed');
         }
       });
-      worker.on('error', (err) => log.error({ err: err.message }, 'worker error'));
+      worker.on('error', onBullError(log, 'worker'));
       return worker;
     };
     const slot = { worker: startWorker() };

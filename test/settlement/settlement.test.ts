@@ -54,10 +54,11 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 9_000, escrow: 0 });
 
     const events = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.runId': runId }).toArray();
-    expect(events.map((e) => e.data)).toEqual([{ runId, settlementId: completed.settlementId, amount: 850, holdback: 150, currency: 'USD' }]);
+    // One shape with gate settlements: the run named, the gate and session keys present and null.
+    expect(events.map((e) => e.data)).toEqual([{ runId, gateId: null, sessionId: null, settlementId: completed.settlementId, amount: 850, holdback: 150, currency: 'USD' }]);
     // The holdback's release is a money movement of its own, announced once.
     const holdbackEvents = await t.runtime.stores.outbox.events.find({ type: 'settlement.holdback_released', 'data.runId': runId }).toArray();
-    expect(holdbackEvents.map((e) => e.data)).toEqual([{ runId, settlementId: completed.settlementId, amount: 150, currency: 'USD' }]);
+    expect(holdbackEvents.map((e) => e.data)).toEqual([{ runId, gateId: null, sessionId: null, settlementId: completed.settlementId, amount: 150, currency: 'USD' }]);
     const verify = (await t.app.inject({ method: 'GET', url: `/v1/verify/${runId}` })).json();
     expect(verify.settlement).toEqual({ status: 'completed', amount: 1_000, currency: 'USD' });
   });
@@ -87,14 +88,17 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     expect(heldA.decision).toMatchObject({ verdict: 'fail', reason: 'TERMS_NOT_MET' });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 800, escrow: 1_200 });
     const held = await t.runtime.stores.outbox.events.findOne({ type: 'settlement.held', 'data.runId': a });
-    expect(held?.data).toEqual({ runId: a, settlementId: heldA.settlementId, reason: 'TERMS_NOT_MET' });
+    expect(held?.data).toEqual({ runId: a, gateId: null, sessionId: null, settlementId: heldA.settlementId, amount: 700, currency: 'USD', reason: 'TERMS_NOT_MET' });
 
     const release = await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldA.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'release' } });
     expect(release.json()).toMatchObject({ status: 'completed', releasedAmount: 700 });
     const refund = await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldB.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'refund' } });
     expect(refund.json()).toMatchObject({ status: 'refunded', refundedAmount: 500 });
     const refunded = await t.runtime.stores.outbox.events.find({ type: 'settlement.refunded', 'data.runId': b }).toArray();
-    expect(refunded.map((e) => e.data)).toEqual([{ runId: b, settlementId: heldB.settlementId, amount: 500, currency: 'USD', reason: 'TERMS_NOT_MET' }]);
+    expect(refunded.map((e) => e.data)).toEqual([{ runId: b, gateId: null, sessionId: null, settlementId: heldB.settlementId, amount: 500, currency: 'USD', reason: 'TERMS_NOT_MET' }]);
+    // The operator's release ruling is a money movement too: announced once, in the same shape.
+    const releasedA = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.runId': a }).toArray();
+    expect(releasedA.map((e) => e.data)).toEqual([{ runId: a, gateId: null, sessionId: null, settlementId: heldA.settlementId, amount: 700, holdback: 0, currency: 'USD' }]);
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 1_300, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 700, escrow: 0 });
     const again = await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldA.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'refund' } });
@@ -111,7 +115,7 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     expect(opened.statusCode).toBe(201);
     expect(opened.json()).toMatchObject({ disputeId: expect.stringMatching(/^dsp_/), status: 'open', frozenAmount: 200 });
     const event = await t.runtime.stores.outbox.events.findOne({ type: 'dispute.opened', 'data.runId': runId });
-    expect(event?.data).toEqual({ disputeId: opened.json().disputeId, runId, settlementId: s.settlementId });
+    expect(event?.data).toEqual({ disputeId: opened.json().disputeId, runId, gateId: null, sessionId: null, settlementId: s.settlementId });
     const second = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/disputes`, headers: auth, payload: { reason: 'again' } });
     expect(second.statusCode).toBe(409);
 
@@ -126,7 +130,7 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 950, escrow: 0 });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 4_050, escrow: 0 });
     const resolvedEvent = await t.runtime.stores.outbox.events.findOne({ type: 'dispute.resolved', 'data.runId': runId });
-    expect(resolvedEvent?.data).toMatchObject({ disputeId: opened.json().disputeId, outcome: 'split', toPayer: 50, toPayee: 150 });
+    expect(resolvedEvent?.data).toEqual({ disputeId: opened.json().disputeId, runId, gateId: null, sessionId: null, settlementId: s.settlementId, outcome: 'split', toPayer: 50, toPayee: 150, currency: 'USD' });
   });
 
   it('answers 409 to every transition the contract forbids, and changes nothing', async () => {

@@ -47,7 +47,8 @@ describe('webhook delivery', () => {
     expect(Number(req!.headers['webhook-timestamp'])).toBeCloseTo(Date.now() / 1000, -1);
     expect(req!.headers['service-signature']).toBe(req!.headers['webhook-signature']);
     const stored = (await h.runtime.stores.outbox.get(event._id))!;
-    expect(req!.body).toBe(JSON.stringify({ id: event._id, type: 'run.finalized', createdAt: stored.createdAt.toISOString(), data: { runId: 'run_1', verdict: 'pass' } }));
+    // The envelope: every delivery says whether it is test traffic (see test/onboarding/test-traffic.test.ts).
+    expect(req!.body).toBe(JSON.stringify({ id: event._id, type: 'run.finalized', createdAt: stored.createdAt.toISOString(), test: false, data: { runId: 'run_1', verdict: 'pass' } }));
 
     const stock = new Webhook(ep.secret);
     expect(stock.verify(req!.body, signatureHeaders(req!))).toEqual(JSON.parse(req!.body));

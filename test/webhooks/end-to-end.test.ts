@@ -57,14 +57,15 @@ describe('run and settlement events reach a subscriber, signed, with the contrac
       expect(d.headers['service-signature']).toBe(d.headers['webhook-signature']);
       const event = JSON.parse(d.body);
       expect(payload).toEqual(event);
-      expect(Object.keys(event).sort()).toEqual(['createdAt', 'data', 'id', 'type']);
+      expect(Object.keys(event).sort()).toEqual(['createdAt', 'data', 'id', 'test', 'type']);
+      expect(event.test, 'real work is not test traffic').toBe(false);
       expect(d.headers['webhook-id']).toBe(event.id);
       return event;
     });
     const byType = Object.fromEntries(events.map((e) => [e.type, e.data]));
     expect(byType['run.finalized']).toEqual({ runId, artifactId: run.artifactId, verdict: 'pass', status: 'finalized' });
-    expect(byType['settlement.completed']).toEqual({ runId, settlementId: s.settlementId, amount: 900, holdback: 100, currency: 'USD' });
-    expect(byType['dispute.opened']).toEqual({ disputeId: dispute.disputeId, runId, settlementId: s.settlementId });
+    expect(byType['settlement.completed']).toEqual({ runId, gateId: null, sessionId: null, settlementId: s.settlementId, amount: 900, holdback: 100, currency: 'USD' });
+    expect(byType['dispute.opened']).toEqual({ disputeId: dispute.disputeId, runId, gateId: null, sessionId: null, settlementId: s.settlementId });
     expect(events).toHaveLength(3);
   }, 60_000);
 });

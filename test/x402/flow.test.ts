@@ -4,6 +4,7 @@ import { canonicalize } from '../../src/domain/canonical-json.ts';
 import { sha256Hex } from '../../src/domain/crypto.ts';
 import { X402_SCHEME } from '../../src/domain/x402.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
+import { createRun } from '../helpers/agents.ts';
 import { balances } from '../helpers/money.ts';
 import { createGate, expectLedgerBalances, gateParties, get, post, quote, requestHash, sponsorWallet } from './helpers.ts';
 
@@ -78,8 +79,31 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     expect(await balances(t, auth, payee)).toEqual({ available: 1_000, escrow: 0 });
     expect(await balances(t, auth, sponsor)).toEqual({ available: 4_000, escrow: 0 });
     const completed = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.gateId': gate.gateId }).toArray();
-    expect(completed.map((e) => e.data)).toEqual([{ gateId: gate.gateId, settlementId: v.settlement.settlementId, amount: 900, holdback: 100, currency: 'USD' }]);
+    // One shape with run settlements: the gate named, and the run and session keys present (no run pays this gate).
+    expect(completed.map((e) => e.data)).toEqual([{ runId: null, gateId: gate.gateId, sessionId: null, settlementId: v.settlement.settlementId, amount: 900, holdback: 100, currency: 'USD' }]);
+    const holdback = await t.runtime.stores.outbox.events.find({ type: 'settlement.holdback_released', 'data.gateId': gate.gateId }).toArray();
+    expect(holdback.map((e) => e.data)).toEqual([{ runId: null, gateId: gate.gateId, sessionId: null, settlementId: v.settlement.settlementId, amount: 100, currency: 'USD' }]);
     await expectLedgerBalances(t);
+  });
+
+  it('names the run a gate pays for, beside the gate, in its settlement events; refuses a run it cannot see', async () => {
+    const own = await t.tenantWithKey(['agents:write', 'x402:write', 'wallets:write', 'runs:write']);
+    const { payer, payee } = await gateParties(t, own.auth, 1_000);
+    const runId = await createRun(t, own.auth, { agentId: payee });
+    const unknown = await post(t, own.auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: 300, currency: 'USD', runId: 'run_doesnotexist' });
+    expect(unknown.statusCode, unknown.body).toBe(404);
+    const otherTenants = await post(t, auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: 300, currency: 'USD', runId });
+    expect(otherTenants.statusCode, otherTenants.body).toBe(404);
+    expect(await balances(t, own.auth, payer)).toEqual({ available: 1_000, escrow: 0 });
+
+    const gate = await createGate(t, own.auth, { payerAgentId: payer, payeeAgentId: payee, amount: 300, runId });
+    expect(gate).toMatchObject({ runId, test: false });
+    const q = await quote(t, own.auth, gate.gateId);
+    expect((await post(t, own.auth, '/x402/gate/authorize-payment', { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 })).statusCode).toBe(200);
+    const verified = await post(t, own.auth, '/x402/gate/verify', { gateId: gate.gateId, evidence: { responseSha256: requestHash('ok') } });
+    expect(verified.statusCode, verified.body).toBe(200);
+    const completed = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.gateId': gate.gateId }).toArray();
+    expect(completed.map((e) => e.data)).toEqual([{ runId, gateId: gate.gateId, sessionId: null, settlementId: verified.json().settlement.settlementId, amount: 300, holdback: 0, currency: 'USD' }]);
   });
 
   it('refunds the payer in full when the provider reports a failed call', async () => {

@@ -82,7 +82,7 @@ describe('x402 metered capture: stock fetch wrapper -> stock express middleware 
     // The one movement is announced once: the release, with the part of the reserve the call did not cost.
     const settlementId = gate.settlement.settlementId as string;
     const completed = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.settlementId': settlementId }).toArray();
-    expect(completed.map((e) => e.data)).toEqual([{ gateId: gate.gateId, settlementId, amount: 9, holdback: 1, currency: 'USD', uncaptured: 90 }]);
+    expect(completed.map((e) => e.data)).toEqual([{ runId: null, gateId: gate.gateId, sessionId: null, settlementId, amount: 9, holdback: 1, currency: 'USD', uncaptured: 90 }]);
 
     // Settling the same payment again, with this amount or another, answers the first settlement and moves nothing.
     const body = (amount: string) => ({ x402Version: 2, paymentPayload, paymentRequirements: { ...paymentPayload.accepted, amount } });

@@ -6234,6 +6234,8 @@ export interface operations {
                             url: string;
                             events: string[];
                             description: string | null;
+                            /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                            includeTestEvents: boolean;
                             status: "active" | "disabled";
                             /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                             disabledReason: string | null;
@@ -6338,7 +6340,8 @@ export interface operations {
                  *         "run.finalized",
                  *         "settlement.completed"
                  *       ],
-                 *       "description": "Billing service"
+                 *       "description": "Billing service",
+                 *       "includeTestEvents": false
                  *     }
                  */
                 "application/json": {
@@ -6347,6 +6350,11 @@ export interface operations {
                     /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired, webhook.test. Unknown types are refused with 400. */
                     events: string[];
                     description?: string;
+                    /**
+                     * @description Also deliver test traffic: events marked `"test": true` in their envelope (the onboarding first paid call and conformance matrix). Off by default, so an endpoint only ever sees real money movements.
+                     * @default false
+                     */
+                    includeTestEvents?: boolean;
                 };
             };
         };
@@ -6363,6 +6371,8 @@ export interface operations {
                         url: string;
                         events: string[];
                         description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
                         status: "active" | "disabled";
                         /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                         disabledReason: string | null;
@@ -6502,6 +6512,8 @@ export interface operations {
                         url: string;
                         events: string[];
                         description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
                         status: "active" | "disabled";
                         /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                         disabledReason: string | null;
@@ -6724,6 +6736,8 @@ export interface operations {
                         url: string;
                         events: string[];
                         description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
                         status: "active" | "disabled";
                         /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                         disabledReason: string | null;
@@ -6872,6 +6886,8 @@ export interface operations {
                         url: string;
                         events: string[];
                         description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
                         status: "active" | "disabled";
                         /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                         disabledReason: string | null;
@@ -7730,6 +7746,8 @@ export interface operations {
                             url: string;
                             events: string[];
                             description: string | null;
+                            /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                            includeTestEvents: boolean;
                             status: "active" | "disabled";
                             /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                             disabledReason: string | null;
@@ -7834,7 +7852,8 @@ export interface operations {
                  *         "run.finalized",
                  *         "settlement.completed"
                  *       ],
-                 *       "description": "Billing service"
+                 *       "description": "Billing service",
+                 *       "includeTestEvents": false
                  *     }
                  */
                 "application/json": {
@@ -7843,6 +7862,11 @@ export interface operations {
                     /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired, webhook.test. Unknown types are refused with 400. */
                     events: string[];
                     description?: string;
+                    /**
+                     * @description Also deliver test traffic: events marked `"test": true` in their envelope (the onboarding first paid call and conformance matrix). Off by default, so an endpoint only ever sees real money movements.
+                     * @default false
+                     */
+                    includeTestEvents?: boolean;
                 };
             };
         };
@@ -7859,6 +7883,8 @@ export interface operations {
                         url: string;
                         events: string[];
                         description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
                         status: "active" | "disabled";
                         /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                         disabledReason: string | null;
@@ -8010,6 +8036,8 @@ export interface operations {
                         url: string;
                         events: string[];
                         description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
                         status: "active" | "disabled";
                         /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
                         disabledReason: string | null;
@@ -9185,6 +9213,13 @@ export interface operations {
                     toolId?: string;
                     /** @description a sponsor wallet of the tenant: it pays, so its escrow is locked instead of the payer's */
                     sponsorWalletId?: string;
+                    /** @description The run of this tenant the payment is for (`run_…`): the gate's settlement events name it beside the gate. Unknown or another tenant's: 404. */
+                    runId?: string;
+                    /**
+                     * @description Test traffic (e.g. the onboarding first paid call): the money moves as usual, and the gate's events carry `"test": true` and are delivered only to webhook endpoints created with `includeTestEvents`. Default false.
+                     * @default false
+                     */
+                    test?: boolean;
                 };
             };
         };
@@ -9208,6 +9243,9 @@ export interface operations {
                         currency: string;
                         holdbackBps: number;
                         disputeWindowSeconds: number;
+                        runId: string | null;
+                        /** @description Test traffic: its events are marked `"test": true` and go only to endpoints that include test events */
+                        test: boolean;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -9737,6 +9775,9 @@ export interface operations {
                         currency: string;
                         holdbackBps: number;
                         disputeWindowSeconds: number;
+                        runId: string | null;
+                        /** @description Test traffic: its events are marked `"test": true` and go only to endpoints that include test events */
+                        test: boolean;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -10528,6 +10569,9 @@ export interface operations {
                         currency: string;
                         holdbackBps: number;
                         disputeWindowSeconds: number;
+                        runId: string | null;
+                        /** @description Test traffic: its events are marked `"test": true` and go only to endpoints that include test events */
+                        test: boolean;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -10627,6 +10671,9 @@ export interface operations {
                         currency: string;
                         holdbackBps: number;
                         disputeWindowSeconds: number;
+                        runId: string | null;
+                        /** @description Test traffic: its events are marked `"test": true` and go only to endpoints that include test events */
+                        test: boolean;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -14173,6 +14220,9 @@ export interface operations {
                             currency: string;
                             holdbackBps: number;
                             disputeWindowSeconds: number;
+                            runId: string | null;
+                            /** @description Test traffic: its events are marked `"test": true` and go only to endpoints that include test events */
+                            test: boolean;
                             /**
                              * Format: date-time
                              * @description RFC 3339 UTC
@@ -14359,6 +14409,9 @@ export interface operations {
                             currency: string;
                             holdbackBps: number;
                             disputeWindowSeconds: number;
+                            runId: string | null;
+                            /** @description Test traffic: its events are marked `"test": true` and go only to endpoints that include test events */
+                            test: boolean;
                             /**
                              * Format: date-time
                              * @description RFC 3339 UTC

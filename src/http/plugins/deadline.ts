@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
 import { errors } from '../../domain/errors.ts';
+import type { Dependency } from '../../outages.ts';
 import type { Runtime } from '../../runtime.ts';
 import { sendError } from './errors.ts';
 
@@ -23,9 +24,9 @@ declare module 'fastify' {
  * (an artifact of many batches, each read answering promptly) keeps running.
  */
 export default fp(async function deadlinePlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const { config, redis, mongoWatch } = opts.runtime;
+  const { config, redis, mongoWatch, outages } = opts.runtime;
   const stallMs = config.requestDeadlineMs / 2;
-  const stalledBackend = (): string | null => {
+  const stalledBackend = (): Dependency | null => {
     if (redis.status !== 'ready') return 'redis';
     if (!mongoWatch.serverReachable || mongoWatch.oldestPendingMs() > stallMs) return 'mongodb';
     return null;
@@ -39,7 +40,8 @@ export default fp(async function deadlinePlugin(app: FastifyInstance, opts: { ru
       if (reply.sent) return;
       const backend = stalledBackend();
       if (backend) {
-        request.log.warn({ backend, deadlineMs: config.requestDeadlineMs }, 'request deadline passed while a backend stalls; answering 503');
+        // While the backend is known to be down, one more failure of the outage (outages.ts), not a line each.
+        if (!outages.countIfDown(backend)) request.log.warn({ backend, deadlineMs: config.requestDeadlineMs }, 'request deadline passed while a backend stalls; answering 503');
         request.answeredByDeadline = true;
         void sendError(request, reply, errors.unavailable('a backing service is unavailable; retry shortly'));
         return;

@@ -1,13 +1,15 @@
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
-import {
-  MongoNetworkError,
-  MongoNotConnectedError,
-  MongoServerSelectionError,
-  MongoTopologyClosedError,
-} from 'mongodb';
 import { CanonicalJsonError } from '../../domain/canonical-json.ts';
 import { ServiceError } from '../../domain/errors.ts';
+import { unreachableDependency, type DependencyOutages } from '../../outages.ts';
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** Where a 503 for a lost Redis or MongoDB is counted instead of logged (see outages.ts); null without one. */
+    outages: DependencyOutages | null;
+  }
+}
 
 export interface ErrorBody {
   code: string;
@@ -18,19 +20,7 @@ export interface ErrorBody {
 
 /** Redis or MongoDB could not be reached: the caller should retry, so this is a 503, never a 500. */
 export function isBackendUnavailable(err: unknown): boolean {
-  if (
-    err instanceof MongoServerSelectionError ||
-    err instanceof MongoNetworkError ||
-    err instanceof MongoNotConnectedError ||
-    err instanceof MongoTopologyClosedError
-  ) {
-    return true;
-  }
-  if (!(err instanceof Error)) return false;
-  return (
-    err.name === 'MaxRetriesPerRequestError' ||
-    /enableOfflineQueue|Connection is closed|Command timed out|ECONNREFUSED|ECONNRESET|ETIMEDOUT|Stream isn't writeable/.test(err.message)
-  );
+  return unreachableDependency(err) !== null;
 }
 
 function validationDetails(err: FastifyError) {
@@ -94,7 +84,12 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   // Already answered (the request deadline sent 503 while the handler was still waiting): nothing more to send.
   if (reply.sent) return reply;
   const { status, body } = toErrorBody(err, request.id);
-  if (status >= 500) {
+  if (status === 503 && body.code === 'UNAVAILABLE') {
+    // A lost dependency: counted into its outage (one line when it goes, one when it is back), not a stack per request.
+    // A refused enqueue was counted where it was refused (Producers' onUnavailable).
+    const counted = err instanceof ServiceError || request.server.outages?.absorb(err) === true;
+    if (!counted) request.log.warn({ err: err instanceof Error ? err.message : String(err) }, 'answered 503');
+  } else if (status >= 500) {
     request.log.error({ err }, 'request failed');
   } else {
     request.log.info({ code: body.code, status }, 'request refused');
@@ -134,7 +129,8 @@ export function clientErrorAnswer(err: Error & { code?: string; rawPacket?: Buff
 }
 
 /** One error handler for the whole app: every error leaves in the contract's body, without internals. */
-export default fp(async function errorsPlugin(app: FastifyInstance) {
+export default fp(async function errorsPlugin(app: FastifyInstance, opts: { outages?: DependencyOutages }) {
+  app.decorate('outages', opts.outages ?? null);
   app.setErrorHandler((err, request, reply) => sendError(request, reply, err));
   app.setNotFoundHandler((request, reply) =>
     reply.status(404).send({ code: 'NOT_FOUND', message: `no route ${request.method} ${request.url.split('?')[0]}`, requestId: request.id }),

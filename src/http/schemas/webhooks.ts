@@ -16,10 +16,14 @@ export const CreateEndpoint = Type.Object(
       description: `Event types to receive: ${EVENT_TYPES.join(', ')}. Unknown types are refused with 400.`,
     }),
     description: Type.Optional(Type.String({ maxLength: 500 })),
+    includeTestEvents: Type.Optional(Type.Boolean({
+      default: false,
+      description: 'Also deliver test traffic: events marked `"test": true` in their envelope (the onboarding first paid call and conformance matrix). Off by default, so an endpoint only ever sees real money movements.',
+    })),
   },
   {
     additionalProperties: false,
-    examples: [{ url: 'https://hooks.acme.example/agent-settlement', events: ['run.finalized', 'settlement.completed'], description: 'Billing service' }],
+    examples: [{ url: 'https://hooks.acme.example/agent-settlement', events: ['run.finalized', 'settlement.completed'], description: 'Billing service', includeTestEvents: false }],
   },
 );
 
@@ -28,6 +32,7 @@ export const Endpoint = Type.Object({
   url: Type.String(),
   events: Type.Array(Type.String()),
   description: Type.Union([Type.String(), Type.Null()]),
+  includeTestEvents: Type.Boolean({ description: 'Whether test traffic (events marked `"test": true`) is delivered here' }),
   status: Type.Union([Type.Literal('active'), Type.Literal('disabled')]),
   disabledReason: Type.Union([Type.String(), Type.Null()], { description: 'Why deliveries stopped (410 from the receiver, or failing for 5 days)' }),
   disabledAt: Type.Union([Timestamp, Type.Null()]),
@@ -138,6 +143,7 @@ export function endpointView(e: WebhookEndpoint, now = new Date()): Static<typeo
     url: e.url,
     events: e.events,
     description: e.description,
+    includeTestEvents: e.includeTestEvents === true,
     status: e.status === 'disabled' ? 'disabled' : 'active',
     disabledReason: e.disabledReason,
     disabledAt: iso(e.disabledAt),

@@ -27,6 +27,8 @@ export const CreateGateBody = Type.Object(
     disputeWindowSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 2_592_000, default: 86_400 })),
     toolId: Type.Optional(ToolId),
     sponsorWalletId: Type.Optional(Type.String({ ...WalletId, description: 'a sponsor wallet of the tenant: it pays, so its escrow is locked instead of the payer\'s' })),
+    runId: Type.Optional(Type.String({ pattern: '^run_[A-Za-z0-9_-]{1,120}$', description: 'The run of this tenant the payment is for (`run_…`): the gate\'s settlement events name it beside the gate. Unknown or another tenant\'s: 404.' })),
+    test: Type.Optional(Type.Boolean({ default: false, description: 'Test traffic (e.g. the onboarding first paid call): the money moves as usual, and the gate\'s events carry `"test": true` and are delivered only to webhook endpoints created with `includeTestEvents`. Default false.' })),
   },
   {
     additionalProperties: false,
@@ -168,6 +170,8 @@ export const Gate = Type.Object({
   currency: Type.String(),
   holdbackBps: Type.Integer(),
   disputeWindowSeconds: Type.Integer(),
+  runId: Nullable(Type.String({ description: 'The run the payment is for, when the gate was created for one' })),
+  test: Type.Boolean({ description: 'Test traffic: its events are marked `"test": true` and go only to endpoints that include test events' }),
   createdAt: Timestamp,
   quote: Nullable(Type.Object({ quoteId: Type.String(), requestSha256: Type.String(), quoteSha256: Type.String(), expiresAt: Timestamp, status: Type.String({ description: 'live | expired | used | cancelled' }) })),
   authorization: Nullable(Type.Object({ authorizationRef: Type.String(), quoteId: Type.String(), requestSha256: Type.String(), tokenKid: Type.String(), expiresAt: Timestamp, reserve: Reserve })),
@@ -309,6 +313,8 @@ export function gateView(st: GateState, now = new Date()): Static<typeof Gate> {
     currency: g.currency,
     holdbackBps: g.holdbackBps,
     disputeWindowSeconds: g.disputeWindowSeconds,
+    runId: g.runId ?? null,
+    test: g.test === true,
     createdAt: g.createdAt.toISOString(),
     quote: quote ? { quoteId: quote._id, requestSha256: quote.requestSha256, quoteSha256: quote.quoteSha256, expiresAt: quote.expiresAt.toISOString(), status: quoteStatus(quote) } : null,
     authorization: authorization

@@ -1,0 +1,47 @@
+// The outage log's bookkeeping, without servers: one line down, one line up once every connection is back.
+import { Writable } from 'node:stream';
+import { MongoNetworkError } from 'mongodb';
+import { pino } from 'pino';
+import { describe, expect, it } from 'vitest';
+import { DependencyOutages, unreachableDependency } from '../src/outages.ts';
+
+function recorder() {
+  const lines: Array<Record<string, any>> = [];
+  const stream = new Writable({
+    write(chunk, _enc, done) {
+      for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
+      done();
+    },
+  });
+  return { lines, outages: new DependencyOutages(pino({ level: 'info' }, stream)) };
+}
+
+describe('DependencyOutages', () => {
+  it('writes one line when a dependency goes and one when every connection that lost it is back, with the count', () => {
+    const { lines, outages } = recorder();
+    const api = {};
+    const worker = {};
+    outages.lost('redis', api, new Error('connect ECONNREFUSED 127.0.0.1:6390'));
+    for (let i = 0; i < 50; i++) outages.lost('redis', i % 2 ? api : worker, new Error('connect ECONNREFUSED'));
+    expect(outages.absorb(new Error('Connection is closed.'))).toBe(true);
+    expect(outages.countIfDown('redis')).toBe(true);
+    expect(outages.absorb(new Error('E11000 duplicate key'))).toBe(false);
+    outages.reached('redis', api);
+    expect(outages.isDown('redis')).toBe(true); // the worker's connection is still away
+    outages.reached('redis', worker);
+    outages.reached('redis', worker); // a repeat changes nothing
+    expect(lines.map((l) => [l.dependency, l.state])).toEqual([['redis', 'down'], ['redis', 'up']]);
+    expect(lines[0]).toMatchObject({ msg: 'redis unreachable', error: 'Error: connect ECONNREFUSED 127.0.0.1:6390' });
+    expect(lines[1]).toMatchObject({ msg: 'redis reachable again', failures: 53, downMs: expect.any(Number) });
+  });
+
+  it('outside an outage, writes a connection failure at most once per interval, with the count left out', () => {
+    const { lines, outages } = recorder();
+    const err = new MongoNetworkError('read ECONNRESET');
+    expect(unreachableDependency(err)).toBe('mongodb');
+    for (let i = 0; i < 20; i++) expect(outages.absorb(err)).toBe(true);
+    expect(outages.countIfDown('mongodb')).toBe(false);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ dependency: 'mongodb', msg: 'mongodb call failed', failuresNotLogged: 0 });
+  });
+});
