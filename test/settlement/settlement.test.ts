@@ -36,7 +36,8 @@ describe('settlement: escrow, release, holdback, hold, disputes', () => {
 
   it('locks escrow at run creation, releases amount - holdback on pass, then the holdback after the window', async () => {
     const p = await parties(t, auth, 10_000);
-    const runId = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 1_500, disputeWindowSeconds: 1 });
+    // A window long enough that a loaded machine cannot pass it between the settle and the checks of the held holdback.
+    const runId = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 1_500, disputeWindowSeconds: 4 });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 9_000, escrow: 1_000 });
     const accepted = await settle(t, auth, runId);
     expect(accepted.statusCode).toBe(202);

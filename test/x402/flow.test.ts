@@ -21,12 +21,15 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
   });
   afterAll(() => t.close());
 
+  // Long enough that a loaded machine cannot pass the window between the verify and the checks of the held holdback.
+  const HOLDBACK_WINDOW_SECONDS = 4;
+
   it('pays the payee amount minus holdback from the sponsor, releases the holdback after the window, and balances', async () => {
     const { payer, payee } = await gateParties(t, auth, 0);
     const sponsor = await sponsorWallet(t, tenantId, 5_000);
     expect((await t.app.inject({ method: 'PUT', url: `/x402/wallets/${sponsor}/policy`, headers: auth, payload: { currency: 'USD', perCallLimit: 2_000, dailyLimit: 10_000, allowedPayeeAgentIds: [payee], allowedToolIds: ['search'] } })).statusCode).toBe(200);
 
-    const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, holdbackBps: 1_000, disputeWindowSeconds: 1, toolId: 'search', sponsorWalletId: sponsor });
+    const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, holdbackBps: 1_000, disputeWindowSeconds: HOLDBACK_WINDOW_SECONDS, toolId: 'search', sponsorWalletId: sponsor });
     expect(gate).toMatchObject({ status: 'held', escrowWalletId: sponsor });
     expect(await balances(t, auth, sponsor)).toEqual({ available: 4_000, escrow: 1_000 });
 
@@ -71,7 +74,7 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     expect(await balances(t, auth, payee)).toEqual({ available: 900, escrow: 0 });
     expect(await balances(t, auth, sponsor)).toEqual({ available: 4_000, escrow: 100 });
 
-    const deadline = Date.now() + 15_000;
+    const deadline = Date.now() + 30_000;
     while ((await get(t, auth, `/x402/gate/${gate.gateId}`)).json().settlement.holdbackState !== 'released') {
       if (Date.now() > deadline) throw new Error('holdback not released');
       await new Promise((r) => setTimeout(r, 100));
