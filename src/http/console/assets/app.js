@@ -261,7 +261,7 @@ function escalationRow(e, now = Date.now()) {
   return el('tr', { dataset: { escalationId: e.escalationId, status: e.status } },
     el('td', {}, box),
     el('td', {}, el('span', { class: 'mono' }, e.escalationId), el('div', { class: 'quiet' }, time(e.createdAt))),
-    el('td', {}, deadline),
+    el('td', { class: 'deadline' }, deadline),
     el('td', { class: 'id' }, e.payerAgentId, el('div', { class: 'quiet' }, walletLink(e.walletId))),
     el('td', { class: 'id' }, e.payeeAgentId),
     el('td', { class: 'num' }, money(e.amount, e.currency)),
@@ -297,8 +297,16 @@ function decisionControls(tbody) {
     }
     for (const o of outcomes) {
       const old = tbody.querySelector(`tr[data-escalation-id="${CSS.escape(o.escalationId)}"]`);
-      if (old && o.escalation) old.replaceWith(escalationRow(o.escalation));
-      else old?.querySelector('input.pick')?.setAttribute('disabled', '');
+      if (!old) continue;
+      if (o.escalation) {
+        old.replaceWith(escalationRow(o.escalation));
+        continue;
+      }
+      // Decided elsewhere (or gone): the row no longer says where it stands, so it says that instead.
+      old.dataset.status = 'stale';
+      old.querySelector('input.pick')?.setAttribute('disabled', '');
+      old.querySelector('td.deadline')?.replaceChildren('—');
+      old.querySelector('td.decision')?.replaceChildren(el('strong', { class: 'bad' }, OUTCOME_TEXT[o.outcome] ?? o.outcome));
     }
     const stale = outcomes.filter((o) => o.outcome !== 'approved' && o.outcome !== 'denied').length;
     fill(results, el('h2', {}, 'Decisions'),
