@@ -420,6 +420,7 @@ describe('web console in a browser', () => {
     await page.locator(`li[data-outcome="already_decided"][data-escalation-id="${calls[0]!.escalationId}"]`).waitFor();
     await page.locator(`li[data-outcome="approved"][data-escalation-id="${calls[1]!.escalationId}"]`).waitFor();
     expect(await page.locator('#stale').textContent()).toContain('1 of 2');
+    expect(await page.locator(`tr[data-escalation-id="${calls[0]!.escalationId}"][data-status="stale"]`).textContent()).toContain('already decided');
     expect(await page.locator(`[data-override-token="${calls[1]!.escalationId}"]`).textContent()).toMatch(/^[\w-]+\.[\w-]+\.[\w-]+$/);
     // The decided row now says who decided and why.
     const decided = page.locator(`tr[data-escalation-id="${calls[1]!.escalationId}"][data-status="approved"]`);
@@ -488,5 +489,5 @@ describe('web console in a browser', () => {
     expect(flakyRequests.some((r) => r.eventId === secondEvent && r.status === 200)).toBe(true);
     expect(await page.locator('main').textContent()).not.toMatch(/\bnull\b|undefined/);
     await shot('webhook-recovered');
-  }, BROWSER_TIMEOUT_MS);
+  }, 2 * BROWSER_TIMEOUT_MS);
 });

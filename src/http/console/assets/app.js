@@ -515,7 +515,7 @@ async function webhooksScreen() {
   page.nextCursor ? el('p', {}, link('/webhooks', 'Next page →', { cursor: page.nextCursor })) : null);
 }
 
-/** Calls `step` every second until it answers true or `limit` calls have passed (a page that stays open stops). */
+/** Calls `step` every `seconds` until it answers true, fails, or `limit` calls have passed (a page left open stops). */
 function every(seconds, limit, step) {
   let n = 0;
   const tick = async () => {
@@ -557,7 +557,7 @@ async function endpointScreen(endpointId) {
     drawDeliveries();
     return !page.items.some((d) => d.status === 'pending');
   };
-  const watch = () => every(1, 60, refresh);
+  const watch = () => every(1, 300, refresh);
 
   async function resend(d) {
     try {
@@ -597,7 +597,7 @@ async function endpointScreen(endpointId) {
     }
     showRecovery(r);
     // Read the progress back until the job has looked at everything and nothing it resent is still on its way.
-    every(1, 120, async () => {
+    every(1, 300, async () => {
       r = await api.recovery(endpointId, r.id);
       showRecovery(r);
       const done = r.status === 'finished' && r.counts.pending === 0;
