@@ -4,12 +4,15 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRun, registerAgent } from '../helpers/agents.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { finalizedRun, parties, settle, waitSettlement } from '../helpers/money.ts';
 import { createGate, gateParties, post, quote } from '../x402/helpers.ts';
 
 // The console in a real browser (Debian's chromium driven by playwright-core) against the service listening on
-// loopback: sign-in, the escalation inbox deciding a real paid call, tenant isolation, sessions that end, CSRF.
+// loopback: sign-in, the escalation inbox deciding real paid calls (one and in bulk, stale decisions included),
+// the cursor lists of one tenant only, a failed webhook delivery resent and recovered from the page, tenant
+// isolation, sessions that end, CSRF, and Bull Board for the admin key alone.
 // Each screen is written to .data/console-screenshots/ for people to look at.
 
 const CHROMIUM = '/usr/bin/chromium';
@@ -30,13 +33,17 @@ describe('web console in a browser', () => {
   let profile: string;
   let receiver: Server;
   const received: string[] = [];
+  // A second receiver that answers 500 while `failing` is set: its deliveries end `failed` (retry scale 0).
+  let flaky: Server;
+  let failing = true;
+  const flakyRequests: Array<{ eventId: string; status: number }> = [];
   let a: Awaited<ReturnType<TestApp['tenantWithKey']>>;
   let b: Awaited<ReturnType<TestApp['tenantWithKey']>>;
 
   beforeAll(async () => {
     t = await startTestApp({
       workers: ['finalize', 'settle', 'x402-verify', 'webhook-dispatch'],
-      overrides: { RATE_LIMIT_MAX: '100000', WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true', WEBHOOK_RETRY_SCALE: '0.001' },
+      overrides: { RATE_LIMIT_MAX: '100000', WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true', WEBHOOK_RETRY_SCALE: '0' },
     });
     await t.app.listen({ host: '127.0.0.1', port: 0 });
     base = `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`;
@@ -51,6 +58,15 @@ describe('web console in a browser', () => {
       });
     });
     await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve));
+    flaky = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        const status = failing ? 500 : 200;
+        flakyRequests.push({ eventId: String(req.headers['webhook-id']), status });
+        res.writeHead(status).end();
+      });
+    });
+    await new Promise<void>((resolve) => flaky.listen(0, '127.0.0.1', resolve));
     mkdirSync(SHOTS, { recursive: true });
     profile = mkdtempSync(join(tmpdir(), 'console-chromium-'));
     context = await chromium.launchPersistentContext(profile, {
@@ -68,6 +84,7 @@ describe('web console in a browser', () => {
     await context?.close();
     if (profile) rmSync(profile, { recursive: true, force: true });
     await new Promise((resolve) => receiver?.close(resolve));
+    await new Promise((resolve) => flaky?.close(resolve));
     await t?.close();
   });
 
@@ -281,4 +298,196 @@ describe('web console in a browser', () => {
     await page.locator(`tr[data-delivery-id="${deliveryId}"][data-status="succeeded"]`).waitFor();
     await shot('webhook-deliveries');
   }, BROWSER_TIMEOUT_MS);
+
+  it('Bull Board (every tenant\'s jobs) opens for the admin key and its console session only, never a tenant key\'s session, even one with scope ops', async () => {
+    const sessionCookie = async (key: string) => {
+      const signedIn = await t.app.inject({ method: 'POST', url: '/console/session', payload: { key } });
+      expect(signedIn.statusCode, signedIn.body).toBe(200);
+      return String(signedIn.headers['set-cookie']).split(';')[0]!;
+    };
+    const board = ['/admin/queues', '/admin/queues/api/queues', '/admin/queues/queue/webhook-dispatch'];
+    const opsKey = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['x402:read', 'ops'] } });
+    expect(opsKey.statusCode, opsKey.body).toBe(201);
+    for (const key of [a.token, opsKey.json().token as string]) {
+      const cookie = await sessionCookie(key);
+      const basic = `Basic ${Buffer.from(`x:${key}`).toString('base64')}`;
+      for (const url of board) {
+        for (const headers of [{ cookie }, { authorization: basic }, { authorization: `Bearer ${key}` }]) {
+          const res = await t.app.inject({ method: 'GET', url, headers });
+          expect(res.statusCode, `${url} ${Object.keys(headers)[0]}`).toBe(403);
+          expect(res.json().code).toBe('FORBIDDEN');
+          expect(res.body).not.toContain('webhook-dispatch"');
+        }
+      }
+    }
+    const admin = await sessionCookie(t.env.adminKey);
+    const adminBasic = `Basic ${Buffer.from(`ops:${t.env.adminKey}`).toString('base64')}`;
+    for (const headers of [{ cookie: admin }, { authorization: adminBasic }]) {
+      const res = await t.app.inject({ method: 'GET', url: '/admin/queues/api/queues', headers });
+      expect(res.statusCode, res.body).toBe(200);
+      expect(res.body).toContain('webhook-dispatch');
+    }
+    const none = await t.app.inject({ method: 'GET', url: '/admin/queues' });
+    expect(none.statusCode).toBe(401);
+    expect(none.headers['www-authenticate']).toContain('Basic');
+    // The admin's page links Bull Board; a tenant key's page does not.
+    expect((await t.app.inject({ method: 'GET', url: '/console', headers: { cookie: admin } })).body).toContain('href="/admin/queues"');
+    expect((await t.app.inject({ method: 'GET', url: '/console', headers: { cookie: await sessionCookie(a.token) } })).body).not.toContain('/admin/queues');
+  });
+
+  it('the lists show the signed-in tenant\'s rows only, filter by agent, and "More" pages on with the cursor', async () => {
+    const alice = await registerAgent(t, a.auth);
+    const bob = await registerAgent(t, a.auth);
+    const carol = await registerAgent(t, b.auth);
+    const mine: string[] = [];
+    for (let i = 0; i < 5; i++) mine.push(await createRun(t, a.auth, { agentId: i % 2 === 0 ? alice.agentId : bob.agentId }));
+    const theirs = await createRun(t, b.auth, { agentId: carol.agentId });
+    const ofTenantA = (await t.app.inject({ method: 'GET', url: '/v1/runs?limit=100', headers: a.auth })).json().items.map((r: { runId: string }) => r.runId) as string[];
+
+    await signIn(a.token);
+    await page.goto(`${base}/console/runs?limit=2`);
+    const rows = page.locator('tr[data-row-id]');
+    await rows.first().waitFor();
+    expect(await rows.count()).toBe(2);
+    // "More" until the list ends: every run of this tenant once, newest first, none of the other tenant's.
+    for (let shown = 2; shown < ofTenantA.length; shown = Math.min(shown + 2, ofTenantA.length)) {
+      await page.locator('#more').click();
+      await page.waitForFunction((n) => document.querySelectorAll('tr[data-row-id]').length >= n, Math.min(shown + 2, ofTenantA.length));
+    }
+    await page.locator('#more').waitFor({ state: 'hidden' });
+    const listed = await rows.evaluateAll((trs) => trs.map((tr) => (tr as HTMLElement).dataset.rowId!));
+    expect(listed).toEqual(ofTenantA);
+    for (const runId of mine) expect(listed).toContain(runId);
+    expect(listed).not.toContain(theirs);
+    await shot('runs');
+
+    // The search form: Alice's runs only (the filter lands in the URL, so the page can be shared or reloaded).
+    await page.locator('#search input[name=agentId]').fill(alice.agentId);
+    await page.locator('#search button[type=submit]').click();
+    await page.waitForURL(/agentId=/);
+    await rows.first().waitFor();
+    while (await page.locator('#more').isVisible()) {
+      const before = await rows.count();
+      await page.locator('#more').click();
+      await page.waitForFunction((n) => document.querySelectorAll('tr[data-row-id]').length > n, before);
+    }
+    const ofAlice = await rows.evaluateAll((trs) => trs.map((tr) => (tr as HTMLElement).dataset.rowId!));
+    expect(ofAlice.sort()).toEqual([mine[0], mine[2], mine[4]].sort());
+    // A row opens the run.
+    await page.locator(`a[href="/console/runs/${mine[0]}"]`).click();
+    await page.locator(`h1:has-text("${mine[0]}")`).waitFor();
+
+    // Every other list: rows of this tenant only, and a clear empty state where there is nothing.
+    await page.goto(`${base}/console/agents`);
+    await page.locator(`tr[data-row-id="${alice.agentId}"]`).waitFor();
+    expect(await page.locator(`tr[data-row-id="${carol.agentId}"]`).count()).toBe(0);
+    await shot('agents');
+    for (const kind of ['gates', 'settlements', 'disputes', 'sessions']) {
+      await page.goto(`${base}/console/${kind}`);
+      await page.locator('main table, main .empty').first().waitFor();
+      expect(await page.locator('main').textContent()).not.toContain(carol.agentId);
+      await shot(kind);
+    }
+    // Nonsense filters get the service's 4xx explained in the page, not a blank screen.
+    await page.goto(`${base}/console/runs?createdAfter=2030-01-02T00:00:00.000Z&createdBefore=2030-01-01T00:00:00.000Z`);
+    await page.locator('main .error').waitFor();
+
+    // The operator reads the same list of one tenant through /ops.
+    await signIn(t.env.adminKey);
+    await page.goto(`${base}/console/runs?tenant=${b.tenantId}`);
+    await page.locator(`tr[data-row-id="${theirs}"]`).waitFor();
+    expect(await page.locator(`tr[data-row-id="${mine[0]}"]`).count()).toBe(0);
+  }, BROWSER_TIMEOUT_MS);
+
+  it('bulk from the inbox: deadline and time left shown; a row decided meanwhile is reported stale and left alone; the operator decides as admin', async () => {
+    const calls = [await escalatedCall(a.auth), await escalatedCall(a.auth)];
+    await signIn(a.token);
+    for (const call of calls) {
+      const row = page.locator(`tr[data-escalation-id="${call.escalationId}"]`);
+      await row.waitFor();
+      expect(await row.textContent()).toMatch(/\d+ min left/); // the default deadline is 15 minutes away
+      await row.locator('input.pick').check();
+    }
+    // Someone else denies the first one after the page was drawn.
+    const meanwhile = await post(t, a.auth, `/x402/gate/escalations/${calls[0]!.escalationId}/resolve`, { action: 'deny', reason: 'decided elsewhere' });
+    expect(meanwhile.statusCode, meanwhile.body).toBe(200);
+    // No reason, no decision.
+    await page.locator('#approve').click();
+    await page.locator('#results .notice').waitFor();
+    expect(await page.locator('#results').textContent()).toContain('reason');
+    await page.locator('input[name=reason]').fill('vendor confirmed');
+    await page.locator('#approve').click();
+    await page.locator(`li[data-outcome="already_decided"][data-escalation-id="${calls[0]!.escalationId}"]`).waitFor();
+    await page.locator(`li[data-outcome="approved"][data-escalation-id="${calls[1]!.escalationId}"]`).waitFor();
+    expect(await page.locator('#stale').textContent()).toContain('1 of 2');
+    expect(await page.locator(`tr[data-escalation-id="${calls[0]!.escalationId}"][data-status="stale"]`).textContent()).toContain('already decided');
+    expect(await page.locator(`[data-override-token="${calls[1]!.escalationId}"]`).textContent()).toMatch(/^[\w-]+\.[\w-]+\.[\w-]+$/);
+    // The decided row now says who decided and why.
+    const decided = page.locator(`tr[data-escalation-id="${calls[1]!.escalationId}"][data-status="approved"]`);
+    await decided.waitFor();
+    expect(await decided.textContent()).toContain(`by key ${a.keyId}`);
+    expect(await decided.textContent()).toContain('reason: vendor confirmed');
+    await shot('escalations-bulk');
+    const stale = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${calls[0]!.gateId}`, headers: a.auth });
+    expect(stale.json().items[0]).toMatchObject({ status: 'denied', resolution: { reason: 'decided elsewhere' } });
+
+    // Decided ones, with who decided, under the "denied" filter.
+    await page.goto(`${base}/console/escalations?status=denied`);
+    const denied = page.locator(`tr[data-escalation-id="${calls[0]!.escalationId}"]`);
+    await denied.waitFor();
+    expect(await denied.textContent()).toContain('reason: decided elsewhere');
+
+    // The operator: the bulk route under /ops, recorded as decided by admin.
+    const theirs = await escalatedCall(b.auth);
+    await signIn(t.env.adminKey);
+    await page.goto(`${base}/console/escalations?tenant=${b.tenantId}`);
+    await page.locator(`tr[data-escalation-id="${theirs.escalationId}"] input.pick`).check();
+    await page.locator('input[name=reason]').fill('over budget');
+    await page.locator('#deny').click();
+    await page.locator(`li[data-outcome="denied"][data-escalation-id="${theirs.escalationId}"]`).waitFor();
+    expect(await page.locator(`tr[data-escalation-id="${theirs.escalationId}"]`).textContent()).toContain('by the operator');
+    const res = await t.app.inject({ method: 'GET', url: `/x402/gate/escalations?gateId=${theirs.gateId}`, headers: b.auth });
+    expect(res.json().items[0]).toMatchObject({ status: 'denied', resolution: { by: 'admin', reason: 'over budget' } });
+  }, BROWSER_TIMEOUT_MS);
+
+  it('deliveries: a failed delivery is resent from the page and the receiver gets the same event; failed ones since a time are recovered with progress', async () => {
+    failing = true;
+    const endpoint = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: a.auth, payload: { url: `http://127.0.0.1:${(flaky.address() as { port: number }).port}/hook`, events: ['run.finalized'] } });
+    expect(endpoint.statusCode, endpoint.body).toBe(201);
+    const endpointId = endpoint.json().id as string;
+    await signIn(a.token);
+    await page.goto(`${base}/console/webhooks/${endpointId}`);
+    await page.locator('#send-test').click();
+    const deliveryId = await page.locator('[data-test-delivery]').getAttribute('data-test-delivery');
+    // The receiver answers 500 to every attempt; the page reads the deliveries back until the delivery has failed.
+    const failedRow = page.locator(`tr[data-delivery-id="${deliveryId}"][data-status="failed"]`);
+    await failedRow.waitFor({ timeout: 90_000 });
+    const eventId = (await failedRow.getAttribute('data-event-id'))!;
+    expect(flakyRequests.filter((r) => r.eventId === eventId && r.status === 500).length).toBeGreaterThan(1);
+    await shot('webhook-failed');
+
+    failing = false;
+    await failedRow.locator('button.resend').click();
+    await page.locator(`[data-resent="${deliveryId}"]`).waitFor();
+    await until(() => flakyRequests.some((r) => r.eventId === eventId && r.status === 200));
+    await page.locator(`tr[data-delivery-id="${deliveryId}"][data-status="succeeded"]`).waitFor({ timeout: 90_000 });
+    await shot('webhook-resent');
+
+    // Recover: another delivery fails, the receiver comes back, "recover failed since" sends it again.
+    failing = true;
+    await page.locator('#send-test').click();
+    await page.waitForFunction((first) => { const d = document.querySelector('[data-test-delivery]') as HTMLElement | null; return d && d.dataset.testDelivery !== first; }, deliveryId);
+    const second = (await page.locator('[data-test-delivery]').getAttribute('data-test-delivery'))!;
+    await page.locator(`tr[data-delivery-id="${second}"][data-status="failed"]`).waitFor({ timeout: 90_000 });
+    failing = false;
+    await page.locator('#recover button[type=submit]').click();
+    const finished = page.locator('[data-recovery-status="finished"]');
+    await finished.waitFor({ timeout: 90_000 });
+    await page.waitForFunction(() => document.querySelector('[data-recovery-status="finished"]')?.textContent?.includes('1 sent again; of those 1 delivered'), undefined, { timeout: 90_000 });
+    await page.locator(`tr[data-delivery-id="${second}"][data-status="succeeded"]`).waitFor({ timeout: 90_000 });
+    const secondEvent = (await page.locator(`tr[data-delivery-id="${second}"]`).getAttribute('data-event-id'))!;
+    expect(flakyRequests.some((r) => r.eventId === secondEvent && r.status === 200)).toBe(true);
+    expect(await page.locator('main').textContent()).not.toMatch(/\bnull\b|undefined/);
+    await shot('webhook-recovered');
+  }, 2 * BROWSER_TIMEOUT_MS);
 });

@@ -74,8 +74,11 @@ ${meta('expires', ctx.expiresAt)}
     <nav id="nav">
       <a href="${CONSOLE_PATH}/escalations" data-nav>Escalations</a>
       <a href="${CONSOLE_PATH}/runs" data-nav>Runs</a>
+      <a href="${CONSOLE_PATH}/agents" data-nav>Agents</a>
       <a href="${CONSOLE_PATH}/gates" data-nav>Gates</a>
+      <a href="${CONSOLE_PATH}/sessions" data-nav>Sessions</a>
       <a href="${CONSOLE_PATH}/settlements" data-nav>Settlements</a>
+      <a href="${CONSOLE_PATH}/disputes" data-nav>Disputes</a>
       <a href="${CONSOLE_PATH}/wallets" data-nav>Wallets</a>
       <a href="${CONSOLE_PATH}/webhooks" data-nav>Webhooks</a>
       ${ctx.signer === 'admin' ? `<a href="${CONSOLE_PATH}/tenants" data-nav>Tenants</a>\n      <a href="${BULL_BOARD_PATH}" target="_blank" rel="noopener">Queues (Bull Board)</a>` : ''}

@@ -11,9 +11,11 @@ import { sendError } from './errors.ts';
 /**
  * What a route requires: a tenant scope, any valid tenant key whatever its scopes ('tenant', for routes that only
  * describe the caller), the onboarding credentials of the path's tenant ('onboarding', see below), the admin
- * credential, or nothing at all.
+ * credential or a key with scope `ops` ('admin', the `/ops/*` routes), the admin credential itself and never a
+ * tenant key whatever its scopes ('admin-key': third-party UIs such as Bull Board, which show every tenant's jobs
+ * and answer nothing in the contract's terms), or nothing at all.
  */
-export type RouteAccess = Scope | 'tenant' | 'onboarding' | 'admin' | 'public';
+export type RouteAccess = Scope | 'tenant' | 'onboarding' | 'admin' | 'admin-key' | 'public';
 
 export type Principal =
   | { kind: 'admin'; credentialId: 'admin' }
@@ -88,9 +90,9 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
   app.decorateRequest('principal', null);
 
   app.addHook('onRoute', (route) => {
-    // Third-party UIs (Bull Board) register routes we cannot annotate; their whole prefix is admin-only.
+    // Third-party UIs (Bull Board) register routes we cannot annotate; their whole prefix is the admin key's alone.
     if (opts.adminPrefixes.some((prefix) => route.url.startsWith(prefix))) {
-      route.config = { ...route.config, access: 'admin' };
+      route.config = { ...route.config, access: 'admin-key' };
     }
     if (!route.config?.access) {
       throw new Error(`route ${route.method} ${route.url} declares no access scope`);
@@ -140,18 +142,20 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     } else if (sessionToken) {
       principal = await consolePrincipal(request, sessionToken);
     } else {
-      if (access === 'admin') reply.header('www-authenticate', 'Basic realm="agent-settlement admin"');
+      if (access === 'admin' || access === 'admin-key') reply.header('www-authenticate', 'Basic realm="agent-settlement admin"');
       throw errors.unauthenticated();
     }
     request.principal = principal;
     // The same checks whichever way the credential came: a console session acts exactly as the key it signed in with.
     if (principal.kind === 'admin') {
-      if (access === 'admin') return;
+      if (access === 'admin' || access === 'admin-key') return;
       // The admin credential belongs to no tenant, so it cannot act inside one.
       throw errors.forbidden(access);
     }
     if (principal.kind !== 'key') return; // the operator inside a tenant the console names (see Principal)
     if (access === 'tenant') return;
+    // A tenant key, or its console session, never opens what only the admin key may (whatever scopes it holds).
+    if (access === 'admin-key') throw new ServiceError(403, 'FORBIDDEN', 'only the admin key (or the console signed in with it) may open this', { requiredCredential: 'admin' });
     const needed: Scope = access === 'admin' ? 'ops' : access;
     if (!grants(principal.scopes, needed)) throw errors.forbidden(needed);
   };

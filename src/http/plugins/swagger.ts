@@ -73,8 +73,8 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
       if (access === 'public') transformed.security = [];
       if (access && access !== 'public') {
         transformed.security =
-          access === 'admin' ? [{ bearer: [] }, { adminBasic: [] }] : access === 'onboarding' ? [{ apiKeyHeader: [] }, { buyerSession: [] }] : [{ bearer: [] }];
-        transformed['x-required-scope'] = access === 'admin' ? 'ops' : access;
+          access === 'admin' || access === 'admin-key' ? [{ bearer: [] }, { adminBasic: [] }] : access === 'onboarding' ? [{ apiKeyHeader: [] }, { buyerSession: [] }] : [{ bearer: [] }];
+        transformed['x-required-scope'] = access === 'admin' ? 'ops' : access === 'admin-key' ? 'admin' : access;
       }
       return { schema: transformed, url };
     },

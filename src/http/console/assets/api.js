@@ -1,6 +1,5 @@
 // The console's only door to data: every screen reads and writes through these functions, which call the service's
-// own API routes with the session cookie (the auth plugin checks them as for the key that signed in). When a route
-// lands (cursor lists, bulk decisions, resend), it is added here and the screens pick it up.
+// own API routes with the session cookie (the auth plugin checks them as for the key that signed in).
 
 const meta = (name) => document.querySelector(`meta[name="console-${name}"]`)?.content ?? '';
 
@@ -53,25 +52,21 @@ const q = (params) => {
 };
 const id = encodeURIComponent;
 
-/**
- * Lists by their route, `{items, nextCursor}` each; null where the service has no list route yet (the screen then
- * offers a lookup by id instead).
- */
+/** The kinds the service lists with cursors (GET /v1/<kind> for a tenant key, GET /ops/<kind>?tenantId= for the operator). */
+export const LIST_KINDS = ['runs', 'agents', 'settlements', 'disputes', 'gates', 'escalations', 'sessions'];
+
+/** Lists by their route, `{items, nextCursor}` each; the operator reads a tenant's through /ops with `tenantId`. */
 export const listRoutes = {
-  escalations: '/x402/gate/escalations',
+  ...Object.fromEntries(LIST_KINDS.map((kind) => [kind, session.signer === 'admin' ? `/ops/${kind}` : `/v1/${kind}`])),
   webhooks: '/v1/webhooks',
-  runs: null,
-  gates: null,
-  settlements: null,
-  agents: null,
-  disputes: null,
-  sessions: null,
 };
 
+/** One page of a list: filters `status`, `agentId`, `createdAfter`, `createdBefore`, `limit`, and the `cursor`. */
 export function list(kind, params = {}) {
   const route = listRoutes[kind];
   if (!route) throw new Error(`no list route for ${kind}`);
-  return call('GET', route + q(params));
+  const tenantId = route.startsWith('/ops/') ? currentTenant() : undefined;
+  return call('GET', route + q({ ...params, tenantId }));
 }
 
 export const tenants = () => call('GET', '/ops/tenants?limit=200');
@@ -79,21 +74,14 @@ export const tenants = () => call('GET', '/ops/tenants?limit=200');
 export const escalations = (params) => list('escalations', params);
 
 /**
- * Approves or denies each escalation with one reason; one call per escalation until a bulk route exists. Every
- * outcome is reported, refusals included (an escalation already decided says so and changes nothing).
+ * Approves or denies the escalations with one reason, in one call of the bulk route (the operator's under /ops).
+ * The answer says per id what happened: approved, denied, already_decided, deadline_passed or not_found; a stale
+ * decision changes nothing.
  */
 export async function resolveEscalations(ids, action, reason) {
-  const outcomes = [];
-  for (const escalationId of ids) {
-    try {
-      const r = await call('POST', `/x402/gate/escalations/${id(escalationId)}/resolve`, { action, ...(reason ? { reason } : {}) });
-      outcomes.push({ escalationId, ok: true, result: r });
-    } catch (err) {
-      if (err.status === 401) throw err;
-      outcomes.push({ escalationId, ok: false, error: err });
-    }
-  }
-  return outcomes;
+  const path = session.signer === 'admin' ? '/ops/x402/escalations/resolve' : '/x402/gate/escalations/resolve';
+  const { results } = await call('POST', path, { action, reason, escalationIds: ids });
+  return results;
 }
 
 export const run = (runId) => call('GET', `/v1/runs/${id(runId)}`);
@@ -107,7 +95,13 @@ export const walletPolicy = (walletId) => call('GET', `/x402/wallets/${id(wallet
 export const webhookEndpoint = (endpointId) => call('GET', `/v1/webhooks/${id(endpointId)}`);
 export const deliveries = (endpointId, params = {}) => call('GET', `/v1/webhooks/${id(endpointId)}/deliveries${q({ limit: 50, ...params })}`);
 
-/** Sends one delivery again (202; scope webhooks:write). */
+/** Sends one delivery again: the same event id and body, a new attempt (202; scope webhooks:write). */
 export const resendDelivery = (endpointId, deliveryId) => call('POST', `/v1/webhooks/${id(endpointId)}/deliveries/${id(deliveryId)}/resend`);
+/** Sends a webhook.test event to this endpoint alone (202 `{eventId, deliveryId, status}`). */
+export const sendTestEvent = (endpointId) => call('POST', `/v1/webhooks/${id(endpointId)}/test`);
+/** Starts sending every failed or abandoned delivery since `since` again (202, a recovery with its progress). */
+export const recoverDeliveries = (endpointId, since) => call('POST', `/v1/webhooks/${id(endpointId)}/recoveries`, { since });
+export const recovery = (endpointId, recoveryId) => call('GET', `/v1/webhooks/${id(endpointId)}/recoveries/${id(recoveryId)}`);
+export const paymentSession = (sessionId) => call('GET', `/x402/sessions/${id(sessionId)}`);
 
 export const signOut = () => call('POST', '/console/session/end');

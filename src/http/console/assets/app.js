@@ -1,6 +1,6 @@
 // The console's screens, drawn from the path (/console/<screen>/<id>); every read and write goes through api.js.
 import * as api from './api.js';
-import { duration, el, money, time, zone } from './format.js';
+import { duration, el, fromLocalInput, localInput, money, time, zone } from './format.js';
 
 const screen = document.getElementById('screen');
 const isOperator = api.session.signer === 'admin';
@@ -15,9 +15,11 @@ function href(path, params = {}) {
 }
 const link = (path, text, params) => el('a', { href: href(path, params) }, text);
 
-function show(...nodes) {
-  screen.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined));
+/** Replaces what `node` shows; null and undefined children are left out (replaceChildren would print "null"). */
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((n) => n !== null && n !== undefined && n !== false));
 }
+const show = (...nodes) => fill(screen, ...nodes);
 
 /** What went wrong and what to do about it, in words. */
 function errorBox(err, context) {
@@ -68,49 +70,224 @@ async function needTenant() {
   return false;
 }
 
-// ---- Escalation inbox -------------------------------------------------------------------------------------------
+// ---- Lists: filters in the URL, a page at a time, "More" appends the next ------------------------------------
 
-async function escalationsScreen() {
+const PAGE_SIZE = 25;
+const STATUSES = {
+  runs: ['in_progress', 'finalizing', 'finalized'],
+  agents: ['active', 'wound_down', 'frozen'],
+  settlements: ['pending', 'completed', 'held', 'refunded', 'disputed', 'partially_refunded'],
+  disputes: ['open', 'resolving', 'resolved'],
+  gates: ['unfunded', 'held', 'authorized', 'settling', 'released', 'refunded', 'cancelled', 'expired'],
+  escalations: ['pending', 'approved', 'denied'],
+  sessions: ['open', 'closing', 'closed', 'expired', 'wound_down', 'unfunded'],
+};
+
+/** Where a settlement's or dispute's subject lives in the console: a run, a gate or a payment session. */
+function subjectLink(subjectId) {
+  const target = subjectId.startsWith('run_') ? 'runs' : subjectId.startsWith('gate_') ? 'gates' : subjectId.startsWith('ses_') ? 'sessions' : null;
+  return target ? link(`/${target}/${encodeURIComponent(subjectId)}`, subjectId) : el('span', { class: 'mono' }, subjectId);
+}
+const walletLink = (walletId) => link(`/wallets/${encodeURIComponent(walletId)}`, walletId);
+const agentRunsLink = (agentId) => link('/runs', agentId, { agentId });
+
+/** Each list's columns: a header and a cell of an item (text or nodes); `num` right-aligns. */
+const LISTS = {
+  runs: {
+    title: 'Runs', noun: 'runs', idOf: (r) => r.runId,
+    empty: 'No runs. An agent starts one with POST /v1/runs (see the API reference).',
+    columns: [
+      ['Run', (r) => link(`/runs/${encodeURIComponent(r.runId)}`, r.runId)], ['Status', (r) => r.status], ['Verdict', (r) => r.verdict ?? '—'],
+      ['Agent', (r) => agentRunsLink(r.agentId)], ['Events', (r) => String(r.eventCount), true], ['Created', (r) => time(r.createdAt)], ['Finalized', (r) => time(r.finalizedAt)],
+    ],
+  },
+  agents: {
+    title: 'Agents', noun: 'agents', idOf: (a) => a.agentId,
+    empty: 'No agents. Register one with POST /v1/agents (scope agents:write).',
+    columns: [
+      ['Agent', (a) => el('span', { class: 'mono' }, a.agentId)], ['Name', (a) => a.displayName ?? '—'], ['Status', (a) => a.status],
+      ['Keys', (a) => `${a.keys.filter((k) => k.status === 'active').length} active of ${a.keys.length}`],
+      ['Created', (a) => time(a.createdAt)], ['', (a) => [link('/runs', 'runs', { agentId: a.agentId }), ' · ', link('/gates', 'gates', { agentId: a.agentId })]],
+    ],
+  },
+  settlements: {
+    title: 'Settlements', noun: 'settlements', idOf: (s) => s.settlementId,
+    empty: 'No settlements. A finalized run is settled with POST /v1/runs/{runId}/settle; a verified gate settles by itself.',
+    columns: [
+      ['Settlement', (s) => el('span', { class: 'mono' }, s.settlementId)], ['Of', (s) => subjectLink(s.runId)], ['Status', (s) => s.status],
+      ['Amount', (s) => money(s.amount, s.currency), true], ['Released', (s) => money(s.releasedAmount, s.currency), true], ['Refunded', (s) => money(s.refundedAmount, s.currency), true],
+      ['Payer', (s) => walletLink(s.payerWalletId)], ['Payee', (s) => walletLink(s.payeeWalletId)], ['Dispute', (s) => (s.dispute ? `${s.dispute.status}: ${s.dispute.reason}` : '—')],
+    ],
+  },
+  disputes: {
+    title: 'Disputes', noun: 'disputes', idOf: (d) => d.disputeId,
+    empty: 'No disputes. A payer opens one within the dispute window of a settlement.',
+    columns: [
+      ['Dispute', (d) => el('span', { class: 'mono' }, d.disputeId)], ['Status', (d) => d.status], ['Reason', (d) => d.reason],
+      ['Frozen', (d) => money(d.frozenAmount, d.currency), true], ['Of', (d) => subjectLink(d.runId)], ['Opened', (d) => time(d.openedAt)],
+      ['Outcome', (d) => (d.outcome ? `${d.outcome} (payer ${money(d.toPayer, d.currency)}, payee ${money(d.toPayee, d.currency)})` : '—')],
+    ],
+  },
+  gates: {
+    title: 'Gates', noun: 'gates', idOf: (g) => g.gateId,
+    empty: 'No gates. A provider creates one per paid call with POST /x402/gate/create.',
+    columns: [
+      ['Gate', (g) => link(`/gates/${encodeURIComponent(g.gateId)}`, g.gateId)], ['Status', (g) => g.status], ['Payer', (g) => g.payerAgentId], ['Payee', (g) => g.payeeAgentId],
+      ['Amount', (g) => money(g.amount, g.currency), true], ['Tool', (g) => g.toolId ?? '—'], ['Created', (g) => time(g.createdAt)],
+    ],
+  },
+  sessions: {
+    title: 'Payment sessions', noun: 'sessions', idOf: (s) => s.sessionId,
+    empty: 'No payment sessions. A payer opens one with POST /x402/sessions.',
+    columns: [
+      ['Session', (s) => link(`/sessions/${encodeURIComponent(s.sessionId)}`, s.sessionId)], ['Status', (s) => s.status], ['Payer', (s) => s.payerAgentId],
+      ['Budget', (s) => money(s.budget, s.currency), true], ['Spent', (s) => money(s.spent, s.currency), true], ['Charges', (s) => String(s.charges), true],
+      ['Expires', (s) => time(s.expiresAt)], ['Created', (s) => time(s.createdAt)],
+    ],
+  },
+};
+
+/** The filters a list URL carries; `status=all` (or none, for a list without a default) means any. */
+function listFilters(defaultStatus) {
   const params = new URLSearchParams(location.search);
-  const status = params.get('status') ?? 'pending';
-  const cursor = params.get('cursor') ?? undefined;
-  const heading = el('h1', {}, 'Escalations');
-  const filter = el('nav', { class: 'filters' }, ['pending', 'approved', 'denied', 'all'].map((s) =>
-    el('a', { href: href('/escalations', s === 'pending' ? {} : { status: s }), class: s === status ? 'current' : null }, s)));
+  const status = params.get('status') ?? defaultStatus ?? 'all';
+  const limit = Number(params.get('limit'));
+  return {
+    status,
+    agentId: params.get('agentId') ?? '',
+    createdAfter: params.get('createdAfter') ?? '',
+    createdBefore: params.get('createdBefore') ?? '',
+    limit: Number.isInteger(limit) && limit > 0 ? limit : PAGE_SIZE,
+  };
+}
+
+/** The search form of a list: status, agent, created between; submitting puts the filters in the URL. */
+function filterForm(kind, filters, defaultStatus) {
+  const status = el('select', { name: 'status' }, ['all', ...STATUSES[kind]].map((s) => el('option', { value: s, selected: s === filters.status }, s === 'all' ? 'any status' : s)));
+  const agentId = el('input', { name: 'agentId', value: filters.agentId, placeholder: 'agent id', size: 24 });
+  const after = el('input', { name: 'createdAfter', type: 'datetime-local', value: localInput(filters.createdAfter) });
+  const before = el('input', { name: 'createdBefore', type: 'datetime-local', value: localInput(filters.createdBefore) });
+  const submit = (event) => {
+    event.preventDefault();
+    const params = {};
+    if (status.value !== (defaultStatus ?? 'all')) params.status = status.value;
+    if (agentId.value.trim()) params.agentId = agentId.value.trim();
+    if (fromLocalInput(after.value)) params.createdAfter = fromLocalInput(after.value);
+    if (fromLocalInput(before.value)) params.createdBefore = fromLocalInput(before.value);
+    if (filters.limit !== PAGE_SIZE) params.limit = String(filters.limit);
+    location.assign(href(`/${kind}`, params));
+  };
+  return el('form', { class: 'search', id: 'search', onsubmit: submit },
+    el('label', {}, 'Status ', status), el('label', {}, 'Agent ', agentId),
+    el('label', {}, 'Created after ', after), el('label', {}, 'before ', before),
+    el('button', { type: 'submit' }, 'Search'), el('a', { href: href(`/${kind}`) }, 'clear'),
+    el('span', { class: 'quiet' }, `times in ${zone}`));
+}
+
+/**
+ * A list screen: the form, the first page, and "More" that fetches the next page with the cursor and appends its
+ * rows. `row(item)` draws one row; `extra(rows)` adds controls above the table (the inbox's decisions).
+ */
+async function listScreen(kind, { title, columns, row, idOf, empty, defaultStatus, extra }) {
+  const filters = listFilters(defaultStatus);
+  const heading = el('h1', {}, title);
+  const form = filterForm(kind, filters, defaultStatus);
+  const query = { status: filters.status === 'all' ? undefined : filters.status, agentId: filters.agentId, createdAfter: filters.createdAfter, createdBefore: filters.createdBefore, limit: filters.limit };
   let page;
   try {
-    page = await api.escalations({ status: status === 'all' ? undefined : status, cursor, limit: 50 });
+    page = await api.list(kind, query);
   } catch (err) {
-    return show(heading, filter, errorBox(err, 'Could not load escalations'));
+    return show(heading, form, errorBox(err, `Could not list ${title.toLowerCase()}`));
   }
-  const now = Date.now();
-  const boxes = [];
-  const rows = page.items.map((e) => {
-    const pending = e.status === 'pending';
-    const box = el('input', { type: 'checkbox', value: e.escalationId, 'aria-label': `select ${e.escalationId}`, disabled: !pending });
-    if (pending) boxes.push(box);
-    const waited = pending ? duration(now - Date.parse(e.createdAt)) : `${e.status}${e.resolution ? ` ${time(e.resolution.at)}` : ''}`;
-    const left = e.deadlineAt ? (pending ? duration(Date.parse(e.deadlineAt) - now) : '—') : 'no deadline';
-    return el('tr', { dataset: { escalationId: e.escalationId, status: e.status } },
-      el('td', {}, box),
-      el('td', {}, el('span', { class: 'mono' }, e.escalationId), el('div', { class: 'quiet' }, time(e.createdAt))),
-      el('td', {}, waited),
-      el('td', {}, left),
-      el('td', { class: 'id' }, e.payerAgentId, el('div', { class: 'quiet' }, link(`/wallets/${encodeURIComponent(e.walletId)}`, `wallet ${e.walletId}`))),
-      el('td', { class: 'id' }, e.payeeAgentId),
-      el('td', { class: 'num' }, money(e.amount, e.currency)),
-      el('td', {}, el('strong', {}, e.rule), el('div', { class: 'quiet' }, shortJson(e.details))),
-      el('td', {}, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate'), e.resolution?.reason ? el('div', { class: 'quiet' }, `reason: ${e.resolution.reason}`) : null));
-  });
-  const all = el('input', { type: 'checkbox', 'aria-label': 'select all', onchange: (ev) => boxes.forEach((b) => { b.checked = ev.target.checked; }) });
-  const reason = el('input', { name: 'reason', placeholder: 'Reason (recorded with the decision)', size: 50, maxlength: 2000 });
-  const results = el('section', { id: 'results', 'aria-live': 'polite' });
-  const decide = async (action) => {
-    const ids = boxes.filter((b) => b.checked).map((b) => b.value);
-    if (ids.length === 0) {
-      results.replaceChildren(el('p', { class: 'notice' }, 'Select the escalations to decide first (the boxes on the left).'));
-      return;
+  const drawRow = row ?? ((item) => el('tr', { dataset: { rowId: idOf(item) } }, columns.map(([, cell, num]) => el('td', { class: num ? 'num' : null }, cell(item)))));
+  const tbody = el('tbody', {}, page.items.map(drawRow));
+  const count = el('p', { class: 'quiet', id: 'shown' });
+  const countShown = () => { count.textContent = `${tbody.rows.length} shown${page.nextCursor ? '; more below' : ''}`; };
+  const more = el('button', { type: 'button', id: 'more' }, 'More');
+  more.addEventListener('click', async () => {
+    more.disabled = true;
+    try {
+      page = await api.list(kind, { ...query, cursor: page.nextCursor });
+      tbody.append(...page.items.map(drawRow));
+      more.hidden = !page.nextCursor;
+      countShown();
+    } catch (err) {
+      more.after(errorBox(err, 'Could not load more'));
+    } finally {
+      more.disabled = false;
     }
+  });
+  more.hidden = !page.nextCursor;
+  countShown();
+  const filtered = query.status || filters.agentId || filters.createdAfter || filters.createdBefore;
+  const body = page.items.length === 0
+    ? el('p', { class: 'empty' }, filtered ? `No ${title.toLowerCase()} match these filters; widen them or clear them.` : empty)
+    : el('table', {}, el('thead', {}, el('tr', {}, columns.map(([h, , num]) => el('th', { class: num ? 'num' : null }, h)))), tbody);
+  show(heading, form, extra ? extra(tbody, page.items) : null, body, count, el('p', {}, more));
+}
+
+/** The lists whose rows open a detail screen also open one by its id. */
+const OPEN_BY_ID = { runs: 'Run id', gates: 'Gate id', sessions: 'Session id' };
+
+function genericListScreen(kind) {
+  const label = OPEN_BY_ID[kind];
+  const open = label ? () => lookup(label, '…', (v) => location.assign(href(`/${kind}/${encodeURIComponent(v)}`))) : null;
+  return listScreen(kind, { ...LISTS[kind], extra: open });
+}
+
+// ---- Escalation inbox -------------------------------------------------------------------------------------------
+
+/** Who decided, in words: a key id, the operator, the deadline, or a wind-down. */
+function deciderText(by) {
+  if (by === 'admin') return 'the operator';
+  if (by === 'deadline') return 'the deadline (nobody decided in time)';
+  if (by === 'tenant') return 'the tenant (before deciders were recorded)';
+  if (by.startsWith('wind-down:')) return `the wind-down of ${by.slice('wind-down:'.length)}`;
+  return `key ${by}`;
+}
+
+function escalationRow(e, now = Date.now()) {
+  const pending = e.status === 'pending';
+  const box = el('input', { type: 'checkbox', class: 'pick', value: e.escalationId, 'aria-label': `select ${e.escalationId}`, disabled: !pending });
+  const leftMs = Date.parse(e.deadlineAt) - now;
+  const deadline = pending
+    ? [el('strong', { class: leftMs < 5 * 60_000 ? 'bad' : null }, leftMs > 0 ? `${duration(leftMs)} left` : 'deadline passed'), el('div', { class: 'quiet' }, `denied by itself at ${time(e.deadlineAt)}`)]
+    : el('span', { class: 'quiet' }, time(e.deadlineAt));
+  const r = e.resolution;
+  const decision = r
+    ? [el('strong', { class: r.action === 'approve' ? 'ok' : 'bad' }, r.action === 'approve' ? 'approved' : 'denied'), ` ${time(r.at)}`,
+      el('div', {}, `by ${deciderText(r.by)}`), r.reason ? el('div', { class: 'quiet' }, `reason: ${r.reason}`) : null]
+    : el('span', { class: 'quiet' }, `waiting ${duration(now - Date.parse(e.createdAt))}`);
+  return el('tr', { dataset: { escalationId: e.escalationId, status: e.status } },
+    el('td', {}, box),
+    el('td', {}, el('span', { class: 'mono' }, e.escalationId), el('div', { class: 'quiet' }, time(e.createdAt))),
+    el('td', { class: 'deadline' }, deadline),
+    el('td', { class: 'id' }, e.payerAgentId, el('div', { class: 'quiet' }, walletLink(e.walletId))),
+    el('td', { class: 'id' }, e.payeeAgentId),
+    el('td', { class: 'num' }, money(e.amount, e.currency)),
+    el('td', {}, el('strong', {}, e.rule), el('div', { class: 'quiet' }, shortJson(e.details))),
+    el('td', { class: 'decision' }, decision),
+    el('td', {}, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate')));
+}
+
+const OUTCOME_TEXT = {
+  approved: 'approved',
+  denied: 'denied',
+  already_decided: 'not changed: it was already decided (reload to see how)',
+  deadline_passed: 'not changed: its deadline passed, so it was denied by itself',
+  not_found: 'not found (decided elsewhere and removed, or not of this tenant)',
+};
+
+/** The inbox's decisions: approve or deny the selected rows with one reason, one bulk call, an outcome per row. */
+function decisionControls(tbody) {
+  const reason = el('input', { name: 'reason', placeholder: 'Reason (required; recorded with the decision)', size: 50, maxlength: 2000 });
+  const results = el('section', { id: 'results', 'aria-live': 'polite' });
+  const selectAll = el('label', {}, el('input', { type: 'checkbox', id: 'select-all', onchange: (ev) => tbody.querySelectorAll('input.pick:not([disabled])').forEach((b) => { b.checked = ev.target.checked; }) }), ' all pending shown');
+  const decide = async (action) => {
+    const ids = [...tbody.querySelectorAll('input.pick:checked')].map((b) => b.value);
+    if (ids.length === 0) return results.replaceChildren(el('p', { class: 'notice' }, 'Select the escalations to decide first (the boxes on the left).'));
+    if (!reason.value.trim()) return results.replaceChildren(el('p', { class: 'notice' }, 'Give a reason first: it is recorded with the decision and shown to whoever looks later.'));
+    if (ids.length > 100) return results.replaceChildren(el('p', { class: 'notice' }, `At most 100 at once; ${ids.length} are selected.`));
     results.replaceChildren(el('p', { class: 'quiet' }, `${action === 'approve' ? 'Approving' : 'Denying'} ${ids.length}…`));
     let outcomes;
     try {
@@ -118,34 +295,53 @@ async function escalationsScreen() {
     } catch (err) {
       return results.replaceChildren(errorBox(err, 'Could not decide'));
     }
-    results.replaceChildren(el('h2', {}, 'Decisions'), el('ul', { class: 'outcomes' }, outcomes.map((o) => o.ok
-      ? el('li', { dataset: { outcome: o.result.status, escalationId: o.escalationId } }, `${o.escalationId}: ${o.result.status}. `,
-        o.result.escalationOverrideToken ? [
+    for (const o of outcomes) {
+      const old = tbody.querySelector(`tr[data-escalation-id="${CSS.escape(o.escalationId)}"]`);
+      if (!old) continue;
+      if (o.escalation) {
+        old.replaceWith(escalationRow(o.escalation));
+        continue;
+      }
+      // Decided elsewhere (or gone): the row no longer says where it stands, so it says that instead.
+      old.dataset.status = 'stale';
+      old.querySelector('input.pick')?.setAttribute('disabled', '');
+      old.querySelector('td.deadline')?.replaceChildren('—');
+      old.querySelector('td.decision')?.replaceChildren(el('strong', { class: 'bad' }, OUTCOME_TEXT[o.outcome] ?? o.outcome));
+    }
+    const stale = outcomes.filter((o) => o.outcome !== 'approved' && o.outcome !== 'denied').length;
+    fill(results, el('h2', {}, 'Decisions'),
+      stale ? el('p', { class: 'notice', id: 'stale' }, `${stale} of ${outcomes.length} could not be ${action === 'approve' ? 'approved' : 'denied'} and were left as they were.`) : null,
+      el('ul', { class: 'outcomes' }, outcomes.map((o) => el('li', { class: o.escalation ? null : 'error', dataset: { outcome: o.outcome, escalationId: o.escalationId } },
+        el('span', { class: 'mono' }, o.escalationId), `: ${OUTCOME_TEXT[o.outcome] ?? o.outcome}. `, o.message ? el('span', { class: 'quiet' }, o.message) : null,
+        o.escalationOverrideToken ? [
           'Give the payer this single-use override token (send it as escalationOverrideToken to authorize-payment',
-          o.result.overrideExpiresAt ? `, before ${time(o.result.overrideExpiresAt)}` : '', '):',
-          el('code', { class: 'token', 'data-override-token': o.escalationId }, o.result.escalationOverrideToken)] : null)
-      : el('li', { class: 'error', dataset: { outcome: 'refused', escalationId: o.escalationId } }, `${o.escalationId}: refused — ${o.error.message}`))),
-    el('p', {}, el('a', { href: location.pathname + location.search }, 'Reload the inbox')));
+          o.overrideExpiresAt ? `, before ${time(o.overrideExpiresAt)}` : '', '):',
+          el('code', { class: 'token', 'data-override-token': o.escalationId }, o.escalationOverrideToken)] : null))),
+      el('p', {}, el('a', { href: location.pathname + location.search }, 'Reload the inbox')));
   };
-  const actions = el('div', { class: 'actions' }, reason,
+  return el('div', {}, el('div', { class: 'actions' }, selectAll, reason,
     el('button', { type: 'button', id: 'approve', onclick: () => decide('approve') }, 'Approve selected'),
-    el('button', { type: 'button', id: 'deny', class: 'danger', onclick: () => decide('deny') }, 'Deny selected'));
-  const empty = status === 'pending'
-    ? 'Nothing is waiting. A payment that breaks a wallet policy (PUT /x402/wallets/{walletId}/policy) waits here for a person.'
-    : `No ${status === 'all' ? '' : `${status} `}escalations.`;
-  show(heading, filter,
-    page.items.some((e) => e.status === 'pending') ? actions : null,
-    table([all, 'Escalation', status === 'pending' ? 'Waiting' : 'Status', 'Time left', 'Payer', 'Payee', 'Amount', 'Policy', ''], rows, empty),
-    page.nextCursor ? el('p', {}, link('/escalations', 'Next page →', { ...(status !== 'pending' ? { status } : {}), cursor: page.nextCursor })) : null,
-    results);
+    el('button', { type: 'button', id: 'deny', class: 'danger', onclick: () => decide('deny') }, 'Deny selected')), results);
 }
 
-// ---- Lists that wait for their routes, and lookups --------------------------------------------------------------
+function escalationsScreen() {
+  const columns = ['', 'Escalation', 'Deadline', 'Payer', 'Payee', 'Amount', 'Policy', 'Decision', ''].map((h) => [h]);
+  return listScreen('escalations', {
+    title: 'Escalations',
+    columns,
+    row: (e) => escalationRow(e),
+    defaultStatus: 'pending',
+    empty: 'Nothing is waiting. A payment that breaks a wallet policy (PUT /x402/wallets/{walletId}/policy) waits here for a person until its deadline.',
+    extra: (tbody, items) => (items.some((e) => e.status === 'pending') ? decisionControls(tbody) : null),
+  });
+}
 
-function lookupScreen(kind, title, noun, open) {
-  const heading = el('h1', {}, title);
-  const note = api.listRoutes[kind] ? null : el('p', { class: 'quiet' }, `This service version has no list of ${noun} yet; open one by its id.`);
-  show(heading, note, lookup(`${noun[0].toUpperCase()}${noun.slice(1, -1)} id`, '…', (id) => location.assign(href(open(id)))));
+// ---- Lookups by id ----------------------------------------------------------------------------------------------
+
+/** Wallets have no list: one is opened by its id (or from a row that names it). */
+function lookupScreen(title, label, open) {
+  show(el('h1', {}, title), el('p', { class: 'quiet' }, 'Open one by its id, or follow a wallet link from a settlement, gate or escalation.'),
+    lookup(label, '…', (id) => location.assign(href(open(id)))));
 }
 
 // ---- Runs -------------------------------------------------------------------------------------------------------
@@ -227,7 +423,7 @@ async function settlementLookupScreen() {
   const heading = el('h1', {}, 'Settlements');
   const runId = new URLSearchParams(location.search).get('run');
   const form = lookup('Run id', 'run_…', (id) => location.assign(href('/settlements', { run: id })));
-  if (!runId) return show(heading, el('p', { class: 'quiet' }, 'This service version has no list of settlements yet; a settlement is found by its run.'), form);
+  if (!runId) return genericListScreen('settlements');
   try {
     const s = await api.runSettlement(runId);
     show(heading, form, el('p', {}, 'Run ', link(`/runs/${encodeURIComponent(runId)}`, runId)), settlementFields(s));
@@ -280,6 +476,27 @@ async function walletScreen(walletId) {
     entries.nextCursor ? el('p', {}, link(`/wallets/${encodeURIComponent(walletId)}`, 'Older entries →', { cursor: entries.nextCursor })) : null);
 }
 
+// ---- Payment sessions -------------------------------------------------------------------------------------------
+
+async function sessionScreen(sessionId) {
+  const heading = el('h1', {}, 'Payment session ', el('span', { class: 'mono' }, sessionId));
+  let s;
+  try {
+    s = await api.paymentSession(sessionId);
+  } catch (err) {
+    return show(heading, errorBox(err, 'Could not load the session'));
+  }
+  show(heading, fields([
+    ['Status', el('strong', { 'data-session-status': s.status }, s.status)], ['Payer', s.payerAgentId], ['Payees', s.payeeAgentIds.join(', ')],
+    ['Budget wallet', walletLink(s.walletId)], s.sponsorWalletId && ['Sponsor wallet', walletLink(s.sponsorWalletId)],
+    ['Budget', money(s.budget, s.currency)], ['Max per call', money(s.maxPerCall, s.currency)], ['Spent', `${money(s.spent, s.currency)} in ${s.charges} charges`],
+    ['Remaining', money(s.remaining, s.currency)], ['Holdback', `${s.holdbackBps / 100}%`], ['Dispute window', duration(s.disputeWindowSeconds * 1000)],
+    ['Created', time(s.createdAt)], ['Expires', time(s.expiresAt)], ['Closed', time(s.closedAt)],
+    ['Refunded at close', s.refunded === null ? '—' : money(s.refunded, s.currency)],
+    ['Statement', s.statementUrl ? el('span', { class: 'mono' }, s.statementUrl) : 'when closed'],
+  ]), el('p', {}, link('/settlements', 'Settlements of this tenant'), ' · ', link('/sessions', 'All sessions')));
+}
+
 // ---- Webhooks ---------------------------------------------------------------------------------------------------
 
 async function webhooksScreen() {
@@ -298,36 +515,107 @@ async function webhooksScreen() {
   page.nextCursor ? el('p', {}, link('/webhooks', 'Next page →', { cursor: page.nextCursor })) : null);
 }
 
+/** Calls `step` every `seconds` until it answers true, fails, or `limit` calls have passed (a page left open stops). */
+function every(seconds, limit, step) {
+  let n = 0;
+  const tick = async () => {
+    n += 1;
+    const done = await step().catch(() => true);
+    if (!done && n < limit) setTimeout(tick, seconds * 1000);
+  };
+  setTimeout(tick, seconds * 1000);
+}
+
+function deliveryRow(d, resend) {
+  return el('tr', { dataset: { deliveryId: d.id, status: d.status, eventId: d.eventId } },
+    el('td', { class: 'mono' }, d.id), el('td', {}, d.eventType, el('div', { class: 'quiet mono' }, d.eventId)), el('td', { class: d.status === 'failed' || d.status === 'abandoned' ? 'bad' : d.status === 'succeeded' ? 'ok' : null }, d.status),
+    el('td', { class: 'num' }, String(d.attemptCount)), el('td', {}, d.lastError ?? '—'), el('td', {}, time(d.nextAttemptAt)), el('td', {}, time(d.createdAt)),
+    el('td', {}, d.status !== 'pending' ? el('button', { type: 'button', class: 'resend', onclick: () => resend(d) }, 'Resend') : null));
+}
+
 async function endpointScreen(endpointId) {
   const heading = el('h1', {}, 'Endpoint ', el('span', { class: 'mono' }, endpointId));
   const params = new URLSearchParams(location.search);
   const status = params.get('status') ?? undefined;
+  const cursor = params.get('cursor') ?? undefined;
   let endpoint;
   let page;
   try {
-    [endpoint, page] = await Promise.all([api.webhookEndpoint(endpointId), api.deliveries(endpointId, { status, cursor: params.get('cursor') ?? undefined })]);
+    [endpoint, page] = await Promise.all([api.webhookEndpoint(endpointId), api.deliveries(endpointId, { status, cursor })]);
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the endpoint'));
   }
-  const results = el('section', { 'aria-live': 'polite' });
-  const resend = async (delivery) => {
+  const results = el('section', { id: 'delivery-results', 'aria-live': 'polite' });
+  const deliveriesBox = el('div', { id: 'deliveries' });
+  const drawDeliveries = () => fill(deliveriesBox,
+    table(['Delivery', 'Event', 'Status', 'Attempts', 'Last error', 'Next attempt', 'Created', ''], page.items.map((d) => deliveryRow(d, resend)),
+      status ? `No ${status} deliveries.` : 'No deliveries yet. They appear when an event this endpoint subscribes to happens; "Send test event" makes one now.'),
+    page.nextCursor ? el('p', {}, link(`/webhooks/${encodeURIComponent(endpointId)}`, 'Older deliveries →', { ...(status ? { status } : {}), cursor: page.nextCursor })) : null);
+  /** Reads this page of deliveries again; true once none of them is on its way. */
+  const refresh = async () => {
+    page = await api.deliveries(endpointId, { status, cursor });
+    drawDeliveries();
+    return !page.items.some((d) => d.status === 'pending');
+  };
+  const watch = () => every(1, 300, refresh);
+
+  async function resend(d) {
     try {
-      await api.resendDelivery(endpointId, delivery.id);
-      results.replaceChildren(el('p', { class: 'ok' }, `Delivery ${delivery.id} is being sent again.`));
+      await api.resendDelivery(endpointId, d.id);
+      results.replaceChildren(el('p', { class: 'ok', dataset: { resent: d.id } }, `Delivery ${d.id} (event ${d.eventId}) is being sent again; its row updates below.`));
+      await refresh();
+      watch();
     } catch (err) {
-      results.replaceChildren(errorBox(err, `Could not resend ${delivery.id}`));
+      results.replaceChildren(errorBox(err, `Could not resend ${d.id}`));
+    }
+  }
+  const sendTest = async () => {
+    try {
+      const sent = await api.sendTestEvent(endpointId);
+      results.replaceChildren(el('p', { class: 'ok', dataset: { testDelivery: sent.deliveryId } }, `A webhook.test event (${sent.eventId}) is on its way as delivery ${sent.deliveryId}.`));
+      await refresh();
+      watch();
+    } catch (err) {
+      results.replaceChildren(errorBox(err, 'Could not send a test event'));
     }
   };
-  show(heading, fields([['URL', el('span', { class: 'mono' }, endpoint.url)], ['Status', endpoint.status], ['Events', endpoint.events.join(', ')], ['Last success', time(endpoint.lastSuccessAt)], ['Failing since', time(endpoint.failingSince)]]),
+
+  const since = el('input', { type: 'datetime-local', name: 'since', required: true, value: localInput(new Date(Date.now() - 3_600_000).toISOString()) });
+  const progress = el('section', { id: 'recovery', 'aria-live': 'polite' });
+  const showRecovery = (r) => progress.replaceChildren(el('p', { dataset: { recoveryStatus: r.status, recoveryId: r.id } },
+    el('strong', {}, r.status === 'finished' ? 'Recovery finished' : 'Recovery running'), ` (since ${time(r.since)}): `,
+    `${r.counts.queued} sent again; of those ${r.counts.sent} delivered, ${r.counts.failed} failed again, ${r.counts.pending} on their way.`));
+  const recover = async (event) => {
+    event.preventDefault();
+    const iso = fromLocalInput(since.value);
+    if (!iso) return progress.replaceChildren(el('p', { class: 'notice' }, 'Pick the time to recover from.'));
+    let r;
+    try {
+      r = await api.recoverDeliveries(endpointId, iso);
+    } catch (err) {
+      return progress.replaceChildren(errorBox(err, 'Could not start the recovery'));
+    }
+    showRecovery(r);
+    // Read the progress back until the job has looked at everything and nothing it resent is still on its way.
+    every(1, 300, async () => {
+      r = await api.recovery(endpointId, r.id);
+      showRecovery(r);
+      const done = r.status === 'finished' && r.counts.pending === 0;
+      if (done) await refresh();
+      return done;
+    });
+  };
+  const disabled = endpoint.status !== 'active';
+  show(heading, fields([['URL', el('span', { class: 'mono' }, endpoint.url)], ['Status', endpoint.status], endpoint.disabledReason && ['Disabled because', endpoint.disabledReason], ['Events', endpoint.events.join(', ')], ['Last success', time(endpoint.lastSuccessAt)], ['Failing since', time(endpoint.failingSince)]]),
+    disabled ? el('p', { class: 'notice' }, 'This endpoint is disabled: nothing is sent to it, resends and recoveries included. Enable it with POST /v1/webhooks/{endpointId}/enable once the receiver is back.') : null,
+    el('div', { class: 'actions' },
+      el('button', { type: 'button', id: 'send-test', onclick: sendTest, disabled }, 'Send test event'),
+      el('form', { class: 'lookup', id: 'recover', onsubmit: recover }, el('label', {}, 'Recover failed since ', since), el('button', { type: 'submit', disabled }, 'Recover'), el('span', { class: 'quiet' }, zone)),
+      el('button', { type: 'button', id: 'refresh-deliveries', onclick: () => refresh().catch((err) => results.replaceChildren(errorBox(err, 'Could not reload the deliveries'))) }, 'Refresh')),
+    progress, results,
     el('nav', { class: 'filters' }, ['all', 'pending', 'succeeded', 'failed', 'abandoned'].map((s) => el('a', { href: href(`/webhooks/${encodeURIComponent(endpointId)}`, s === 'all' ? {} : { status: s }), class: (status ?? 'all') === s ? 'current' : null }, s))),
-    api.resendDelivery ? null : el('p', { class: 'quiet' }, 'Resending one delivery arrives with the delivery-replay API; until then a disabled endpoint replays what it missed when enabled (POST /v1/webhooks/{endpointId}/enable).'),
-    table(['Delivery', 'Event', 'Status', 'Attempts', 'Last error', 'Next attempt', 'Created', ''], page.items.map((d) => el('tr', { dataset: { deliveryId: d.id, status: d.status } },
-      el('td', { class: 'mono' }, d.id), el('td', {}, d.eventType, el('div', { class: 'quiet mono' }, d.eventId)), el('td', { class: d.status === 'failed' ? 'bad' : d.status === 'succeeded' ? 'ok' : null }, d.status),
-      el('td', { class: 'num' }, String(d.attemptCount)), el('td', {}, d.lastError ?? '—'), el('td', {}, time(d.nextAttemptAt)), el('td', {}, time(d.createdAt)),
-      el('td', {}, api.resendDelivery && d.status !== 'pending' ? el('button', { type: 'button', class: 'resend', onclick: () => resend(d) }, 'Resend') : null))),
-    'No deliveries yet. Deliveries appear when an event this endpoint subscribes to happens.'),
-    page.nextCursor ? el('p', {}, link(`/webhooks/${encodeURIComponent(endpointId)}`, 'Older deliveries →', { ...(status ? { status } : {}), cursor: page.nextCursor })) : null,
-    results);
+    deliveriesBox);
+  drawDeliveries();
 }
 
 // ---- Operator: tenants ------------------------------------------------------------------------------------------
@@ -359,10 +647,13 @@ async function route() {
   if (!(await needTenant())) return;
   switch (screenName) {
     case 'escalations': return escalationsScreen();
-    case 'runs': return id ? runScreen(id) : lookupScreen('runs', 'Runs', 'runs', (v) => `/runs/${encodeURIComponent(v)}`);
-    case 'gates': return id ? gateScreen(id) : lookupScreen('gates', 'Gates', 'gates', (v) => `/gates/${encodeURIComponent(v)}`);
+    case 'runs': return id ? runScreen(id) : genericListScreen('runs');
+    case 'agents': return genericListScreen('agents');
+    case 'gates': return id ? gateScreen(id) : genericListScreen('gates');
+    case 'sessions': return id ? sessionScreen(id) : genericListScreen('sessions');
     case 'settlements': return settlementLookupScreen();
-    case 'wallets': return id ? walletScreen(id) : lookupScreen('wallets', 'Wallets', 'wallets', (v) => `/wallets/${encodeURIComponent(v)}`);
+    case 'disputes': return genericListScreen('disputes');
+    case 'wallets': return id ? walletScreen(id) : lookupScreen('Wallets', 'Wallet id', (v) => `/wallets/${encodeURIComponent(v)}`);
     case 'webhooks': return id ? endpointScreen(id) : webhooksScreen();
     default: return show(el('p', { class: 'error' }, 'No such screen. '), link('/escalations', 'Go to the escalation inbox'));
   }

@@ -62,3 +62,20 @@ export function el(tag, attrs = {}, ...children) {
   }
   return node;
 }
+
+const pad = (n) => String(n).padStart(2, '0');
+
+/** An ISO instant as a `datetime-local` input shows it: the viewer's wall clock, to the minute. */
+export function localInput(iso) {
+  if (!iso) return '';
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return '';
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+
+/** A `datetime-local` input's value (the viewer's wall clock) as an ISO instant; '' stays ''. */
+export function fromLocalInput(value) {
+  if (!value) return '';
+  const d = new Date(value);
+  return Number.isNaN(d.getTime()) ? '' : d.toISOString();
+}
