@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { randomUUID } from 'node:crypto';
+import { readFeed } from '../../src/services/webhook-feed.ts';
 import { sweepWebhookRetention } from '../../src/services/webhook-retention.ts';
 import type { WebhookDeliveryDoc } from '../../src/store/webhook-deliveries.ts';
 import { WebhookRetentionIndex } from '../../src/store/webhook-retention.ts';
@@ -27,7 +28,10 @@ describe('webhook retention sweep', () => {
     const { id: endpointId } = await h.createEndpoint(auth, 'https://hooks.example.com/retained', ['run.finalized']);
     const endpoint = (await h.runtime.stores.webhookEndpoints.get(endpointId))!;
     const deliveries = h.runtime.stores.webhookDeliveries;
-    const create = () => deliveries.ensure({ eventId: `evt_${randomUUID().replace(/-/g, '')}`, eventType: 'run.finalized', endpoint, now: new Date() });
+    const create = async () => {
+      const event = await h.runtime.stores.outbox.record(endpoint.tenantId, 'run.finalized', { runId: `run_${randomUUID()}` }, `retention:${randomUUID()}`);
+      return deliveries.ensure({ eventId: event._id, eventType: 'run.finalized', endpoint, now: new Date() });
+    };
     const finish = async (d: WebhookDeliveryDoc, ok: boolean) =>
       (await deliveries.transition(d, { status: ok ? 'succeeded' : 'failed', nextAttemptAt: null, lastError: ok ? null : 'receiver answered HTTP 500' }, attempt(ok)))!;
 
@@ -65,8 +69,10 @@ describe('webhook retention sweep', () => {
     // The same sweep again finds nothing due: the kept ones count on from when they were looked at.
     expect(await sweepWebhookRetention(h.runtime, { batch: 100, now: cutoff + DAY_MS })).toEqual({ deliveries: 0, entries: 0, kept: 0, forgotten: 0, failed: 0 });
 
-    // The pull feed starts past the positions that expired (a cursor from before them does not walk through them).
+    // The pull feed starts past the positions that expired: it does not wait at them as at a delivery being written.
     expect(await deliveries.retention.expiredThrough(endpointId)).toBe(failed.seq);
+    const feed = await readFeed(h.runtime, endpoint.tenantId, endpointId, {});
+    expect(feed.items.map((i) => i.delivery._id)).toEqual([pending._id, lastAttemptRecent._id, recent._id]);
 
     // A day after the pending one finally failed, it goes too.
     const finallyFailed = await finish((await deliveries.get(pending._id))!, false);
