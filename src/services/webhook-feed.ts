@@ -20,7 +20,7 @@ import { getEndpoint } from './webhooks.ts';
 /** A position without its delivery younger than this may still get it; the feed waits before passing it. */
 export const FEED_GAP_GRACE_MS = 60_000;
 /** Positions one page reads at most (missing and passed-over ones included). */
-const FEED_SCAN_LIMIT = 1_000;
+export const FEED_SCAN_LIMIT = 1_000;
 
 export interface FeedItem {
   position: number;
@@ -103,6 +103,13 @@ export async function readFeed(
         break;
       }
     }
+  }
+  if (!stopped && gaps > 0 && end < head) {
+    // The scan bound ended inside a run of entry-less positions (say, removed by hand, or expired while the mark was
+    // lost with Redis): the newest entry dates them all. Without this a run longer than the bound would hold the feed.
+    const newest = (await deliveries.slotAt(endpoint._id, head)).entry;
+    if (newest && (newest.indexedAt?.getTime() ?? 0) < settledBefore) consumed = end;
+    else stopped = true;
   }
   const events = await Promise.all(found.map(({ delivery }) => rt.stores.outbox.get(delivery.eventId)));
   const secrets = rt.stores.webhookEndpoints.signingSecrets(endpoint, now);

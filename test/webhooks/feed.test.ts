@@ -2,7 +2,7 @@ import { Webhook } from 'standardwebhooks';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { emitEvent } from '../../src/services/events.ts';
 import { fanOut } from '../../src/services/webhook-delivery.ts';
-import { FEED_GAP_GRACE_MS, readFeed } from '../../src/services/webhook-feed.ts';
+import { FEED_GAP_GRACE_MS, FEED_SCAN_LIMIT, readFeed } from '../../src/services/webhook-feed.ts';
 import { DELIVERY_OVERRIDES, startHarness, startReceiver, type Harness, type Receiver } from './harness.ts';
 
 // The pull feed: GET /v1/webhooks/{endpointId}/events?after=… hands out, oldest first, the events the endpoint
@@ -112,6 +112,18 @@ describe('webhook pull feed', () => {
     expect(now.hasMore).toBe(false);
     const later = await readFeed(h.runtime, tenantId, ep.id, { after: now.nextCursor }, new Date(Date.now() + FEED_GAP_GRACE_MS + 1_000));
     expect(later.items.map((i) => i.delivery.eventId)).toEqual([behind]);
+
+    // A run of missing positions longer than one page may read does not hold the feed either.
+    await h.runtime.redis.incrby(`${h.config.redisPrefix}:webhook_index:deliveries:${ep.id}`, FEED_SCAN_LIMIT + 5);
+    const farBehind = await emit(tenantId, 'run.finalized', 'run_far_behind_gap');
+    const afterGrace = new Date(Date.now() + FEED_GAP_GRACE_MS + 1_000);
+    const across = await readFeed(h.runtime, tenantId, ep.id, { after: later.nextCursor }, afterGrace);
+    expect(across.items).toEqual([]);
+    expect(across.hasMore).toBe(true);
+    expect((await readFeed(h.runtime, tenantId, ep.id, { after: across.nextCursor }, afterGrace)).items.map((i) => i.delivery.eventId)).toEqual([farBehind]);
+    // Before the grace has passed it waits at the run instead.
+    const waiting = await readFeed(h.runtime, tenantId, ep.id, { after: later.nextCursor });
+    expect(waiting).toMatchObject({ items: [], hasMore: false, nextCursor: later.nextCursor });
   });
 
   it("refuses another tenant's endpoint, a cursor it never issued and a key without a webhooks scope; webhooks:read suffices", async () => {
