@@ -24,6 +24,7 @@ import { LedgerAuditStore } from './store/ledger-audit.ts';
 import { SweepParkedIndex } from './store/sweep-parked.ts';
 import { TenantStore } from './store/tenants.ts';
 import { WebhookDeliveryStore } from './store/webhook-deliveries.ts';
+import { WebhookRetentionIndex } from './store/webhook-retention.ts';
 import { WebhookDueIndex } from './store/webhook-due.ts';
 import { WebhookEndpointStore } from './store/webhook-endpoints.ts';
 import { X402Store } from './store/x402.ts';
@@ -140,7 +141,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
       sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
       webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),
-      webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue),
+      webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue, new WebhookRetentionIndex(redis, config.redisPrefix)),
       webhookDue,
       onboarding: new OnboardingStore(db),
       mcpAgentKeys: new McpAgentKeyStore(db),

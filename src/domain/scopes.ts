@@ -8,6 +8,7 @@ export const SCOPES = [
   'wallets:write',
   'wallets:read',
   'webhooks:write',
+  'webhooks:read',
   'onboarding',
   'ops',
 ] as const;
@@ -20,6 +21,7 @@ const IMPLIED: Partial<Record<Scope, Scope[]>> = {
   'runs:write': ['runs:read'],
   'x402:write': ['x402:read'],
   'wallets:write': ['wallets:read'],
+  'webhooks:write': ['webhooks:read'],
 };
 
 export function grants(held: readonly string[], needed: Scope): boolean {

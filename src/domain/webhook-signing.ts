@@ -28,6 +28,14 @@ export function signatureFor(secret: string, msgId: string, timestampSeconds: nu
   return `v1,${mac}`;
 }
 
+/**
+ * The body every delivery of an event carries (and the pull feed hands out), rebuilt from the stored event byte for
+ * byte the same on every attempt.
+ */
+export function eventBody(event: { _id: string; type: string; createdAt: Date; test?: boolean; data: Record<string, unknown> }): string {
+  return JSON.stringify({ id: event._id, type: event.type, createdAt: event.createdAt.toISOString(), test: event.test === true, data: event.data });
+}
+
 export type SignedHeaders = {
   'webhook-id': string;
   'webhook-timestamp': string;

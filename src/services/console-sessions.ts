@@ -8,7 +8,7 @@ import type { Runtime } from '../runtime.ts';
 import type { ConsoleSessionDoc, ConsoleSigner } from '../store/console-sessions.ts';
 
 /** A tenant key must be able to read something the console shows; a write scope implies its read scope. */
-const READ_SCOPES: readonly Scope[] = ['runs:read', 'x402:read', 'wallets:read'];
+const READ_SCOPES: readonly Scope[] = ['runs:read', 'x402:read', 'wallets:read', 'agents:read', 'webhooks:read'];
 
 export interface ConsoleSession {
   signer: ConsoleSigner;

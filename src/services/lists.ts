@@ -113,7 +113,7 @@ const loaders: { [K in ListKind]: Loader<K> } = {
   },
 };
 
-function invalid(path: string, message: string) {
+export function invalid(path: string, message: string) {
   return errors.unprocessable(`${path.replace('querystring.', '')} ${message}`, { errors: [{ path, message }] });
 }
 
@@ -124,8 +124,8 @@ function parseTime(value: string | undefined, path: string): Date | undefined {
   return at;
 }
 
-/** Checks the query's rules no schema states; throws 422 in the contract's shape. */
-function checkQuery(q: ListQuery) {
+/** Checks the query's rules no schema states; throws 422 in the contract's shape (other paged lists use it too). */
+export function checkListQuery(q: Pick<ListQuery, 'limit' | 'createdAfter' | 'createdBefore' | 'cursor'>) {
   const limit = q.limit ?? DEFAULT_LIMIT;
   if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) throw invalid('querystring.limit', `must be an integer from 1 to ${MAX_LIMIT}`);
   const createdAfter = parseTime(q.createdAfter, 'querystring.createdAfter');
@@ -143,7 +143,7 @@ function checkQuery(q: ListQuery) {
  * while a client pages appear before its first page, never as duplicates or gaps inside the pages it reads.
  */
 export async function listPage<K extends ListKind>(rt: Runtime, x402: X402Service, kind: K, q: ListQuery): Promise<ListPage<ListStates[K]>> {
-  const { limit, createdAfter, createdBefore, before } = checkQuery(q);
+  const { limit, createdAfter, createdBefore, before } = checkListQuery(q);
   const index = rt.stores.lists;
   let scope: ListScope = q.tenantId === null ? 'all' : { tenantId: q.tenantId };
   if (q.agentId !== undefined) {

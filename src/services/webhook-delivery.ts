@@ -1,4 +1,4 @@
-import { DISABLE_AFTER_FAILING_MS, MAX_ATTEMPTS, parseRetryAfter, retryDelayMs, signedHeaders } from '../domain/webhook-signing.ts';
+import { DISABLE_AFTER_FAILING_MS, eventBody, MAX_ATTEMPTS, parseRetryAfter, retryDelayMs, signedHeaders } from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import type { WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
 import { bucketEnd, bucketOf, type DueEntry } from '../store/webhook-due.ts';
@@ -146,7 +146,7 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
 
   // The body is rebuilt from the stored event on every attempt, byte for byte the same; only the timestamp (and
   // with it the signature) is new.
-  const body = JSON.stringify({ id: event._id, type: event.type, createdAt: event.createdAt.toISOString(), test: event.test === true, data: event.data });
+  const body = eventBody(event);
   const startedAt = new Date();
   let headers: Record<string, string> | null = null;
   try {

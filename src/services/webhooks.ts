@@ -9,6 +9,7 @@ import { decodeCursor, encodeCursor } from '../store/paging.ts';
 import type { DeliveryStatus, WebhookAttemptDoc, WebhookDeliveryDoc, WebhookRecoveryDoc } from '../store/webhook-deliveries.ts';
 import type { WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
 import type { Resolver } from '../webhooks/send.ts';
+import { checkListQuery, invalid } from './lists.ts';
 import { assertSendable, scheduleAttempt, scheduleRecovery, sendAgain } from './webhook-delivery.ts';
 
 // The webhook registry's use cases. Endpoints and deliveries are read by id and checked against the tenant here
@@ -178,35 +179,59 @@ async function replayParked(rt: Runtime, endpoint: WebhookEndpoint): Promise<num
   return replayed;
 }
 
-/** The endpoint's deliveries, newest first, each with its attempts. */
-export async function listDeliveries(
-  rt: Runtime,
-  tenantId: string,
-  endpointId: string,
-  page: { limit: number; cursor?: string; status?: DeliveryStatus },
-): Promise<Page<DeliveryWithAttempts>> {
+/** A delivery created this long before `createdAfter` ends the walk (positions follow creation only roughly). */
+const CREATION_ORDER_SLACK_MS = 60_000;
+
+export interface DeliveryListQuery {
+  limit?: number;
+  cursor?: string;
+  status?: DeliveryStatus;
+  createdAfter?: string;
+  createdBefore?: string;
+}
+
+/**
+ * The endpoint's deliveries, newest first, each with its attempts: the lists' query and page shape and rules
+ * (services/lists.ts). It walks the endpoint's delivery index down from the cursor by `_id`, reading at most
+ * MAX_POSITIONS_PER_PAGE positions; a filtered page that ran out of them holds fewer items and a cursor to go on.
+ */
+export async function listDeliveries(rt: Runtime, tenantId: string, endpointId: string, q: DeliveryListQuery): Promise<Page<DeliveryWithAttempts>> {
+  const { limit, createdAfter, createdBefore, before } = checkListQuery(q);
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   const deliveries = rt.stores.webhookDeliveries;
-  let position = positionOf(page.cursor) ?? (await deliveries.lastPosition(endpoint._id)) + 1;
+  let position: number;
+  if (before) {
+    if (!/^\d{1,15}$/.test(before.id) || Number(before.id) < 1) throw invalid('querystring.cursor', 'is not a cursor this API returned');
+    position = Number(before.id);
+  } else {
+    position = (await deliveries.lastPosition(endpoint._id)) + 1;
+  }
   const floor = Math.max(1, position - MAX_POSITIONS_PER_PAGE);
   const items: WebhookDeliveryDoc[] = [];
   let lastAt = new Date(0);
-  while (position > floor && items.length < page.limit) {
+  let reachedAfter = false;
+  while (position > floor && items.length < limit && !reachedAfter) {
     // A batch of positions read at once; those beyond the page's limit are read again by the next page.
-    const positions = Array.from({ length: Math.min(page.limit - items.length, position - floor) }, (_, i) => position - 1 - i);
+    const positions = Array.from({ length: Math.min(Math.max(limit - items.length, 10), position - floor) }, (_, i) => position - 1 - i);
     const batch = await Promise.all(positions.map((n) => deliveries.atPosition(endpoint._id, n)));
     for (const d of batch) {
-      position--;
-      if (d && (!page.status || d.status === page.status)) {
-        items.push(d);
-        lastAt = d.createdAt;
+      if (d && createdAfter && d.createdAt.getTime() < createdAfter.getTime() - CREATION_ORDER_SLACK_MS) {
+        reachedAfter = true;
+        break;
       }
+      position--;
+      if (!d || (q.status && d.status !== q.status)) continue;
+      if (createdAfter && d.createdAt.getTime() <= createdAfter.getTime()) continue;
+      if (createdBefore && d.createdAt.getTime() >= createdBefore.getTime()) continue;
+      items.push(d);
+      lastAt = d.createdAt;
+      if (items.length === limit) break;
     }
   }
   const attempts = await Promise.all(items.map((d) => deliveries.attemptsOf(d)));
   return {
     items: items.map((delivery, i) => ({ delivery, attempts: attempts[i]! })),
-    nextCursor: position > 1 ? cursorAt(position, lastAt) : null,
+    nextCursor: position > 1 && !reachedAfter ? cursorAt(position, lastAt) : null,
   };
 }
 

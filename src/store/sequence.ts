@@ -38,11 +38,15 @@ export class Sequence<T extends Document> {
     return `${owner}#${n}`;
   }
 
-  /** Appends `value` after the owner's last record; returns its position. */
-  async append(owner: string, value: T): Promise<number> {
+  /**
+   * Appends `value` after the owner's last record; returns its position. `beforeInsert` runs with the slot's `_id`
+   * before the insert that claims it (to record something about the entry first, e.g. when it expires).
+   */
+  async append(owner: string, value: T, beforeInsert?: (slotId: string) => Promise<void>): Promise<number> {
     for (;;) {
       const n = await this.redis.incr(this.counterKey(owner));
       const entry = { ...value, _id: Sequence.slotId(owner, n), owner, n } as SequenceEntry<T>;
+      if (beforeInsert) await beforeInsert(entry._id);
       if (await insertFirst(this.collection, entry as never)) return n;
     }
   }

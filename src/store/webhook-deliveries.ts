@@ -4,9 +4,10 @@ import { sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
 import { insertFirst } from './mongo.ts';
 import { RevisionLog } from './revisions.ts';
-import { Sequence } from './sequence.ts';
+import { Sequence, type SequenceEntry } from './sequence.ts';
 import type { WebhookDueIndex } from './webhook-due.ts';
 import type { WebhookEndpointDoc } from './webhook-endpoints.ts';
+import type { WebhookRetentionIndex } from './webhook-retention.ts';
 
 // Webhook deliveries: one per event x endpoint, with every attempt. Every lookup is by exact `_id`:
 // - a delivery is `webhook_deliveries/<deliveryId>` (deterministic id), a cache of its latest revision
@@ -16,7 +17,9 @@ import type { WebhookEndpointDoc } from './webhook-endpoints.ts';
 // - an endpoint's deliveries are `webhook_index/deliveries:<endpointId>#<n>` in creation order (listing pages
 //   through them newest first), and the failed or abandoned ones also `webhook_index/parked:<endpointId>#<n>`
 //   (what enabling the endpoint replays);
-// - a pending delivery has an entry in the due index (webhook-due.ts) for the sweeper.
+// - a pending delivery has an entry in the due index (webhook-due.ts) for the sweeper;
+// - a delivery and each index entry are entered in the retention index (webhook-retention.ts), which says when
+//   they expire (re-scored at each change of the delivery: retention counts from its last attempt).
 // Each index entry is written before the delivery write it stands for: a crash in between leaves an entry that
 // readers check against the delivery and skip.
 
@@ -108,6 +111,7 @@ export class WebhookDeliveryStore {
     redis: RedisClient,
     counterPrefix: string,
     private readonly due: WebhookDueIndex,
+    readonly retention: WebhookRetentionIndex,
   ) {
     this.log = new RevisionLog<WebhookDeliveryDoc>(db, 'webhook_deliveries', 'webhook_delivery_revisions');
     this.attempts = db.collection<WebhookAttemptDoc>('webhook_attempts');
@@ -136,7 +140,7 @@ export class WebhookDeliveryStore {
     if (existing) return existing;
     const { endpoint, now } = input;
     const disabled = endpoint.status !== 'active';
-    const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id, indexedAt: now });
+    const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id, indexedAt: now }, (slot) => this.retention.noteEntry(slot, now));
     const doc: WebhookDeliveryDoc = {
       _id,
       tenantId: endpoint.tenantId,
@@ -183,11 +187,13 @@ export class WebhookDeliveryStore {
 
   /** The index entries a delivery in this state needs, written before the state itself (see the header). */
   private async index(d: WebhookDeliveryDoc): Promise<void> {
+    const retained = this.retention.noteDelivery(d._id, d.updatedAt);
     if (d.status === 'pending' && d.nextAttemptAt) {
       await this.due.add({ kind: 'deliver', tenantId: d.tenantId, deliveryId: d._id, dueAt: d.nextAttemptAt });
     } else if (d.status === 'failed' || d.status === 'abandoned') {
-      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id, indexedAt: d.updatedAt });
+      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id, indexedAt: d.updatedAt }, (slot) => this.retention.noteEntry(slot, d.updatedAt));
     }
+    await retained;
   }
 
   /**
@@ -225,6 +231,37 @@ export class WebhookDeliveryStore {
     return delivery && delivery.endpointId === endpointId && delivery.seq === n ? delivery : null;
   }
 
+  /** The entry at this position of the endpoint's delivery index and its delivery (null each when missing). */
+  async slotAt(endpointId: string, n: number): Promise<{ entry: IndexEntry | null; delivery: WebhookDeliveryDoc | null }> {
+    const entry = await this.byEndpoint.get(deliveriesOwner(endpointId), n);
+    return { entry, delivery: entry ? await this.get(entry.deliveryId) : null };
+  }
+
+  /** An index or parked entry by its `_id` (what the retention index names). */
+  indexEntry(slotId: string): Promise<IndexEntry | null> {
+    return this.byEndpoint.collection.findOne({ _id: slotId });
+  }
+
+  /** Removes an index or parked entry; returns the endpoint whose delivery index it belonged to, if it did. */
+  async removeIndexEntry(entry: IndexEntry): Promise<string | null> {
+    await this.byEndpoint.collection.deleteOne({ _id: entry._id });
+    return entry.owner.startsWith('deliveries:') ? entry.owner.slice('deliveries:'.length) : null;
+  }
+
+  /**
+   * Removes the delivery with its attempts and revisions, by `_id` only (its index and parked entries expire on
+   * their own, as soon as it is gone). Attempts and revisions go newest first, one at a time, and the delivery's own
+   * document last: a sweep that dies halfway leaves a prefix of each behind and the document that names them, so
+   * the next sweep removes the rest.
+   */
+  async expire(d: WebhookDeliveryDoc): Promise<void> {
+    let lastAttempt = d.attemptCount;
+    while (await this.attempts.findOne({ _id: `${d._id}#${lastAttempt + 1}` })) lastAttempt++;
+    for (let n = lastAttempt; n >= 1; n--) await this.attempts.deleteOne({ _id: `${d._id}#${n}` });
+    for (let r = d.rev; r >= 1; r--) await this.log.revisions.deleteOne({ _id: `${d._id}#${r}` });
+    await this.log.docs.deleteOne({ _id: d._id });
+  }
+
   /** A recovery asked for (its id is new: random, or derived from the request's idempotency key). */
   async recordRecovery(recovery: WebhookRecoveryDoc): Promise<WebhookRecoveryDoc> {
     if (await insertFirst(this.recoveries, recovery)) return recovery;
@@ -260,6 +297,8 @@ export class WebhookDeliveryStore {
     return entry ? this.get(entry.deliveryId) : null;
   }
 }
+
+export type IndexEntry = SequenceEntry<{ deliveryId: string; indexedAt?: Date }>;
 
 export function recoveryItemId(recoveryId: string, position: number): string {
   return `${recoveryId}#${position}`;

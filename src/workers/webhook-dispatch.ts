@@ -5,6 +5,7 @@ import type { WebhookDeliverPayload } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import { attemptDelivery, fanOut, runRecovery, scheduleAttempt, sweepWebhookWork, type AttemptOutcome } from '../services/webhook-delivery.ts';
 import { acquireLease, leaseKey, releaseLease } from '../webhooks/jobs.ts';
+import { sweepWebhookRetention } from '../services/webhook-retention.ts';
 import type { Resolver } from '../webhooks/send.ts';
 import type { QueueProcessor } from './runner.ts';
 
@@ -51,8 +52,14 @@ export function createWebhookDispatchProcessor(runtime: Runtime, options: Webhoo
       if ('deliveryId' in payload) return deliver(payload, job);
       return 'recoveryId' in payload ? runRecovery(runtime, payload) : fanOut(runtime, payload);
     },
-    sweep() {
-      return sweepWebhookWork(runtime, { batch: options.sweepBatch ?? 500 });
+    async sweep() {
+      const work = await sweepWebhookWork(runtime, { batch: options.sweepBatch ?? 500 });
+      // Expiry after the due work, and on its own: a failing expiry must not hold up deliveries.
+      const retention = await sweepWebhookRetention(runtime, { batch: options.sweepBatch ?? 500 }).catch((err: Error) => {
+        runtime.logger.warn({ err: err.message }, 'webhook retention sweep failed; the next sweep tries again');
+        return null;
+      });
+      return { ...work, retention };
     },
   };
 }

@@ -2,6 +2,7 @@ import type { CommandStartedEvent, Document } from 'mongodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { emitEvent } from '../../src/services/events.ts';
 import { sweepWebhookWork } from '../../src/services/webhook-delivery.ts';
+import { sweepWebhookRetention } from '../../src/services/webhook-retention.ts';
 import type { OutboxEventDoc } from '../../src/store/outbox.ts';
 import { deliveryIdFor } from '../../src/store/webhook-deliveries.ts';
 import { DELIVERY_OVERRIDES, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
@@ -113,11 +114,21 @@ describe('webhook paths touch the webhook collections by exact _id only', () => 
     await sweepWebhookWork(h.runtime, { batch: 500, now: Date.now() + 3 * 60_000 });
     expect(await h.runtime.stores.webhookDue.cursor()).toBeGreaterThan(cursorBefore!);
 
+    // The pull feed, read to its end, and the retention sweep a retention period on (it removes everything above).
+    let feed = await call('GET', `/v1/webhooks/${hook.id}/events?limit=2`);
+    while (feed.hasMore) feed = await call('GET', `/v1/webhooks/${hook.id}/events?limit=2&after=${feed.nextCursor}`);
+    const expired = await sweepWebhookRetention(h.runtime, { batch: 500, now: Date.now() + (h.config.webhooks.retentionDays + 1) * 86_400_000 });
+    expect(expired.deliveries).toBeGreaterThanOrEqual(7);
+    expect(expired.failed).toBe(0);
+
     const violations = seen.filter((s) => !isIdLookup(s.filter));
     expect(violations).toEqual([]);
     // The monitoring saw the work: reads on every collection that grows with it, and the writes that keep it.
     for (const collection of WATCHED) expect(seen.filter((s) => s.collection === collection && s.command === 'find').length, collection).toBeGreaterThan(0);
     expect(seen.some((s) => s.collection === 'webhook_due' && s.command === 'delete')).toBe(true);
+    for (const collection of ['webhook_deliveries', 'webhook_delivery_revisions', 'webhook_attempts', 'webhook_index']) {
+      expect(seen.some((s) => s.collection === collection && s.command === 'delete'), collection).toBe(true);
+    }
     expect(seen.some((s) => s.collection === 'webhook_deliveries' && s.command === 'update')).toBe(true);
     expect(seen.some((s) => s.collection === 'outbox_events' && s.command === 'update')).toBe(true);
   }, 60_000);

@@ -77,7 +77,7 @@ describe('webhook endpoint registry', () => {
     expect((await get(`/v1/webhooks/${mine.id}`)).json()).toMatchObject({ id: mine.id, status: 'active', previousSecretExpiresAt: null });
   });
 
-  it('requires webhooks:write on every webhook route', async () => {
+  it('requires a webhooks scope on every webhook route (webhooks:write to change, webhooks:read to look)', async () => {
     const reader = await h.tenantWithKey(['runs:read']);
     expect((await get('/v1/webhooks', reader.auth)).statusCode).toBe(403);
     expect((await create({ url: 'https://hooks.example.com/a', events: ['run.finalized'] }, reader.auth)).statusCode).toBe(403);

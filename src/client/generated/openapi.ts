@@ -648,8 +648,25 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one */
+        /** Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one (paged like every list; filters by status and creation time) */
         get: operations["listWebhookDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{endpointId}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Pull feed for receivers that cannot host webhooks: the events this endpoint subscribes to, oldest first after a cursor, each with the exact body and signed headers of a delivery */
+        get: operations["readWebhookEventFeed"];
         put?: never;
         post?: never;
         delete?: never;
@@ -2090,7 +2107,7 @@ export interface operations {
                  */
                 "application/json": {
                     tenantId: string;
-                    scopes: ("agents:write" | "agents:read" | "runs:write" | "runs:read" | "x402:write" | "x402:read" | "wallets:write" | "wallets:read" | "webhooks:write" | "onboarding" | "ops")[];
+                    scopes: ("agents:write" | "agents:read" | "runs:write" | "runs:read" | "x402:write" | "x402:read" | "wallets:write" | "wallets:read" | "webhooks:write" | "webhooks:read" | "onboarding" | "ops")[];
                     description?: string;
                     /**
                      * Format: date-time
@@ -7016,11 +7033,15 @@ export interface operations {
     listWebhookDeliveries: {
         parameters: {
             query?: {
+                /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
+                status?: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                /** @description only deliveries created after this time (exclusive) */
+                createdAfter?: string;
+                /** @description only deliveries created before this time (exclusive); must be later than createdAfter */
+                createdBefore?: string;
                 limit?: number;
                 /** @description `nextCursor` of the previous page (a filtered page may hold fewer than `limit` items) */
                 cursor?: string;
-                /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
-                status?: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
             };
             header?: never;
             path: {
@@ -7074,6 +7095,128 @@ export interface operations {
                             succeededAt: string | null;
                         }[];
                         nextCursor: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    readWebhookEventFeed: {
+        parameters: {
+            query?: {
+                /** @description `nextCursor` of the previous read; without it the feed starts at the oldest event still kept */
+                after?: string;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                endpointId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description oldest first */
+                        items: {
+                            /** @description the delivery of this event to this endpoint (listed with its deliveries) */
+                            deliveryId: string;
+                            eventId: string;
+                            eventType: string;
+                            /** @description the exact request body a delivery of this event carries: verify the signature over these bytes */
+                            body: string;
+                            /** @description the headers a delivery of this event carries, signed now */
+                            headers: {
+                                "webhook-id": string;
+                                /** @description Unix seconds: when this page was read */
+                                "webhook-timestamp": string;
+                                /** @description Standard Webhooks signatures with the endpoint's current secret (and the previous one during a rotation's grace period) */
+                                "webhook-signature": string;
+                                /** @description the same signatures under the service's own header name */
+                                "service-signature": string;
+                            };
+                        }[];
+                        /** @description pass as `after` to read on; always given */
+                        nextCursor: string;
+                        /** @description true: more is ready now; false: poll again later with `nextCursor` */
+                        hasMore: boolean;
                     };
                 };
             };

@@ -45,6 +45,7 @@ export const operationRoutes = {
   rotateWebhookEndpointSecret: { method: 'post', path: '/v1/webhooks/{endpointId}/rotate-secret' },
   enableWebhookEndpoint: { method: 'post', path: '/v1/webhooks/{endpointId}/enable' },
   listWebhookDeliveries: { method: 'get', path: '/v1/webhooks/{endpointId}/deliveries' },
+  readWebhookEventFeed: { method: 'get', path: '/v1/webhooks/{endpointId}/events' },
   sendWebhookTestEvent: { method: 'post', path: '/v1/webhooks/{endpointId}/test' },
   resendWebhookDelivery: { method: 'post', path: '/v1/webhooks/{endpointId}/deliveries/{deliveryId}/resend' },
   recoverWebhookDeliveries: { method: 'post', path: '/v1/webhooks/{endpointId}/recoveries' },

@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { Type, type Static } from 'typebox';
 import type { Runtime } from '../../runtime.ts';
+import { readFeed } from '../../services/webhook-feed.ts';
 import * as webhooks from '../../services/webhooks.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { emptyBodyIsObject, errorResponses } from '../schemas/common.ts';
@@ -18,6 +19,9 @@ import {
   EndpointParams,
   endpointView,
   EndpointWithSecret,
+  FeedPage,
+  feedItemView,
+  FeedQuery,
   RecoverBody,
   Recovery,
   RecoveryParams,
@@ -33,6 +37,7 @@ type Rotate = Params & { Body: Static<typeof RotateSecret> | undefined };
 
 export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime: Runtime }) {
   const config = { access: 'webhooks:write' } as const;
+  const readConfig = { access: 'webhooks:read' } as const;
   const tags = ['webhooks'];
 
   // Shared by /v1/webhooks and /x402/webhooks/endpoints (one registry).
@@ -66,12 +71,12 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
   }, create);
 
   app.get<List>('/v1/webhooks', {
-    config,
+    config: readConfig,
     schema: { ...listSchema, operationId: 'listWebhookEndpoints', summary: 'List webhook endpoints, newest first (never their secrets)' },
   }, list);
 
   app.get<Params>('/v1/webhooks/:endpointId', {
-    config,
+    config: readConfig,
     schema: { tags, operationId: 'getWebhookEndpoint', summary: 'Get a webhook endpoint', params: EndpointParams, response: { 200: Endpoint, ...errorResponses(401, 403, 404) } },
   }, async (request) => endpointView(await webhooks.getEndpoint(runtime, tenantOf(request), request.params.endpointId)));
 
@@ -112,19 +117,33 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
   });
 
   app.get<Params & { Querystring: Static<typeof DeliveryListQuery> }>('/v1/webhooks/:endpointId/deliveries', {
-    config,
+    config: readConfig,
     schema: {
       tags,
       operationId: 'listWebhookDeliveries',
-      summary: 'Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one',
+      summary: 'Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one (paged like every list; filters by status and creation time)',
       params: EndpointParams,
       querystring: DeliveryListQuery,
-      response: { 200: DeliveryList, ...errorResponses(400, 401, 403, 404) },
+      response: { 200: DeliveryList, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
     },
   }, async (request) => {
-    const { limit = 50, cursor, status } = request.query;
-    const page = await webhooks.listDeliveries(runtime, tenantOf(request), request.params.endpointId, { limit, cursor, status });
+    const page = await webhooks.listDeliveries(runtime, tenantOf(request), request.params.endpointId, request.query);
     return { items: page.items.map(deliveryView), nextCursor: page.nextCursor };
+  });
+
+  app.get<Params & { Querystring: Static<typeof FeedQuery> }>('/v1/webhooks/:endpointId/events', {
+    config: readConfig,
+    schema: {
+      tags,
+      operationId: 'readWebhookEventFeed',
+      summary: 'Pull feed for receivers that cannot host webhooks: the events this endpoint subscribes to, oldest first after a cursor, each with the exact body and signed headers of a delivery',
+      params: EndpointParams,
+      querystring: FeedQuery,
+      response: { 200: FeedPage, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+    },
+  }, async (request) => {
+    const page = await readFeed(runtime, tenantOf(request), request.params.endpointId, request.query);
+    return { items: page.items.map(feedItemView), nextCursor: page.nextCursor, hasMore: page.hasMore };
   });
 
   // ---- Replay: a test event, one delivery again, every failed one since a time (a job with readable progress)
@@ -175,7 +194,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
   });
 
   app.get<{ Params: Static<typeof RecoveryParams> }>('/v1/webhooks/:endpointId/recoveries/:recoveryId', {
-    config,
+    config: readConfig,
     schema: {
       tags,
       operationId: 'getWebhookRecovery',
@@ -193,7 +212,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
   }, create);
 
   app.get<List>('/x402/webhooks/endpoints', {
-    config,
+    config: readConfig,
     schema: { ...listSchema, operationId: 'listX402WebhookEndpoints', summary: 'List webhook endpoints (same registry as /v1/webhooks)' },
   }, list);
 

@@ -2,6 +2,8 @@ import { Type, type Static } from 'typebox';
 import { EVENT_TYPES } from '../../domain/events.ts';
 import { DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, type DeliveryWithAttempts, type RecoveryProgress } from '../../services/webhooks.ts';
 import type { WebhookEndpoint } from '../../store/webhook-endpoints.ts';
+import { DEFAULT_LIMIT, MAX_LIMIT } from '../../services/lists.ts';
+import type { FeedItem as FeedEntry } from '../../services/webhook-feed.ts';
 import { Cursor, Timestamp } from './common.ts';
 
 // Request and response shapes of the webhook routes (/v1/webhooks and /x402/webhooks/endpoints), and the views
@@ -71,9 +73,11 @@ const DeliveryStatus = Type.Union(
   { description: 'pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted)' },
 );
 export const DeliveryListQuery = Type.Object({
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 50 })),
-  cursor: Type.Optional(Cursor(200, '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)')),
   status: Type.Optional(DeliveryStatus),
+  createdAfter: Type.Optional(Type.String({ format: 'date-time', description: 'only deliveries created after this time (exclusive)' })),
+  createdBefore: Type.Optional(Type.String({ format: 'date-time', description: 'only deliveries created before this time (exclusive); must be later than createdAfter' })),
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_LIMIT, default: DEFAULT_LIMIT })),
+  cursor: Type.Optional(Cursor(400, '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)')),
 });
 const Attempt = Type.Object({
   attempt: Type.Integer({ description: "1-based, over the delivery's whole life" }),
@@ -97,6 +101,31 @@ export const Delivery = Type.Object({
   succeededAt: Type.Union([Timestamp, Type.Null()]),
 });
 export const DeliveryList = Type.Object({ items: Type.Array(Delivery), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+
+export const FeedQuery = Type.Object({
+  after: Type.Optional(Cursor(400, '`nextCursor` of the previous read; without it the feed starts at the oldest event still kept')),
+  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_LIMIT, default: DEFAULT_LIMIT })),
+});
+const FeedItem = Type.Object({
+  deliveryId: Type.String({ description: 'the delivery of this event to this endpoint (listed with its deliveries)' }),
+  eventId: Type.String(),
+  eventType: Type.String(),
+  body: Type.String({ description: 'the exact request body a delivery of this event carries: verify the signature over these bytes' }),
+  headers: Type.Object(
+    {
+      'webhook-id': Type.String(),
+      'webhook-timestamp': Type.String({ description: 'Unix seconds: when this page was read' }),
+      'webhook-signature': Type.String({ description: 'Standard Webhooks signatures with the endpoint\'s current secret (and the previous one during a rotation\'s grace period)' }),
+      'service-signature': Type.String({ description: 'the same signatures under the service\'s own header name' }),
+    },
+    { description: 'the headers a delivery of this event carries, signed now' },
+  ),
+});
+export const FeedPage = Type.Object({
+  items: Type.Array(FeedItem, { description: 'oldest first' }),
+  nextCursor: Type.String({ description: 'pass as `after` to read on; always given' }),
+  hasMore: Type.Boolean({ description: 'true: more is ready now; false: poll again later with `nextCursor`' }),
+});
 
 export const DeliveryParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }), deliveryId: Type.String({ maxLength: 100 }) });
 export const RecoveryParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }), recoveryId: Type.String({ maxLength: 100 }) });
@@ -181,4 +210,8 @@ export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): S
     updatedAt: d.updatedAt.toISOString(),
     succeededAt: iso(d.succeededAt),
   };
+}
+
+export function feedItemView(item: FeedEntry): Static<typeof FeedItem> {
+  return { deliveryId: item.delivery._id, eventId: item.delivery.eventId, eventType: item.delivery.eventType, body: item.body, headers: item.headers };
 }
