@@ -121,8 +121,8 @@ describe('web console in a browser', () => {
     await page.locator('#notice:not([hidden])').waitFor();
     expect(await page.locator('#notice').textContent()).toContain('not accepted');
     await shot('sign-in');
-    // A key without a read scope cannot sign in either.
-    const writer = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['agents:write'] } });
+    // A key without a read scope (onboarding only) cannot sign in either.
+    const writer = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: a.tenantId, scopes: ['onboarding'] } });
     await page.locator('#key').fill(writer.json().token);
     await page.locator('#sign-in button[type=submit]').click();
     await page.waitForFunction(() => document.getElementById('notice')?.textContent?.includes('no read scope'));
