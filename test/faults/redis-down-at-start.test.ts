@@ -140,7 +140,9 @@ describe('API and worker started while Redis is down (a Redis of this test only)
       expect(up[0]!.failures, `${who}: failures counted while Redis was down`).toBeGreaterThan(0);
     }
     // Nothing unparsable over the whole life of either process.
-    parsedLines(api.logs, 'api');
-    parsedLines(worker.logs, 'worker');
+    for (const [who, p] of [['api', api], ['worker', worker]] as const) {
+      const others = parsedLines(p.logs, who).filter((l) => l.msg !== 'request completed' && l.dependency !== 'redis');
+      console.log(`${who} wrote, besides the access log and the redis down/up lines: ${JSON.stringify(others.map((l) => l.msg))}`);
+    }
   }));
 });
