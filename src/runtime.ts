@@ -71,9 +71,14 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
+/**
+ * Connects at once (not lazily) and keeps reconnecting for ever. BullMQ's queues share this client, and a BullMQ
+ * queue handed a client that has not started connecting calls `connect()` itself: if Redis is down at that moment,
+ * that queue stays broken ("Connection is closed") for the life of the process, even once Redis is back. A client
+ * already connecting or reconnecting is waited for instead.
+ */
 export function createApiRedis(config: Config, outages: DependencyOutages): RedisClient {
   const redis = createRedisClient(config.redisUrl, {
-    lazyConnect: true,
     enableOfflineQueue: false,
     maxRetriesPerRequest: 1,
     // A hung Redis (the socket open, nothing answering) fails each command instead of leaving it waiting for ever.
@@ -104,7 +109,7 @@ export function watchMongo(mongo: MongoClient, outages: DependencyOutages): void
   });
 }
 
-/** Builds the runtime without touching the network; `connectRuntime` then opens the connections. */
+/** Builds the runtime; Redis starts connecting here (createApiRedis), `connectRuntime` then opens MongoDB. */
 export function createRuntime(config: Config, logger: Logger): Runtime {
   const outages = new DependencyOutages(logger);
   const mongo = createMongoClient(config);
@@ -150,7 +155,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       lists: new ListIndex(redis, config.redisPrefix),
     },
     keys: loadServiceKeys(config),
-    credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger),
+    credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger, outages),
     async close() {
       await this.credentials.close();
       await producers.close().catch(() => undefined);
@@ -160,12 +165,19 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   };
 }
 
-/** Opens connections and ensures indexes, retrying until both services answer or `timeoutMs` passes. */
+/** How long start-up waits for Redis before going on without it (it reconnects by itself; see connectRuntime). */
+const REDIS_START_WAIT_MS = 5_000;
+
+/**
+ * Opens MongoDB and ensures indexes, retrying until it answers or `timeoutMs` passes. Redis is waited for only
+ * briefly: a process started while Redis is down comes up without it (requests that need it answer 503, workers
+ * wait) and every Redis client of the process reconnects by itself when it is back.
+ */
 export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
+  await redisReady(runtime.redis, Math.min(REDIS_START_WAIT_MS, timeoutMs));
   for (let attempt = 1; ; attempt++) {
     try {
-      if (runtime.redis.status === 'wait' || runtime.redis.status === 'end') await runtime.redis.connect();
       await runtime.mongo.connect();
       await ensureIndexes(runtime.db, { webhookRetentionDays: runtime.config.webhooks.retentionDays, logger: runtime.logger });
       await runtime.credentials.start();
@@ -173,8 +185,29 @@ export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Prom
     } catch (err) {
       if (Date.now() > deadline) throw err;
       // The first attempts are the common case (the services still starting); then a line every few seconds.
-      if (attempt === 1 || attempt % 10 === 0) runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for Redis and MongoDB');
+      if (attempt === 1 || attempt % 10 === 0) runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for MongoDB');
       await new Promise((resolve) => setTimeout(resolve, Math.min(attempt * 250, 2_000)));
     }
   }
+}
+
+/** Resolves true once `client` is ready, false when `ms` passes first or it was closed (it keeps reconnecting). */
+function redisReady(client: RedisClient, ms: number): Promise<boolean> {
+  // A cluster client reports 'connect' once it has its slots (BullMQ treats it as ready too).
+  const isReady = () => client.status === 'ready' || (client.status === 'connect' && client.isCluster);
+  if (isReady()) return Promise.resolve(true);
+  if (client.status === 'end') return Promise.resolve(false);
+  return new Promise((resolve) => {
+    const done = (ready: boolean) => {
+      clearTimeout(timer);
+      client.off('ready', onReady);
+      client.off('end', onEnd);
+      resolve(ready);
+    };
+    const onReady = () => done(true);
+    const onEnd = () => done(false);
+    const timer = setTimeout(() => done(false), ms);
+    client.once('ready', onReady);
+    client.once('end', onEnd);
+  });
 }

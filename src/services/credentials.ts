@@ -1,4 +1,5 @@
 import { errors } from '../domain/errors.ts';
+import { unreachableDependency, watchRedis, type DependencyOutages } from '../outages.ts';
 import { createRedisClient, type RedisClient } from '../redis.ts';
 import type { Logger } from 'pino';
 import type { AgentDoc, AgentStore } from '../store/agents.ts';
@@ -49,22 +50,34 @@ export class CredentialCache {
     private readonly redisUrl: string,
     redisPrefix: string,
     private readonly logger: Logger,
+    /** The process's outage log: the subscriber is one of its Redis connections (one line per outage, not per attempt). */
+    private readonly outages: DependencyOutages,
   ) {
     this.channel = `${redisPrefix}:credentials:invalidate`;
   }
 
-  /** Subscribes to invalidations; until this succeeds the cache stays bypassed. */
+  /**
+   * Subscribes to invalidations; until this succeeds the cache stays bypassed. Redis down at start is no failure: the
+   * subscriber keeps reconnecting and the cache goes live once it has subscribed.
+   */
   async start(): Promise<void> {
     const subscriber = createRedisClient(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: null, retryStrategy: (n) => Math.min(n * 200, 2_000) });
     this.subscriber = subscriber;
-    subscriber.on('error', () => undefined); // the 'close' handler below is what matters
+    // Its errors and reconnects count into the process's Redis outage, which lasts until this connection is back too.
+    watchRedis(subscriber, this.outages);
     subscriber.on('close', () => this.goDark());
     subscriber.on('ready', () => {
       // ioredis re-subscribes on reconnect; until it confirms, stay dark (see the subscribe callback).
-      void subscriber.subscribe(this.channel).then(() => this.goLive()).catch(() => this.goDark());
+      void subscriber.subscribe(this.channel).then(() => this.goLive()).catch((err: unknown) => {
+        this.goDark();
+        if (!this.outages.absorb(err)) this.logger.warn({ err: (err as Error).message }, 'credential cache: could not subscribe to invalidations; caching off');
+      });
     });
     subscriber.on('message', (_channel: string, message: string) => this.drop(message));
-    await subscriber.connect().catch((err: Error) => this.logger.warn({ err: err.message }, 'credential cache: invalidation channel unavailable; caching off'));
+    await subscriber.connect().catch((err: unknown) => {
+      // A connection failure is counted already (watchRedis saw its 'error'); anything else is worth a line.
+      if (!unreachableDependency(err)) this.logger.warn({ err: (err as Error).message }, 'credential cache: invalidation channel unavailable; caching off until it is back');
+    });
   }
 
   async close(): Promise<void> {

@@ -179,8 +179,15 @@ export class X402Verification {
 
   private ensureQueueEvents(): QueueEvents {
     if (this.queueEvents) return this.queueEvents;
-    const events = new QueueEvents('x402-verify', { connection: { url: this.runtime.config.redisUrl }, prefix: bullPrefix(this.runtime.config.redisPrefix) });
-    events.on('error', () => undefined); // it reconnects by itself; a missed event only means a 202
+    const events = new QueueEvents('x402-verify', {
+      // Back within 2 s of Redis (BullMQ's own retry waits up to 20 s between attempts, each second a 202 instead of a decision).
+      connection: { url: this.runtime.config.redisUrl, retryStrategy: (attempt: number) => Math.min(attempt * 200, 2_000) },
+      prefix: bullPrefix(this.runtime.config.redisPrefix),
+    });
+    // It reconnects by itself and a missed event only means a 202; its failures still count into the outage.
+    events.on('error', (err) => {
+      if (!this.runtime.outages.absorb(err)) this.runtime.logger.warn({ err: err.message }, 'x402-verify queue events failed');
+    });
     const settle = (jobId: string, outcome: VerifyOutcome | null) => {
       const waiters = this.verifyWaiters.get(jobId);
       this.verifyWaiters.delete(jobId);

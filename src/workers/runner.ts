@@ -41,7 +41,10 @@ export function startWorkers(
   /** The process's outage log (the runtime's), so that a process writes one line per outage whatever notices it. */
   outages: DependencyOutages = new DependencyOutages(logger),
 ): RunningWorkers {
-  const connection = createRedisClient(config.redisUrl, { maxRetriesPerRequest: null, lazyConnect: true });
+  // Not lazy: a BullMQ queue or worker handed a client that has not started connecting calls `connect()` itself, and
+  // if Redis is down then, that queue (or the blocking connection a worker duplicates from this client, which
+  // inherits its options) stays broken for the life of the process. A client already (re)connecting is waited for.
+  const connection = createRedisClient(config.redisUrl, { maxRetriesPerRequest: null });
   const prefix = bullPrefix(config.redisPrefix, isClusterUrl(config.redisUrl));
   // BullMQ reconnects by itself. Its queues and workers re-emit their connections' errors (this one's, and the
   // blocking connections each worker duplicates from it): counted into the outage, not a line each.

@@ -3,10 +3,12 @@
 // six-node Redis Cluster. Every process is killed on `down()` and, as a last resort, when the test process exits.
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
+import { MongoClient } from 'mongodb';
 import { freePort, waitForPort } from '../helpers/redis-instance.ts';
 
 export { freePort, waitForPort };
@@ -32,6 +34,24 @@ export async function killAndWait(child: ChildProcess, signal: NodeJS.Signals = 
   await exited;
 }
 
+/** Whether a loopback port accepts a connection now. */
+function portAccepts(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = connect(port, '127.0.0.1');
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once('error', () => resolve(false));
+  });
+}
+
+/**
+ * How long a started server may take to answer. Generous: the machine's few CPUs are shared with other test runs,
+ * and a server that is merely slow must not fail the test; one that crashes is reported at once.
+ */
+const READY_WITHIN_MS = 90_000;
+
 /** A server process on a fixed loopback port that can be stopped (SIGKILL), frozen (SIGSTOP) and started again. */
 abstract class ServerProcess {
   protected child: ChildProcess | null = null;
@@ -42,6 +62,12 @@ abstract class ServerProcess {
 
   protected abstract command(): [string, string[]];
 
+  /** Whether the started server serves requests; by default, that its port accepts connections. */
+  protected answers(): Promise<boolean> {
+    return portAccepts(this.port);
+  }
+
+  /** Starts the server and waits until it answers (`answers`), failing early if it exits. */
   async up(): Promise<void> {
     if (this.child) return;
     const [bin, args] = this.command();
@@ -49,7 +75,12 @@ abstract class ServerProcess {
     child.stdout!.on('data', (d) => (this.output = (this.output + d).slice(-20_000)));
     child.stderr!.on('data', (d) => (this.output = (this.output + d).slice(-20_000)));
     this.child = child;
-    await waitForPort(this.port, true, 10_000);
+    const deadline = Date.now() + READY_WITHIN_MS;
+    while (!(await this.answers())) {
+      if (child.exitCode !== null || child.signalCode !== null) throw new Error(`${bin} on port ${this.port} exited before it answered: ${this.output.slice(-2_000)}`);
+      if (Date.now() > deadline) throw new Error(`${bin} on port ${this.port} did not answer within ${READY_WITHIN_MS} ms: ${this.output.slice(-2_000)}`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
   }
 
   /** Gone at once, as a crash or a lost host: SIGKILL, and the port closed. */
@@ -131,6 +162,20 @@ export class FerretDbServer extends ServerProcess {
   override async up(): Promise<void> {
     await run('mkdir', ['-p', `${this.dir}/data`, `${this.dir}/state`]);
     await super.up();
+  }
+
+  /** Ready when it answers a ping: a port that accepts connections is not yet a server that answers commands. */
+  protected override async answers(): Promise<boolean> {
+    if (!(await portAccepts(this.port))) return false;
+    const client = new MongoClient(this.url('admin'), { directConnection: true, serverSelectionTimeoutMS: 2_000, connectTimeoutMS: 2_000 });
+    try {
+      await client.db('admin').command({ ping: 1 });
+      return true;
+    } catch {
+      return false;
+    } finally {
+      await client.close().catch(() => undefined);
+    }
   }
 }
 
