@@ -2,6 +2,7 @@ import type { Logger } from 'pino';
 import { Counter, Gauge } from 'prom-client';
 import { processMetrics } from '../metrics.ts';
 import type { Runtime } from '../runtime.ts';
+import type { DueWorkStore } from '../store/due-work.ts';
 import type { SweepParkedIndex } from '../store/sweep-parked.ts';
 
 const itemFailures = new Counter({
@@ -104,4 +105,47 @@ export function sweepItems(rt: Runtime, sweeper: string): SweepItems {
   let items = byName.get(sweeper);
   if (!items) byName.set(sweeper, (items = new SweepItems(sweeper, rt.logger, rt.stores.sweepParked)));
   return items;
+}
+
+/** What a look at one due record decided: finished (its record goes), look again at a time, or it moved the record itself. */
+export type DueLook = 'done' | { lookAgainAt: Date } | 'handled';
+
+const DUE_BATCH = 200;
+
+/**
+ * The one loop of the sweepers over a due index (store/due-work.ts): batch after batch while records fall due,
+ * within `maxMs`. Each record is looked at through SweepItems, so one failing item backs off alone (its record moved
+ * to its retry time) and is counted while the sweep goes on; a look moves or removes every record it reads, so the
+ * next batch is new work.
+ */
+export async function sweepDue(
+  rt: Runtime,
+  sweeper: string,
+  due: DueWorkStore,
+  maxMs: number,
+  look: (id: string, now: Date) => Promise<DueLook>,
+): Promise<{ looked: number; failed: number }> {
+  const audit = await due.audit();
+  if (audit) rt.logger.info(audit, `${sweeper} due index audited against its records`);
+  const items = sweepItems(rt, sweeper);
+  const counts = { looked: 0, failed: 0 };
+  const started = Date.now();
+  for (;;) {
+    const now = new Date();
+    const batch = await due.due(now, DUE_BATCH);
+    for (const record of batch) {
+      counts.looked++;
+      const outcome = await items.run(record._id, () => look(record._id, now));
+      if (!outcome.ok) {
+        counts.failed++;
+        await due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
+      } else if (outcome.value === 'done') {
+        await due.done(record._id);
+      } else if (outcome.value !== 'handled') {
+        await due.mark(record._id, record.tenantId, outcome.value.lookAgainAt);
+      }
+    }
+    if (batch.length < DUE_BATCH || Date.now() - started > maxMs) break;
+  }
+  return counts;
 }

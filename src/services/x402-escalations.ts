@@ -9,7 +9,7 @@ import { escalationDeadline, escalationIdFor, OVERRIDE_TTL_SECONDS, TOKEN_AUDIEN
 import type { Runtime } from '../runtime.ts';
 import type { Decider, EscalationDoc, GateDoc, QuoteDoc, ResolutionDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
-import { sweepItems } from './sweep-items.ts';
+import { sweepDue, type DueLook } from './sweep-items.ts';
 import { gateExpiredEvent } from './x402-gates.ts';
 import type { X402Tokens } from './x402-tokens.ts';
 import type { X402Service } from './x402.ts';
@@ -229,9 +229,6 @@ export type BulkOutcome =
   | { escalationId: string; outcome: 'approved' | 'denied'; state: EscalationState; escalationOverrideToken: string | null; overrideExpiresAt: Date | null }
   | { escalationId: string; outcome: 'already_decided' | 'deadline_passed' | 'not_found'; message: string };
 
-/** Escalations read from the due index at a time; a sweep reads batches until none is due or its time is up. */
-const DEADLINE_SWEEP_BATCH = 200;
-
 export interface EscalationSweepSummary {
   looked: number;
   /** Denied by this sweep because their deadline passed (their gates' reserves returned). */
@@ -239,7 +236,7 @@ export interface EscalationSweepSummary {
   failed: number;
 }
 
-type Next = 'done' | { lookAgainAt: Date };
+type Next = DueLook;
 
 /**
  * The escalations' deadlines: reads only the escalations that have fallen due (their due index, then each by `_id`).
@@ -259,29 +256,9 @@ export class X402EscalationDeadlines {
   }
 
   async sweep(): Promise<EscalationSweepSummary> {
-    const due = this.store.escalationsDue;
-    const audit = await due.audit();
-    if (audit) this.runtime.logger.info(audit, 'x402 escalation due index audited against its records');
-    const items = sweepItems(this.runtime, 'x402-escalations');
     const summary: EscalationSweepSummary = { looked: 0, denied: 0, failed: 0 };
-    const started = Date.now();
-    for (;;) {
-      const batch = await due.due(new Date(), DEADLINE_SWEEP_BATCH);
-      for (const record of batch) {
-        summary.looked++;
-        const outcome = await items.run(record._id, () => this.decideAtDeadline(record._id, summary));
-        if (!outcome.ok) {
-          summary.failed++;
-          await due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
-        } else if (outcome.value === 'done') {
-          await due.done(record._id);
-        } else {
-          await due.mark(record._id, record.tenantId, outcome.value.lookAgainAt);
-        }
-      }
-      if (batch.length < DEADLINE_SWEEP_BATCH || Date.now() - started > this.runtime.config.sweeper.intervalMs) break;
-    }
-    return summary;
+    const counts = await sweepDue(this.runtime, 'x402-escalations', this.store.escalationsDue, this.runtime.config.sweeper.intervalMs, (id) => this.decideAtDeadline(id, summary));
+    return Object.assign(summary, counts);
   }
 
   private async decideAtDeadline(escalationId: string, summary: EscalationSweepSummary): Promise<Next> {

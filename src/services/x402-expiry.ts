@@ -14,12 +14,10 @@ import { authorizationDeadline, heldGateDeadline } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import type { CommitmentDoc, GateDoc, VerificationDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
-import { sweepItems } from './sweep-items.ts';
+import { sweepDue, type DueLook } from './sweep-items.ts';
 import { gateExpiredEvent } from './x402-gates.ts';
 import type { X402Service } from './x402.ts';
 
-/** Gates read from the due index at a time; a sweep reads batches until none is due or its time is up. */
-const SWEEP_BATCH = 200;
 /** A create records its lock right after its gate: a closed gate this old without a lock entry never gets one. */
 const LOCK_GRACE_MS = 60_000;
 
@@ -37,7 +35,7 @@ export interface GateSweepSummary {
 }
 
 /** What the sweep does with a gate's due record: remove it, or look again then. */
-type Next = 'done' | { lookAgainAt: Date };
+type Next = DueLook;
 
 export class X402GateExpiry {
   constructor(
@@ -51,30 +49,9 @@ export class X402GateExpiry {
 
   /** Looks at every gate that has fallen due; one failing gate never stops the others. */
   async sweep(): Promise<GateSweepSummary> {
-    const { due } = this.store;
-    const audit = await due.audit();
-    if (audit) this.runtime.logger.info(audit, 'x402 gate due index audited against its records');
-    const items = sweepItems(this.runtime, 'x402-gates');
     const summary: GateSweepSummary = { looked: 0, expired: 0, returned: 0, settled: 0, failed: 0 };
-    const started = Date.now();
-    for (;;) {
-      const batch = await due.due(new Date(), SWEEP_BATCH);
-      for (const record of batch) {
-        summary.looked++;
-        const outcome = await items.run(record._id, () => this.settleGate(record._id, summary));
-        if (!outcome.ok) {
-          summary.failed++;
-          await due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
-        } else if (outcome.value === 'done') {
-          await due.done(record._id);
-        } else {
-          await due.mark(record._id, record.tenantId, outcome.value.lookAgainAt);
-        }
-      }
-      // Looked-at gates left the due range (done, later or backing off): the next batch is new work.
-      if (batch.length < SWEEP_BATCH || Date.now() - started > this.runtime.config.sweeper.intervalMs) break;
-    }
-    return summary;
+    const counts = await sweepDue(this.runtime, 'x402-gates', this.store.due, this.runtime.config.sweeper.intervalMs, (gateId) => this.settleGate(gateId, summary));
+    return Object.assign(summary, counts);
   }
 
   /** Carries out whatever the gate's facts say is due now. */

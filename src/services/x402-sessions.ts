@@ -29,7 +29,7 @@ import { chargeId, type BudgetState, type ChargeDoc, type CloseDoc, type CloseRe
 import { disputeSettlement } from './disputes.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
-import { sweepItems } from './sweep-items.ts';
+import { sweepDue } from './sweep-items.ts';
 import { woundDownError, type X402Gates } from './x402-gates.ts';
 import type { X402WalletPolicies } from './x402-wallet-policies.ts';
 
@@ -92,8 +92,7 @@ export interface ChargeAnswer {
 
 /** A session's lock recorded this long ago without being applied never will be (its open died before it). */
 const LOCK_GRACE_MS = 60_000;
-/** Sessions read from the due index at a time, and the time a sweep spends on them at most. */
-const SWEEP_BATCH = 200;
+/** The time a sweep spends on due sessions at most. */
 const SWEEP_TIME_MS = 20_000;
 
 function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
@@ -669,27 +668,13 @@ export class X402Sessions {
 
   /** Closes every session past its expiry, and finishes every close a crash left half-done; one failure never stops it. */
   async sweep(): Promise<{ looked: number; expired: number; failed: number }> {
-    const audit = await this.store.due.audit();
-    if (audit) this.runtime.logger.info(audit, 'x402 session due index audited against its records');
-    const items = sweepItems(this.runtime, 'x402-sessions');
     const summary = { looked: 0, expired: 0, failed: 0 };
-    const started = Date.now();
-    // Batch after batch while some fall due, within the sweep's time: a look moves or removes each record it reads.
-    for (;;) {
-      const now = new Date();
-      const batch = await this.store.due.due(now, SWEEP_BATCH);
-      for (const record of batch) {
-        summary.looked++;
-        const looked = await items.run(record._id, () => this.lookAt(record._id, now, summary));
-        if (!looked.ok) {
-          summary.failed++;
-          // It backs off alone: looked at again at its retry time, while the sweep goes on with the others.
-          await this.store.due.mark(record._id, record.tenantId, looked.retryAt).catch(() => undefined);
-        }
-      }
-      if (batch.length < SWEEP_BATCH || Date.now() - started > SWEEP_TIME_MS) break;
-    }
-    return summary;
+    // Each look moves or removes the session's record itself (a close marks and clears it as it goes).
+    const counts = await sweepDue(this.runtime, 'x402-sessions', this.store.due, SWEEP_TIME_MS, async (id, now) => {
+      await this.lookAt(id, now, summary);
+      return 'handled';
+    });
+    return Object.assign(summary, counts);
   }
 
   /** One due session: finish its close, close it at its expiry, or finish a close that died before it was recorded. */
