@@ -42,6 +42,8 @@ class StepFailed extends Error {
     readonly status: number | null,
     readonly code: string,
     message: string,
+    /** What the refused step's Retry-After said, when it said a number of seconds. */
+    readonly retryAfterSeconds: number | null = null,
   ) {
     super(message);
   }
@@ -69,7 +71,14 @@ function caller(baseUrl: string, bearer: string): Caller {
         throw new StepFailed(step, null, 'SERVICE_UNREACHABLE', `${method} ${path} got no answer (${cause})`);
       }
       if ((res.status >= 200 && res.status < 300) || (typeof body.code === 'string' && options.acceptCodes?.includes(body.code))) return { status: res.status, body };
-      throw new StepFailed(step, res.status, typeof body.code === 'string' ? body.code : `HTTP_${res.status}`, `${method} ${path} answered ${res.status}${typeof body.message === 'string' ? `: ${body.message}` : ''}`);
+      const retryAfter = Number(res.headers.get('retry-after'));
+      throw new StepFailed(
+        step,
+        res.status,
+        typeof body.code === 'string' ? body.code : `HTTP_${res.status}`,
+        `${method} ${path} answered ${res.status}${typeof body.message === 'string' ? `: ${body.message}` : ''}`,
+        Number.isSafeInteger(retryAfter) && retryAfter > 0 ? retryAfter : null,
+      );
     },
   };
 }
@@ -269,6 +278,17 @@ export async function runFirstPaidCall(
   } catch (err) {
     if (!(err instanceof StepFailed)) throw err;
     await store.recordFailure(attemptId, { step: err.step, steps, at: new Date(), status: err.status, code: err.code });
+    // A step told to wait (rate limited, or a backend briefly away) has not failed: the caller retries later with the
+    // same Idempotency-Key and the attempt resumes at that step. Saying 502 would send them looking for a defect.
+    if (err.status === 429 || err.status === 503) {
+      const code = err.status === 429 ? 'RATE_LIMITED' : 'UNAVAILABLE';
+      throw new ServiceError(err.status, code, `the first paid call must wait at ${err.step}: ${err.message}; retry with the same Idempotency-Key to resume`, {
+        step: err.step,
+        attemptId,
+        retryAfterSeconds: err.retryAfterSeconds ?? 1,
+        steps,
+      });
+    }
     throw new ServiceError(502, 'SETTLD_API_CALL_FAILED', `the first paid call failed at ${err.step}: ${err.message}`, {
       step: err.step,
       attemptId,

@@ -157,6 +157,25 @@ describe('first paid call', () => {
     ]);
   });
 
+  it('a step told to wait (the admin budget spent) is 429 RATE_LIMITED with Retry-After naming the step; the retry with the same key resumes and passes', { timeout: 60_000 }, async () => {
+    const tenant = await onboardingTenant(t);
+    // The fund step credits with the admin key: spend the admin's rate-limit budget (rate-limiter-flexible's key).
+    const adminBudget = `${t.env.redisPrefix}:rl:${t.config.rateLimit.limit}:${t.config.rateLimit.windowSeconds}:admin`;
+    await t.runtime.redis.set(adminBudget, String(10 * t.config.rateLimit.limit), 'PX', 60_000);
+    const headers = { ...tenant.headers, 'idempotency-key': 'busy-admin' };
+    const waited = await firstPaidCall(tenant.tenantId, headers);
+    expect(waited.statusCode, waited.body).toBe(429);
+    expect(Number(waited.headers['retry-after'])).toBeGreaterThan(0);
+    const { code, details } = waited.json();
+    expect(code).toBe('RATE_LIMITED');
+    expect(details).toMatchObject({ step: 'fund', attemptId: expect.stringMatching(/^fpc_/), retryAfterSeconds: Number(waited.headers['retry-after']) });
+
+    await t.runtime.redis.del(adminBudget); // the window has passed
+    const resumed = await firstPaidCall(tenant.tenantId, headers);
+    expect(resumed.statusCode, resumed.body).toBe(200);
+    expect(resumed.json()).toMatchObject({ attemptId: details.attemptId, result: 'passed' });
+  });
+
   it('pages the history newest first; another tenant sees none of it', { timeout: 60_000 }, async () => {
     const tenant = await onboardingTenant(t);
     const other = await onboardingTenant(t);

@@ -97,6 +97,9 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   // A retry helps after a moment: the backend is back, or the first request with this key has finished (or its
   // claim, left by a process that died, has expired).
   if (status === 503 || body.code === 'IDEMPOTENCY_IN_PROGRESS') reply.header('retry-after', '1');
+  // A 429 a service passes on from a step it drove (the first paid call's) names its wait in details.
+  const waitSeconds = body.details?.retryAfterSeconds;
+  if ((status === 429 || status === 503) && !reply.hasHeader('retry-after') && typeof waitSeconds === 'number') reply.header('retry-after', String(waitSeconds));
   return reply.status(status).send(body);
 }
 
