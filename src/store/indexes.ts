@@ -33,7 +33,7 @@ async function ensureWebhookRetention(db: Db, options: IndexOptions): Promise<vo
     } catch (err) {
       const code = (err as { code?: number }).code;
       if (code === NOT_IMPLEMENTED) {
-        options.logger?.warn({ collection, field }, 'this MongoDB-compatible server has no TTL indexes: webhook deliveries are kept beyond WEBHOOK_RETENTION_DAYS');
+        options.logger?.warn({ collection, field }, 'this MongoDB-compatible server has no TTL indexes: the webhook sweeper removes records past WEBHOOK_RETENTION_DAYS through its retention index alone');
         return;
       }
       if (code !== INDEX_OPTIONS_CONFLICT) throw err;
