@@ -26,11 +26,15 @@ export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delay
 }
 
 /**
- * Refuses a send the dispatcher would not make: to a disabled endpoint (409, enable it first), or to a URL whose
+ * Refuses a send the dispatcher would not make: to a pull endpoint (409, it has no URL), to a disabled endpoint (409,
+ * enable it first), or to a URL whose
  * address the SSRF guard refuses now (422, the same check as every attempt; a name that no longer resolves is left
  * to the attempt, which records the failure).
  */
 export async function assertSendable(rt: Runtime, endpoint: WebhookEndpoint, options: { resolver?: Resolver } = {}): Promise<void> {
+  if (endpoint.url === null) {
+    throw errors.conflict('WEBHOOK_ENDPOINT_PULL', 'a pull endpoint is never sent to: read its events at GET /v1/webhooks/{id}/events', { delivery: 'pull' });
+  }
   if (endpoint.status === 'disabled') {
     throw errors.conflict('WEBHOOK_ENDPOINT_DISABLED', `the endpoint is disabled (${endpoint.disabledReason ?? 'no reason given'}); enable it first`, { disabledReason: endpoint.disabledReason });
   }
@@ -143,6 +147,12 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
     await deliveries.transition(current, { status: 'cancelled', nextAttemptAt: null, lastError: 'event no longer exists' });
     return { status: 'cancelled' };
   }
+  if (endpoint.url === null) {
+    // Only a pending delivery is attempted, and a pull endpoint's are stored, never pending: nothing to send to.
+    await deliveries.transition(current, { status: 'stored', nextAttemptAt: null, lastError: null });
+    return { status: 'cancelled' };
+  }
+  const url = endpoint.url;
 
   // The body is rebuilt from the stored event on every attempt, byte for byte the same; only the timestamp (and
   // with it the signature) is new.
@@ -156,7 +166,7 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
     log.error({ tenantId, endpointId: endpoint._id }, 'cannot decrypt the webhook endpoint secret');
   }
   const result: SendResult = headers
-    ? await sendWebhook(endpoint.url, body, headers, { timeoutMs: config.webhooks.timeoutMs, allowPrivateAddresses: config.webhooks.allowPrivateAddresses, resolver: options.resolver })
+    ? await sendWebhook(url, body, headers, { timeoutMs: config.webhooks.timeoutMs, allowPrivateAddresses: config.webhooks.allowPrivateAddresses, resolver: options.resolver })
     : { ok: false, statusCode: null, durationMs: 0, retryAfter: null, error: 'the endpoint secret cannot be decrypted; rotate it', refused: false };
   const attempt = { startedAt, durationMs: result.durationMs, statusCode: result.statusCode, error: result.ok ? null : result.error, succeeded: result.ok };
   const logFields = { tenantId, endpointId: endpoint._id, deliveryId, eventId: event._id, attempt: current.attemptCount + 1, statusCode: result.statusCode, durationMs: result.durationMs };

@@ -7,7 +7,7 @@ import { isAddressAllowed } from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import { decodeCursor, encodeCursor } from '../store/paging.ts';
 import type { DeliveryStatus, WebhookAttemptDoc, WebhookDeliveryDoc, WebhookRecoveryDoc } from '../store/webhook-deliveries.ts';
-import type { WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
+import type { EndpointDelivery, WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
 import type { Resolver } from '../webhooks/send.ts';
 import { checkListQuery, invalid } from './lists.ts';
 import { assertSendable, scheduleAttempt, scheduleRecovery, sendAgain } from './webhook-delivery.ts';
@@ -89,10 +89,18 @@ function cursorAt(position: number, at: Date): string {
   return encodeCursor({ at, id: String(position) });
 }
 
-export async function registerEndpoint(rt: Runtime, tenantId: string, input: { url: string; events: string[]; description?: string; includeTestEvents?: boolean }) {
-  const url = checkEndpointUrl(rt.config, input.url);
+export async function registerEndpoint(
+  rt: Runtime,
+  tenantId: string,
+  input: { url?: string; delivery?: EndpointDelivery; events: string[]; description?: string; includeTestEvents?: boolean },
+) {
+  const delivery = input.delivery ?? 'push';
+  // A push endpoint needs somewhere to send; a pull endpoint (a receiver that cannot host webhooks) has nowhere.
+  if (delivery === 'push' && input.url === undefined) throw fieldError('body.url', 'url is required (or register with delivery "pull" and read GET /v1/webhooks/{id}/events)');
+  if (delivery === 'pull' && input.url !== undefined) throw fieldError('body.url', 'a pull endpoint has no url: its events are read through GET /v1/webhooks/{id}/events');
+  const url = input.url === undefined ? null : checkEndpointUrl(rt.config, input.url);
   const events = checkEventTypes(input.events);
-  return rt.stores.webhookEndpoints.create(tenantId, { url, events, description: input.description ?? null, includeTestEvents: input.includeTestEvents ?? false });
+  return rt.stores.webhookEndpoints.create(tenantId, { url, delivery, events, description: input.description ?? null, includeTestEvents: input.includeTestEvents ?? false });
 }
 
 /** A live endpoint of this tenant, or 404 (another tenant's and deleted ones alike). */
@@ -243,15 +251,16 @@ const RECOVERY_READ_LIMIT = 10_000;
 
 /**
  * Sends a `webhook.test` event to this endpoint alone (whatever it subscribes to), signed and retried like any
- * delivery; the delivery is listed with the others.
+ * delivery; the delivery is listed with the others. A pull endpoint gets it stored, next in its feed.
  */
 export async function sendTestEvent(rt: Runtime, tenantId: string, endpointId: string, options: { resolver?: Resolver } = {}) {
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
-  await assertSendable(rt, endpoint, options);
+  if (endpoint.url !== null) await assertSendable(rt, endpoint, options);
   const now = new Date();
   const data = { endpointId, message: 'a test event sent on request; it changes nothing' };
   const event = await rt.stores.outbox.recordForOneEndpoint(tenantId, 'webhook.test', data, `webhook.test:${endpointId}:${randomUUID()}`);
   const delivery = await rt.stores.webhookDeliveries.ensure({ eventId: event._id, eventType: 'webhook.test', endpoint, now });
+  if (delivery.status !== 'pending') return { event, delivery }; // stored for a pull endpoint's feed
   // If Redis refuses, the sweeper finds the pending delivery through its due entry.
   await scheduleAttempt(rt, delivery, 0).catch((err: Error) => rt.logger.warn({ deliveryId: delivery._id, err: err.message }, 'test delivery left to the sweeper'));
   return { event, delivery };

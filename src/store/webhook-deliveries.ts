@@ -23,7 +23,8 @@ import type { WebhookRetentionIndex } from './webhook-retention.ts';
 // Each index entry is written before the delivery write it stands for: a crash in between leaves an entry that
 // readers check against the delivery and skip.
 
-export type DeliveryStatus = 'pending' | 'succeeded' | 'failed' | 'abandoned' | 'cancelled';
+/** `stored`: a delivery of a pull endpoint, never sent, read through the endpoint's feed. */
+export type DeliveryStatus = 'pending' | 'succeeded' | 'failed' | 'abandoned' | 'cancelled' | 'stored';
 
 export interface WebhookDeliveryDoc {
   _id: string;
@@ -140,6 +141,7 @@ export class WebhookDeliveryStore {
     if (existing) return existing;
     const { endpoint, now } = input;
     const disabled = endpoint.status !== 'active';
+    const pulled = endpoint.delivery === 'pull';
     const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id, indexedAt: now }, (slot) => this.retention.noteEntry(slot, now));
     const doc: WebhookDeliveryDoc = {
       _id,
@@ -149,12 +151,12 @@ export class WebhookDeliveryStore {
       eventType: input.eventType,
       seq,
       rev: 0,
-      status: disabled ? 'abandoned' : 'pending',
+      status: pulled ? 'stored' : disabled ? 'abandoned' : 'pending',
       roundAttempts: 0,
       attemptCount: 0,
       lastStatusCode: null,
-      nextAttemptAt: disabled ? null : now,
-      lastError: disabled ? `endpoint disabled: ${endpoint.disabledReason ?? 'no reason given'}` : null,
+      nextAttemptAt: pulled || disabled ? null : now,
+      lastError: !pulled && disabled ? `endpoint disabled: ${endpoint.disabledReason ?? 'no reason given'}` : null,
       createdAt: now,
       updatedAt: now,
       succeededAt: null,

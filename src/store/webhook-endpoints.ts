@@ -25,12 +25,17 @@ export interface SealedSecret {
   expiresAt: Date | null;
 }
 
+export type EndpointDelivery = 'push' | 'pull';
+
 export interface WebhookEndpointDoc {
   _id: string;
   tenantId: string;
   /** Position in the tenant's endpoint index. */
   seq: number;
-  url: string;
+  /** Where deliveries are POSTed; null for a pull endpoint (`delivery: 'pull'`), which is only read through its feed. */
+  url: string | null;
+  /** `pull`: nothing is ever sent; its deliveries are stored for the pull feed. Absent on old records: `push`. */
+  delivery?: EndpointDelivery;
   events: EventType[];
   description: string | null;
   /** Also receives test traffic (events marked `test: true`, e.g. onboarding's first paid call); absent on old records. */
@@ -80,7 +85,7 @@ export class WebhookEndpointStore {
    * Registers an endpoint; the plaintext secret is returned once and only its sealed form is stored. The index
    * entry comes first: a crash before the endpoint's insert leaves an entry pointing at nothing, which readers skip.
    */
-  async create(tenantId: string, input: { url: string; events: EventType[]; description: string | null; includeTestEvents: boolean }) {
+  async create(tenantId: string, input: { url: string | null; delivery: EndpointDelivery; events: EventType[]; description: string | null; includeTestEvents: boolean }) {
     const _id = newId('whe');
     const secret = generateWebhookSecret();
     const now = new Date();
@@ -90,6 +95,7 @@ export class WebhookEndpointStore {
       tenantId,
       seq,
       url: input.url,
+      delivery: input.delivery,
       events: input.events,
       description: input.description,
       includeTestEvents: input.includeTestEvents,

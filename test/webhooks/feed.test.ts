@@ -153,4 +153,33 @@ describe('webhook pull feed', () => {
     const runsOnly = await h.tenantWithKey(['runs:read']);
     expect((await get(feedUrl(ep.id), runsOnly.auth)).statusCode).toBe(403);
   });
+
+  it('a pull endpoint (no url) is never sent to: its events are stored for the feed, signed like deliveries', async () => {
+    const { tenantId, auth } = await h.tenantWithKey();
+    const post = (url: string, payload: Record<string, unknown>) => h.app.inject({ method: 'POST', url, headers: auth, payload });
+    // A push endpoint needs a url; a pull endpoint must not have one. Both refusals register nothing.
+    expect((await post('/v1/webhooks', { events: ['run.finalized'] })).statusCode).toBe(422);
+    expect((await post('/v1/webhooks', { delivery: 'pull', url: 'https://hooks.example.com/in', events: ['run.finalized'] })).statusCode).toBe(422);
+    expect((await get('/v1/webhooks', auth)).json().items).toEqual([]);
+
+    const created = await post('/v1/webhooks', { delivery: 'pull', events: ['run.finalized'] });
+    expect(created.statusCode, created.body).toBe(201);
+    const ep = created.json();
+    expect(ep).toMatchObject({ url: null, delivery: 'pull', status: 'active', secret: expect.stringMatching(/^whsec_/) });
+
+    const eventId = await emit(tenantId, 'run.finalized', 'run_pulled');
+    const test = await post(`/v1/webhooks/${ep.id}/test`, {});
+    expect(test.statusCode, test.body).toBe(202);
+    const items = (await get(feedUrl(ep.id), auth)).json().items as FeedItem[];
+    expect(items.map((x) => x.eventType)).toEqual(['run.finalized', 'webhook.test']);
+    expect(new Webhook(ep.secret).verify(items[0]!.body, items[0]!.headers)).toMatchObject({ id: eventId, data: { runId: 'run_pulled' } });
+
+    // Stored, never attempted, so nothing to resend or recover.
+    const deliveries = (await get(`/v1/webhooks/${ep.id}/deliveries`, auth)).json().items as Array<{ id?: string; deliveryId?: string; status: string; attempts: unknown[] }>;
+    expect(deliveries.map((d) => [d.status, d.attempts.length])).toEqual([['stored', 0], ['stored', 0]]);
+    const resend = await post(`/v1/webhooks/${ep.id}/deliveries/${items[0]!.deliveryId}/resend`, {});
+    expect(resend.statusCode, resend.body).toBe(409);
+    expect(resend.json().code).toBe('WEBHOOK_ENDPOINT_PULL');
+    expect((await post(`/v1/webhooks/${ep.id}/recoveries`, { since: new Date(0).toISOString() })).json().code).toBe('WEBHOOK_ENDPOINT_PULL');
+  });
 });

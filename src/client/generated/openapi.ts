@@ -6248,7 +6248,9 @@ export interface operations {
                         items: {
                             /** @description `whe_…` */
                             id: string;
-                            url: string;
+                            /** @description Where events are POSTed; null for a pull endpoint */
+                            url: string | null;
+                            delivery: "push" | "pull";
                             events: string[];
                             description: string | null;
                             /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -6362,8 +6364,13 @@ export interface operations {
                  *     }
                  */
                 "application/json": {
-                    /** @description https URL that receives POSTed events */
-                    url: string;
+                    /** @description https URL that receives POSTed events; required unless `delivery` is `pull`, and absent then */
+                    url?: string;
+                    /**
+                     * @description `push` (default): events are POSTed to `url`. `pull`: for a receiver that cannot host webhooks; nothing is sent, and the same signed events are read from `GET /v1/webhooks/{endpointId}/events`.
+                     * @default push
+                     */
+                    delivery?: "push" | "pull";
                     /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired, webhook.test. Unknown types are refused with 400. */
                     events: string[];
                     description?: string;
@@ -6385,7 +6392,9 @@ export interface operations {
                     "application/json": {
                         /** @description `whe_…` */
                         id: string;
-                        url: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
                         events: string[];
                         description: string | null;
                         /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -6526,7 +6535,9 @@ export interface operations {
                     "application/json": {
                         /** @description `whe_…` */
                         id: string;
-                        url: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
                         events: string[];
                         description: string | null;
                         /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -6750,7 +6761,9 @@ export interface operations {
                     "application/json": {
                         /** @description `whe_…` */
                         id: string;
-                        url: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
                         events: string[];
                         description: string | null;
                         /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -6900,7 +6913,9 @@ export interface operations {
                     "application/json": {
                         /** @description `whe_…` */
                         id: string;
-                        url: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
                         events: string[];
                         description: string | null;
                         /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -7033,8 +7048,8 @@ export interface operations {
     listWebhookDeliveries: {
         parameters: {
             query?: {
-                /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
-                status?: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */
+                status?: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled" | "stored";
                 /** @description only deliveries created after this time (exclusive) */
                 createdAfter?: string;
                 /** @description only deliveries created before this time (exclusive); must be later than createdAfter */
@@ -7063,8 +7078,8 @@ export interface operations {
                             id: string;
                             eventId: string;
                             eventType: string;
-                            /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
-                            status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                            /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */
+                            status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled" | "stored";
                             attemptCount: number;
                             nextAttemptAt: string | null;
                             lastError: string | null;
@@ -7317,8 +7332,8 @@ export interface operations {
                         deliveryId: string;
                         /** @enum {string} */
                         eventType: "webhook.test";
-                        /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
-                        status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                        /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */
+                        status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled" | "stored";
                     };
                 };
             };
@@ -7446,8 +7461,8 @@ export interface operations {
                         id: string;
                         eventId: string;
                         eventType: string;
-                        /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted) */
-                        status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled";
+                        /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */
+                        status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled" | "stored";
                         attemptCount: number;
                         nextAttemptAt: string | null;
                         lastError: string | null;
@@ -7515,7 +7530,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_DELIVERY_PENDING`, `WEBHOOK_ENDPOINT_DISABLED`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_DELIVERY_PENDING`, `WEBHOOK_ENDPOINT_DISABLED`, `WEBHOOK_ENDPOINT_PULL`. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7677,7 +7692,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_ENDPOINT_DISABLED`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_ENDPOINT_DISABLED`, `WEBHOOK_ENDPOINT_PULL`. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7886,7 +7901,9 @@ export interface operations {
                         items: {
                             /** @description `whe_…` */
                             id: string;
-                            url: string;
+                            /** @description Where events are POSTed; null for a pull endpoint */
+                            url: string | null;
+                            delivery: "push" | "pull";
                             events: string[];
                             description: string | null;
                             /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -8000,8 +8017,13 @@ export interface operations {
                  *     }
                  */
                 "application/json": {
-                    /** @description https URL that receives POSTed events */
-                    url: string;
+                    /** @description https URL that receives POSTed events; required unless `delivery` is `pull`, and absent then */
+                    url?: string;
+                    /**
+                     * @description `push` (default): events are POSTed to `url`. `pull`: for a receiver that cannot host webhooks; nothing is sent, and the same signed events are read from `GET /v1/webhooks/{endpointId}/events`.
+                     * @default push
+                     */
+                    delivery?: "push" | "pull";
                     /** @description Event types to receive: run.finalized, settlement.completed, settlement.held, settlement.refunded, settlement.holdback_released, dispute.opened, dispute.resolved, escrow.returned, x402.escalation.created, x402.escalation.approved, x402.escalation.denied, x402.agent.wound_down, x402.gate.expired, x402.session.opened, x402.session.closed, x402.session.expired, webhook.test. Unknown types are refused with 400. */
                     events: string[];
                     description?: string;
@@ -8023,7 +8045,9 @@ export interface operations {
                     "application/json": {
                         /** @description `whe_…` */
                         id: string;
-                        url: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
                         events: string[];
                         description: string | null;
                         /** @description Whether test traffic (events marked `"test": true`) is delivered here */
@@ -8176,7 +8200,9 @@ export interface operations {
                     "application/json": {
                         /** @description `whe_…` */
                         id: string;
-                        url: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
                         events: string[];
                         description: string | null;
                         /** @description Whether test traffic (events marked `"test": true`) is delivered here */

@@ -169,7 +169,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
       operationId: 'resendWebhookDelivery',
       summary: 'Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due)',
       params: DeliveryParams,
-      response: { 202: Delivery, ...errorResponses(401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_DELIVERY_PENDING'], 422: ['WEBHOOK_DESTINATION_REFUSED'] }) },
+      response: { 202: Delivery, ...errorResponses(401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL', 'WEBHOOK_DELIVERY_PENDING'], 422: ['WEBHOOK_DESTINATION_REFUSED'] }) },
     },
   }, async (request, reply) => {
     const delivery = await webhooks.resendDelivery(runtime, tenantOf(request), request.params.endpointId, request.params.deliveryId);
@@ -185,7 +185,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
       summary: 'Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery',
       params: EndpointParams,
       body: RecoverBody,
-      response: { 202: Recovery, ...errorResponses(400, 401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED'], 422: ['VALIDATION_FAILED', 'WEBHOOK_DESTINATION_REFUSED'] }) },
+      response: { 202: Recovery, ...errorResponses(400, 401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL'], 422: ['VALIDATION_FAILED', 'WEBHOOK_DESTINATION_REFUSED'] }) },
     },
   }, async (request, reply) => {
     const tenantId = tenantOf(request);

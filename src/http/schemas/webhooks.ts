@@ -11,7 +11,11 @@ import { Cursor, Timestamp } from './common.ts';
 
 export const CreateEndpoint = Type.Object(
   {
-    url: Type.String({ minLength: 1, maxLength: 2048, description: 'https URL that receives POSTed events' }),
+    url: Type.Optional(Type.String({ minLength: 1, maxLength: 2048, description: 'https URL that receives POSTed events; required unless `delivery` is `pull`, and absent then' })),
+    delivery: Type.Optional(Type.Union([Type.Literal('push'), Type.Literal('pull')], {
+      default: 'push',
+      description: '`push` (default): events are POSTed to `url`. `pull`: for a receiver that cannot host webhooks; nothing is sent, and the same signed events are read from `GET /v1/webhooks/{endpointId}/events`.',
+    })),
     events: Type.Array(Type.String({ minLength: 1, maxLength: 100 }), {
       minItems: 1,
       maxItems: 50,
@@ -31,7 +35,8 @@ export const CreateEndpoint = Type.Object(
 
 export const Endpoint = Type.Object({
   id: Type.String({ description: '`whe_…`' }),
-  url: Type.String(),
+  url: Type.Union([Type.String(), Type.Null()], { description: 'Where events are POSTed; null for a pull endpoint' }),
+  delivery: Type.Union([Type.Literal('push'), Type.Literal('pull')]),
   events: Type.Array(Type.String()),
   description: Type.Union([Type.String(), Type.Null()]),
   includeTestEvents: Type.Boolean({ description: 'Whether test traffic (events marked `"test": true`) is delivered here' }),
@@ -69,8 +74,8 @@ export const EndpointListQuery = Type.Object({
 export const EndpointList = Type.Object({ items: Type.Array(Endpoint), nextCursor: Type.Union([Type.String(), Type.Null()]) });
 
 const DeliveryStatus = Type.Union(
-  [Type.Literal('pending'), Type.Literal('succeeded'), Type.Literal('failed'), Type.Literal('abandoned'), Type.Literal('cancelled')],
-  { description: 'pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted)' },
+  [Type.Literal('pending'), Type.Literal('succeeded'), Type.Literal('failed'), Type.Literal('abandoned'), Type.Literal('cancelled'), Type.Literal('stored')],
+  { description: 'pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint\'s: never sent, read from its feed)' },
 );
 export const DeliveryListQuery = Type.Object({
   status: Type.Optional(DeliveryStatus),
@@ -170,6 +175,7 @@ export function endpointView(e: WebhookEndpoint, now = new Date()): Static<typeo
   return {
     id: e._id,
     url: e.url,
+    delivery: e.delivery ?? 'push',
     events: e.events,
     description: e.description,
     includeTestEvents: e.includeTestEvents === true,

@@ -509,7 +509,7 @@ async function webhooksScreen() {
     return show(heading, errorBox(err, 'Could not list webhook endpoints'));
   }
   show(heading, table(['Endpoint', 'URL', 'Status', 'Events', 'Last success', 'Failing since'], page.items.map((e) => el('tr', {},
-    el('td', {}, link(`/webhooks/${encodeURIComponent(e.id)}`, e.id)), el('td', { class: 'mono' }, e.url), el('td', {}, e.status, e.disabledReason ? el('div', { class: 'quiet' }, e.disabledReason) : null),
+    el('td', {}, link(`/webhooks/${encodeURIComponent(e.id)}`, e.id)), el('td', { class: 'mono' }, e.url ?? 'pull (feed only)'), el('td', {}, e.status, e.disabledReason ? el('div', { class: 'quiet' }, e.disabledReason) : null),
     el('td', {}, e.events.join(', ')), el('td', {}, time(e.lastSuccessAt)), el('td', { class: e.failingSince ? 'bad' : null }, time(e.failingSince)))),
   'No endpoints. Register one with POST /v1/webhooks (scope webhooks:write) to receive events.'),
   page.nextCursor ? el('p', {}, link('/webhooks', 'Next page →', { cursor: page.nextCursor })) : null);
@@ -606,7 +606,7 @@ async function endpointScreen(endpointId) {
     });
   };
   const disabled = endpoint.status !== 'active';
-  show(heading, fields([['URL', el('span', { class: 'mono' }, endpoint.url)], ['Status', endpoint.status], endpoint.disabledReason && ['Disabled because', endpoint.disabledReason], ['Events', endpoint.events.join(', ')], ['Last success', time(endpoint.lastSuccessAt)], ['Failing since', time(endpoint.failingSince)]]),
+  show(heading, fields([['URL', el('span', { class: 'mono' }, endpoint.url ?? 'none: a pull endpoint, read through its feed')], ['Status', endpoint.status], endpoint.disabledReason && ['Disabled because', endpoint.disabledReason], ['Events', endpoint.events.join(', ')], ['Last success', time(endpoint.lastSuccessAt)], ['Failing since', time(endpoint.failingSince)]]),
     disabled ? el('p', { class: 'notice' }, 'This endpoint is disabled: nothing is sent to it, resends and recoveries included. Enable it with POST /v1/webhooks/{endpointId}/enable once the receiver is back.') : null,
     el('div', { class: 'actions' },
       el('button', { type: 'button', id: 'send-test', onclick: sendTest, disabled }, 'Send test event'),
