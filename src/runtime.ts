@@ -137,7 +137,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       tenants: new TenantStore(db),
       apiKeys: new ApiKeyStore(db),
       consoleSessions: new ConsoleSessionStore(redis, config.redisPrefix),
-      outbox: new OutboxStore(db, webhookDue),
+      outbox: new OutboxStore(db, webhookDue, redis, config.redisPrefix),
       agents: new AgentStore(db),
       runs: new RunStore(db, redis, config.redisPrefix),
       ledger,

@@ -6,11 +6,12 @@ import { EVENT_TYPES, type EventType } from '../domain/events.ts';
 import { isAddressAllowed } from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import { decodeCursor, encodeCursor } from '../store/paging.ts';
-import type { DeliveryStatus, WebhookAttemptDoc, WebhookDeliveryDoc, WebhookRecoveryDoc } from '../store/webhook-deliveries.ts';
+import { deliveryIdFor, type DeliveryStatus, type WebhookAttemptDoc, type WebhookDeliveryDoc, type WebhookRecoveryDoc } from '../store/webhook-deliveries.ts';
 import type { EndpointDelivery, WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
 import type { Resolver } from '../webhooks/send.ts';
 import { checkListQuery, invalid } from './lists.ts';
 import { assertSendable, scheduleAttempt, scheduleRecovery, sendAgain } from './webhook-delivery.ts';
+import { getRun } from './runs.ts';
 
 // The webhook registry's use cases. Endpoints and deliveries are read by id and checked against the tenant here
 // (another tenant's endpoint is simply not found); every change of an endpoint is a new revision decided on the
@@ -329,4 +330,22 @@ export async function getRecovery(rt: Runtime, tenantId: string, endpointId: str
     }
   }
   return { recovery, status: recovery.finishedAt ? 'finished' : 'running', counts };
+}
+
+/** Webhook events of one run at most (its finalization, settlement, disputes and holdback: a handful in practice). */
+const RUN_EVENTS_LIMIT = 200;
+
+/**
+ * Every delivery of the run's events to the tenant's endpoints, oldest first, each with its attempts. Delivery ids
+ * derive from the event and the endpoint, so each is one `_id` read: the cost follows the run's events and the
+ * tenant's few endpoints, never what is stored.
+ */
+export async function deliveriesOfRun(rt: Runtime, tenantId: string, runId: string): Promise<DeliveryWithAttempts[]> {
+  await getRun(rt, tenantId, runId); // another tenant's run is not found
+  const [eventIds, endpoints] = await Promise.all([rt.stores.outbox.eventIdsOfRun(runId, RUN_EVENTS_LIMIT), rt.stores.webhookEndpoints.allOfTenant(tenantId)]);
+  const { webhookDeliveries: deliveries } = rt.stores;
+  const found = await Promise.all(eventIds.flatMap((eventId) => endpoints.map((endpoint) => deliveries.get(deliveryIdFor(eventId, endpoint._id)))));
+  const items = found.filter((d): d is WebhookDeliveryDoc => d !== null && d.tenantId === tenantId);
+  const attempts = await Promise.all(items.map((d) => deliveries.attemptsOf(d)));
+  return items.map((delivery, i) => ({ delivery, attempts: attempts[i]! }));
 }

@@ -1,4 +1,5 @@
 import type { Collection, Db } from 'mongodb';
+import type { RedisClient } from '../redis.ts';
 import { sha256Hex } from '../domain/crypto.ts';
 import type { EventType } from '../domain/events.ts';
 import { insertFirst } from './mongo.ts';
@@ -30,6 +31,8 @@ export class OutboxStore {
   constructor(
     db: Db,
     private readonly due: WebhookDueIndex,
+    private readonly redis: RedisClient,
+    private readonly redisPrefix: string,
   ) {
     this.events = db.collection<OutboxEventDoc>('outbox_events');
   }
@@ -42,9 +45,21 @@ export class OutboxStore {
     const _id = eventIdFor(cause);
     const event: OutboxEventDoc = { _id, tenantId, type, data, test, createdAt: new Date(), fannedOutAt: null };
     await this.due.add({ kind: 'fan-out', tenantId, eventId: _id, dueAt: event.createdAt });
+    // The run's events, for its deliveries (a Redis sorted set by time, read by the run's id alone); entered before
+    // the record, so an id without a record is an event that was never made and is skipped.
+    if (typeof data.runId === 'string') await this.redis.zadd(this.runEventsKey(data.runId), event.createdAt.getTime(), _id);
     // A repeat loses to the first record, which stands; the id is all callers need (the dispatcher reads the record).
     await insertFirst(this.events, event);
     return event;
+  }
+
+  private runEventsKey(runId: string): string {
+    return `${this.redisPrefix}:run-events:${runId}`;
+  }
+
+  /** The ids of the events that name this run, oldest first (at most `limit`). */
+  eventIdsOfRun(runId: string, limit: number): Promise<string[]> {
+    return this.redis.zrange(this.runEventsKey(runId), 0, limit - 1);
   }
 
   /**

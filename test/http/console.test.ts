@@ -92,7 +92,16 @@ describe('web console in a browser', () => {
 
   async function signIn(key: string) {
     await context.clearCookies();
-    await page.goto(`${base}/console`);
+    // The page on screen may itself be navigating (a console page whose session just ended goes to the sign-in
+    // page), which aborts this navigation: go again.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await page.goto(`${base}/console`);
+        break;
+      } catch (err) {
+        if (attempt >= 3 || !String(err).includes('ERR_ABORTED')) throw err;
+      }
+    }
     await page.locator('#key').fill(key);
     await page.locator('#sign-in button[type=submit]').click();
     await page.locator('#sign-out').waitFor();
@@ -271,13 +280,16 @@ describe('web console in a browser', () => {
   });
 
   it('run detail (events, verification, settlement, ledger), webhook endpoints and their deliveries', async () => {
+    const endpoint = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: a.auth, payload: { url: `http://127.0.0.1:${(receiver.address() as { port: number }).port}/hook`, events: ['x402.escalation.created', 'run.finalized'] } });
+    expect(endpoint.statusCode, endpoint.body).toBe(201);
     const p = await parties(t, a.auth, 5_000);
     const runId = await finalizedRun(t, a.auth, p, { pass: true, amount: 1_250 });
     expect((await settle(t, a.auth, runId)).statusCode).toBeLessThan(300);
     await waitSettlement(t, a.auth, runId, (s) => s.status !== 'pending');
-    const endpoint = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: a.auth, payload: { url: `http://127.0.0.1:${(receiver.address() as { port: number }).port}/hook`, events: ['x402.escalation.created'] } });
-    expect(endpoint.statusCode, endpoint.body).toBe(201);
     const call = await escalatedCall(a.auth); // an event for the endpoint
+    const runDelivery = async () => ((await t.app.inject({ method: 'GET', url: `/v1/runs/${runId}/deliveries`, headers: a.auth })).json().items ?? []) as Array<{ id: string; eventType: string }>;
+    await until(async () => (await runDelivery()).some((d) => d.eventType === 'run.finalized'));
+    const finalizedDelivery = (await runDelivery()).find((d) => d.eventType === 'run.finalized')!.id;
 
     await signIn(a.token);
     await page.goto(`${base}/console/runs/${runId}`);
@@ -285,6 +297,9 @@ describe('web console in a browser', () => {
     const detail = await page.locator('main').textContent();
     expect(detail).toContain('$12.50');
     expect(detail).toContain('metric');
+    // The run's own webhook deliveries, with the endpoint each went to.
+    await page.locator(`#run-deliveries tr[data-delivery-id="${finalizedDelivery}"]`).waitFor();
+    expect(await page.locator(`#run-deliveries tr[data-delivery-id="${finalizedDelivery}"]`).textContent()).toContain(endpoint.json().id);
     await shot('run');
 
     // The receiver gets the escalation's event; then the endpoint's page lists that delivery as succeeded.

@@ -67,5 +67,15 @@ describe('run and settlement events reach a subscriber, signed, with the contrac
     expect(byType['settlement.completed']).toEqual({ runId, gateId: null, sessionId: null, settlementId: s.settlementId, amount: 900, holdback: 100, currency: 'USD' });
     expect(byType['dispute.opened']).toEqual({ disputeId: dispute.disputeId, runId, gateId: null, sessionId: null, settlementId: s.settlementId });
     expect(events).toHaveLength(3);
+
+    // The run's own deliveries (what the console's run detail shows): every event that names it, to every endpoint.
+    const ofRun = await t.app.inject({ method: 'GET', url: `/v1/runs/${runId}/deliveries`, headers: auth });
+    expect(ofRun.statusCode, ofRun.body).toBe(200);
+    const listed = ofRun.json().items as Array<{ eventId: string; eventType: string; endpointId: string; status: string }>;
+    expect(listed.map((d) => d.eventType).sort()).toEqual(['dispute.opened', 'run.finalized', 'settlement.completed']);
+    expect(new Set(listed.map((d) => d.endpointId))).toEqual(new Set([hook.json().id]));
+    expect(listed.map((d) => d.eventId).sort()).toEqual(events.map((e) => e.id).sort());
+    const stranger = (await t.tenantWithKey(['runs:read', 'webhooks:write'])).auth;
+    expect((await t.app.inject({ method: 'GET', url: `/v1/runs/${runId}/deliveries`, headers: stranger })).statusCode).toBe(404);
   }, 60_000);
 });

@@ -641,6 +641,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{runId}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Deliveries of the run's webhook events (finalized, settled, disputed, holdback released…) to every endpoint of the tenant, oldest first, each with its attempts */
+        get: operations["listRunDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/webhooks/{endpointId}/deliveries": {
         parameters: {
             query?: never;
@@ -7045,6 +7062,140 @@ export interface operations {
             };
         };
     };
+    listRunDeliveries: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                runId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description oldest first; every delivery of every event that names the run */
+                        items: {
+                            /** @description `whd_…`, one per event and endpoint */
+                            id: string;
+                            /** @description the endpoint it goes to */
+                            endpointId: string;
+                            eventId: string;
+                            eventType: string;
+                            /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */
+                            status: "pending" | "succeeded" | "failed" | "abandoned" | "cancelled" | "stored";
+                            attemptCount: number;
+                            nextAttemptAt: string | null;
+                            lastError: string | null;
+                            attempts: {
+                                /** @description 1-based, over the delivery's whole life */
+                                attempt: number;
+                                /**
+                                 * Format: date-time
+                                 * @description RFC 3339 UTC
+                                 */
+                                startedAt: string;
+                                durationMs: number;
+                                /** @description null when no HTTP answer came (timeout, network error, refused address) */
+                                statusCode: number | null;
+                                error: string | null;
+                                succeeded: boolean;
+                            }[];
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            createdAt: string;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            updatedAt: string;
+                            succeededAt: string | null;
+                        }[];
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     listWebhookDeliveries: {
         parameters: {
             query?: {
@@ -7076,6 +7227,8 @@ export interface operations {
                         items: {
                             /** @description `whd_…`, one per event and endpoint */
                             id: string;
+                            /** @description the endpoint it goes to */
+                            endpointId: string;
                             eventId: string;
                             eventType: string;
                             /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */
@@ -7459,6 +7612,8 @@ export interface operations {
                     "application/json": {
                         /** @description `whd_…`, one per event and endpoint */
                         id: string;
+                        /** @description the endpoint it goes to */
+                        endpointId: string;
                         eventId: string;
                         eventType: string;
                         /** @description pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed) */

@@ -44,6 +44,7 @@ export const operationRoutes = {
   deleteWebhookEndpoint: { method: 'delete', path: '/v1/webhooks/{endpointId}' },
   rotateWebhookEndpointSecret: { method: 'post', path: '/v1/webhooks/{endpointId}/rotate-secret' },
   enableWebhookEndpoint: { method: 'post', path: '/v1/webhooks/{endpointId}/enable' },
+  listRunDeliveries: { method: 'get', path: '/v1/runs/{runId}/deliveries' },
   listWebhookDeliveries: { method: 'get', path: '/v1/webhooks/{endpointId}/deliveries' },
   readWebhookEventFeed: { method: 'get', path: '/v1/webhooks/{endpointId}/events' },
   sendWebhookTestEvent: { method: 'post', path: '/v1/webhooks/{endpointId}/test' },

@@ -28,6 +28,8 @@ import {
   recoveryView,
   RotateSecret,
   TestEventSent,
+  RunDeliveries,
+  RunDeliveriesParams,
 } from '../schemas/webhooks.ts';
 
 type Params = { Params: Static<typeof EndpointParams> };
@@ -115,6 +117,17 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
     request.log.info({ endpointId: endpoint._id, replayed }, 'webhook endpoint enabled');
     return { ...endpointView(endpoint), replayed };
   });
+
+  app.get<{ Params: Static<typeof RunDeliveriesParams> }>('/v1/runs/:runId/deliveries', {
+    config: readConfig,
+    schema: {
+      tags,
+      operationId: 'listRunDeliveries',
+      summary: "Deliveries of the run's webhook events (finalized, settled, disputed, holdback released…) to every endpoint of the tenant, oldest first, each with its attempts",
+      params: RunDeliveriesParams,
+      response: { 200: RunDeliveries, ...errorResponses(400, 401, 403, 404) },
+    },
+  }, async (request) => ({ items: (await webhooks.deliveriesOfRun(runtime, tenantOf(request), request.params.runId)).map(deliveryView) }));
 
   app.get<Params & { Querystring: Static<typeof DeliveryListQuery> }>('/v1/webhooks/:endpointId/deliveries', {
     config: readConfig,

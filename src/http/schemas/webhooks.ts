@@ -94,6 +94,7 @@ const Attempt = Type.Object({
 });
 export const Delivery = Type.Object({
   id: Type.String({ description: '`whd_…`, one per event and endpoint' }),
+  endpointId: Type.String({ description: 'the endpoint it goes to' }),
   eventId: Type.String(),
   eventType: Type.String(),
   status: DeliveryStatus,
@@ -106,6 +107,8 @@ export const Delivery = Type.Object({
   succeededAt: Type.Union([Timestamp, Type.Null()]),
 });
 export const DeliveryList = Type.Object({ items: Type.Array(Delivery), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+export const RunDeliveries = Type.Object({ items: Type.Array(Delivery, { description: 'oldest first; every delivery of every event that names the run' }) });
+export const RunDeliveriesParams = Type.Object({ runId: Type.String({ maxLength: 128 }) });
 
 export const FeedQuery = Type.Object({
   after: Type.Optional(Cursor(400, '`nextCursor` of the previous read; without it the feed starts at the oldest event still kept')),
@@ -198,6 +201,7 @@ export function recoveryView(p: RecoveryProgress): Static<typeof Recovery> {
 export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): Static<typeof Delivery> {
   return {
     id: d._id,
+    endpointId: d.endpointId,
     eventId: d.eventId,
     eventType: d.eventType,
     status: d.status,

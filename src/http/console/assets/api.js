@@ -88,6 +88,7 @@ export const run = (runId) => call('GET', `/v1/runs/${id(runId)}`);
 export const artifact = (artifactId) => call('GET', `/v1/artifacts/${id(artifactId)}`);
 export const runVerification = (runId) => call('GET', `/runs/${id(runId)}/verification`);
 export const runSettlement = (runId) => call('GET', `/runs/${id(runId)}/settlement`);
+export const runDeliveries = (runId) => call('GET', `/v1/runs/${id(runId)}/deliveries`);
 export const gate = (gateId) => call('GET', `/x402/gate/${id(gateId)}`);
 export const wallet = (walletId) => call('GET', `/v1/wallets/${id(walletId)}`);
 export const walletEntries = (walletId, cursor) => call('GET', `/v1/wallets/${id(walletId)}/entries${q({ limit: 50, cursor })}`);

@@ -354,10 +354,11 @@ async function runScreen(runId) {
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the run'));
   }
-  const [settlement, verification, artifact] = await Promise.all([
+  const [settlement, verification, artifact, deliveries] = await Promise.all([
     api.runSettlement(runId).catch((err) => (err.status === 404 ? null : err)),
     r.artifactId ? api.runVerification(runId).catch((err) => err) : null,
     r.artifactId ? api.artifact(r.artifactId).catch((err) => err) : null,
+    api.runDeliveries(runId).catch((err) => err),
   ]);
   const sections = [heading, fields([
     ['Status', r.status], ['Verdict', r.verdict], ['Agent', r.agentId], ['Events', String(r.eventCount)],
@@ -386,7 +387,13 @@ async function runScreen(runId) {
     sections.push(await entriesOfSettlement(settlement));
   }
   sections.push(el('h2', {}, 'Webhook deliveries'));
-  sections.push(el('p', {}, 'Deliveries are listed per endpoint: ', link('/webhooks', 'webhook endpoints'), '.'));
+  if (deliveries instanceof Error) sections.push(errorBox(deliveries, 'Could not load the deliveries (they need webhooks:read)'));
+  else sections.push(el('div', { id: 'run-deliveries' }, table(['Delivery', 'Endpoint', 'Event', 'Status', 'Attempts', 'Last error', 'Created'], deliveries.items.map((d) =>
+    el('tr', { dataset: { deliveryId: d.id, status: d.status } },
+      el('td', { class: 'mono' }, d.id), el('td', {}, link(`/webhooks/${encodeURIComponent(d.endpointId)}`, d.endpointId)), el('td', {}, d.eventType),
+      el('td', { class: d.status === 'failed' || d.status === 'abandoned' ? 'bad' : d.status === 'succeeded' ? 'ok' : null }, d.status),
+      el('td', { class: 'num' }, String(d.attemptCount)), el('td', {}, d.lastError ?? '—'), el('td', {}, time(d.createdAt)))),
+    'No webhook deliveries: no endpoint of this tenant subscribes to the events of this run yet.')));
   show(...sections);
 }
 
