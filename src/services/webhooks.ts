@@ -11,7 +11,6 @@ import type { EndpointDelivery, WebhookEndpoint, WebhookEndpointDoc } from '../s
 import type { Resolver } from '../webhooks/send.ts';
 import { checkListQuery, invalid } from './lists.ts';
 import { assertSendable, scheduleAttempt, scheduleRecovery, sendAgain } from './webhook-delivery.ts';
-import { getRun } from './runs.ts';
 
 // The webhook registry's use cases. Endpoints and deliveries are read by id and checked against the tenant here
 // (another tenant's endpoint is simply not found); every change of an endpoint is a new revision decided on the
@@ -237,9 +236,8 @@ export async function listDeliveries(rt: Runtime, tenantId: string, endpointId: 
       if (items.length === limit) break;
     }
   }
-  const attempts = await Promise.all(items.map((d) => deliveries.attemptsOf(d)));
   return {
-    items: items.map((delivery, i) => ({ delivery, attempts: attempts[i]! })),
+    items: await withAttempts(rt, items),
     nextCursor: position > 1 && !reachedAfter ? cursorAt(position, lastAt) : null,
   };
 }
@@ -341,11 +339,14 @@ const RUN_EVENTS_LIMIT = 200;
  * tenant's few endpoints, never what is stored.
  */
 export async function deliveriesOfRun(rt: Runtime, tenantId: string, runId: string): Promise<DeliveryWithAttempts[]> {
-  await getRun(rt, tenantId, runId); // another tenant's run is not found
+  if (!(await rt.stores.runs.get(tenantId, runId))) throw errors.notFound('run'); // another tenant's run alike
   const [eventIds, endpoints] = await Promise.all([rt.stores.outbox.eventIdsOfRun(runId, RUN_EVENTS_LIMIT), rt.stores.webhookEndpoints.allOfTenant(tenantId)]);
-  const { webhookDeliveries: deliveries } = rt.stores;
-  const found = await Promise.all(eventIds.flatMap((eventId) => endpoints.map((endpoint) => deliveries.get(deliveryIdFor(eventId, endpoint._id)))));
-  const items = found.filter((d): d is WebhookDeliveryDoc => d !== null && d.tenantId === tenantId);
-  const attempts = await Promise.all(items.map((d) => deliveries.attemptsOf(d)));
+  const found = await Promise.all(eventIds.flatMap((eventId) => endpoints.map((endpoint) => rt.stores.webhookDeliveries.get(deliveryIdFor(eventId, endpoint._id)))));
+  return withAttempts(rt, found.filter((d): d is WebhookDeliveryDoc => d !== null && d.tenantId === tenantId));
+}
+
+/** Each delivery with its attempts, read side by side. */
+async function withAttempts(rt: Runtime, items: WebhookDeliveryDoc[]): Promise<DeliveryWithAttempts[]> {
+  const attempts = await Promise.all(items.map((d) => rt.stores.webhookDeliveries.attemptsOf(d)));
   return items.map((delivery, i) => ({ delivery, attempts: attempts[i]! }));
 }
