@@ -1,9 +1,8 @@
-import { errors } from '../domain/errors.ts';
 import { eventBody, signedHeaders, type SignedHeaders } from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import { decodeCursor, encodeCursor } from '../store/paging.ts';
 import type { WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
-import { DEFAULT_LIMIT, MAX_LIMIT } from './lists.ts';
+import { checkListQuery, invalid } from './lists.ts';
 import { getEndpoint } from './webhooks.ts';
 
 // The pull feed: for a receiver that cannot host webhooks, the events an endpoint subscribes to, oldest first after
@@ -37,10 +36,6 @@ export interface FeedPage {
   hasMore: boolean;
 }
 
-function invalid(path: string, message: string) {
-  return errors.unprocessable(`${path.replace('querystring.', '')} ${message}`, { errors: [{ path, message }] });
-}
-
 /** The position a cursor stands after (0: from the start), and its time; 422 for anything this API did not issue. */
 function afterPosition(cursor: string | undefined): { position: number; at: Date } {
   if (cursor === undefined) return { position: 0, at: new Date(0) };
@@ -56,8 +51,7 @@ export async function readFeed(
   q: { after?: string; limit?: number },
   now: Date = new Date(),
 ): Promise<FeedPage> {
-  const limit = q.limit ?? DEFAULT_LIMIT;
-  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) throw invalid('querystring.limit', `must be an integer from 1 to ${MAX_LIMIT}`);
+  const { limit } = checkListQuery({ limit: q.limit }); // the lists' default, bounds and 422
   const { position: after, at: afterAt } = afterPosition(q.after);
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   const deliveries = rt.stores.webhookDeliveries;
