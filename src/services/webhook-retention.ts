@@ -26,7 +26,7 @@ export interface RetentionSweep {
 
 type Outcome = 'deliveries' | 'entries' | 'kept' | 'forgotten';
 
-function retainedFrom(d: WebhookDeliveryDoc, now: number): number | null {
+function retainedFrom(d: WebhookDeliveryDoc, now: number): number {
   if (d.status === 'pending') return now; // an attempt is due or running: counts from now until it finishes
   return d.updatedAt.getTime();
 }
@@ -40,7 +40,7 @@ async function expireOne(rt: Runtime, { member }: DueMember, cutoff: number, now
       await retention.forget(member);
       return 'forgotten';
     }
-    const from = retainedFrom(d, now)!;
+    const from = retainedFrom(d, now);
     if (from > cutoff) {
       await retention.keep(member, from);
       return 'kept';
@@ -56,7 +56,7 @@ async function expireOne(rt: Runtime, { member }: DueMember, cutoff: number, now
   }
   // An entry is kept while its delivery is.
   const d = await deliveries.get(entry.deliveryId);
-  const from = d ? retainedFrom(d, now)! : -Infinity;
+  const from = d ? retainedFrom(d, now) : -Infinity;
   if (from > cutoff) {
     await retention.keep(member, from);
     return 'kept';
