@@ -236,8 +236,6 @@ export interface EscalationSweepSummary {
   failed: number;
 }
 
-type Next = DueLook;
-
 /**
  * The escalations' deadlines: reads only the escalations that have fallen due (their due index, then each by `_id`).
  * Past its deadline an undecided escalation is denied (`deadline_passed`, decided by `deadline`) by the same insert a
@@ -261,7 +259,7 @@ export class X402EscalationDeadlines {
     return Object.assign(summary, counts);
   }
 
-  private async decideAtDeadline(escalationId: string, summary: EscalationSweepSummary): Promise<Next> {
+  private async decideAtDeadline(escalationId: string, summary: EscalationSweepSummary): Promise<DueLook> {
     const escalation = await this.store.escalationOf(escalationId);
     if (!escalation) return 'done'; // its escalate died before recording it: nothing waits
     let resolution = await this.store.resolutionOf(escalationId);
