@@ -10,6 +10,7 @@ import {
   randomBytes,
   randomFillSync,
   sign as nodeSign,
+  timingSafeEqual,
   verify as nodeVerify,
 } from 'node:crypto';
 import type { KeyObject } from 'node:crypto';
@@ -43,6 +44,15 @@ export class EncodingError extends Error {
 /** Lowercase hex SHA-256. Strings are hashed as their UTF-8 bytes. */
 export function sha256Hex(data: string | Uint8Array): string {
   return createHash('sha256').update(data).digest('hex');
+}
+
+/**
+ * A check of a presented secret against one known in advance (the admin key), in constant time whatever the
+ * lengths: both sides are compared as SHA-256 digests, the known one computed once.
+ */
+export function secretMatcher(expected: string): (presented: string) => boolean {
+  const expectedDigest = createHash('sha256').update(expected).digest();
+  return (presented) => timingSafeEqual(createHash('sha256').update(presented).digest(), expectedDigest);
 }
 
 /** base64url without padding (RFC 4648 section 5). */

@@ -1,7 +1,8 @@
 // Console sign-in: a person presents the admin key or a tenant API key once; the browser then holds only a random
 // session id in an HttpOnly cookie, and Redis holds who signed in (the key's id and tenant, never its secret) until
 // the session's TTL. Every request re-checks the key, so revoking it ends its console sessions too.
-import { createHash, randomBytes, timingSafeEqual } from 'node:crypto';
+import { randomBytes, timingSafeEqual } from 'node:crypto';
+import { secretMatcher } from '../domain/crypto.ts';
 import { errors } from '../domain/errors.ts';
 import { grants, type Scope } from '../domain/scopes.ts';
 import type { Runtime } from '../runtime.ts';
@@ -18,16 +19,11 @@ export interface ConsoleSession {
   scopes: string[];
 }
 
-function isAdminKey(runtime: Runtime, credential: string): boolean {
-  const digest = (value: string) => createHash('sha256').update(value).digest();
-  return timingSafeEqual(digest(credential), digest(runtime.config.adminKey));
-}
-
 /** Signs in with a key: the new session's cookie value (shown to the browser only) and the session. */
 export async function signInToConsole(runtime: Runtime, credential: string, now = new Date()): Promise<{ sessionToken: string; session: ConsoleSession }> {
   let signer: ConsoleSigner;
   let scopes: string[];
-  if (isAdminKey(runtime, credential)) {
+  if (secretMatcher(runtime.config.adminKey)(credential)) {
     signer = { kind: 'admin' };
     scopes = ['ops'];
   } else {

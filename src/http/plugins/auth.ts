@@ -1,7 +1,7 @@
-import { createHash, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { BUYER_SESSION_COOKIE, cookieValue, verifyBuyerSession } from '../../domain/buyer-session.ts';
+import { secretMatcher } from '../../domain/crypto.ts';
 import { errors, ServiceError } from '../../domain/errors.ts';
 import { grants, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
@@ -47,10 +47,6 @@ declare module 'fastify' {
   }
 }
 
-function sha256(value: string): Buffer {
-  return createHash('sha256').update(value).digest();
-}
-
 /** Bearer token, or the password of HTTP Basic (so a browser can open Bull Board). */
 export function presentedCredential(request: FastifyRequest): string | null {
   const header = request.headers.authorization;
@@ -84,8 +80,7 @@ export function tenantOf(request: FastifyRequest): string {
  */
 export default fp(async function authPlugin(app: FastifyInstance, opts: { runtime: Runtime; adminPrefixes: string[] }) {
   const { config, stores } = opts.runtime;
-  const adminDigest = sha256(config.adminKey);
-  const isAdminKey = (credential: string) => timingSafeEqual(sha256(credential), adminDigest);
+  const isAdminKey = secretMatcher(config.adminKey);
 
   app.decorateRequest('principal', null);
 
