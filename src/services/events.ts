@@ -4,12 +4,20 @@ import type { Runtime } from '../runtime.ts';
 import type { OutboxEventDoc } from '../store/outbox.ts';
 
 /**
- * Emits a service event (`test`: test traffic, see OutboxEventDoc.test): records it in the outbox, then enqueues its fan-out to webhook endpoints. Both steps are
- * idempotent by the event's cause (the event id derives from it), so a retried job emits once; an event whose
- * enqueue failed is found by the webhook sweeper.
+ * Emits a service event (`test`: test traffic, see OutboxEventDoc.test): records it in the outbox, then enqueues its
+ * fan-out to webhook endpoints. Both steps are idempotent by the event's cause (the event id derives from it), so a
+ * retried job emits once; an event whose enqueue failed is found by the webhook sweeper.
+ *
+ * A tenant that has never registered a webhook endpoint has nobody to fan out to: its event is recorded already
+ * fanned out, with no due entry and no job (a fan-out job with no endpoint cost more than the gate's verify job).
+ * The fan-out sends an event only to endpoints created no later than the event, and an endpoint takes its creation
+ * time after its index position (WebhookEndpointStore.create): so an endpoint this look misses is created after
+ * `createdAt`, and would not have been sent the event anyway.
  */
 export async function emitEvent(rt: Runtime, tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, options: { test?: boolean } = {}): Promise<OutboxEventDoc> {
-  const event = await rt.stores.outbox.record(tenantId, type, data, cause, options.test === true);
-  await rt.producers.enqueue('webhook-dispatch', { tenantId, eventId: event._id }, jobIdFor('webhook-dispatch', event._id));
+  const createdAt = new Date();
+  const fanOut = await rt.stores.webhookEndpoints.anyRegistered(tenantId);
+  const event = await rt.stores.outbox.record(tenantId, type, data, cause, { test: options.test === true, fanOut, createdAt });
+  if (fanOut) await rt.producers.enqueue('webhook-dispatch', { tenantId, eventId: event._id }, jobIdFor('webhook-dispatch', event._id));
   return event;
 }

@@ -39,12 +39,15 @@ export class OutboxStore {
 
   /**
    * Records the event once: a repeat with the same cause returns the first record unchanged. Its fan-out is entered
-   * in the due index first, so an event whose fan-out job is never enqueued (the emitter died) is still found.
+   * in the due index first, so an event whose fan-out job is never enqueued (the emitter died) is still found. An
+   * event with nobody to fan out to (`fanOut` false: its tenant has no webhook endpoint) is born fanned out, with no
+   * due entry; `createdAt` is when the emitter started to look for endpoints (see emitEvent).
    */
-  async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, test = false): Promise<OutboxEventDoc> {
+  async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, options: { test: boolean; fanOut: boolean; createdAt: Date }): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
-    const event: OutboxEventDoc = { _id, tenantId, type, data, test, createdAt: new Date(), fannedOutAt: null };
-    await this.due.add({ kind: 'fan-out', tenantId, eventId: _id, dueAt: event.createdAt });
+    const { test, fanOut, createdAt } = options;
+    const event: OutboxEventDoc = { _id, tenantId, type, data, test, createdAt, fannedOutAt: fanOut ? null : createdAt };
+    if (fanOut) await this.due.add({ kind: 'fan-out', tenantId, eventId: _id, dueAt: event.createdAt });
     // The run's events, for its deliveries (a Redis sorted set by time, read by the run's id alone); entered before
     // the record, so an id without a record is an event that was never made and is skipped.
     if (typeof data.runId === 'string') await this.redis.zadd(this.runEventsKey(data.runId), event.createdAt.getTime(), _id);

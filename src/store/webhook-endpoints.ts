@@ -88,8 +88,9 @@ export class WebhookEndpointStore {
   async create(tenantId: string, input: { url: string | null; delivery: EndpointDelivery; events: EventType[]; description: string | null; includeTestEvents: boolean }) {
     const _id = newId('whe');
     const secret = generateWebhookSecret();
-    const now = new Date();
     const seq = await this.byTenant.append(tenantOwner(tenantId), { endpointId: _id });
+    // Taken after the index position exists: an event emitted before it may have found no endpoint (emitEvent).
+    const now = new Date();
     const doc: WebhookEndpointDoc = {
       _id,
       tenantId,
@@ -118,6 +119,11 @@ export class WebhookEndpointStore {
   async get(id: string): Promise<WebhookEndpoint | null> {
     const [doc, activity] = await Promise.all([this.log.get(id), this.activity.findOne({ _id: id })]);
     return doc ? withActivity(doc, activity) : null;
+  }
+
+  /** Whether the tenant ever started to register an endpoint (deleted ones included): whether its events fan out. */
+  async anyRegistered(tenantId: string): Promise<boolean> {
+    return !(await this.byTenant.isEmpty(tenantOwner(tenantId)));
   }
 
   /** Every endpoint the tenant ever registered, oldest first, deleted ones included. */

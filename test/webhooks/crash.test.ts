@@ -73,7 +73,7 @@ describe('a worker killed mid-delivery', () => {
     try {
       const ep = await h.createEndpoint(auth, receiver.url);
       // Recorded in the outbox but never enqueued, as if the emitting process died right after the write.
-      const orphan = await h.runtime.stores.outbox.record(tenantId, 'run.finalized', { runId: 'orphan' }, 'orphan:1');
+      const orphan = await h.runtime.stores.outbox.record(tenantId, 'run.finalized', { runId: 'orphan' }, 'orphan:1', { test: false, fanOut: true, createdAt: new Date() });
       await waitUntil(() => seen.includes(orphan._id), 10_000, 'the orphaned event');
 
       const event = await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'lost-job', amount: 1 }, 'lost-job:1');

@@ -85,7 +85,7 @@ describe('webhook paths touch the webhook collections by exact _id only', () => 
     const events: OutboxEventDoc[] = [];
     for (let i = 0; i < 3; i++) events.push(await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: `run_${i}` }, `ids:${i}`));
     // An event whose fan-out job was never enqueued, as if its emitter died right after recording it.
-    const orphan = await h.runtime.stores.outbox.record(tenantId, 'settlement.completed', { runId: 'run_orphan' }, 'ids:orphan');
+    const orphan = await h.runtime.stores.outbox.record(tenantId, 'settlement.completed', { runId: 'run_orphan' }, 'ids:orphan', { test: false, fanOut: true, createdAt: new Date() });
     await waitUntil(() => r.received.some((q) => q.headers['webhook-id'] === orphan._id), 15_000, 'the swept orphan');
     const deliveries = h.runtime.stores.webhookDeliveries;
     await waitUntil(async () => {

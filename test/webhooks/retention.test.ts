@@ -29,7 +29,7 @@ describe('webhook retention sweep', () => {
     const endpoint = (await h.runtime.stores.webhookEndpoints.get(endpointId))!;
     const deliveries = h.runtime.stores.webhookDeliveries;
     const create = async () => {
-      const event = await h.runtime.stores.outbox.record(endpoint.tenantId, 'run.finalized', { runId: `run_${randomUUID()}` }, `retention:${randomUUID()}`);
+      const event = await h.runtime.stores.outbox.record(endpoint.tenantId, 'run.finalized', { runId: `run_${randomUUID()}` }, `retention:${randomUUID()}`, { test: false, fanOut: true, createdAt: new Date() });
       return deliveries.ensure({ eventId: event._id, eventType: 'run.finalized', endpoint, now: new Date() });
     };
     const finish = async (d: WebhookDeliveryDoc, ok: boolean) =>
