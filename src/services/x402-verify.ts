@@ -8,7 +8,9 @@ import { MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
 import { decideSettlement, entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
 import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
+import { watchRedis } from '../outages.ts';
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
+import { createRedisClient, isClusterUrl, type RedisClient } from '../redis.ts';
 import type { Runtime } from '../runtime.ts';
 import type { SettlementState } from '../store/settlements.ts';
 import type { GateDoc, VerificationDoc } from '../store/x402.ts';
@@ -27,6 +29,7 @@ export interface VerifyOutcome {
 
 export class X402Verification {
   private queueEvents: QueueEvents | null = null;
+  private queueEventsConnection: RedisClient | null = null;
   /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
   private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
 
@@ -179,11 +182,15 @@ export class X402Verification {
 
   private ensureQueueEvents(): QueueEvents {
     if (this.queueEvents) return this.queueEvents;
-    const events = new QueueEvents('x402-verify', {
-      // Back within 2 s of Redis (BullMQ's own retry waits up to 20 s between attempts, each second a 202 instead of a decision).
-      connection: { url: this.runtime.config.redisUrl, retryStrategy: (attempt: number) => Math.min(attempt * 200, 2_000) },
-      prefix: bullPrefix(this.runtime.config.redisPrefix),
-    });
+    const { redisUrl, redisPrefix } = this.runtime.config;
+    // A connection of its own (its reads block), built like every other client: a Redis Cluster URL gets a cluster
+    // client, and the queue's hash-tagged prefix, or the events of its jobs are never seen and every verify waits
+    // out its 2 s and answers 202. Back within 2 s of Redis (BullMQ's own retry waits up to 20 s between attempts,
+    // each second a 202 instead of a decision).
+    const connection = createRedisClient(redisUrl, { maxRetriesPerRequest: null, retryStrategy: (attempt: number) => Math.min(attempt * 200, 2_000) });
+    this.queueEventsConnection = connection;
+    watchRedis(connection, this.runtime.outages);
+    const events = new QueueEvents('x402-verify', { connection, prefix: bullPrefix(redisPrefix, isClusterUrl(redisUrl)) });
     // It reconnects by itself and a missed event only means a 202; its failures still count into the outage.
     events.on('error', (err) => {
       if (!this.runtime.outages.absorb(err)) this.runtime.logger.warn({ err: err.message }, 'x402-verify queue events failed');
@@ -322,5 +329,8 @@ export class X402Verification {
   async close(): Promise<void> {
     await this.queueEvents?.close().catch(() => undefined);
     this.queueEvents = null;
+    // Handed to BullMQ as a client, so BullMQ leaves closing it to its owner.
+    this.queueEventsConnection?.disconnect();
+    this.queueEventsConnection = null;
   }
 }
