@@ -65,6 +65,13 @@ export interface Config {
     /** How long after an authorization's token expires the call may still be reported; then the payer is refunded. */
     authorizationGraceSeconds: number;
   };
+  lists: {
+    /**
+     * Days a row stays in the lists (`GET /v1/runs` and the others); 0 keeps every row. Each row costs Redis about
+     * 180 bytes in each of its 3 to 4 sorted sets; older rows stay readable by id.
+     */
+    retentionDays: number;
+  };
   reserves: {
     /** A run's escrow reserve not captured by its settlement this long after it was locked goes back to the payer. */
     runDeadlineSeconds: number;
@@ -262,6 +269,9 @@ export function loadConfig(env: Env = process.env): Config {
       network: x402Network as `${string}:${string}`,
       gateTtlSeconds: int(env, 'X402_GATE_TTL_SECONDS', 3600, 1, 30 * 86_400),
       authorizationGraceSeconds: int(env, 'X402_AUTHORIZATION_GRACE_SECONDS', 300, 0, 86_400),
+    },
+    lists: {
+      retentionDays: int(env, 'LIST_RETENTION_DAYS', 0, 0, 36_500),
     },
     reserves: {
       runDeadlineSeconds: int(env, 'RUN_RESERVE_DEADLINE_SECONDS', 30 * 86_400, 1, 365 * 86_400),

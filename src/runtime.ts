@@ -122,6 +122,8 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   // Producers' queues share `redis`; their own `error` events repeat what its listener above already counted.
   for (const queue of Object.values(producers.queues)) queue.on('error', (err) => outages.absorb(err));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
+  // One list index for every store that lists its rows (runs, settlements, gates, sessions, ...).
+  const lists = new ListIndex(redis, config.redisPrefix, config.lists.retentionDays * 86_400_000);
   const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix);
   const ledger = new LedgerStore(db, ledgerDue);
   return {
@@ -139,9 +141,9 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       consoleSessions: new ConsoleSessionStore(redis, config.redisPrefix),
       outbox: new OutboxStore(db, webhookDue, redis, config.redisPrefix),
       agents: new AgentStore(db),
-      runs: new RunStore(db, redis, config.redisPrefix),
+      runs: new RunStore(db, redis, config.redisPrefix, lists),
       ledger,
-      settlements: new SettlementStore(db, redis, config.redisPrefix),
+      settlements: new SettlementStore(db, redis, config.redisPrefix, lists),
       reserves: new ReserveStore(db),
       ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
       sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
@@ -150,9 +152,9 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       webhookDue,
       onboarding: new OnboardingStore(db),
       mcpAgentKeys: new McpAgentKeyStore(db),
-      x402: new X402Store(db, redis, config.redisPrefix),
-      x402Sessions: new X402SessionStore(db, redis, config.redisPrefix),
-      lists: new ListIndex(redis, config.redisPrefix),
+      x402: new X402Store(db, redis, config.redisPrefix, lists),
+      x402Sessions: new X402SessionStore(db, redis, config.redisPrefix, lists),
+      lists,
     },
     keys: loadServiceKeys(config),
     credentials: new CredentialCache(redis, config.redisUrl, config.redisPrefix, logger, outages),

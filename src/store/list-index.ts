@@ -60,7 +60,14 @@ export class ListIndex {
   constructor(
     private readonly redis: RedisClient,
     private readonly prefix: string,
+    /** How long a row stays listed (LIST_RETENTION_DAYS); 0: for good. */
+    private readonly retentionMs = 0,
   ) {}
+
+  /** Members before this sort before it (they start with their padded time): the ones past retention. */
+  private retainedFrom(): string | null {
+    return this.retentionMs > 0 ? `(${pad(Date.now() - this.retentionMs)}` : null;
+  }
 
   /** One hash slot for all of them (`{lists}`), so a pipeline of several keys also works on Redis Cluster. */
   key(kind: ListKind, scope: ListScope): string {
@@ -75,8 +82,13 @@ export class ListIndex {
   /** Enters the object in every set it belongs to (harmless when repeated: a member is only there once). */
   async add(e: ListEntry): Promise<void> {
     const member = memberOf(e);
+    const from = this.retainedFrom();
     const pipeline = this.redis.pipeline();
-    for (const key of this.keysOf(e)) pipeline.zadd(key, 0, member);
+    for (const key of this.keysOf(e)) {
+      pipeline.zadd(key, 0, member);
+      // Each write trims its own sets: what Redis holds follows the retention, with no sweep over every set.
+      if (from) pipeline.zremrangebylex(key, '-', from);
+    }
     const results = await pipeline.exec();
     const failed = results?.find(([err]) => err);
     if (failed) throw failed[0];
@@ -84,9 +96,11 @@ export class ListIndex {
 
   /** Many entries at once (the rebuild, and seeding a benchmark), in pipelines of `chunk` commands. */
   async addMany(entries: readonly ListEntry[], chunk = 2_000): Promise<void> {
-    for (let i = 0; i < entries.length; i += chunk) {
+    const cutoff = this.retentionMs > 0 ? Date.now() - this.retentionMs : null;
+    const retained = cutoff === null ? entries : entries.filter((e) => e.at.getTime() >= cutoff);
+    for (let i = 0; i < retained.length; i += chunk) {
       const byKey = new Map<string, string[]>();
-      for (const e of entries.slice(i, i + chunk)) {
+      for (const e of retained.slice(i, i + chunk)) {
         const member = memberOf(e);
         for (const key of this.keysOf(e)) byKey.set(key, [...(byKey.get(key) ?? []), member]);
       }

@@ -144,8 +144,8 @@ export class RunStore {
   /** The run lists (see list-index.ts): a run is entered before it is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
-    this.listed = new ListIndex(redis, redisPrefix);
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+    this.listed = listed;
     this.runs = db.collection<RunDoc>('runs');
     this.batches = db.collection<RunBatchDoc>('run_batches');
     this.heads = db.collection<RunHeadDoc>('run_heads');

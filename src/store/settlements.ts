@@ -74,8 +74,8 @@ export class SettlementStore {
   /** The settlement and dispute lists (see list-index.ts): entered before the document is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
-    this.listed = new ListIndex(redis, redisPrefix);
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+    this.listed = listed;
     this.settlements = db.collection<SettlementDoc>('settlements');
     this.facts = db.collection<FactDoc>('settlement_facts');
     this.disputeRefs = db.collection<DisputeRefDoc>('dispute_refs');

@@ -175,8 +175,9 @@ export class X402SessionStore {
     db: Db,
     private readonly redis: RedisClient,
     private readonly redisPrefix: string,
+    listed: ListIndex,
   ) {
-    this.listed = new ListIndex(redis, redisPrefix);
+    this.listed = listed;
     this.sessions = db.collection<SessionDoc>('x402_sessions');
     this.charges = db.collection<ChargeDoc>('x402_session_charges');
     this.closes = db.collection<CloseDoc>('x402_session_closes');

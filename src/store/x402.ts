@@ -315,8 +315,8 @@ export class X402Store {
   /** The gate and escalation lists (see list-index.ts): entered before the document is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string) {
-    this.listed = new ListIndex(redis, redisPrefix);
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+    this.listed = listed;
     this.gates = db.collection('x402_gates');
     this.quotes = db.collection('x402_quotes');
     this.commitments = db.collection('x402_gate_commitments');
