@@ -11,8 +11,8 @@ import type { OutboxEventDoc } from '../store/outbox.ts';
  * A tenant that has never registered a webhook endpoint has nobody to fan out to: its event is recorded already
  * fanned out, with no due entry and no job (a fan-out job with no endpoint cost more than the gate's verify job).
  * The fan-out sends an event only to endpoints created no later than the event, and an endpoint takes its creation
- * time after its index position (WebhookEndpointStore.create): so an endpoint this look misses is created after
- * `createdAt`, and would not have been sent the event anyway.
+ * time after its index position (WebhookEndpointStore.create): so an endpoint this look misses took its creation time
+ * after the look began, and would not have been sent the event anyway (unless in the very same millisecond).
  */
 export async function emitEvent(rt: Runtime, tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, options: { test?: boolean } = {}): Promise<OutboxEventDoc> {
   const createdAt = new Date();

@@ -18,8 +18,11 @@ describe('finalize, artifacts and verification', () => {
   let agent: TestAgent;
   beforeAll(async () => {
     t = await startTestApp({ workers: ['finalize'] });
-    auth = (await t.tenantWithKey(['agents:write', 'runs:write'])).auth;
+    auth = (await t.tenantWithKey(['agents:write', 'runs:write', 'webhooks:write'])).auth;
     agent = await registerAgent(t, auth);
+    // A subscriber (a pull endpoint: no URL to reach), so that run.finalized has somewhere to fan out to.
+    const hook = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { delivery: 'pull', events: ['run.finalized'] } });
+    expect(hook.statusCode, hook.body).toBe(201);
   });
   afterAll(() => t.close());
 
