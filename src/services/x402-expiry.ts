@@ -34,9 +34,6 @@ export interface GateSweepSummary {
   failed: number;
 }
 
-/** What the sweep does with a gate's due record: remove it, or look again then. */
-type Next = DueLook;
-
 export class X402GateExpiry {
   constructor(
     private readonly runtime: Runtime,
@@ -55,7 +52,7 @@ export class X402GateExpiry {
   }
 
   /** Carries out whatever the gate's facts say is due now. */
-  private async settleGate(gateId: string, summary: GateSweepSummary): Promise<Next> {
+  private async settleGate(gateId: string, summary: GateSweepSummary): Promise<DueLook> {
     const gate = await this.store.gateById(gateId);
     if (!gate) return 'done'; // its create died before recording it, or its funding was refused: nothing held
     const [commitment, verification] = await Promise.all([this.store.commitmentOf(gateId), this.store.verificationOf(gateId)]);
@@ -66,7 +63,7 @@ export class X402GateExpiry {
   }
 
   /** A reported gate is decided and settled; a voided one whose report a crash lost is refunded like any failure. */
-  private async settleReported(gate: GateDoc, verification: VerificationDoc | null, summary: GateSweepSummary): Promise<Next> {
+  private async settleReported(gate: GateDoc, verification: VerificationDoc | null, summary: GateSweepSummary): Promise<DueLook> {
     if (!verification) {
       await this.store.recordVerification({ _id: gate._id, tenantId: gate.tenantId, verificationStatus: 'failed', evidence: { responseSha256: null, providerSignature: null }, at: new Date() });
     }
@@ -76,7 +73,7 @@ export class X402GateExpiry {
   }
 
   /** A cancelled or expired gate's lock goes back (once, by its unlock entry), with an event for an expiry. */
-  private async returnClosed(gate: GateDoc, commitment: CommitmentDoc, summary: GateSweepSummary): Promise<Next> {
+  private async returnClosed(gate: GateDoc, commitment: CommitmentDoc, summary: GateSweepSummary): Promise<DueLook> {
     const lock = await this.gates.returnReserve(gate);
     if (lock === 'none') {
       // Nothing locked yet: a create still running may record its lock (it then finds the gate closed) until the grace.
@@ -96,7 +93,7 @@ export class X402GateExpiry {
    * An authorized gate nobody reported by its deadline, or whose payer or payee is wound down (no success report may
    * come any more), is returned: its verification slot takes the return and the decision refunds the payer.
    */
-  private async expireAuthorized(gate: GateDoc, authorization: Extract<CommitmentDoc, { kind: 'authorization' }>, summary: GateSweepSummary): Promise<Next> {
+  private async expireAuthorized(gate: GateDoc, authorization: Extract<CommitmentDoc, { kind: 'authorization' }>, summary: GateSweepSummary): Promise<DueLook> {
     const deadline = authorizationDeadline(authorization.expiresAt, this.runtime.config.x402);
     const woundDown = await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
     if (!woundDown && Date.now() < deadline.getTime()) return { lookAgainAt: deadline };
@@ -109,7 +106,7 @@ export class X402GateExpiry {
   }
 
   /** A held gate past its deadline expires (a wound-down party's gate is cancelled at once); then its lock goes back. */
-  private async expireHeld(gate: GateDoc, summary: GateSweepSummary): Promise<Next> {
+  private async expireHeld(gate: GateDoc, summary: GateSweepSummary): Promise<DueLook> {
     const woundDown = await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
     if (woundDown) {
       // The create raced the wind-down and died before it could see it (the wind-down's walk missed the gate).
