@@ -99,7 +99,7 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   if (status === 503 || body.code === 'IDEMPOTENCY_IN_PROGRESS') reply.header('retry-after', '1');
   // A 429 a service passes on from a step it drove (the first paid call's) names its wait in details.
   const waitSeconds = body.details?.retryAfterSeconds;
-  if ((status === 429 || status === 503) && !reply.hasHeader('retry-after') && typeof waitSeconds === 'number') reply.header('retry-after', String(waitSeconds));
+  if (status === 429 && !reply.hasHeader('retry-after') && typeof waitSeconds === 'number') reply.header('retry-after', String(waitSeconds));
   return reply.status(status).send(body);
 }
 
