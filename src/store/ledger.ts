@@ -559,6 +559,16 @@ export class LedgerStore {
       // Someone else took this position (maybe a poster of this very leg): read what they wrote, check it on the
       // next round and claim the position after it.
       end = await this.readTaken(account, posting.seq, seen);
+      if (round > 0) {
+        // Lost twice in a row: more likely behind the chain (other processes posted on it while this one remembered
+        // an older head) than racing one poster for its end. Read on to the end, where the next claim can win, and
+        // back off only when there was nothing further to read (a true race).
+        const walked = await this.walkForward(account, end, seen);
+        if (walked.seq > end.seq) {
+          end = walked;
+          continue;
+        }
+      }
       await new Promise((resolve) => setTimeout(resolve, Math.random() * Math.min(50, round * 5)));
     }
     throw errors.unavailable(`account ${account} is too contended; retry`);
@@ -612,17 +622,28 @@ export class LedgerStore {
     }
   }
 
-  /** The chain's true end from a position known to exist: the first missing position is the next one to claim. */
+  /**
+   * The chain's true end from a position known to exist: the first missing position is the next one to claim. Read
+   * one position at a time as far as the head cache may trail (HEAD_CACHE_EVERY), then in parallel batches that
+   * double up to CHAIN_READ_BATCH: a process that was away while others posted hundreds of times on the account
+   * catches up in a few round trips instead of one per posting.
+   */
   private async walkForward(account: string, from: AccountHead, seen: Map<number, PostingDoc>): Promise<AccountHead> {
     let end = from;
-    for (;;) {
-      const next = await this.postings.findOne({ _id: positionId(account, end.seq + 1) });
-      if (!next) {
-        if (end.seq > 0) this.learnHead(account, { seq: end.seq, balanceAfter: end.balance });
-        return end;
+    for (let step = 0; ; step++) {
+      const width = step < HEAD_CACHE_EVERY ? 1 : Math.min(CHAIN_READ_BATCH, 2 ** (step - HEAD_CACHE_EVERY + 1));
+      const seqs = Array.from({ length: width }, (_, i) => end.seq + 1 + i);
+      const docs = await Promise.all(seqs.map((seq) => seen.get(seq) ?? this.postings.findOne({ _id: positionId(account, seq) })));
+      // Chains have no gaps, so the end is just before the first position found missing (one found past it was
+      // claimed after that read: a head that trails is still a valid head).
+      for (const next of docs) {
+        if (!next) {
+          if (end.seq > 0) this.learnHead(account, { seq: end.seq, balanceAfter: end.balance });
+          return end;
+        }
+        seen.set(next.seq, next);
+        end = { seq: next.seq, balance: next.balanceAfter };
       }
-      seen.set(next.seq, next);
-      end = { seq: next.seq, balance: next.balanceAfter };
     }
   }
 

@@ -104,6 +104,23 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expectSound(await chainOf('w-mixed', 'USD', 'escrow'));
   }, RACE_TIMEOUT_MS);
 
+  it('posts from a process that was away while another posted on the account hundreds of times', async () => {
+    // An API process that locked a payer's escrow once, while other processes locked and released it 250 times: it
+    // still remembers the old head. It used to step one position per lost claim, sleeping between, and gave up after
+    // 200 with a 503 (a verify job took seconds behind a payer's earlier creates).
+    const { ledger } = t.runtime.stores;
+    await ledger.ensureWallet('w-away', 'ten_a', 'sponsor');
+    await other.apply(credit('w-away', 'credit:w-away:first', 1));
+    for (let i = 0; i < 250; i += 25) await Promise.all(Array.from({ length: 25 }, (_, k) => ledger.apply(credit('w-away', `credit:w-away:${i + k}`, 2))));
+    const late = await other.apply(credit('w-away', 'credit:w-away:late', 5));
+    expect(late.state).toBe('applied');
+    expect(await other.balances('w-away')).toEqual({ USD: { available: 1 + 250 * 2 + 5, escrow: 0 } });
+    const chain = await chainOf('w-away', 'USD', 'available');
+    expectSound(chain);
+    expect(chain).toHaveLength(252);
+    expect(chain.at(-1)!.entryId).toBe('credit:w-away:late');
+  }, RACE_TIMEOUT_MS);
+
   it('repairs a crash between a position claim and its leg marker without posting twice', async () => {
     const { ledger } = t.runtime.stores;
     await ledger.ensureWallet('w3', 'ten_a', 'sponsor');
