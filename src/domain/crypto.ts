@@ -1,4 +1,5 @@
-// Hashing, Ed25519 keys and signatures, base64url and id helpers on node:crypto; Ed25519 verification on libsodium.
+// Hashing, Ed25519 keys and signatures, base64url and id helpers on node:crypto; Ed25519 signing and verification on
+// libsodium where its binary loads.
 import { createRequire } from 'node:module';
 import {
   createCipheriv,
@@ -267,25 +268,53 @@ export function jwkToRaw(jwk: unknown): Buffer {
 
 /** Ed25519 signature (64 bytes) of `data`. */
 export function signBytes(privateKey: KeyObject, data: Uint8Array): Buffer {
-  return nodeSign(null, data, privateKey);
+  const secretKey = sodium && privateKey.type === 'private' && privateKey.asymmetricKeyType === 'ed25519' ? cachedSecretKey(privateKey) : null;
+  if (!secretKey) return nodeSign(null, data, privateKey);
+  const signature = Buffer.alloc(ED25519_SIGNATURE_BYTES);
+  sodium!.crypto_sign_detached(signature, data, secretKey);
+  return signature;
+}
+
+interface Sodium {
+  crypto_sign_verify_detached(signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array): boolean;
+  crypto_sign_detached(signature: Uint8Array, message: Uint8Array, secretKey: Uint8Array): void;
+}
+
+/**
+ * libsodium (sodium-native), when its prebuilt binary loads on this platform. Ed25519 signatures are deterministic
+ * (RFC 8032), so it signs byte for byte what OpenSSL would, in about half the time here (19 against 36 µs; every
+ * receipt and payment token is signed on the request's path).
+ */
+const sodium: Sodium | null = (() => {
+  try {
+    return createRequire(import.meta.url)('sodium-native') as Sodium;
+  } catch {
+    return null;
+  }
+})();
+
+/** libsodium's form (seed, then public key) of the private KeyObjects already used to sign, which hold the same bytes. */
+const secretKeys = new WeakMap<KeyObject, Buffer>();
+
+function cachedSecretKey(privateKey: KeyObject): Buffer {
+  let secretKey = secretKeys.get(privateKey);
+  if (!secretKey) {
+    const jwk = privateKey.export({ format: 'jwk' });
+    secretKey = Buffer.concat([Buffer.from(jwk.d!, 'base64url'), Buffer.from(jwk.x!, 'base64url')]);
+    secretKeys.set(privateKey, secretKey);
+  }
+  return secretKey;
 }
 
 type SodiumVerify = (signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array) => boolean;
 
 /**
- * libsodium's Ed25519 verification (sodium-native), when its prebuilt binary loads on this platform. Every event is
- * verified one by one at append, and here OpenSSL's verify costs ~170 µs a signature against libsodium's ~70 µs: it
- * was most of the CPU of a 100-event batch. libsodium accepts a subset of what OpenSSL accepts (it also refuses
- * small-order keys and non-canonical encodings), so whatever this service accepts, any stock verifier accepts too.
+ * libsodium's Ed25519 verification. Every event is verified one by one at append, and here OpenSSL's verify costs
+ * ~170 µs a signature against libsodium's ~70 µs: it was most of the CPU of a 100-event batch. libsodium accepts a
+ * subset of what OpenSSL accepts (it also refuses small-order keys and non-canonical encodings), so whatever this
+ * service accepts, any stock verifier accepts too.
  */
-const sodiumVerify: SodiumVerify | null = (() => {
-  try {
-    const sodium = createRequire(import.meta.url)('sodium-native') as { crypto_sign_verify_detached: SodiumVerify };
-    return sodium.crypto_sign_verify_detached.bind(sodium);
-  } catch {
-    return null;
-  }
-})();
+const sodiumVerify: SodiumVerify | null = sodium ? sodium.crypto_sign_verify_detached.bind(sodium) : null;
 
 /** Which library verifies Ed25519 signatures in this process ('libsodium', or 'openssl' where it cannot load). */
 export const ED25519_VERIFIER: 'libsodium' | 'openssl' = sodiumVerify ? 'libsodium' : 'openssl';

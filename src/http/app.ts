@@ -49,8 +49,18 @@ function isJson(text: string): boolean {
   }
 }
 
+const REQUEST_ID_BYTES = 12;
+/** Random bytes for the next 256 request ids: one call into the CSPRNG per batch instead of one per request. */
+let requestIdPool = Buffer.alloc(0);
+let requestIdOffset = 0;
+
 function newRequestId(): string {
-  return `req_${randomBytes(12).toString('base64url')}`;
+  if (requestIdOffset + REQUEST_ID_BYTES > requestIdPool.length) {
+    requestIdPool = randomBytes(REQUEST_ID_BYTES * 256);
+    requestIdOffset = 0;
+  }
+  requestIdOffset += REQUEST_ID_BYTES;
+  return `req_${requestIdPool.toString('base64url', requestIdOffset - REQUEST_ID_BYTES, requestIdOffset)}`;
 }
 
 /**

@@ -1,4 +1,4 @@
-import { createPublicKey, generateKeyPairSync, verify as opensslVerify } from 'node:crypto';
+import { createPublicKey, generateKeyPairSync, sign as opensslSign, verify as opensslVerify } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import {
   base64urlDecode,
@@ -153,6 +153,18 @@ describe('Ed25519 signatures', () => {
     expect(verifyHexDigest(publicKey, digest, sig.slice(0, -2))).toBe(false);
     expect(verifyHexDigest(publicKey, digest, '')).toBe(false);
     expect(verifyHexDigest(publicKey, digest.toUpperCase(), sig)).toBe(false);
+  });
+
+  it('signs with libsodium exactly what OpenSSL signs', () => {
+    // Ed25519 is deterministic: receipts and tokens signed on the fast path are the same bytes any verifier expects.
+    for (const size of [0, 32, 600, 5_000]) {
+      const { privateKey, publicKey } = generateEd25519KeyPair();
+      const message = Buffer.alloc(size, size % 251);
+      const signature = signBytes(privateKey, message);
+      expect(signature.equals(opensslSign(null, message, privateKey))).toBe(true);
+      expect(signBytes(privateKey, message).equals(signature)).toBe(true); // the cached key signs the same again
+      expect(opensslVerify(null, message, publicKey, signature)).toBe(true);
+    }
   });
 
   it('verifies with libsodium, agreeing with OpenSSL on valid, tampered and non-canonical signatures', () => {
