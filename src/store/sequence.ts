@@ -53,7 +53,11 @@ export class Sequence<T extends Document> {
 
   /** The position of the owner's last record (0 when it has none). */
   async head(owner: string): Promise<number> {
-    const counter = await this.redis.get(this.counterKey(owner));
+    return this.headFrom(owner, await this.redis.get(this.counterKey(owner)));
+  }
+
+  /** head() from the counter as just read (null: none). */
+  private async headFrom(owner: string, counter: string | null): Promise<number> {
     const hinted = Number(counter ?? 0);
     // Without a counter (lost with Redis), look a few slots past each missing one: a dead writer's gap must not
     // hide the records after it.
@@ -78,7 +82,7 @@ export class Sequence<T extends Document> {
     const counter = await this.redis.get(this.counterKey(owner));
     if (Number(counter ?? 0) > 0) return false;
     if (counter !== null) return (await this.get(owner, 1)) === null;
-    const empty = (await this.head(owner)) === 0;
+    const empty = (await this.headFrom(owner, counter)) === 0;
     if (empty) await this.redis.set(this.counterKey(owner), '0', 'NX');
     return empty;
   }
