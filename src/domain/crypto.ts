@@ -306,18 +306,8 @@ function cachedSecretKey(privateKey: KeyObject): Buffer {
   return secretKey;
 }
 
-type SodiumVerify = (signature: Uint8Array, message: Uint8Array, publicKey: Uint8Array) => boolean;
-
-/**
- * libsodium's Ed25519 verification. Every event is verified one by one at append, and here OpenSSL's verify costs
- * ~170 µs a signature against libsodium's ~70 µs: it was most of the CPU of a 100-event batch. libsodium accepts a
- * subset of what OpenSSL accepts (it also refuses small-order keys and non-canonical encodings), so whatever this
- * service accepts, any stock verifier accepts too.
- */
-const sodiumVerify: SodiumVerify | null = sodium ? sodium.crypto_sign_verify_detached.bind(sodium) : null;
-
 /** Which library verifies Ed25519 signatures in this process ('libsodium', or 'openssl' where it cannot load). */
-export const ED25519_VERIFIER: 'libsodium' | 'openssl' = sodiumVerify ? 'libsodium' : 'openssl';
+export const ED25519_VERIFIER: 'libsodium' | 'openssl' = sodium ? 'libsodium' : 'openssl';
 
 /** Raw bytes of the public KeyObjects already seen (agents' keys are cached KeyObjects, so this stays small). */
 const rawPublicKeys = new WeakMap<KeyObject, Buffer>();
@@ -331,12 +321,18 @@ function cachedRawPublicKey(publicKey: KeyObject): Buffer {
   return raw;
 }
 
-/** Ed25519 verification; false (never a throw) for a wrong-length or otherwise unusable signature. */
+/**
+ * Ed25519 verification; false (never a throw) for a wrong-length or otherwise unusable signature. On libsodium where
+ * it loads: every event is verified one by one at append, and here OpenSSL's verify costs ~170 µs a signature against
+ * libsodium's ~70 µs (most of the CPU of a 100-event batch). libsodium accepts a subset of what OpenSSL accepts (it
+ * also refuses small-order keys and non-canonical encodings), so whatever this service accepts, any stock verifier
+ * accepts too.
+ */
 export function verifyBytes(publicKey: KeyObject, data: Uint8Array, signature: Uint8Array): boolean {
   if (signature.byteLength !== ED25519_SIGNATURE_BYTES) return false;
   try {
-    if (sodiumVerify && publicKey.type === 'public' && publicKey.asymmetricKeyType === 'ed25519') {
-      return sodiumVerify(signature, data, cachedRawPublicKey(publicKey));
+    if (sodium && publicKey.type === 'public' && publicKey.asymmetricKeyType === 'ed25519') {
+      return sodium.crypto_sign_verify_detached(signature, data, cachedRawPublicKey(publicKey));
     }
     return nodeVerify(null, data, publicKey, signature);
   } catch {
