@@ -64,9 +64,9 @@ export class ListIndex {
     private readonly retentionMs = 0,
   ) {}
 
-  /** Members before this sort before it (they start with their padded time): the ones past retention. */
-  private retainedFrom(): string | null {
-    return this.retentionMs > 0 ? `(${pad(Date.now() - this.retentionMs)}` : null;
+  /** The creation time (ms) before which a row is past retention; null when rows are kept for good. */
+  private cutoff(): number | null {
+    return this.retentionMs > 0 ? Date.now() - this.retentionMs : null;
   }
 
   /** One hash slot for all of them (`{lists}`), so a pipeline of several keys also works on Redis Cluster. */
@@ -82,12 +82,13 @@ export class ListIndex {
   /** Enters the object in every set it belongs to (harmless when repeated: a member is only there once). */
   async add(e: ListEntry): Promise<void> {
     const member = memberOf(e);
-    const from = this.retainedFrom();
+    const cutoff = this.cutoff();
     const pipeline = this.redis.pipeline();
     for (const key of this.keysOf(e)) {
       pipeline.zadd(key, 0, member);
-      // Each write trims its own sets: what Redis holds follows the retention, with no sweep over every set.
-      if (from) pipeline.zremrangebylex(key, '-', from);
+      // Each write trims its own sets: what Redis holds follows the retention, with no sweep over every set. Members
+      // sort by their padded time, so those before the cutoff's are the ones past retention.
+      if (cutoff !== null) pipeline.zremrangebylex(key, '-', `(${pad(cutoff)}`);
     }
     const results = await pipeline.exec();
     const failed = results?.find(([err]) => err);
@@ -96,7 +97,7 @@ export class ListIndex {
 
   /** Many entries at once (the rebuild, and seeding a benchmark), in pipelines of `chunk` commands. */
   async addMany(entries: readonly ListEntry[], chunk = 2_000): Promise<void> {
-    const cutoff = this.retentionMs > 0 ? Date.now() - this.retentionMs : null;
+    const cutoff = this.cutoff();
     const retained = cutoff === null ? entries : entries.filter((e) => e.at.getTime() >= cutoff);
     for (let i = 0; i < retained.length; i += chunk) {
       const byKey = new Map<string, string[]>();
