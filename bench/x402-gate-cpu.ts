@@ -3,7 +3,8 @@
 // this process's CPU, FerretDB's and Redis's (from /proc/<pid>/stat: give FERRETDB_PID and REDIS_PID, best of a
 // FerretDB and Redis of one's own via MONGO_URL and REDIS_URL, as the shared ones serve other work too) and the
 // MongoDB commands by kind and collection. Run under `node --cpu-prof` to see where this process's CPU goes.
-//   MONGO_URL=... REDIS_URL=... FERRETDB_PID=... REDIS_PID=... node --import tsx bench/x402-gate-cpu.ts [flows] [clients]
+// With --metered each verify charges 370 of the 1,000 authorized (the rest goes back to the payer in the same entry).
+//   MONGO_URL=... REDIS_URL=... FERRETDB_PID=... REDIS_PID=... node --import tsx bench/x402-gate-cpu.ts [flows] [clients] [--metered]
 import { createHash, randomUUID } from 'node:crypto';
 import type { CommandStartedEvent } from 'mongodb';
 import { generateEd25519KeyPair } from '../src/domain/crypto.ts';
@@ -17,6 +18,7 @@ import { inProcessConfig } from './in-process.ts';
 
 const FLOWS = Number(process.argv[2] ?? 200);
 const CLIENTS = Number(process.argv[3] ?? 4);
+const METERED = process.argv.includes('--metered');
 process.env.MONGO_COMMAND_MONITORING = process.env.COUNT_COMMANDS === 'false' ? 'false' : 'true';
 // The API and the workers each with a runtime of their own (their own caches and connections), as in production.
 const { config, adminKey } = inProcessConfig();
@@ -57,7 +59,7 @@ async function flow(token: string, payer: string, payee: string): Promise<void> 
   const gate = await call('POST', '/x402/gate/create', token, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 });
   const q = await call('POST', '/x402/gate/quote', token, { gateId: gate.gateId, requestSha256: sha(`req ${n}`) });
   await call('POST', '/x402/gate/authorize-payment', token, { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
-  const v = await call('POST', '/x402/gate/verify', token, { gateId: gate.gateId, evidence: { responseSha256: sha(`res ${n}`) } }, [200, 202]);
+  const v = await call('POST', '/x402/gate/verify', token, { gateId: gate.gateId, evidence: { responseSha256: sha(`res ${n}`) }, ...(METERED ? { amount: 370 } : {}) }, [200, 202]);
   for (let polls = 0; v.decision === null && polls < 2_000; polls++) {
     if ((await call('GET', `/x402/gate/${gate.gateId}`, token)).decision !== null) break;
     await new Promise((r) => setTimeout(r, 25));
@@ -97,7 +99,7 @@ try {
   cpu.total = Number(Object.values(cpu).reduce((a, b) => a + b, 0).toFixed(2));
   const commands = [...kinds].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${k} ${(n / FLOWS).toFixed(2)}`);
   const total = [...kinds.values()].reduce((a, b) => a + b, 0) / FLOWS;
-  console.log(JSON.stringify({ flows: FLOWS, clients: CLIENTS, flowsPerSecond: Number((FLOWS / (wall / 1000)).toFixed(1)), cpuMsPerFlow: cpu, mongoCommandsPerFlow: Number(total.toFixed(2)), commands }, null, 2));
+  console.log(JSON.stringify({ flows: FLOWS, clients: CLIENTS, metered: METERED, flowsPerSecond: Number((FLOWS / (wall / 1000)).toFixed(1)), cpuMsPerFlow: cpu, mongoCommandsPerFlow: Number(total.toFixed(2)), commands }, null, 2));
 } finally {
   await workers.close();
   await app.close();

@@ -268,8 +268,10 @@ export class X402Verification {
     const authorization = commitment.kind === 'authorization' ? commitment : null;
     const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
     // The heads of the accounts the verdict moves money between, read beside the decision (see ledger.prepare).
-    const movement = verdict === 'pass' ? { id: entryIds.release(s._id), to: s.payeeWalletId } : { id: entryIds.held(s._id, 'refund'), to: s.payerWalletId };
-    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, { walletId: movement.to, bucket: 'available' }] });
+    // A metered call charged less than its hold: its release also credits the rest back to the payer.
+    const captured = verification.captured ?? gate.amount;
+    const movement = verdict === 'pass' ? { id: entryIds.release(s._id), to: [...(captured > 0 ? [s.payeeWalletId] : []), ...(captured < gate.amount ? [s.payerWalletId] : [])] } : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
+    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const }))] });
     prepared.catch(() => undefined); // only a head start: apply reads again without it
     // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
     // hands back the winner's). Any other view means one was decided: read the facts.

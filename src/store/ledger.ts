@@ -24,9 +24,10 @@ import { insertFirst, insertInOrder, isDuplicateKey, RECONCILIATION_COMMENT } fr
 //   it did not record itself; the recorder's own legs are only ever looked at again after a crash).
 // - Only the first leg may debit. A debit the chain's end cannot cover claims its position as a refusal (delta 0),
 //   so "refused" and "posted" are decided by the same unique insert and two posters can never disagree.
-// - A fresh two-leg attempt whose debit its head covers claims both positions in one ordered insert: the credit's
-//   position is inserted only once the debit's was (an ordered insert stops at its first failure), so a credit never
-//   lands without its debit. A claim that lost goes on alone, as any other.
+// - A fresh attempt whose debit its head covers claims all its positions (the debit's, then each credit's, every
+//   leg on an account of its own) in one ordered insert: a credit's position is inserted only once every one before
+//   it was (an ordered insert stops at its first failure), so a credit never lands without its debit. A claim that
+//   lost goes on alone, as any other, and so do the legs after it.
 // - A refused entry moved nothing and may be retried under the same id: each retry is a new attempt document
 //   `<entryId>~<n>`, claimed by unique insert; attempts are never deleted, so no poster's work can vanish.
 
@@ -422,9 +423,9 @@ export class LedgerStore {
     if (attempt.state === 'applied') return attempt;
     const trailing: Array<Promise<unknown>> = [];
     try {
-      const pair = heads && this.pairable(attempt, heads) ? await this.claimPair(attempt, heads) : null;
+      const together = heads && this.claimableTogether(attempt, heads) ? await this.claimTogether(attempt, heads) : null;
       for (const [leg, spec] of attempt.legs.entries()) {
-        const { mark, written } = pair?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, heads?.[leg], pair?.lost === true && leg === pair.claims.length));
+        const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, heads?.[leg], together?.lost === true && leg === together.claims.length));
         trailing.push(written);
         if (mark.refused) {
           await Promise.all(trailing);
@@ -459,46 +460,49 @@ export class LedgerStore {
   }
 
   /**
-   * A fresh attempt's two legs (a debit, then a credit on another account), each starting right at its floor, so
-   * that neither has a position to look at before its claim.
+   * A fresh attempt's legs (a debit, then credits, each on an account of its own), each starting right at its floor,
+   * so that none has a position to look at before its claim.
    */
-  private pairable(attempt: LedgerEntryDoc, heads: AccountHead[]): boolean {
-    const [debit, credit] = attempt.legs;
-    return attempt.legs.length === 2 && debit!.delta < 0 && credit!.delta > 0 && heads.length === 2 && heads.every((h, i) => h.seq === attempt.floors[i])
-      && accountOf(debit!.walletId, attempt.currency, debit!.bucket) !== accountOf(credit!.walletId, attempt.currency, credit!.bucket);
+  private claimableTogether(attempt: LedgerEntryDoc, heads: AccountHead[]): boolean {
+    const [debit, ...credits] = attempt.legs;
+    const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
+    return attempt.legs.length >= 2 && debit!.delta < 0 && credits.every((c) => c.delta > 0) && heads.length === attempt.legs.length
+      && heads.every((h, i) => h.seq === attempt.floors[i]) && new Set(accounts).size === accounts.length;
   }
 
   /**
-   * Claims both legs of a pairable attempt in one ordered insert (the credit's position only if the debit's was
-   * won) when the debit's head covers it and no poster in this process has moved either account on since the heads
-   * were read; a debit position found taken is read (it must not be this leg's posting) and the pair tried once more
-   * after it. Answers the legs it claimed, and whether the next one's position was found taken: that leg and any
-   * after it are then claimed alone, as in any other case. Holds both accounts' queues, taken in the order of their
-   * names (as every holder of two does), so two pairs never wait for each other.
+   * Claims every leg of such an attempt in one ordered insert (a credit's position only if every position before it
+   * was won) when the debit's head covers it and no poster in this process has moved any of the accounts on since
+   * the heads were read; a debit position found taken is read (it must not be this leg's posting) and the claim tried
+   * once more after it. Answers the legs it claimed, and whether the next one's position was found taken: that leg
+   * and any after it are then claimed alone, as in any other case. Holds all the accounts' queues, taken in the order
+   * of their names (as every holder of several does), so two such claims never wait for each other.
    */
-  private async claimPair(attempt: LedgerEntryDoc, heads: AccountHead[]): Promise<{ claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean }> {
-    const [debit, credit] = attempt.legs as [Leg, Leg];
-    const accounts = [accountOf(debit.walletId, attempt.currency, debit.bucket), accountOf(credit.walletId, attempt.currency, credit.bucket)] as const;
-    const [low, high] = [...accounts].sort();
-    return this.serialized(low!, () => this.serialized(high!, async () => {
-      await Promise.all([this.requireWallet(debit.walletId), this.requireWallet(credit.walletId)]);
+  private async claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[]): Promise<{ claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean }> {
+    const [debit, ...credits] = attempt.legs as [Leg, ...Leg[]];
+    const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
+    const holding = (names: string[], work: () => Promise<{ claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean }>): ReturnType<typeof work> =>
+      names.length === 0 ? work() : this.serialized(names[0]!, () => holding(names.slice(1), work));
+    return holding([...accounts].sort(), async () => {
+      await Promise.all(attempt.legs.map((l) => this.requireWallet(l.walletId)));
       const moved = accounts.some((a, i) => (this.knownHeads.get(a)?.seq ?? 0) > heads[i]!.seq);
       // Armed to crash between the legs, the test hooks have the legs claimed one at a time.
       if (moved || this.failAfterLeg || this.failAfterClaim) return { claims: [], lost: false };
       let debitEnd = heads[0]!;
       for (let round = 0; round < 2; round++) {
-        const fits = debitEnd.balance + debit.delta >= 0 && Number.isSafeInteger(heads[1]!.balance + credit.delta) && debitEnd.seq > 0 && heads[1]!.seq > 0;
+        const creditsFit = credits.every((c, i) => Number.isSafeInteger(heads[i + 1]!.balance + c.delta) && heads[i + 1]!.seq > 0);
+        const fits = debitEnd.balance + debit.delta >= 0 && debitEnd.seq > 0 && creditsFit;
         if (!fits) break;
-        const postings = [this.postingAt(attempt, 0, debit, accounts[0], debitEnd, false), this.postingAt(attempt, 1, credit, accounts[1], heads[1]!, false)];
+        const postings = attempt.legs.map((leg, i) => this.postingAt(attempt, i, leg, accounts[i]!, i === 0 ? debitEnd : heads[i]!, false));
         const inserted = await insertInOrder(this.postings, postings);
         if (inserted > 0) return { claims: postings.slice(0, inserted).map((posting, leg) => this.claimed(attempt, leg, posting, false)), lost: inserted < postings.length };
         const taken = await this.postings.findOne({ _id: postings[0]!._id });
         if (!taken || (taken.entryId === attempt.entryId && taken.attempt === attempt.attempt && taken.leg === 0)) break;
-        this.learnTaken(accounts[0], taken);
+        this.learnTaken(accounts[0]!, taken);
         debitEnd = { seq: taken.seq, balance: taken.balanceAfter };
       }
       return { claims: [], lost: false };
-    }));
+    });
   }
 
   /** The posting of a leg at the position after `end` (a refusal when it is a debit `end` cannot cover). */

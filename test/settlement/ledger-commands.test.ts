@@ -95,4 +95,23 @@ describe('ledger commands: exact _id filters only (what FerretDB can serve from 
     expect(ledgerCommands().length).toBeGreaterThan(50);
     expect(scans()).toEqual([]);
   });
+
+  it('claims a fresh entry\'s debit and all its credits in one insert (a metered release: to the payee, the rest back)', async () => {
+    await Promise.all(['split-payer', 'split-payee'].map((w) => ledger.ensureWallet(w, 'ten_a', 'agent')));
+    await ledger.apply(credit('split-payer', 'credit:split-payer', 1_000, 'USD'));
+    await ledger.apply(credit('split-payee', 'credit:split-payee', 1, 'USD'));
+    await ledger.apply(lock('split-payer', 'run_split', 300));
+    commands = [];
+    const release: NewLedgerEntry = {
+      _id: 'release:split', tenantId: 'ten_a', kind: 'settlement_release', currency: 'USD', ref: {},
+      legs: [{ walletId: 'split-payer', bucket: 'escrow', delta: -300 }, { walletId: 'split-payee', bucket: 'available', delta: 180 }, { walletId: 'split-payer', bucket: 'available', delta: 120 }],
+    };
+    await ledger.apply(release, { expectNew: true });
+    expect(ledgerCommands().filter((e) => e.commandName === 'insert' && e.command.insert === 'ledger_postings')).toHaveLength(1);
+    expect(await ledger.balances('split-payer')).toEqual({ USD: { available: 820, escrow: 0 } });
+    expect(await ledger.balances('split-payee')).toEqual({ USD: { available: 181, escrow: 0 } });
+    // Applied again (a retried job), it moves nothing more.
+    await ledger.apply(release);
+    expect(await ledger.balances('split-payer')).toEqual({ USD: { available: 820, escrow: 0 } });
+  });
 });
