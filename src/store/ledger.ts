@@ -88,6 +88,9 @@ export interface LegMarkDoc {
   balanceAfter: number;
 }
 
+/** The legs claimed together, in leg order, and whether the position of the one after them was found taken. */
+type ClaimedLegs = { claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean };
+
 export interface Leg {
   walletId: string;
   bucket: Bucket;
@@ -478,10 +481,10 @@ export class LedgerStore {
    * and any after it are then claimed alone, as in any other case. Holds all the accounts' queues, taken in the order
    * of their names (as every holder of several does), so two such claims never wait for each other.
    */
-  private async claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[]): Promise<{ claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean }> {
+  private async claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[]): Promise<ClaimedLegs> {
     const [debit, ...credits] = attempt.legs as [Leg, ...Leg[]];
     const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
-    const holding = (names: string[], work: () => Promise<{ claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean }>): ReturnType<typeof work> =>
+    const holding = (names: string[], work: () => Promise<ClaimedLegs>): Promise<ClaimedLegs> =>
       names.length === 0 ? work() : this.serialized(names[0]!, () => holding(names.slice(1), work));
     return holding([...accounts].sort(), async () => {
       await Promise.all(attempt.legs.map((l) => this.requireWallet(l.walletId)));
