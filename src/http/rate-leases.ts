@@ -47,11 +47,16 @@ export class LeasedLimiter {
   constructor(
     private readonly limiter: RateLimiterRedis,
     private readonly points: number,
+    /** Whether this process's Redis connection is up. */
+    private readonly connected: () => boolean,
   ) {
     this.maxLease = Math.max(1, Math.min(MAX_LEASE, Math.floor(points * LEASE_SHARE_OF_LIMIT)));
   }
 
   async draw(subject: string): Promise<Draw> {
+    // With Redis gone, a lease must not keep requests going: the draw asks Redis, fails, and the API answers 503 as
+    // it does for any request during an outage.
+    if (!this.connected()) return this.drawOne(subject);
     for (;;) {
       const lease = this.leases.get(subject);
       if (lease?.taking) {
@@ -64,6 +69,16 @@ export class LeasedLimiter {
       // Waiters resume beside the taker: when they spent all the new lease brought in, the taker goes round again.
       const taken = this.spend(await this.takeLease(subject, lease, now));
       if (taken) return taken;
+    }
+  }
+
+  private async drawOne(subject: string): Promise<Draw> {
+    try {
+      const result = await this.limiter.consume(subject, 1);
+      return { allowed: true, remaining: result.remainingPoints, msBeforeNext: result.msBeforeNext };
+    } catch (rejection) {
+      if (!(rejection instanceof RateLimiterRes)) throw rejection;
+      return { allowed: false, remaining: 0, msBeforeNext: rejection.msBeforeNext };
     }
   }
 

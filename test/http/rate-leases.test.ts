@@ -20,7 +20,7 @@ describe('rate-limit leases (real Redis)', () => {
         draws[i]! += 1;
         return consume(key, n);
       };
-      return new LeasedLimiter(counter, points);
+      return new LeasedLimiter(counter, points, () => redis.status === 'ready');
     });
     return { limiters, draws, counted: async (subject: string) => Number(await redis.get(`${keyPrefix}:${subject}`)) };
   }

@@ -42,7 +42,7 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
         points: policy.limit,
         duration: policy.windowSeconds,
       });
-      limiter = new LeasedLimiter(counter, policy.limit);
+      limiter = new LeasedLimiter(counter, policy.limit, () => redis.status === 'ready');
       limiters.set(id, limiter);
     }
     return limiter;
