@@ -1,4 +1,4 @@
-import { MongoNetworkError, MongoNotConnectedError, MongoServerSelectionError, MongoTopologyClosedError } from 'mongodb';
+import { MongoBulkWriteError, MongoNetworkError, MongoNotConnectedError, MongoServerSelectionError, MongoTopologyClosedError } from 'mongodb';
 import type { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 
@@ -12,6 +12,10 @@ const REDIS_CONNECTION_ERROR = /enableOfflineQueue|Connection is closed|Command 
  * a refused write, a duplicate key). The mongodb driver's network errors include timeouts and a cleared pool.
  */
 export function unreachableDependency(err: unknown): Dependency | null {
+  // An insertMany (every group-committed claim) hands a driver error back inside a MongoBulkWriteError, the
+  // original as its errorResponse: a server stopped mid-insert is an outage all the same, never a 500.
+  const wrapped = err instanceof MongoBulkWriteError ? (err.errorResponse as unknown) : null;
+  if (wrapped instanceof Error) return unreachableDependency(wrapped);
   if (
     err instanceof MongoServerSelectionError ||
     err instanceof MongoNetworkError ||

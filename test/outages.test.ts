@@ -1,8 +1,10 @@
-// The outage log's bookkeeping, without servers: one line down, one line up once every connection is back.
+// The outage log's bookkeeping (without servers), and which failures count as an outage (one through a proxy to the test FerretDB).
+import { connect, createServer, type Socket } from 'node:net';
 import { Writable } from 'node:stream';
-import { MongoNetworkError } from 'mongodb';
+import { MongoClient, MongoNetworkError } from 'mongodb';
 import { pino } from 'pino';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, inject, it } from 'vitest';
+import { toErrorBody } from '../src/http/plugins/errors.ts';
 import { DependencyOutages, unreachableDependency } from '../src/outages.ts';
 
 function recorder() {
@@ -43,5 +45,35 @@ describe('DependencyOutages', () => {
     expect(outages.countIfDown('mongodb')).toBe(false);
     expect(lines).toHaveLength(1);
     expect(lines[0]).toMatchObject({ dependency: 'mongodb', msg: 'mongodb call failed', failuresNotLogged: 0 });
+  });
+
+  it('takes an insert whose server went away mid-way (the driver wraps it in a MongoBulkWriteError) for an outage: 503, not 500', async () => {
+    // The test FerretDB behind a proxy that this test cuts once the client has found the server.
+    const target = new URL(inject('mongoUrl'));
+    const sockets = new Set<Socket>();
+    const proxy = createServer((client) => {
+      const upstream = connect(Number(target.port), target.hostname);
+      for (const s of [client, upstream]) {
+        sockets.add(s);
+        s.on('error', () => undefined);
+        s.on('close', () => sockets.delete(s));
+      }
+      client.pipe(upstream).pipe(client);
+    });
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
+    const { port } = proxy.address() as { port: number };
+    const client = new MongoClient(`mongodb://127.0.0.1:${port}/outage_wrap`, { serverSelectionTimeoutMS: 2_000, heartbeatFrequencyMS: 60_000 });
+    try {
+      await client.db().command({ ping: 1 });
+      const cut = new Promise<void>((resolve) => proxy.close(() => resolve()));
+      for (const s of sockets) s.destroy();
+      await cut;
+      const err = await client.db().collection('claims').insertMany([{ _id: 'a' }, { _id: 'b' }] as never[], { ordered: false }).then(() => null, (e: unknown) => e);
+      expect((err as Error).name).toBe('MongoBulkWriteError');
+      expect(unreachableDependency(err)).toBe('mongodb');
+      expect(toErrorBody(err, 'req_1')).toMatchObject({ status: 503, body: { code: 'UNAVAILABLE' } });
+    } finally {
+      await client.close();
+    }
   });
 });
