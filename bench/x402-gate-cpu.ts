@@ -4,7 +4,8 @@
 // FerretDB and Redis of one's own via MONGO_URL and REDIS_URL, as the shared ones serve other work too) and the
 // MongoDB commands by kind and collection. Run under `node --cpu-prof` to see where this process's CPU goes.
 // With --metered each verify charges 370 of the 1,000 authorized (the rest goes back to the payer in the same entry).
-//   MONGO_URL=... REDIS_URL=... FERRETDB_PID=... REDIS_PID=... node --import tsx bench/x402-gate-cpu.ts [flows] [clients] [--metered]
+//   MONGO_URL=... REDIS_URL=... FERRETDB_PID=... REDIS_PID=... \
+//     node --import tsx bench/x402-gate-cpu.ts [flows] [clients] [--metered]
 import { createHash, randomUUID } from 'node:crypto';
 import type { CommandStartedEvent } from 'mongodb';
 import { generateEd25519KeyPair } from '../src/domain/crypto.ts';

@@ -1,4 +1,5 @@
-// The outage log's bookkeeping (without servers), and which failures count as an outage (one through a proxy to the test FerretDB).
+// The outage log's bookkeeping (without servers), and which failures count as an outage (one of them through a
+// proxy to the test FerretDB).
 import { connect, createServer, type Socket } from 'node:net';
 import { Writable } from 'node:stream';
 import { MongoClient, MongoNetworkError } from 'mongodb';
