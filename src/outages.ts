@@ -7,6 +7,9 @@ export type Dependency = 'redis' | 'mongodb';
 
 const REDIS_CONNECTION_ERROR = /enableOfflineQueue|Connection is closed|Command timed out|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EPIPE|Stream isn't writeable|Reached the max retries|connect ETIMEDOUT|Socket closed unexpectedly/;
 
+/** Node's message for a write to a socket whose peer has ended it. */
+const SOCKET_ENDED_BY_PEER = 'This socket has been ended by the other party';
+
 /**
  * Which dependency a connection failure comes from, or null for any other error (then it is not an outage: a bug,
  * a refused write, a duplicate key). The mongodb driver's network errors include timeouts and a cleared pool.
@@ -16,6 +19,9 @@ export function unreachableDependency(err: unknown): Dependency | null {
   // original as its errorResponse: a server stopped mid-insert is an outage all the same, never a 500.
   const wrapped = err instanceof MongoBulkWriteError ? (err.errorResponse as unknown) : null;
   if (wrapped instanceof Error) return unreachableDependency(wrapped);
+  // A command written to a connection its server has just closed fails in Node's socket, unwrapped by the driver.
+  // ioredis checks that its stream is writable before writing, so only the mongodb driver meets this one.
+  if (err instanceof Error && (err as NodeJS.ErrnoException).code === 'EPIPE' && err.message === SOCKET_ENDED_BY_PEER) return 'mongodb';
   if (
     err instanceof MongoServerSelectionError ||
     err instanceof MongoNetworkError ||

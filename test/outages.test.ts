@@ -77,4 +77,11 @@ describe('DependencyOutages', () => {
       await client.close();
     }
   });
+
+  it('takes a write to a MongoDB connection its server just closed (EPIPE, unwrapped by the driver) for an outage', () => {
+    const err = Object.assign(new Error('This socket has been ended by the other party'), { code: 'EPIPE' });
+    expect(unreachableDependency(err)).toBe('mongodb');
+    expect(toErrorBody(err, 'req_1')).toMatchObject({ status: 503, body: { code: 'UNAVAILABLE' } });
+    expect(unreachableDependency(new Error('This socket has been ended by the other party'))).toBeNull(); // not a socket's own
+  });
 });
