@@ -1,5 +1,6 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ServiceError } from '../../src/domain/errors.ts';
+import { armFailpoint, disarmFailpoints, FailpointCrash } from '../../src/domain/failpoints.ts';
 import { LedgerDueIndex } from '../../src/store/ledger-due.ts';
 import { LedgerStore, RUN_GRACE_MS, type Bucket, type NewLedgerEntry, type PostingDoc } from '../../src/store/ledger.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
@@ -17,6 +18,7 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     other = new LedgerStore(t.runtime.db, new LedgerDueIndex(t.runtime.redis, t.config.redisPrefix));
   });
   afterAll(() => t.close());
+  afterEach(() => disarmFailpoints());
 
   // Verification reads the whole chain by its fields: a test may scan, the store never does.
   const chainOf = async (walletId: string, currency: string, bucket: Bucket) =>
@@ -172,6 +174,44 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     await ledger.markReconciled('lock:w4');
     expect(await lockIds()).not.toContain('lock:w4');
   });
+
+  // A metered release: the escrow debit, the payee's share and the rest back to the payer, claimed in one ordered
+  // insert. The process dies right after that insert: with every leg landed, or with the last one's position found
+  // taken (its store remembered a head another process had moved on), so only the debit and the first credit landed.
+  for (const lastPositionTaken of [false, true]) {
+    it(`finishes a three-leg entry that died right after its one-insert claim${lastPositionTaken ? ' landed two of its legs' : ''}, each leg once`, async () => {
+      const { ledger } = t.runtime.stores;
+      const payer = `w3l-payer-${lastPositionTaken}`;
+      const payee = `w3l-payee-${lastPositionTaken}`;
+      await ledger.ensureWallet(payer, 'ten_a', 'agent');
+      await ledger.ensureWallet(payee, 'ten_a', 'agent');
+      // Posted through `other`, so that it remembers every head the release starts from (nothing to read first).
+      await other.apply(credit(payer, `credit:${payer}`, 1_000));
+      await other.apply(lock(payer, `lock:${payer}`, 1_000));
+      await other.apply(credit(payee, `credit:${payee}`, 1));
+      if (lastPositionTaken) await ledger.apply(credit(payer, `credit:${payer}:late`, 5)); // unknown to `other`
+      const release: NewLedgerEntry = {
+        _id: `release:${payer}`, tenantId: 'ten_a', kind: 'x402_release', currency: 'USD',
+        legs: [{ walletId: payer, bucket: 'escrow', delta: -1_000 }, { walletId: payee, bucket: 'available', delta: 370 }, { walletId: payer, bucket: 'available', delta: 630 }],
+        ref: {},
+      };
+      armFailpoint('ledger.position-claimed');
+      await expect(other.apply(release)).rejects.toBeInstanceOf(FailpointCrash);
+      const landed = await ledger.postings.find({ entryId: release._id }).toArray();
+      expect(landed.map((p) => p.leg).sort()).toEqual(lastPositionTaken ? [0, 1] : [0, 1, 2]);
+      expect((await ledger.getEntry(release._id))!.state).toBe('pending');
+
+      // The sweep finishes it from the due index, while the client's retry races it: each leg lands once.
+      await Promise.all([ledger.finishStalledEntries(new Date(), 100), other.apply(release)]);
+      const late = lastPositionTaken ? 5 : 0;
+      expect(await ledger.balances(payer)).toEqual({ USD: { available: 630 + late, escrow: 0 } });
+      expect(await ledger.balances(payee)).toEqual({ USD: { available: 371, escrow: 0 } });
+      const chains = await Promise.all([chainOf(payer, 'USD', 'available'), chainOf(payer, 'USD', 'escrow'), chainOf(payee, 'USD', 'available')]);
+      chains.forEach(expectSound);
+      expect(chains.flatMap(postedLegs).filter((leg) => leg.startsWith(release._id)).sort()).toEqual([0, 1, 2].map((leg) => `${release._id}#1#${leg}`));
+      expect((await ledger.getEntry(release._id))!.state).toBe('applied');
+    });
+  }
 
   it('records a refusal whole and applies a later attempt under the same id once', async () => {
     const { ledger } = t.runtime.stores;

@@ -164,8 +164,9 @@ describe('x402 crash points: request flows', () => {
   });
 
   // A metered capture: one release entry pays the payee and returns the uncaptured rest to the payer (a zero capture
-  // only returns). The facilitator's lookup then answers what its settle would.
-  const metered: Array<[string, number]> = [['x402.verify.reported', 150], ['x402.verify-job.decided', 150], ['settlement.released', 150], ['settlement.released', 0]];
+  // only returns); at `ledger.position-claimed` the job dies with that entry's legs half posted. The facilitator's
+  // lookup then answers what its settle would.
+  const metered: Array<[string, number]> = [['x402.verify.reported', 150], ['x402.verify-job.decided', 150], ['ledger.position-claimed', 150], ['settlement.released', 150], ['settlement.released', 0]];
   for (const [point, captured] of metered) {
     it(`metered verify capturing ${captured} of ${AMOUNT}: crash at ${point}`, async () => {
       const c = client(h, `${point}.metered-${captured}`);
