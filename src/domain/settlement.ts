@@ -141,6 +141,22 @@ export function decideSettlement(
   };
 }
 
+/**
+ * The credits of a pass's release entry, in leg order (its one debit, of their sum, is the payer's escrow): the payee
+ * gets what is released now, the payer the uncaptured rest of its reserve. The worker that reads the accounts' heads
+ * ahead of the decision and the settlement pass that posts the entry both build them here.
+ */
+export function releaseCredits(
+  s: { amount: number; payerWalletId: string; payeeWalletId: string },
+  d: Pick<DecisionFact, 'verdict' | 'releaseNow' | 'captured'>,
+): Array<{ walletId: string; amount: number }> {
+  const uncaptured = d.verdict === 'pass' ? s.amount - capturedOf(s.amount, d) : 0;
+  return [
+    ...(d.releaseNow > 0 ? [{ walletId: s.payeeWalletId, amount: d.releaseNow }] : []),
+    ...(uncaptured > 0 ? [{ walletId: s.payerWalletId, amount: uncaptured }] : []),
+  ];
+}
+
 /** The ledger entry each money step uses; deterministic, so a step applied twice is one entry. */
 export const entryIds = {
   release: (settlementId: string) => `settle:${settlementId}:release`,

@@ -4,7 +4,7 @@ import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { settlementSubject } from '../domain/events.ts';
 import { assertMoney } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, releaseCredits, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
@@ -187,9 +187,10 @@ export async function advanceSettlement(
   //    charged less than its reserve: the same entry returns the rest to the payer at once (one debit of the escrow,
   //    a credit to each), so a metered call costs what a whole one does.
   const uncaptured = pass ? s.amount - capturedOf(s.amount, d) : 0;
-  if (pass && d.releaseNow + uncaptured > 0) {
+  const credits = pass ? releaseCredits(s, d) : [];
+  if (credits.length > 0) {
     const id = entryIds.release(s._id);
-    const legs = [fromEscrow(d.releaseNow + uncaptured), ...(d.releaseNow > 0 ? [toAvailable(s.payeeWalletId, d.releaseNow)] : []), ...(uncaptured > 0 ? [toAvailable(s.payerWalletId, uncaptured)] : [])];
+    const legs = [fromEscrow(credits.reduce((sum, c) => sum + c.amount, 0)), ...credits.map((c) => toAvailable(c.walletId, c.amount))];
     await ledger.apply({ _id: id, tenantId: s.tenantId, kind: 'settlement_release', currency: s.currency, legs, ref }, { expectNew: known?.decidedNow === true, prepared: known?.prepared?.get(id) });
     applied.add(id);
   }

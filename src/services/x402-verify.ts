@@ -4,9 +4,9 @@
 import { QueueEvents } from 'bullmq';
 import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
-import { MoneyInvariantError } from '../domain/money.ts';
+import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { decideSettlement, entryIds, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
+import { decideSettlement, entryIds, releaseCredits, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
 import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
 import { watchRedis } from '../outages.ts';
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
@@ -267,10 +267,13 @@ export class X402Verification {
     ]);
     const authorization = commitment.kind === 'authorization' ? commitment : null;
     const verdict = verifyVerdict(authorization !== null, verification.verificationStatus);
-    // The heads of the accounts the verdict moves money between, read beside the decision (see ledger.prepare).
-    // A metered call charged less than its hold: its release also credits the rest back to the payer.
+    // The heads of the accounts the verdict moves money between, read beside the decision (see ledger.prepare): the
+    // release's credits as the decision will split them (a metered call charged less than its hold also credits the
+    // rest back to the payer), or the refund's.
     const captured = verification.captured ?? gate.amount;
-    const movement = verdict === 'pass' ? { id: entryIds.release(s._id), to: [...(captured > 0 ? [s.payeeWalletId] : []), ...(captured < gate.amount ? [s.payerWalletId] : [])] } : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
+    const movement = verdict === 'pass'
+      ? { id: entryIds.release(s._id), to: releaseCredits(s, { verdict, captured, releaseNow: holdbackOf(captured, gate.holdbackBps).releaseNow }).map((c) => c.walletId) }
+      : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
     const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const }))] });
     prepared.catch(() => undefined); // only a head start: apply reads again without it
     // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim

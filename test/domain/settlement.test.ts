@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { MoneyInvariantError } from '../../src/domain/money.ts';
 import type { SignedReceipt } from '../../src/domain/receipt.ts';
-import { assertDecisionSplit, decideSettlement, deriveSettlement, entryIds, type DecidedMoney, type SettlementTerms } from '../../src/domain/settlement.ts';
+import { assertDecisionSplit, decideSettlement, deriveSettlement, entryIds, releaseCredits, type DecidedMoney, type SettlementTerms } from '../../src/domain/settlement.ts';
 
 // Metered capture in the one settlement decision: a pass splits what it captured, the rest is the payer's again.
 
@@ -41,6 +41,20 @@ describe('metered settlement decision', () => {
     expect(() => assertDecisionSplit('stl_m', 1_000, { verdict: 'fail', captured: 0, releaseNow: 0, holdback: 0 })).toThrow(MoneyInvariantError);
     // A decision stored before metering (no capture) still reads as the whole amount.
     expect(() => assertDecisionSplit('stl_m', 1_000, { verdict: 'pass', releaseNow: 900, holdback: 100 })).not.toThrow();
+  });
+});
+
+describe('the release entry of a pass', () => {
+  const credits = (captured: number | undefined, holdbackBps = 1_000) =>
+    releaseCredits(terms, decideSettlement({ ...terms, holdbackBps, ...(captured === undefined ? {} : { captured }) }, 'pass', null, at, sign));
+
+  it('credits the payee what is released now and the payer the uncaptured rest, leaving the holdback in escrow', () => {
+    expect(credits(undefined)).toEqual([{ walletId: terms.payeeWalletId, amount: 900 }]);
+    expect(credits(400)).toEqual([{ walletId: terms.payeeWalletId, amount: 360 }, { walletId: terms.payerWalletId, amount: 600 }]);
+    expect(credits(0)).toEqual([{ walletId: terms.payerWalletId, amount: 1_000 }]);
+    // A holdback of everything charged: nothing reaches the payee now, so the entry does not credit it at all.
+    expect(credits(400, 10_000)).toEqual([{ walletId: terms.payerWalletId, amount: 600 }]);
+    expect(credits(undefined, 10_000)).toEqual([]);
   });
 });
 
