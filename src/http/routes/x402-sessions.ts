@@ -33,9 +33,8 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
   }, async (request) => sessionView(await service.getSession(tenantOf(request), request.params.sessionId)));
 
   app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof ChargeBody> }>('/x402/sessions/:sessionId/charges', {
-    // Idempotent by itself (the payment id, or the Idempotency-Key as one): the generic replay layer stays out. Its
-    // rate limit is drawn from a lease: every charge debits the budget in Redis and records itself in MongoDB anyway.
-    config: { access: 'x402:write', nativeIdempotency: true, rateLimitLease: true },
+    // Idempotent by itself (the payment id, or the Idempotency-Key as one): the generic replay layer stays out.
+    config: { access: 'x402:write', nativeIdempotency: true },
     schema: {
       tags,
       operationId: 'chargeSession',
