@@ -12,6 +12,7 @@ import { watchRedis } from '../outages.ts';
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
 import { createRedisClient, isClusterUrl, type RedisClient } from '../redis.ts';
 import type { Runtime } from '../runtime.ts';
+import { accountOf, type ReportedHead } from '../store/ledger.ts';
 import type { SettlementState } from '../store/settlements.ts';
 import type { GateDoc, VerificationDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
@@ -25,6 +26,11 @@ const VERIFY_WAIT_MS = 2_000;
 export interface VerifyOutcome {
   decision: DecisionFact;
   view: SettlementView;
+  /**
+   * Where the job left the chains of the accounts its movement posted to: every API process learns them from the
+   * completion, so the payer's next gate needs no look past its remembered heads (the lock posts to these accounts).
+   */
+  heads?: ReportedHead[];
 }
 
 export class X402Verification {
@@ -108,6 +114,8 @@ export class X402Verification {
       if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw await this.gates.terminal(gate, 'cannot be verified');
       failpoint('x402.verify.voided');
     }
+    // Where this process left the payer's chains (its lock posted there): the job then need not read past them.
+    const ledgerHeads = this.runtime.stores.ledger.knownHeadsOf((['escrow', 'available'] as const).map((bucket) => accountOf(gate.escrowWalletId, gate.currency, bucket)));
     const verification: VerificationDoc = {
       _id: gate._id,
       tenantId,
@@ -115,6 +123,7 @@ export class X402Verification {
       evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
       ...(input.amount !== undefined ? { captured: input.amount } : {}),
       at: new Date(),
+      ...(ledgerHeads.length > 0 ? { ledgerHeads } : {}),
     };
     const [recorded, settlement] = await Promise.all([
       this.store.recordVerification(verification),
@@ -202,6 +211,7 @@ export class X402Verification {
     };
     events.on('completed', ({ jobId, returnvalue }) => {
       const value: unknown = typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue;
+      if (value && typeof value === 'object' && 'heads' in value) this.runtime.stores.ledger.learnReportedHeads(value.heads);
       settle(jobId, value && typeof value === 'object' && 'decision' in value ? (value as VerifyOutcome) : null);
     });
     events.on('failed', ({ jobId }) => settle(jobId, null));
@@ -271,6 +281,7 @@ export class X402Verification {
     // release's credits as the decision will split them (a metered call charged less than its hold also credits the
     // rest back to the payer), or the refund's.
     const captured = verification.captured ?? gate.amount;
+    this.runtime.stores.ledger.learnReportedHeads(verification.ledgerHeads);
     const movement = verdict === 'pass'
       ? { id: entryIds.release(s._id), to: releaseCredits(s, { verdict, captured, releaseNow: holdbackOf(captured, gate.holdbackBps).releaseNow }).map((c) => c.walletId) }
       : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
@@ -328,7 +339,8 @@ export class X402Verification {
     }
     // The gate's money is its settlement's now (final, or due in the settlement sweeper): the gate sweeper is done.
     await this.store.due.done(gateId);
-    return { decision, view: settled.view };
+    const accounts = [s.payerWalletId, ...movement.to].map((walletId, i) => accountOf(walletId, s.currency, i === 0 ? 'escrow' : 'available'));
+    return { decision, view: settled.view, heads: this.runtime.stores.ledger.knownHeadsOf(accounts) };
   }
 
   async close(): Promise<void> {

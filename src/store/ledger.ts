@@ -106,6 +106,13 @@ export function bucketMove(walletId: string, from: Bucket, to: Bucket, amount: n
   ];
 }
 
+/** An account's head as one process reports it to another: a posting that exists (see learnReportedHeads). */
+export interface ReportedHead {
+  account: string;
+  seq: number;
+  balance: number;
+}
+
 export interface PreparedEntry {
   /** The accounts it was read for, in leg order: apply uses it only for an entry whose legs are these accounts. */
   accounts: string[];
@@ -683,6 +690,31 @@ export class LedgerStore {
   private learnTaken(account: string, posting: Pick<PostingDoc, 'seq' | 'balanceAfter'>): void {
     this.learnHead(account, posting);
     remember(this.contended, account);
+  }
+
+  /** The heads this process remembers of these accounts (those it knows): what it can report to another process. */
+  knownHeadsOf(accounts: string[]): ReportedHead[] {
+    return accounts.flatMap((account) => {
+      const head = this.knownHeads.get(account);
+      return head ? [{ account, seq: head.seq, balance: head.balance }] : [];
+    });
+  }
+
+  /**
+   * Heads another process reported from its own memory (the verify job's, with its answer): each is a posting that
+   * exists, so it is a valid head here too. An account it brings this process up to (or past) is no longer read past
+   * its head before the next claim, as its other poster's latest posting is now known; a claim that still loses (a
+   * third poster) reads on as any other. Anything but whole positive positions and integer balances is ignored.
+   */
+  learnReportedHeads(heads: unknown): void {
+    if (!Array.isArray(heads)) return;
+    for (const head of heads as Array<Partial<ReportedHead>>) {
+      const { account, seq, balance } = head ?? {};
+      if (typeof account !== 'string' || !Number.isSafeInteger(seq) || seq! < 1 || !Number.isSafeInteger(balance)) continue;
+      if ((this.knownHeads.get(account)?.seq ?? 0) > seq!) continue; // this process knows a later one
+      this.learnHead(account, { seq: seq!, balanceAfter: balance! });
+      this.contended.delete(account);
+    }
   }
 
   // Postings on a wallet that does not exist would belong to nobody: wallets are created before money moves.

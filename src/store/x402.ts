@@ -2,6 +2,7 @@ import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb
 import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/x402.ts';
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
+import type { ReportedHead } from './ledger.ts';
 import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
@@ -85,6 +86,11 @@ export interface VerificationDoc {
   /** What a verified call cost (metered capture, at most the gate's amount); absent: the whole amount. */
   captured?: number;
   at: Date;
+  /**
+   * Not a fact, a hint: the reporting process's heads of the payer's accounts (its lock posts there), which the
+   * verify job learns instead of reading past its own (see LedgerStore.learnReportedHeads).
+   */
+  ledgerHeads?: ReportedHead[];
 }
 
 export interface WindDownDoc {

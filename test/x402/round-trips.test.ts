@@ -1,7 +1,9 @@
 import type { CommandStartedEvent } from 'mongodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { accountOf } from '../../src/store/ledger.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
-import { createGate, expectLedgerBalances, gateParties, post, quote } from './helpers.ts';
+import { balances } from '../helpers/money.ts';
+import { createGate, expectLedgerBalances, gateParties, get, post, quote, twoApiProcesses } from './helpers.ts';
 
 /**
  * Every paid call goes through create -> quote -> authorize-payment -> verify, and on FerretDB each MongoDB command
@@ -74,5 +76,46 @@ describe('x402 hot path: MongoDB commands per step', () => {
     for (const name of Object.keys(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeGreaterThan(0);
     for (const [name, budget] of Object.entries(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeLessThanOrEqual(budget);
     await expectLedgerBalances(t);
+  });
+});
+
+describe('x402 hot path: the API and the verify job tell each other where they left the payer\'s chains', () => {
+  // Requests go to `api`; the verify job runs in `worker`'s runtime: two processes posting on the payer's accounts
+  // (the lock from the API, the release from the job), each of which would otherwise read past its remembered head
+  // before every claim there.
+  const processes = twoApiProcesses();
+
+  it('a gate flow, whole or metered, reads no ledger posting once each process has met the other\'s', async () => {
+    const { first: worker, second: api, auth } = processes;
+    const { payer, payee } = await gateParties(api, auth, 100_000);
+    const reads: string[] = [];
+    let counting = false;
+    for (const t of [api, worker]) {
+      t.runtime.mongo.on('commandStarted', (e) => {
+        if (counting && e.commandName === 'find' && e.command.find === 'ledger_postings') reads.push(JSON.stringify(e.command.filter));
+      });
+    }
+    const payerAccounts = (['escrow', 'available'] as const).map((bucket) => accountOf(payer, 'USD', bucket));
+    const flow = async (amount?: number) => {
+      const { gateId } = await createGate(api, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000 });
+      const q = await quote(api, auth, gateId);
+      expect((await post(api, auth, '/x402/gate/authorize-payment', { gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 })).statusCode).toBe(200);
+      const verified = await post(api, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: q.requestSha256 }, ...(amount === undefined ? {} : { amount }) });
+      expect([200, 202]).toContain(verified.statusCode);
+      // The API learns the job's heads from its completion, which may trail a 202: wait for it, not for a clock.
+      await expect.poll(async () => (await get(api, auth, `/x402/gate/${gateId}`)).json().status, { timeout: 15_000 }).toBe(amount === 0 ? 'refunded' : 'released');
+      const behind = () => payerAccounts.filter((a) => (api.runtime.stores.ledger.knownHeadsOf([a])[0]?.seq ?? 0) < (worker.runtime.stores.ledger.knownHeadsOf([a])[0]?.seq ?? 0));
+      await expect.poll(behind, { timeout: 15_000 }).toEqual([]);
+    };
+    await flow();
+    await flow(370); // each process has now lost a claim to the other on both of the payer's accounts
+    counting = true;
+    await flow();
+    await flow(370);
+    await flow(0);
+    counting = false;
+    expect(reads).toEqual([]);
+    expect(await balances(api, auth, payer)).toEqual({ available: 100_000 - 2 * (1_000 + 370), escrow: 0 });
+    await expectLedgerBalances(api);
   });
 });
