@@ -124,6 +124,7 @@ export class X402Verification {
       ...(input.amount !== undefined ? { captured: input.amount } : {}),
       at: new Date(),
       ...(ledgerHeads.length > 0 ? { ledgerHeads } : {}),
+      ...(commitment ? { against: { gate, commitment } } : {}),
     };
     const [recorded, settlement] = await Promise.all([
       this.store.recordVerification(verification),
@@ -259,15 +260,14 @@ export class X402Verification {
    */
   async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
     const { settlements } = this.runtime.stores;
-    // All keyed by the gate id, so read at once (the settlement too: the request that reported created it).
-    const [gate, verification, commitment, existing] = await Promise.all([
-      this.store.gateOfTenant(gateId, tenantId),
-      this.store.verificationOf(gateId),
-      this.store.commitmentOf(gateId),
-      settlements.get(gateSettlementId(gateId)),
-    ]);
-    if (!gate) return { skipped: 'no such gate' };
+    // The report (with copies of the gate and the commitment it was made against) and the settlement (the request
+    // that reported created it) are read at once; the gate and the commitment then come from memory, unless the
+    // report carries no copies (a return a sweeper recorded): they are read then.
+    const [verification, existing] = await Promise.all([this.store.verificationOf(gateId), settlements.get(gateSettlementId(gateId))]);
     if (!verification) return { skipped: 'nothing reported' };
+    this.store.rememberFactsOf(verification);
+    const [gate, commitment] = await Promise.all([this.store.gateOfTenant(gateId, tenantId), this.store.commitmentOf(gateId)]);
+    if (!gate) return { skipped: 'no such gate' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
     // A cancelled or expired gate's lock goes back by its unlock entry; it must never be refunded a second time here.
     if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw new MoneyInvariantError(`gate ${gateId} is ${commitment.kind} yet has a report`);

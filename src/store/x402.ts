@@ -91,6 +91,11 @@ export interface VerificationDoc {
    * verify job learns instead of reading past its own (see LedgerStore.learnReportedHeads).
    */
   ledgerHeads?: ReportedHead[];
+  /**
+   * Copies of the gate and the commitment the report was made against (facts that never change, so the copies are
+   * the facts): the verify job takes them from here instead of reading each. A return recorded by a sweeper has none.
+   */
+  against?: { gate: GateDoc; commitment: CommitmentDoc };
 }
 
 export interface WindDownDoc {
@@ -367,6 +372,14 @@ export class X402Store {
 
   private rememberCommitment(commitment: CommitmentDoc): void {
     remember(this.knownCommitments, commitment);
+  }
+
+  /** The gate and commitment a report carries copies of, remembered as if read (a copy that does not match is left). */
+  rememberFactsOf(verification: VerificationDoc): void {
+    const against = verification.against;
+    if (!against || against.gate._id !== verification._id || against.gate.tenantId !== verification.tenantId || against.commitment._id !== verification._id) return;
+    this.rememberGate(against.gate);
+    this.rememberCommitment(against.commitment);
   }
 
   /** Whether this process has seen the gate's commitment (then commitmentOf answers from memory). */

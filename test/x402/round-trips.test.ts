@@ -9,9 +9,8 @@ import { createGate, expectLedgerBalances, gateParties, get, post, quote, twoApi
  * Every paid call goes through create -> quote -> authorize-payment -> verify, and on FerretDB each MongoDB command
  * is a round trip plus a SQLite statement: what each step sends is most of what it costs. This pins the commands of
  * each step (the verify job's included, as the worker runs in this process) at what the hot path needs, and checks
- * that every one of them is an exact `_id` lookup or an insert. The worker here shares the API's runtime, so it also
- * shares what the x402 store keeps in memory (the gate, its commitment): a worker process of its own reads those two
- * (in the same wave as the rest of its reads), one more command each per verify.
+ * that every one of them is an exact `_id` lookup or an insert. The worker here shares the API's runtime; a worker
+ * process of its own sends the same (the report carries copies of the gate and its commitment: see the block below).
  */
 // create and verify each carry one command of the gate's due record (marked before the lock, removed by the verify
 // job once the settlement holds the money): what lets the gate sweeper return a reserve past its deadline. Each ledger
@@ -79,7 +78,7 @@ describe('x402 hot path: MongoDB commands per step', () => {
   });
 });
 
-describe('x402 hot path: the API and the verify job tell each other where they left the payer\'s chains', () => {
+describe('x402 hot path: what the API and the verify job hand each other instead of reading it', () => {
   // Requests go to `api`; the verify job runs in `worker`'s runtime: two processes posting on the payer's accounts
   // (the lock from the API, the release from the job), each of which would otherwise read past its remembered head
   // before every claim there.
@@ -89,10 +88,14 @@ describe('x402 hot path: the API and the verify job tell each other where they l
     const { first: worker, second: api, auth } = processes;
     const { payer, payee } = await gateParties(api, auth, 100_000);
     const reads: string[] = [];
+    const workerFactReads: string[] = [];
     let counting = false;
     for (const t of [api, worker]) {
       t.runtime.mongo.on('commandStarted', (e) => {
-        if (counting && e.commandName === 'find' && e.command.find === 'ledger_postings') reads.push(JSON.stringify(e.command.filter));
+        if (!counting || e.commandName !== 'find') return;
+        if (e.command.find === 'ledger_postings') reads.push(JSON.stringify(e.command.filter));
+        // The report carries copies of the gate and its commitment: the job reads neither.
+        if (t === worker && ['x402_gates', 'x402_gate_commitments'].includes(e.command.find)) workerFactReads.push(`${e.command.find} ${JSON.stringify(e.command.filter)}`);
       });
     }
     const payerAccounts = (['escrow', 'available'] as const).map((bucket) => accountOf(payer, 'USD', bucket));
@@ -115,6 +118,7 @@ describe('x402 hot path: the API and the verify job tell each other where they l
     await flow(0);
     counting = false;
     expect(reads).toEqual([]);
+    expect(workerFactReads).toEqual([]);
     expect(await balances(api, auth, payer)).toEqual({ available: 100_000 - 2 * (1_000 + 370), escrow: 0 });
     await expectLedgerBalances(api);
   });
