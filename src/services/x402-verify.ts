@@ -116,6 +116,9 @@ export class X402Verification {
     }
     // Where this process left the payer's chains (its lock posted there): the job then need not read past them.
     const ledgerHeads = this.runtime.stores.ledger.knownHeadsOf((['escrow', 'available'] as const).map((bucket) => accountOf(gate.escrowWalletId, gate.currency, bucket)));
+    // The settlement before the report, so that the report can carry it and the job need not read it: its terms
+    // never change, and its view is a cache every pass works out again from the facts.
+    const settlement = await this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate));
     const verification: VerificationDoc = {
       _id: gate._id,
       tenantId,
@@ -124,12 +127,9 @@ export class X402Verification {
       ...(input.amount !== undefined ? { captured: input.amount } : {}),
       at: new Date(),
       ...(ledgerHeads.length > 0 ? { ledgerHeads } : {}),
-      ...(commitment ? { against: { gate, commitment } } : {}),
+      ...(commitment ? { against: { gate, commitment, settlement } } : {}),
     };
-    const [recorded, settlement] = await Promise.all([
-      this.store.recordVerification(verification),
-      this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate)),
-    ]);
+    const recorded = await this.store.recordVerification(verification);
     if (!recorded.won) return this.answerRepeat(gate, status, recorded.verification);
     failpoint('x402.verify.reported');
     const outcome = await this.runVerifyJob(gate, true);
@@ -260,13 +260,18 @@ export class X402Verification {
    */
   async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
     const { settlements } = this.runtime.stores;
-    // The report (with copies of the gate and the commitment it was made against) and the settlement (the request
-    // that reported created it) are read at once; the gate and the commitment then come from memory, unless the
-    // report carries no copies (a return a sweeper recorded): they are read then.
-    const [verification, existing] = await Promise.all([this.store.verificationOf(gateId), settlements.get(gateSettlementId(gateId))]);
+    // The report first: it carries copies of the gate and the commitment it was made against and of the settlement
+    // its request stored, so those come from memory; a report without them (a return a sweeper recorded) has them
+    // read, at once.
+    const verification = await this.store.verificationOf(gateId);
     if (!verification) return { skipped: 'nothing reported' };
     this.store.rememberFactsOf(verification);
-    const [gate, commitment] = await Promise.all([this.store.gateOfTenant(gateId, tenantId), this.store.commitmentOf(gateId)]);
+    const copied = verification.against?.settlement?._id === gateSettlementId(gateId) ? verification.against.settlement : null;
+    const [gate, commitment, existing] = await Promise.all([
+      this.store.gateOfTenant(gateId, tenantId),
+      this.store.commitmentOf(gateId),
+      copied ?? settlements.get(gateSettlementId(gateId)),
+    ]);
     if (!gate) return { skipped: 'no such gate' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
     // A cancelled or expired gate's lock goes back by its unlock entry; it must never be refunded a second time here.

@@ -3,6 +3,7 @@ import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
 import type { ReportedHead } from './ledger.ts';
+import type { SettlementDoc } from './settlements.ts';
 import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
@@ -93,9 +94,11 @@ export interface VerificationDoc {
   ledgerHeads?: ReportedHead[];
   /**
    * Copies of the gate and the commitment the report was made against (facts that never change, so the copies are
-   * the facts): the verify job takes them from here instead of reading each. A return recorded by a sweeper has none.
+   * the facts) and of the gate's settlement as the reporting request stored it before the report (its terms never
+   * change; its view is a cache): the verify job takes them from here instead of reading each. A return recorded by
+   * a sweeper has none.
    */
-  against?: { gate: GateDoc; commitment: CommitmentDoc };
+  against?: { gate: GateDoc; commitment: CommitmentDoc; settlement?: SettlementDoc };
 }
 
 export interface WindDownDoc {
