@@ -3,9 +3,9 @@ import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
 import type { ReportedHead } from './ledger.ts';
-import type { SettlementDoc } from './settlements.ts';
 import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
+import type { SettlementDoc } from './settlements.ts';
 
 // The x402 gate's records. Every one is found by `_id` (on FerretDB nothing else uses an index), and every fact is
 // recorded by a unique insert; the one kind of updated document (chain heads) is a cache.
