@@ -15,7 +15,8 @@ import { insertFirst, insertInOrder, isDuplicateKey, RECONCILIATION_COMMENT } fr
 //   other command), so it trails by a few positions. A process also remembers the furthest posting it has claimed or
 //   read per account: a head that may trail, never lead, so a poster starts from it without reading, and a claim
 //   lost to another process costs one read of the posting that won. On an account where it lost a claim (another
-//   process posts there too), the next entry reads the position after that head first, beside its other reads.
+//   process posts there too), the next entry reads the position after that head first, beside its other reads,
+//   unless that other process has since reported where it left the account (learnReportedHeads).
 // - A leg of an entry is resolved at most once: before claiming position p for it, a poster checks every position
 //   since the entry's floor (the account's head as read or remembered before the entry was recorded, never above any
 //   later posting) up to p-1 for a posting of that leg. Two posters of one leg thus meet on the same position, or the
