@@ -290,7 +290,8 @@ export class X402Verification {
     const movement = verdict === 'pass'
       ? { id: entryIds.release(s._id), to: releaseCredits(s, { verdict, captured, releaseNow: holdbackOf(captured, gate.holdbackBps).releaseNow }).map((c) => c.walletId) }
       : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
-    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: [{ walletId: s.payerWalletId, bucket: 'escrow' }, ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const }))] });
+    const movementLegs = [{ walletId: s.payerWalletId, bucket: 'escrow' as const }, ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const }))];
+    const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: movementLegs });
     prepared.catch(() => undefined); // only a head start: apply reads again without it
     // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
     // hands back the winner's). Any other view means one was decided: read the facts.
@@ -344,7 +345,7 @@ export class X402Verification {
     }
     // The gate's money is its settlement's now (final, or due in the settlement sweeper): the gate sweeper is done.
     await this.store.due.done(gateId);
-    const accounts = [s.payerWalletId, ...movement.to].map((walletId, i) => accountOf(walletId, s.currency, i === 0 ? 'escrow' : 'available'));
+    const accounts = movementLegs.map((l) => accountOf(l.walletId, s.currency, l.bucket));
     return { decision, view: settled.view, heads: this.runtime.stores.ledger.knownHeadsOf(accounts) };
   }
 
