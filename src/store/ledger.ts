@@ -434,7 +434,8 @@ export class LedgerStore {
     if (attempt.state === 'applied') return attempt;
     const trailing: Array<Promise<unknown>> = [];
     try {
-      const together = heads && this.claimableTogether(attempt, heads) ? await this.claimTogether(attempt, heads) : null;
+      const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
+      const together = heads && this.claimableTogether(attempt, heads, accounts) ? await this.claimTogether(attempt, heads, accounts) : null;
       for (const [leg, spec] of attempt.legs.entries()) {
         const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, heads?.[leg], together?.lost === true && leg === together.claims.length));
         trailing.push(written);
@@ -474,9 +475,8 @@ export class LedgerStore {
    * A fresh attempt's legs (a debit, then credits, each on an account of its own), each starting right at its floor,
    * so that none has a position to look at before its claim.
    */
-  private claimableTogether(attempt: LedgerEntryDoc, heads: AccountHead[]): boolean {
+  private claimableTogether(attempt: LedgerEntryDoc, heads: AccountHead[], accounts: string[]): boolean {
     const [debit, ...credits] = attempt.legs;
-    const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
     return attempt.legs.length >= 2 && debit!.delta < 0 && credits.every((c) => c.delta > 0) && heads.length === attempt.legs.length
       && heads.every((h, i) => h.seq === attempt.floors[i]) && new Set(accounts).size === accounts.length;
   }
@@ -489,9 +489,8 @@ export class LedgerStore {
    * and any after it are then claimed alone, as in any other case. Holds all the accounts' queues, taken in the order
    * of their names (as every holder of several does), so two such claims never wait for each other.
    */
-  private async claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[]): Promise<ClaimedLegs> {
+  private async claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[], accounts: string[]): Promise<ClaimedLegs> {
     const [debit, ...credits] = attempt.legs as [Leg, ...Leg[]];
-    const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
     const holding = (names: string[], work: () => Promise<ClaimedLegs>): Promise<ClaimedLegs> =>
       names.length === 0 ? work() : this.serialized(names[0]!, () => holding(names.slice(1), work));
     return holding([...accounts].sort(), async () => {
