@@ -119,6 +119,7 @@ export class X402Verification {
     // The settlement before the report, so that the report can carry it and the job need not read it: its terms
     // never change, and its view is a cache every pass works out again from the facts.
     const settlement = await this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate));
+    failpoint('x402.verify.settlement-stored');
     const verification: VerificationDoc = {
       _id: gate._id,
       tenantId,

@@ -130,7 +130,7 @@ function client(h: Harness, point: string) {
 describe('x402 crash points: request flows', () => {
   const h = harness({});
 
-  for (const point of ['x402.create.recorded', 'x402.create.lock-recorded', 'x402.create.locked', 'x402.authorize.checked', 'x402.authorize.committed', 'x402.verify.reported']) {
+  for (const point of ['x402.create.recorded', 'x402.create.lock-recorded', 'x402.create.locked', 'x402.authorize.checked', 'x402.authorize.committed', 'x402.verify.settlement-stored', 'x402.verify.reported']) {
     it(`create, authorize, verify(verified): crash at ${point}`, async () => {
       const c = client(h, point);
       await c.start();
