@@ -25,4 +25,4 @@ if [ -z "${SERVICE_ADMIN_KEY:-}" ]; then
   export SERVICE_ADMIN_KEY
   echo "start: admin key is in .data/admin-key (use it as: Authorization: Bearer <key>)" >&2
 fi
-exec node --max-semi-space-size=8 --heap-growing-percent=50 --import tsx src/main.ts "${1:-all}"  # as production runs (Dockerfile)
+exec node --max-semi-space-size=8 --heap-growing-percent=50 --no-allocation-site-pretenuring --import tsx src/main.ts "${1:-all}"  # as production runs (Dockerfile)
