@@ -56,6 +56,16 @@ function parseMember(member: string): IndexedRow | null {
   return { id, tenantId, at: new Date(Number(ms)), member };
 }
 
+// ARGV[1]: the member; ARGV[2]: the retention bound ('' when rows are kept for good). Each write trims its own sets,
+// so what Redis holds follows the retention with no sweep over every set: members sort by their padded time, so
+// those before the cutoff's are the ones past it.
+const ADD_TO_SETS = `
+for _, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 0, ARGV[1])
+  if ARGV[2] ~= '' then redis.call('ZREMRANGEBYLEX', key, '-', ARGV[2]) end
+end
+return 1`;
+
 export class ListIndex {
   constructor(
     private readonly redis: RedisClient,
@@ -79,20 +89,15 @@ export class ListIndex {
     return [this.key(e.kind, 'all'), this.key(e.kind, { tenantId: e.tenantId }), ...[...new Set(e.agentIds)].map((agentId) => this.key(e.kind, { agentId }))];
   }
 
-  /** Enters the object in every set it belongs to (harmless when repeated: a member is only there once). */
+  /**
+   * Enters the object in every set it belongs to (harmless when repeated: a member is only there once). One script,
+   * not a pipeline: an ioredis pipeline on the shared connection copies every script BullMQ defined on it, which
+   * cost the API more than the writes themselves on every gate and settlement create.
+   */
   async add(e: ListEntry): Promise<void> {
-    const member = memberOf(e);
     const cutoff = this.cutoff();
-    const pipeline = this.redis.pipeline();
-    for (const key of this.keysOf(e)) {
-      pipeline.zadd(key, 0, member);
-      // Each write trims its own sets: what Redis holds follows the retention, with no sweep over every set. Members
-      // sort by their padded time, so those before the cutoff's are the ones past retention.
-      if (cutoff !== null) pipeline.zremrangebylex(key, '-', `(${pad(cutoff)}`);
-    }
-    const results = await pipeline.exec();
-    const failed = results?.find(([err]) => err);
-    if (failed) throw failed[0];
+    const keys = this.keysOf(e);
+    await this.redis.eval(ADD_TO_SETS, keys.length, ...keys, memberOf(e), cutoff === null ? '' : `(${pad(cutoff)}`);
   }
 
   /** Many entries at once (the rebuild, and seeding a benchmark), in pipelines of `chunk` commands. */
