@@ -34,10 +34,14 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   const disputeId = newId('dsp');
   const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
   await settlements.referDispute(disputeId, s);
+  // Due before the dispute exists: a crash before its announcement leaves it for a pass to announce (a settlement
+  // with nothing held has no due record of its own by then; the pass sets the next one).
+  await settlements.due.mark(s._id, s.tenantId, new Date(now + rt.config.sweeper.staleAfterMs));
   const { won, fact } = await settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: input.reason, evidenceJson, frozenAmount, at: new Date(now).toISOString() });
   if (!won) {
     throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');
   }
+  failpoint('dispute.opened');
   // Named as advanceSettlement names it (the same event id: whichever emits first, the data is the same).
   const subject = settlementSubject(s);
   // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.

@@ -251,23 +251,30 @@ export async function advanceSettlement(
 
   const state = settlementState(s, facts, applied);
   const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
+  // A gate's or a session payee's settlement has a due record only once a pass left work for later: the pass that
+  // won its decision (nothing before the decision marks one) has none to remove.
+  const noRecord = known?.decidedNow === true && (s.gateId != null || s.sessionId != null);
   // The view is a cache and the due record a hint: neither waits for the other, nor for what is still in flight,
   // except that the sweeper's record goes only once everything it would redo has landed.
   await Promise.all([
     ...started,
     settlements.cacheView(s._id, state.view),
-    next ? settlements.due.mark(s._id, s.tenantId, next) : Promise.all(started).then(() => settlements.due.done(s._id)),
+    next ? settlements.due.mark(s._id, s.tenantId, next) : noRecord ? null : Promise.all(started).then(() => settlements.due.done(s._id)),
   ]);
   return state;
 }
 
-/** When the sweeper should look again: never once final; rarely while waiting for a person; at the window's end. */
+/**
+ * When the sweeper should look again: never once nothing is left for it (final, or completed with nothing held: the
+ * view turns final at the window's end by itself, and a dispute's ruling makes its settlement due); rarely while
+ * waiting for a person; at the window's end when a holdback waits for it.
+ */
 function nextCheck({ view, facts }: SettlementState, staleAfterMs: number): Date | null {
   if (view.final) return null;
   const awaitingRuling = (view.status === 'held' && !facts.heldRuling) || (view.status === 'disputed' && !facts.ruling);
   if (awaitingRuling) return new Date(Date.now() + AWAITING_RULING_RECHECK_MS);
   if (view.holdbackState === 'held' && view.disputeWindowEndsAt) return new Date(view.disputeWindowEndsAt);
-  if (view.status === 'completed' && view.holdbackState === 'none' && view.disputeWindowEndsAt) return new Date(view.disputeWindowEndsAt);
+  if (view.status === 'completed' && view.holdbackState === 'none' && view.disputeWindowEndsAt) return null;
   return new Date(Date.now() + staleAfterMs);
 }
 

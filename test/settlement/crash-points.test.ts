@@ -157,6 +157,32 @@ describe('crash points of the run money flows', () => {
     });
   }
 
+  it('a settlement with nothing held leaves the sweeper nothing; its dispute, crashed before the announcement, is announced by a sweep', async () => {
+    const p = await parties(t, auth, FUNDS);
+    const created = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: auth, payload: { agentId: p.worker.agentId, terms: { accuracy: { min: 0.9 } }, settlement: { payerAgentId: p.payer.agentId, amount: 300, currency: 'USD', disputeWindowSeconds: 3_600 } } });
+    const runId = created.json().runId as string;
+    await finalize(p, runId);
+    expect((await settle(t, auth, runId)).statusCode).toBe(202);
+    const settled = await advanceSettlement(t.runtime, settlementIdFor(runId));
+    expect(settled?.view).toMatchObject({ status: 'completed', holdbackState: 'none', final: false });
+    // Completed with nothing held: the window's end changes nothing the sweeper would do, so it has no record.
+    expect(await t.runtime.stores.settlements.due.records.findOne({ _id: settlementIdFor(runId) })).toBeNull();
+    armFailpoint('dispute.opened');
+    const opened = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/disputes`, headers: auth, payload: { reason: 'wrong answers' } });
+    expect(opened.statusCode).toBe(500);
+    const announced = () => t.runtime.stores.outbox.events.find({ type: 'dispute.opened', 'data.runId': runId }).toArray();
+    expect(await announced()).toEqual([]);
+    // The client's retry is refused (the dispute exists); the sweep announces it, once, and keeps it due for its ruling.
+    expect((await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/disputes`, headers: auth, payload: { reason: 'wrong answers' } })).statusCode).toBe(409);
+    await sweep();
+    await sweep();
+    const events = await announced();
+    expect(events).toHaveLength(1);
+    expect(events[0]!.data).toMatchObject({ runId, settlementId: settlementIdFor(runId), disputeId: expect.stringMatching(/^dsp_/) });
+    expect((await t.runtime.stores.settlements.due.records.findOne({ _id: settlementIdFor(runId) }))?.dueAt.getTime()).toBeGreaterThan(Date.now() + 30 * 60_000);
+    await expectSettledOnce(p, 300);
+  });
+
   for (const point of ['ledger.position-claimed', 'ledger.leg-posted']) {
     it(`a credit, crashed at ${point}, then retried with the same key: credited once`, async () => {
       const p = await parties(t, auth, 0);
