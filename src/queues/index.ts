@@ -15,12 +15,14 @@ export const WebhookDeliverPayload = Type.Object({
   rev: Type.Integer({ minimum: 0 }),
 });
 
-// One queue per concern. Payloads carry ids only: the worker reads current state from MongoDB, so a retried or
-// duplicated job always acts on the truth, never on a stale copy.
+// One queue per concern. Payloads carry ids: the worker reads current state from MongoDB, so a retried or
+// duplicated job always acts on the truth, never on a stale copy. The one copy a payload may carry is of a fact that
+// never changes once recorded: the x402-verify job's `report`, the gate's verification as its request recorded it
+// (EJSON), which spares the job reading it back.
 export const QueuePayloads = {
   finalize: Type.Object({ tenantId: Type.String(), runId: Type.String() }),
   settle: Type.Object({ tenantId: Type.String(), runId: Type.String(), settlementId: Type.String() }),
-  'x402-verify': Type.Object({ tenantId: Type.String(), gateId: Type.String() }),
+  'x402-verify': Type.Object({ tenantId: Type.String(), gateId: Type.String(), report: Type.Optional(Type.String()) }),
   'webhook-dispatch': Type.Union([WebhookFanOutPayload, WebhookDeliverPayload, WebhookRecoverPayload]),
   'smoke-test': Type.Object({ tenantId: Type.String(), smokeTestId: Type.String() }),
 } satisfies Record<string, TSchema>;

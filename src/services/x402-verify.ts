@@ -2,6 +2,7 @@
 // returns the gate instead), and the x402-verify job decides from the gate's facts through the one settlement
 // decision (domain/settlement.ts), signs the receipt and hands the money to the settlement machinery.
 import { QueueEvents } from 'bullmq';
+import { BSON } from 'mongodb';
 import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
@@ -31,6 +32,17 @@ export interface VerifyOutcome {
    * completion, so the payer's next gate needs no look past its remembered heads (the lock posts to these accounts).
    */
   heads?: ReportedHead[];
+}
+
+/** The job's copy of the gate's report, when it has one and it is this gate's (else the job reads the report). */
+function reportCopy(report: string | undefined, tenantId: string, gateId: string): VerificationDoc | null {
+  if (report === undefined) return null;
+  try {
+    const copy = BSON.EJSON.parse(report) as VerificationDoc;
+    return copy._id === gateId && copy.tenantId === tenantId ? copy : null;
+  } catch {
+    return null;
+  }
 }
 
 export class X402Verification {
@@ -133,7 +145,7 @@ export class X402Verification {
     const recorded = await this.store.recordVerification(verification);
     if (!recorded.won) return this.answerRepeat(gate, status, recorded.verification);
     failpoint('x402.verify.reported');
-    const outcome = await this.runVerifyJob(gate, true);
+    const outcome = await this.runVerifyJob(gate, true, verification);
     if (!outcome) return this.verifiedState(gate);
     // The worker's answer carries the settlement as it left it: no need to read it all back.
     const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
@@ -223,9 +235,10 @@ export class X402Verification {
 
   /**
    * Enqueues the gate's verify job (or makes sure one runs, on a repeat) and waits for its completion event, at
-   * most VERIFY_WAIT_MS; null when it did not finish in time. Listening starts before the job exists.
+   * most VERIFY_WAIT_MS; null when it did not finish in time. Listening starts before the job exists. A first
+   * report's job carries the report as recorded (a fact: it never changes), so the job need not read it.
    */
-  private async runVerifyJob(gate: GateDoc, first: boolean): Promise<VerifyOutcome | null> {
+  private async runVerifyJob(gate: GateDoc, first: boolean, report?: VerificationDoc): Promise<VerifyOutcome | null> {
     await this.ensureQueueEvents().waitUntilReady();
     const jobId = jobIdFor('x402-verify', gate._id);
     let timer: NodeJS.Timeout | undefined;
@@ -244,7 +257,7 @@ export class X402Verification {
     });
     const payload = { tenantId: gate.tenantId, gateId: gate._id };
     try {
-      if (first) await this.runtime.producers.enqueue('x402-verify', payload, jobId);
+      if (first) await this.runtime.producers.enqueue('x402-verify', report ? { ...payload, report: BSON.EJSON.stringify(report) } : payload, jobId);
       else await this.runtime.producers.ensure('x402-verify', payload, jobId);
     } catch (err) {
       clearTimeout(timer);
@@ -259,12 +272,12 @@ export class X402Verification {
    * settlement's fact, then lets the settlement machinery move the money. A refund is ruled with the decision.
    * Run twice, by two workers at once, it moves the money once: facts by unique insert, ledger ids derived.
    */
-  async processVerify(tenantId: string, gateId: string): Promise<VerifyOutcome | { skipped: string }> {
+  async processVerify(tenantId: string, gateId: string, report?: string): Promise<VerifyOutcome | { skipped: string }> {
     const { settlements } = this.runtime.stores;
-    // The report first: it carries copies of the gate and the commitment it was made against and of the settlement
-    // its request stored, so those come from memory; a report without them (a return a sweeper recorded) has them
-    // read, at once.
-    const verification = await this.store.verificationOf(gateId);
+    // The report first (the job's copy of it when its request sent one): it carries copies of the gate and the
+    // commitment it was made against and of the settlement its request stored, so those come from memory; a report
+    // without them (a return a sweeper recorded) has them read, at once.
+    const verification = reportCopy(report, tenantId, gateId) ?? (await this.store.verificationOf(gateId));
     if (!verification) return { skipped: 'nothing reported' };
     this.store.rememberFactsOf(verification);
     const copied = verification.against?.settlement?._id === gateSettlementId(gateId) ? verification.against.settlement : null;

@@ -13,7 +13,7 @@ export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x40
   const service = new X402Service(runtime);
   const expiry = new X402GateExpiry(runtime, service);
   return {
-    process: ({ tenantId, gateId }) => service.processVerify(tenantId, gateId),
+    process: ({ tenantId, gateId, report }) => service.processVerify(tenantId, gateId, report),
     // The gates' summary, with the escalations' and the sessions' beside it.
     sweep: async () => ({ ...(await expiry.sweep()), escalations: await service.sweepEscalationDeadlines(), sessions: await service.sweepSessions() }),
   };
