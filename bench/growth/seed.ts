@@ -194,7 +194,6 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
           tenantId: tenant._id,
           ...terms,
           createdAt: finalizedAt,
-          view: { status: pass ? 'completed' : 'held', holdbackState: 'none', holdback: 0, releasedAmount: pass ? 1_000 : 0, refundedAmount: 0, disputeWindowEndsAt, final: pass },
         });
         facts.push({
           _id: `${settlementId}:decision`,

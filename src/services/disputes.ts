@@ -47,7 +47,6 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
   const marks = { test: s.test === true };
   await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`, marks);
-  await settlements.cacheView(s._id, (await read(rt, s)).view);
   return { disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount };
 }
 

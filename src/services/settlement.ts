@@ -254,13 +254,9 @@ export async function advanceSettlement(
   // A gate's or a session payee's settlement has a due record only once a pass left work for later: the pass that
   // won its decision (nothing before the decision marks one) has none to remove.
   const noRecord = known?.decidedNow === true && (s.gateId != null || s.sessionId != null);
-  // The view is a cache and the due record a hint: neither waits for the other, nor for what is still in flight,
-  // except that the sweeper's record goes only once everything it would redo has landed.
-  await Promise.all([
-    ...started,
-    settlements.cacheView(s._id, state.view),
-    next ? settlements.due.mark(s._id, s.tenantId, next) : noRecord ? null : Promise.all(started).then(() => settlements.due.done(s._id)),
-  ]);
+  // The due record is a hint: it does not wait for what is still in flight, except that the sweeper's record goes
+  // only once everything it would redo has landed.
+  await Promise.all([...started, next ? settlements.due.mark(s._id, s.tenantId, next) : noRecord ? null : Promise.all(started).then(() => settlements.due.done(s._id))]);
   return state;
 }
 

@@ -129,7 +129,7 @@ export class X402Verification {
     // Where this process left the payer's chains (its lock posted there): the job then need not read past them.
     const ledgerHeads = this.runtime.stores.ledger.knownHeadsOf((['escrow', 'available'] as const).map((bucket) => accountOf(gate.escrowWalletId, gate.currency, bucket)));
     // The settlement before the report, so that the report can carry it and the job need not read it: its terms
-    // never change, and its view is a cache every pass works out again from the facts.
+    // never change (its state is its facts, which every pass reads or claims).
     const settlement = await this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate));
     failpoint('x402.verify.settlement-stored');
     const verification: VerificationDoc = {
@@ -307,52 +307,47 @@ export class X402Verification {
     const movementLegs = [{ walletId: s.payerWalletId, bucket: 'escrow' as const }, ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const }))];
     const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: movementLegs });
     prepared.catch(() => undefined); // only a head start: apply reads again without it
-    // A settlement still shown pending has most likely no decision yet: claim one straight away (losing the claim
-    // hands back the winner's). Any other view means one was decided: read the facts.
-    let facts: SettlementFacts | null = s.view.status === 'pending' ? null : await settlements.factsOf(s._id);
-    let decidedNow = false;
-    let decision = facts?.decision;
-    if (!decision) {
-      const decided = decideSettlement(
-        { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds, captured: verification.captured ?? gate.amount },
-        verdict,
-        refundReason(authorization !== null, verification.verificationStatus),
-        new Date(),
-        (money) =>
-          signReceipt(
-            {
-              schema: 'SettlementReceipt.v1',
-              settlementId: s._id,
-              gateId,
-              authorizationRef: authorization?.authorizationRef ?? null,
-              quoteId: authorization?.quoteId ?? null,
-              requestSha256: authorization?.requestSha256 ?? null,
-              responseSha256: verification.evidence.responseSha256,
-              verificationStatus: verification.verificationStatus,
-              payerWalletId: s.payerWalletId,
-              payeeWalletId: s.payeeWalletId,
-              amount: gate.amount,
-              captured: money.captured,
-              releasedNow: money.releasedNow,
-              holdback: money.holdback,
-              currency: gate.currency,
-              verdict: money.verdict,
-              decidedAt: money.decidedAt,
-            },
-            this.runtime.keys.active,
-          ),
-      );
-      const claimed = await settlements.claim(s._id, 'decision', decided);
-      decision = claimed.fact;
-      decidedNow = claimed.won;
-      failpoint('x402.verify-job.decided');
-      // Won: every other fact needs the decision first, so there is none yet to read.
-      facts = claimed.won ? { decision } : await settlements.factsOf(s._id);
-    }
+    // The decision is claimed straight away, with nothing read first: losing the claim (a job run again, or a
+    // second worker) hands back the winner's, and the other facts are read then.
+    const decided = decideSettlement(
+      { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds, captured: verification.captured ?? gate.amount },
+      verdict,
+      refundReason(authorization !== null, verification.verificationStatus),
+      new Date(),
+      (money) =>
+        signReceipt(
+          {
+            schema: 'SettlementReceipt.v1',
+            settlementId: s._id,
+            gateId,
+            authorizationRef: authorization?.authorizationRef ?? null,
+            quoteId: authorization?.quoteId ?? null,
+            requestSha256: authorization?.requestSha256 ?? null,
+            responseSha256: verification.evidence.responseSha256,
+            verificationStatus: verification.verificationStatus,
+            payerWalletId: s.payerWalletId,
+            payeeWalletId: s.payeeWalletId,
+            amount: gate.amount,
+            captured: money.captured,
+            releasedNow: money.releasedNow,
+            holdback: money.holdback,
+            currency: gate.currency,
+            verdict: money.verdict,
+            decidedAt: money.decidedAt,
+          },
+          this.runtime.keys.active,
+        ),
+    );
+    const claimed = await settlements.claim(s._id, 'decision', decided);
+    const decision = claimed.fact;
+    const decidedNow = claimed.won;
+    failpoint('x402.verify-job.decided');
+    // Won: every other fact needs the decision first, so there is none yet to read.
+    const facts: SettlementFacts = claimed.won ? { decision } : await settlements.factsOf(s._id);
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
-    if (decision.verdict === 'fail') facts!.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
+    if (decision.verdict === 'fail') facts.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
     const heads = await prepared.catch(() => null);
-    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: facts!, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
+    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
     if (verification.verificationStatus === 'expired') {
       await emitEvent(this.runtime, tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount), `x402.gate.expired:${gateId}`, { test: gate.test === true });

@@ -17,8 +17,8 @@ import { ListIndex, type ListEntry } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
 /**
- * The settlement record: fixed terms written once, plus a cached view of its state. The truth is the facts (below)
- * and the ledger, so a lost cache update changes nothing.
+ * The settlement record: fixed terms written once. Its state is the facts (below) and the ledger, worked out at every
+ * read (records stored before this carry a `view` field: a cache nothing reads, no longer written).
  */
 export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
   _id: string;
@@ -35,7 +35,6 @@ export interface SettlementDoc extends Omit<SettlementTerms, 'settlementId'> {
   /** Test traffic (a test gate's settlement): its events are marked `test` (see OutboxEventDoc.test). */
   test?: boolean;
   createdAt: Date;
-  view: SettlementView;
 }
 
 /** Which settlement a dispute belongs to, recorded before the dispute is claimed (disputes are found by their id). */
@@ -83,7 +82,7 @@ export class SettlementStore {
   }
 
   /** One settlement per run (its id derives from the run): a repeat or a racing duplicate gets the existing one. */
-  async createOrGet(input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view'>): Promise<SettlementDoc> {
+  async createOrGet(input: Omit<SettlementDoc, '_id' | 'createdAt'>): Promise<SettlementDoc> {
     const _id = settlementIdFor(input.runId);
     const existing = await this.get(_id);
     if (existing) return existing;
@@ -91,7 +90,6 @@ export class SettlementStore {
       ...input,
       _id,
       createdAt: new Date(),
-      view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };
     await this.due.mark(_id, input.tenantId, new Date()); // due before it exists: a crash leaves it findable
     await this.listed.add(settlementListEntry(doc));
@@ -102,13 +100,12 @@ export class SettlementStore {
    * The settlement of an x402 gate, under an id derived from the gate (found by `_id`, never by a scan). It is not
    * due for the sweeper until its decision is recorded: advanceSettlement schedules it from then on.
    */
-  async createForGate(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view' | 'runId'> & { gateId: string }): Promise<SettlementDoc> {
+  async createForGate(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'runId'> & { gateId: string }): Promise<SettlementDoc> {
     const doc: SettlementDoc = {
       ...input,
       _id: settlementId,
       runId: input.gateId,
       createdAt: new Date(),
-      view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };
     await this.listed.add(settlementListEntry(doc));
     return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
@@ -118,13 +115,12 @@ export class SettlementStore {
    * The settlement of a payee of a closed x402 payment session, under an id derived from the session and the payee.
    * Its decision is claimed by the close right after; advanceSettlement schedules it from then on.
    */
-  async createForSession(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'view' | 'runId'> & { sessionId: string }): Promise<SettlementDoc> {
+  async createForSession(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'runId'> & { sessionId: string }): Promise<SettlementDoc> {
     const doc: SettlementDoc = {
       ...input,
       _id: settlementId,
       runId: settlementId,
       createdAt: new Date(),
-      view: { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false },
     };
     await this.listed.add(settlementListEntry(doc));
     return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
@@ -174,11 +170,6 @@ export class SettlementStore {
   async byDispute(disputeId: string): Promise<SettlementDoc | null> {
     const ref = await this.disputeRefs.findOne({ _id: disputeId });
     return ref ? this.get(ref.settlementId) : null;
-  }
-
-  /** Best-effort cache of the derived view; losing this write only means the next read derives it again. */
-  async cacheView(settlementId: string, view: SettlementView): Promise<void> {
-    await this.settlements.updateOne({ _id: settlementId }, { $set: { view } });
   }
 }
 

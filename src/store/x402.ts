@@ -94,8 +94,8 @@ export interface VerificationDoc {
   ledgerHeads?: ReportedHead[];
   /**
    * Copies of the gate and the commitment the report was made against (facts that never change, so the copies are
-   * the facts) and of the gate's settlement as the reporting request stored it before the report (its terms never
-   * change; its view is a cache): the verify job takes them from here instead of reading each. A return recorded by
+   * the facts) and of the gate's settlement as the reporting request stored it before the report (its terms, which
+   * never change): the verify job takes them from here instead of reading each. A return recorded by
    * a sweeper has none.
    */
   against?: { gate: GateDoc; commitment: CommitmentDoc; settlement?: SettlementDoc };
