@@ -150,8 +150,12 @@ export class SettlementStore {
   }
 
   async factsOf(settlementId: string): Promise<SettlementFacts> {
+    return this.factsAmong(settlementId, ['decision', 'holdback', 'ruling', 'heldRuling']);
+  }
+
+  /** Those of the settlement's facts of these kinds that exist. */
+  async factsAmong(settlementId: string, kinds: readonly FactKind[]): Promise<SettlementFacts> {
     // Fact ids are known, and on FerretDB an id lookup is far cheaper than any other filter.
-    const kinds: FactKind[] = ['decision', 'holdback', 'ruling', 'heldRuling'];
     const docs = await Promise.all(kinds.map((kind) => this.facts.findOne({ _id: `${settlementId}:${kind}` })));
     return Object.fromEntries(docs.filter((d) => d !== null).map((d) => [d!.kind, d!.data])) as SettlementFacts;
   }
@@ -199,10 +203,32 @@ export function candidateEntries(s: SettlementDoc, facts: SettlementFacts): stri
   return ids;
 }
 
-/** The settlement as it stands: its facts and applied entries, folded into what a client sees. */
+/**
+ * The settlement as it stands: its facts and applied entries, folded into what a client sees. Read in the order its
+ * facts can come about (a decision before any other fact; a holdback's fate and a ruling only after a pass, a held
+ * ruling only after a fail; a dispute's entries only after its ruling), so a read costs what the settlement's state
+ * involves: 2 lookups while pending, 4-5 once decided, instead of every fact and entry it might ever have (8).
+ */
 export async function readSettlement(settlements: SettlementStore, ledger: LedgerStore, s: SettlementDoc, now = new Date()): Promise<SettlementState> {
-  const facts = await settlements.factsOf(s._id);
-  const applied = await ledger.appliedAmong(candidateEntries(s, facts));
+  const release = entryIds.release(s._id);
+  const [{ decision }, releaseApplied] = await Promise.all([settlements.factsAmong(s._id, ['decision']), ledger.appliedAmong([release])]);
+  const applied = new Set(releaseApplied);
+  let facts: SettlementFacts = {};
+  if (decision?.verdict === 'fail') {
+    const held = [entryIds.held(s._id, 'release'), entryIds.held(s._id, 'refund')];
+    const [later, heldApplied] = await Promise.all([settlements.factsAmong(s._id, ['heldRuling']), ledger.appliedAmong(held)]);
+    facts = { decision, ...later };
+    for (const id of heldApplied) applied.add(id);
+  } else if (decision) {
+    const holdback = decision.holdback > 0 ? [entryIds.holdback(s._id)] : [];
+    const [later, holdbackApplied] = await Promise.all([settlements.factsAmong(s._id, ['holdback', 'ruling']), ledger.appliedAmong(holdback)]);
+    facts = { decision, ...later };
+    for (const id of holdbackApplied) applied.add(id);
+    if (facts.holdback?.fate === 'dispute' && facts.ruling) {
+      const dispute = facts.holdback.disputeId;
+      for (const id of await ledger.appliedAmong([entryIds.disputeToPayer(dispute), entryIds.disputeToPayee(dispute)])) applied.add(id);
+    }
+  }
   return { doc: s, facts, view: deriveSettlement(termsOf(s), facts, applied, now) };
 }
 

@@ -6,7 +6,8 @@ import { settlementTerms, withRunEscrow } from '../../src/services/escrow.ts';
 import { createLogger } from '../../src/logger.ts';
 import { connectRuntime, createRuntime, type Runtime } from '../../src/runtime.ts';
 import { RUN_GRACE_MS } from '../../src/store/ledger.ts';
-import { readSettlement } from '../../src/store/settlements.ts';
+import { deriveSettlement } from '../../src/domain/settlement.ts';
+import { candidateEntries, readSettlement, termsOf } from '../../src/store/settlements.ts';
 import { disputeSplit } from '../../src/domain/money.ts';
 import { advanceSettlement } from '../../src/services/settlement.ts';
 import { createSettleProcessor } from '../../src/workers/settle.ts';
@@ -202,6 +203,16 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     const all = await rt.stores.settlements.settlements.find({ tenantId }).toArray();
     expect(all.length).toBe(settled.length);
     const views = await Promise.all(all.map((s) => readSettlement(rt.stores.settlements, rt.stores.ledger, s)));
+    // A read looks only at what the settlement's state involves: it sees what reading every fact and every entry it
+    // might have sees, in every state these runs reached.
+    const now = new Date();
+    for (const { doc } of views) {
+      const lean = await readSettlement(rt.stores.settlements, rt.stores.ledger, doc, now);
+      const facts = await rt.stores.settlements.factsOf(doc._id);
+      const applied = await rt.stores.ledger.appliedAmong(candidateEntries(doc, facts));
+      expect({ facts: lean.facts, view: lean.view }, doc._id).toEqual({ facts, view: deriveSettlement(termsOf(doc), facts, applied, now) });
+    }
+    expect(new Set(views.map((v) => `${v.view.status}/${v.view.holdbackState}`)).size).toBeGreaterThanOrEqual(5);
     const outstanding = ({ view, doc }: (typeof views)[number]) =>
       view.status === 'held' || view.status === 'pending' ? doc.amount : ['held', 'frozen', 'resolving', 'releasing'].includes(view.holdbackState) ? view.holdback : 0;
     const escrowByPayer = new Map<string, number>();
