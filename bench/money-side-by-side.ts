@@ -11,7 +11,8 @@
 // it, its output on stderr; uncommitted changes included; the JSON names HEAD and how many files under src/ differed
 // from it once the build was done); "baseline" is --baseline <ref> checked out in a git worktree under /tmp
 // (node_modules linked from here), built there and run from there; the worktree is removed at the end. --twins runs
-// the current build twice instead: the ratios the comparison shows when nothing differs.
+// the current build twice instead: the ratios the comparison shows when nothing differs. BENCH_CPU_PROF=<dir> has
+// each target's API and worker write a CPU profile there (`current-api-…`, `baseline-worker-…`).
 //
 // Two flows, each as a client does it, every POST with an Idempotency-Key of its own:
 //   settle: POST /v1/runs with settlement terms (the payer pays the run's agent 1000 USD, no holdback), POST one signed
@@ -40,7 +41,7 @@ import { newId } from '../src/domain/crypto.ts';
 import { EMPTY_HEAD, signEvents } from '../src/domain/event-chain.ts';
 import { sharedBackend, startOwnBackend, stopOwnBackend, type Backend } from './backend.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, machineJiffies, stopChild, type Child } from './growth/processes.ts';
-import { benchService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
+import { benchService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
 import type { HttpClient } from './growth/http-client.ts';
 import { call, percentiles, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
@@ -195,7 +196,7 @@ async function startTarget(name: Target['name'], build: Build, backend: Backend)
   service.env.REDIS_URL = backend.redisUrl;
   services.push(service);
   log(`${name}: ${build.root}/dist at ${build.commit.slice(0, 7)}; database ${service.dbName}, Redis prefix ${service.redisPrefix}; logs in ${service.logDir}`);
-  const { api, worker, http } = await startServiceProcesses(service, name, () => [], build.root);
+  const { api, worker, http } = await startServiceProcesses(service, name, cpuProfileFlags(name), build.root);
   running.add(api).add(worker);
   const admin: Caller = { http, token: service.adminKey };
   const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench-money' });
