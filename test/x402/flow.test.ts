@@ -1,8 +1,10 @@
 import { createRemoteJWKSet, jwtVerify } from 'jose';
+import { BSON } from 'mongodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { canonicalize } from '../../src/domain/canonical-json.ts';
 import { sha256Hex } from '../../src/domain/crypto.ts';
 import { X402_SCHEME } from '../../src/domain/x402.ts';
+import { jobIdFor } from '../../src/queues/index.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { createRun } from '../helpers/agents.ts';
 import { balances } from '../helpers/money.ts';
@@ -73,6 +75,8 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     expect(Object.keys(v.receipt.body).sort()).toEqual(['amount', 'authorizationRef', 'captured', 'currency', 'decidedAt', 'gateId', 'holdback', 'payeeWalletId', 'payerWalletId', 'quoteId', 'releasedNow', 'requestSha256', 'responseSha256', 'schema', 'settlementId', 'verdict', 'verificationStatus']);
     expect(await balances(t, auth, payee)).toEqual({ available: 900, escrow: 0 });
     expect(await balances(t, auth, sponsor)).toEqual({ available: 4_000, escrow: 100 });
+    // The holdback waits for the window's end: its timer job, and the sweeper's due record should the job be lost.
+    expect((await t.runtime.stores.settlements.due.records.findOne({ _id: v.settlement.settlementId }))?.dueAt.toISOString()).toBe(v.settlement.disputeWindowEndsAt);
 
     const deadline = Date.now() + 30_000;
     while ((await get(t, auth, `/x402/gate/${gate.gateId}`)).json().settlement.holdbackState !== 'released') {
@@ -107,6 +111,8 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     expect(verified.statusCode, verified.body).toBe(200);
     const completed = await t.runtime.stores.outbox.events.find({ type: 'settlement.completed', 'data.gateId': gate.gateId }).toArray();
     expect(completed.map((e) => e.data)).toEqual([{ runId, gateId: gate.gateId, sessionId: null, settlementId: verified.json().settlement.settlementId, amount: 300, holdback: 0, currency: 'USD' }]);
+    // Nothing held: the window's end leaves the sweeper nothing to do, so the settlement is not due for it.
+    expect(await t.runtime.stores.settlements.due.records.findOne({ _id: verified.json().settlement.settlementId })).toBeNull();
   });
 
   it('refunds the payer in full when the provider reports a failed call', async () => {
@@ -148,9 +154,15 @@ describe('x402 gate: create -> quote -> wallet authorize -> authorize-payment ->
     const queue = t.runtime.producers.queues['x402-verify'];
     await queue.pause();
     try {
-      const res = await post(t, auth, '/x402/gate/verify', { gateId: gate.gateId, evidence: { responseSha256: requestHash() } });
+      const responseSha256 = requestHash();
+      const res = await post(t, auth, '/x402/gate/verify', { gateId: gate.gateId, evidence: { responseSha256 } });
       expect(res.statusCode, res.body).toBe(202);
       expect(res.json()).toMatchObject({ status: 'settling', decision: null, statusUrl: `/x402/gate/${gate.gateId}` });
+      // The job carries the report as its request recorded it (what Bull Board shows too), so it need not read it.
+      const job = (await queue.getJob(jobIdFor('x402-verify', gate.gateId)))!;
+      expect(BSON.EJSON.parse(job.data.report)).toMatchObject({ _id: gate.gateId, tenantId, verificationStatus: 'verified', evidence: { responseSha256 }, against: { gate: { _id: gate.gateId } } });
+      // A copy that cannot be this gate's report is not trusted: the job reads the report itself.
+      await job.updateData({ ...job.data, report: '{"_id": "gate_of_someone_else"' });
     } finally {
       await queue.resume();
     }
