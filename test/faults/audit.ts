@@ -2,8 +2,10 @@
 // every settlement decided once (one decision fact, one settlement event, ledger legs posted once), nothing left
 // pending, and every currency balanced (total credited = available + escrow + paid out; this service pays nothing
 // out, so paid out is 0).
-import { MongoClient } from 'mongodb';
+import { MongoClient, type Db } from 'mongodb';
 import { expect } from 'vitest';
+import { deriveSettlement, type SettlementFacts } from '../../src/domain/settlement.ts';
+import { termsOf, type SettlementDoc } from '../../src/store/settlements.ts';
 
 export interface AuditResult {
   runs: number;
@@ -12,6 +14,23 @@ export interface AuditResult {
   outboxEvents: Array<{ _id: string; type: string }>;
   credited: Record<string, number>;
   held: Record<string, number>;
+}
+
+/**
+ * Each settlement's status as the service works it out (its facts and the ledger entries applied), read straight
+ * from the collections: a settlement record holds its terms only.
+ */
+export async function settlementStatuses(db: Db): Promise<Map<string, string>> {
+  const [settlements, facts, entries] = await Promise.all([
+    db.collection<SettlementDoc>('settlements').find({}).toArray(),
+    db.collection<{ settlementId: string; kind: keyof SettlementFacts; data: unknown }>('settlement_facts').find({}).toArray(),
+    db.collection<{ entryId: string; state: string }>('ledger_entries').find({ state: 'applied' }).toArray(),
+  ]);
+  const factsOf = new Map<string, SettlementFacts>();
+  for (const f of facts) factsOf.set(f.settlementId, { ...factsOf.get(f.settlementId), [f.kind]: f.data });
+  const applied = new Set(entries.map((e) => e.entryId));
+  const now = new Date();
+  return new Map(settlements.map((s) => [s._id, deriveSettlement(termsOf(s), factsOf.get(s._id) ?? {}, applied, now).status]));
 }
 
 export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise<AuditResult> {
@@ -40,7 +59,7 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
       const decisions = facts.filter((f) => f.kind === 'decision' && f.settlementId === mine[0]._id);
       expect(decisions, `decisions of ${runId}`).toHaveLength(1);
     }
-    for (const s of settlements) statusCount[s.view?.status ?? 'unknown'] = (statusCount[s.view?.status ?? 'unknown'] ?? 0) + 1;
+    for (const status of (await settlementStatuses(db)).values()) statusCount[status] = (statusCount[status] ?? 0) + 1;
     expect(statusCount.pending ?? 0, 'settlements still pending').toBe(0);
 
     // Outbox: exactly one run.finalized per run and one settlement.completed|held per settlement.

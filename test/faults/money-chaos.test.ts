@@ -3,6 +3,7 @@ import { MongoClient } from 'mongodb';
 import { afterAll, describe, expect, inject, it } from 'vitest';
 import { newId } from '../../src/domain/crypto.ts';
 import { signEvents } from '../../src/domain/event-chain.ts';
+import { settlementStatuses } from './audit.ts';
 import { call, credit, eventually, must, registerAgent, ServiceProcess, serviceEnv, type Agent, type Answer, type Tenant } from './service.ts';
 
 // Issue 22's chaos run: concurrent clients drive run money flows (create with escrow, events, finalize, settle,
@@ -187,8 +188,8 @@ describe('money under SIGKILL of the API and the workers, with clients retrying'
     try {
       const db = client2.db();
       await eventually(async () => {
-        const settlements = await db.collection<any>('settlements').find({}).toArray();
-        return settlements.length === finished.length + gates.length + sessions.length && settlements.every((s) => s.view?.status === 'completed');
+        const statuses = [...(await settlementStatuses(db)).values()];
+        return statuses.length === finished.length + gates.length + sessions.length && statuses.every((status) => status === 'completed');
       }, 120_000, 'every settlement completed', 500);
       // No run minted twice: the tenant's runs are exactly those the clients were told of.
       const runs = await db.collection<any>('runs').find({ tenantId: tenant.tenantId }).toArray();
