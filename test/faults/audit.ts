@@ -23,12 +23,20 @@ export interface AuditResult {
 export async function settlementStatuses(db: Db): Promise<Map<string, string>> {
   const [settlements, facts, entries] = await Promise.all([
     db.collection<SettlementDoc>('settlements').find({}).toArray(),
-    db.collection<{ settlementId: string; kind: keyof SettlementFacts; data: unknown }>('settlement_facts').find({}).toArray(),
-    db.collection<{ entryId: string; state: string }>('ledger_entries').find({ state: 'applied' }).toArray(),
+    db.collection<FactRecord>('settlement_facts').find({}).toArray(),
+    db.collection<EntryRecord>('ledger_entries').find({ state: 'applied' }).toArray(),
   ]);
+  return statusesOf(settlements, facts, entries);
+}
+
+type FactRecord = { settlementId: string; kind: keyof SettlementFacts; data: unknown };
+type EntryRecord = { entryId: string; state: string };
+
+/** The same, from records already read (entries in any state: only the applied ones count). */
+function statusesOf(settlements: SettlementDoc[], facts: FactRecord[], entries: EntryRecord[]): Map<string, string> {
   const factsOf = new Map<string, SettlementFacts>();
   for (const f of facts) factsOf.set(f.settlementId, { ...factsOf.get(f.settlementId), [f.kind]: f.data });
-  const applied = new Set(entries.map((e) => e.entryId));
+  const applied = new Set(entries.filter((e) => e.state === 'applied').map((e) => e.entryId));
   const now = new Date();
   return new Map(settlements.map((s) => [s._id, deriveSettlement(termsOf(s), factsOf.get(s._id) ?? {}, applied, now).status]));
 }
@@ -52,6 +60,7 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
     // Settlements: one per run, each decided once, none pending.
     const settlements = await db.collection<any>('settlements').find({}).toArray();
     const facts = await db.collection<any>('settlement_facts').find({}).toArray();
+    const entries = await db.collection<any>('ledger_entries').find({}).toArray();
     const statusCount: Record<string, number> = {};
     for (const runId of runIds) {
       const mine = settlements.filter((s) => s.runId === runId);
@@ -59,7 +68,7 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
       const decisions = facts.filter((f) => f.kind === 'decision' && f.settlementId === mine[0]._id);
       expect(decisions, `decisions of ${runId}`).toHaveLength(1);
     }
-    for (const status of (await settlementStatuses(db)).values()) statusCount[status] = (statusCount[status] ?? 0) + 1;
+    for (const status of statusesOf(settlements, facts, entries).values()) statusCount[status] = (statusCount[status] ?? 0) + 1;
     expect(statusCount.pending ?? 0, 'settlements still pending').toBe(0);
 
     // Outbox: exactly one run.finalized per run and one settlement.completed|held per settlement.
@@ -72,7 +81,6 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
     }
 
     // Ledger: nothing pending, every leg posted once, every chain gapless and never negative, every currency balanced.
-    const entries = await db.collection<any>('ledger_entries').find({}).toArray();
     expect(entries.filter((e) => e.state === 'pending'), 'pending ledger entries').toHaveLength(0);
     const postings = await db.collection<any>('ledger_postings').find({}).toArray();
     expect(new Set(postings.map((p) => `${p.entryId}#${p.leg}`)).size, 'each leg posted once').toBe(postings.length);
