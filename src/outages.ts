@@ -55,7 +55,8 @@ interface Outage {
  */
 export class DependencyOutages {
   private readonly open = new Map<Dependency, Outage>();
-  private readonly stray = new Map<Dependency, { lastLineAt: number; unlogged: number }>();
+  /** Per dependency and kind of line (a failed call, a stalled request), when the last stray line went out. */
+  private readonly stray = new Map<string, { lastLineAt: number; unlogged: number }>();
 
   constructor(private readonly logger: Logger) {}
 
@@ -109,16 +110,31 @@ export class DependencyOutages {
       outage.failures++;
       return true;
     }
-    const stray = this.stray.get(dependency) ?? { lastLineAt: 0, unlogged: 0 };
-    this.stray.set(dependency, stray);
+    this.strayLine(`${dependency} call`, (failuresNotLogged) => this.logger.warn({ dependency, error: messageOf(err), failuresNotLogged }, `${dependency} call failed`));
+    return true;
+  }
+
+  /**
+   * A request the deadline answered 503 while `dependency` stalls (a hung server: its connections stay up, so no
+   * outage opens): counted into an open outage, else at most one line per dependency per STRAY_LINE_INTERVAL_MS,
+   * as for a stray failure. A stall holds every request in flight; a line each would bury the log.
+   */
+  answeredStalled(dependency: Dependency, deadlineMs: number): void {
+    if (this.countIfDown(dependency)) return;
+    this.strayLine(`${dependency} stall`, (answersNotLogged) => this.logger.warn({ backend: dependency, deadlineMs, answersNotLogged }, 'request deadline passed while a backend stalls; answering 503'));
+  }
+
+  /** Writes `line` unless one of its kind went out within STRAY_LINE_INTERVAL_MS (then counts what it left out). */
+  private strayLine(kind: string, line: (leftOut: number) => void): void {
+    const stray = this.stray.get(kind) ?? { lastLineAt: 0, unlogged: 0 };
+    this.stray.set(kind, stray);
     if (Date.now() - stray.lastLineAt < STRAY_LINE_INTERVAL_MS) {
       stray.unlogged++;
-      return true;
+      return;
     }
-    this.logger.warn({ dependency, error: messageOf(err), failuresNotLogged: stray.unlogged }, `${dependency} call failed`);
+    line(stray.unlogged);
     stray.lastLineAt = Date.now();
     stray.unlogged = 0;
-    return true;
   }
 }
 

@@ -48,6 +48,17 @@ describe('DependencyOutages', () => {
     expect(lines[0]).toMatchObject({ dependency: 'mongodb', msg: 'mongodb call failed', failuresNotLogged: 0 });
   });
 
+  it('a stall the request deadline answers: one line for many requests (apart from failed calls), none inside an outage', () => {
+    const { lines, outages } = recorder();
+    for (let i = 0; i < 30; i++) outages.answeredStalled('mongodb', 800);
+    outages.absorb(new MongoNetworkError('connection timed out')); // a line of its own kind
+    expect(lines.map((l) => l.msg)).toEqual(['request deadline passed while a backend stalls; answering 503', 'mongodb call failed']);
+    expect(lines[0]).toMatchObject({ backend: 'mongodb', deadlineMs: 800, answersNotLogged: 0 });
+    outages.lost('redis', {}, new Error('connect ECONNREFUSED'));
+    outages.answeredStalled('redis', 800);
+    expect(lines.map((l) => l.msg).slice(2)).toEqual(['redis unreachable']); // counted into the outage instead
+  });
+
   it('takes an insert whose server went away mid-way (the driver wraps it in a MongoBulkWriteError) for an outage: 503, not 500', async () => {
     // The test FerretDB behind a proxy that this test cuts once the client has found the server.
     const target = new URL(inject('mongoUrl'));

@@ -2,7 +2,8 @@
 // requests, with the API and a worker running as real processes at LOG_LEVEL=info. Every line either process writes
 // in that time parses as JSON; each process writes exactly one "down" and one "up" line for the dependency that went
 // away (the "up" line counting the failures in between and how long it was down), and only a bounded number of other
-// lines: not one stack trace per reconnect attempt, failed command or failed job.
+// lines: not one stack trace per reconnect attempt, failed command or failed job. A freeze (the server hangs, its
+// connections stay up) gets one line for the requests the deadline answered, and none when their handlers finish.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FerretDbServer, RedisServer } from './servers.ts';
 import { call, createRunWithEvidence, createTenant, credit, eventually, must, registerAgent, ServiceProcess, serviceEnv, type Tenant } from './service.ts';
@@ -116,5 +117,29 @@ describe('logs during an outage: JSON only, one line down and one up per depende
 
   it('FerretDB stopped for some seconds', async () => {
     await explained(outage(ferret, 'mongodb', runIds.slice(2)));
+  });
+
+  it('FerretDB frozen for 2 s: the requests the deadline answered finish later without a line each', async () => {
+    await explained((async () => {
+      const from = api.logs.length;
+      const reads = Array.from({ length: 8 }, (_, i) => call(api.url, 'GET', `/v1/runs/${runIds[i % runIds.length]}`, { headers: tenant.auth, timeoutMs: 10_000 }));
+      await new Promise((r) => setTimeout(r, 20));
+      ferret.freeze();
+      const stalled = await Promise.all(Array.from({ length: 8 }, () => call(api.url, 'GET', `/v1/runs/${runIds[0]}`, { headers: tenant.auth, timeoutMs: 10_000 })));
+      await new Promise((r) => setTimeout(r, 2_000));
+      ferret.thaw();
+      await Promise.all(reads);
+      expect(stalled.map((a) => a.status), 'the deadline answered the requests the freeze held').toContain(503);
+      // The handlers held by the freeze finish once it thaws; their late results are dropped without a word.
+      await eventually(async () => (await call(api.url, 'GET', `/v1/runs/${runIds[0]}`, { headers: tenant.auth })).status === 200, 30_000, 'requests succeed again');
+      await new Promise((r) => setTimeout(r, 500));
+      const parsed = parseAll(linesOf(api.logs.slice(from)), 'api');
+      const others = parsed.filter((l) => l.msg !== 'request completed');
+      console.log(`freeze log (api): other lines: ${JSON.stringify(others.map((l) => l.msg))}`);
+      expect(others.filter((l) => /already sent/i.test(l.msg)), 'no "Reply was already sent" line for a request the deadline answered').toEqual([]);
+      const answered = stalled.filter((a) => a.status === 503).length;
+      expect(others.filter((l) => l.msg.startsWith('request deadline passed')).length, `one deadline line for the ${answered} requests it answered`).toBe(1);
+      expect(others.length, `lines besides the access log: ${JSON.stringify(others.map((l) => l.msg))}`).toBeLessThanOrEqual(MAX_OTHER_LINES);
+    })());
   });
 });

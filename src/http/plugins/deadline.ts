@@ -5,6 +5,10 @@ import type { Dependency } from '../../outages.ts';
 import type { Runtime } from '../../runtime.ts';
 import { sendError } from './errors.ts';
 
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return typeof (value as PromiseLike<unknown> | null)?.then === 'function';
+}
+
 /** After the deadline, how often a request still running looks again (a long artifact read may stall later). */
 const RECHECK_MS = 100;
 
@@ -34,14 +38,26 @@ export default fp(async function deadlinePlugin(app: FastifyInstance, opts: { ru
   app.decorateRequest('deadlineTimer', null);
   app.decorateRequest('answeredByDeadline', false);
 
+  // A handler the deadline answered for finishes once the backend thaws; its result has no one to go to. Fastify
+  // would log a warning with a stack trace for each such request ("Reply was already sent"): during a stall, one per
+  // request in flight. The result is dropped instead; the deadline's own line (or the outage count) already told.
+  app.addHook('onRoute', (route) => {
+    const handler = route.handler;
+    route.handler = function lateAware(this: FastifyInstance, request, reply) {
+      const result: unknown = handler.call(this, request, reply);
+      if (!isThenable(result)) return result;
+      return result.then((value) => (request.answeredByDeadline ? undefined : value));
+    } as typeof handler;
+  });
+
   app.addHook('onRequest', async (request, reply) => {
     const check = () => {
       request.deadlineTimer = null;
       if (reply.sent) return;
       const backend = stalledBackend();
       if (backend) {
-        // While the backend is known to be down, one more failure of the outage (outages.ts), not a line each.
-        if (!outages.countIfDown(backend)) request.log.warn({ backend, deadlineMs: config.requestDeadlineMs }, 'request deadline passed while a backend stalls; answering 503');
+        // One more failure of the outage while the backend is known to be down, else a line now and then (outages.ts).
+        outages.answeredStalled(backend, config.requestDeadlineMs);
         request.answeredByDeadline = true;
         void sendError(request, reply, errors.unavailable('a backing service is unavailable; retry shortly'));
         return;
