@@ -138,7 +138,8 @@ describe('logs during an outage: JSON only, one line down and one up per depende
       console.log(`freeze log (api): other lines: ${JSON.stringify(others.map((l) => l.msg))}`);
       expect(others.filter((l) => /already sent/i.test(l.msg)), 'no "Reply was already sent" line for a request the deadline answered').toEqual([]);
       const answered = stalled.filter((a) => a.status === 503).length;
-      expect(others.filter((l) => l.msg.startsWith('request deadline passed')).length, `one deadline line for the ${answered} requests it answered`).toBe(1);
+      // At most one (none when another such line went out in the last 10 s, as the stray lines go).
+      expect(others.filter((l) => l.msg.startsWith('request deadline passed')).length, `one deadline line at most for the ${answered} requests it answered`).toBeLessThanOrEqual(1);
       expect(others.length, `lines besides the access log: ${JSON.stringify(others.map((l) => l.msg))}`).toBeLessThanOrEqual(MAX_OTHER_LINES);
     })());
   });
