@@ -58,6 +58,14 @@ export async function registerAgent(caller: Caller, name: string): Promise<{ age
   return { agentId: agent.agentId as string, keyId: agent.keyId as string, privateKey: pair.privateKey };
 }
 
+/** A positive number given on the command line as `--name N` (`fallback` when absent); anything else stops the bench. */
+export function positiveArg(name: string, fallback: number, options: { integer?: boolean } = {}): number {
+  const i = process.argv.indexOf(name);
+  const value = i >= 0 ? Number(process.argv[i + 1]) : fallback;
+  if (!Number.isFinite(value) || value <= 0 || (options.integer && !Number.isInteger(value))) throw new Error(`${name} must be a positive ${options.integer ? 'integer' : 'number'}`);
+  return value;
+}
+
 /** Writes a bench's JSON results to `file` and prints them on stdout (the log line goes to stderr). */
 export function writeResults(file: string, out: unknown, log: (line: string) => void): void {
   mkdirSync(dirname(file), { recursive: true });

@@ -28,18 +28,12 @@ import { HttpClient } from './growth/http-client.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
 import { benchService, buildService, cleanUpOnSignals, dropBenchData, freePort, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
 import { startSettld, type Settld } from './settld.ts';
-import { call, percentiles, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
+import { call, percentiles, positiveArg, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
-const arg = (name: string, fallback: number) => {
-  const i = process.argv.indexOf(name);
-  const value = i >= 0 ? Number(process.argv[i + 1]) : fallback;
-  if (!Number.isFinite(value) || value <= 0) throw new Error(`${name} must be a positive number`);
-  return value;
-};
-const SECONDS = arg('--seconds', 8);
-const CLIENTS = arg('--clients', 32);
-const GATE_FLOWS = arg('--gate-flows', 120);
-const GATE_CLIENTS = arg('--gate-clients', 8);
+const SECONDS = positiveArg('--seconds', 8);
+const CLIENTS = positiveArg('--clients', 32);
+const GATE_FLOWS = positiveArg('--gate-flows', 120);
+const GATE_CLIENTS = positiveArg('--gate-clients', 8);
 const OWN_BACKEND = process.argv.includes('--own-backend');
 const SETTLD = !process.argv.includes('--no-settld');
 const log = (line: string) => process.stderr.write(`[x402-sessions] ${line}\n`);

@@ -18,17 +18,11 @@ import { MongoClient } from 'mongodb';
 import { sharedBackend, startOwnBackend, stopOwnBackend } from './backend.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, stopChild, type Child } from './growth/processes.ts';
 import { benchService, buildService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
-import { call, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
+import { call, positiveArg, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
-const arg = (name: string, fallback: number) => {
-  const i = process.argv.indexOf(name);
-  const value = i >= 0 ? Number(process.argv[i + 1]) : fallback;
-  if (!Number.isInteger(value) || value <= 0) throw new Error(`${name} must be a positive integer`);
-  return value;
-};
-const REQUESTS = arg('--requests', 300);
-const CLIENTS = arg('--clients', 4);
-const ROUNDS = arg('--rounds', 3);
+const REQUESTS = positiveArg('--requests', 300, { integer: true });
+const CLIENTS = positiveArg('--clients', 4, { integer: true });
+const ROUNDS = positiveArg('--rounds', 3, { integer: true });
 if (ROUNDS < 2) throw new Error('--rounds must be at least 2 (the first warms up)');
 const OWN_BACKEND = process.argv.includes('--own-backend');
 const STEPS = ['healthz', 'agent GET', 'create', 'quote', 'authorize-payment', 'verify', 'gate GET'] as const;
