@@ -590,8 +590,8 @@ export class X402Sessions {
           this.runtime.keys.active,
         ),
       );
-      const claimed = await settlements.claim(s._id, 'decision', decision);
-      await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: claimed.won ? { decision: claimed.fact } : await settlements.factsOf(s._id), decidedNow: claimed.won });
+      const claimed = await settlements.claimDecision(s._id, decision);
+      await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: claimed.facts, decidedNow: claimed.won });
       failpoint('x402.session.payee-settled');
     }
     const type = close.reason === 'expired' ? 'x402.session.expired' : 'x402.session.closed';

@@ -7,7 +7,7 @@ import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
-import { decideSettlement, entryIds, releaseCredits, type DecisionFact, type SettlementFacts, type SettlementView } from '../domain/settlement.ts';
+import { decideSettlement, entryIds, releaseCredits, type DecisionFact, type SettlementView } from '../domain/settlement.ts';
 import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
 import { watchRedis } from '../outages.ts';
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
@@ -338,12 +338,9 @@ export class X402Verification {
           this.runtime.keys.active,
         ),
     );
-    const claimed = await settlements.claim(s._id, 'decision', decided);
-    const decision = claimed.fact;
-    const decidedNow = claimed.won;
+    const { won: decidedNow, facts } = await settlements.claimDecision(s._id, decided);
+    const decision = facts.decision;
     failpoint('x402.verify-job.decided');
-    // Won: every other fact needs the decision first, so there is none yet to read.
-    const facts: SettlementFacts = claimed.won ? { decision } : await settlements.factsOf(s._id);
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
     if (decision.verdict === 'fail') facts.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
     const heads = await prepared.catch(() => null);

@@ -149,6 +149,16 @@ export class SettlementStore {
     return { won: false, fact: winner!.data };
   }
 
+  /**
+   * Claims the settlement's decision: whether this claim won, and the facts as they then stand. A winner's are the
+   * decision alone, read from nothing (every other fact needs the decision first); a loser reads them all.
+   */
+  async claimDecision(settlementId: string, decision: DecisionFact): Promise<{ won: boolean; facts: SettlementFacts & { decision: DecisionFact } }> {
+    const claimed = await this.claim(settlementId, 'decision', decision);
+    const others = claimed.won ? {} : await this.factsOf(settlementId);
+    return { won: claimed.won, facts: { ...others, decision: claimed.fact } };
+  }
+
   async factsOf(settlementId: string): Promise<SettlementFacts> {
     return this.factsAmong(settlementId, ['decision', 'holdback', 'ruling', 'heldRuling']);
   }
