@@ -287,7 +287,11 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
   // Entries seen in part are a cache: rebuilt from the ledger for those in question, the ones still incomplete and
   // the ledger's started ones (a pass that died after an account's checkpoint and before saving them forgot legs).
   const startedEntries = await store.startedEntries(MAX_STARTED_ENTRIES);
-  await recoverEntryLegs(rt, entries, checkpoints, startedEntries.map((e) => e.entryId));
+  const startedAttempts = new Map<string, LedgerEntryDoc | null>();
+  await eachLimited([...new Set(startedEntries.map((e) => e.entryId))], READ_CONCURRENCY, async (entryId) => {
+    startedAttempts.set(entryId, await rt.stores.ledger.getEntry(entryId));
+  });
+  await recoverEntryLegs(rt, entries, checkpoints, [...startedAttempts.values()]);
   for (const e of entries.values()) if (isComplete(e) && !storedEntries.has(e._id)) entries.delete(e._id);
 
   if (!full) {
@@ -335,12 +339,18 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
     if (off !== 0n) report({ kind: 'sum_mismatch', currency, detail: `balances ${t.available + t.escrow} != credits ${t.credits} + legs in flight ${t.inFlight}`, amount: Number(off) });
   }
 
-  // (d) entries: the ledger's started entries and the ones seen in part, overdue once older than a sweep.
+  // (d) entries: the ledger's started entries and the ones seen in part, overdue once older than a sweep. A started
+  // marker is the ledger's note that an apply() began; what counts is its entry's latest attempt. Applied or refused,
+  // it is finished (another apply() finished it after this one died; the sweeper drops the marker when it next looks). Not
+  // recorded at all, nothing moved: that apply() died before it recorded anything, or is about to record it.
   const now = Date.now();
   const overdueEntries = new Set<string>();
   let inFlightEntries = 0;
   for (const started of startedEntries) {
+    const state = startedAttempts.get(started.entryId)?.state;
+    if (state === 'applied' || state === 'rejected') continue;
     if (started.startedAt >= now - sweepMs) inFlightEntries++;
+    else if (state === undefined) continue;
     else if (!overdueEntries.has(started.entryId)) {
       overdueEntries.add(started.entryId);
       report({ kind: 'entry_overdue', detail: `ledger entry ${started.entryId} started ${new Date(started.startedAt).toISOString()} and is not finished` });
@@ -402,15 +412,14 @@ const MAX_LEG_SEARCH = 512;
  * Rebuilds the legs of entries in question (incomplete ones, and these started ones) from the ledger: a leg missing
  * from the cache is looked for from its floor up to its account's checkpoint, where it would have been counted.
  */
-async function recoverEntryLegs(rt: Runtime, entries: Map<string, AuditEntryDoc>, checkpoints: Map<string, AuditAccountDoc>, startedEntryIds: string[]): Promise<void> {
+async function recoverEntryLegs(rt: Runtime, entries: Map<string, AuditEntryDoc>, checkpoints: Map<string, AuditAccountDoc>, startedAttempts: Array<LedgerEntryDoc | null>): Promise<void> {
   const store = rt.stores.ledgerAudit;
   const inQuestion = [...entries.values()].filter((e) => !isComplete(e) && e.duplicates.length === 0).map((e) => e._id);
   await eachLimited([...new Set(inQuestion)], READ_CONCURRENCY, async (id) => {
     const attempt = await store.entryAttempt(id);
     if (attempt) await recoverLegsOf(rt, entries, checkpoints, attempt);
   });
-  await eachLimited(startedEntryIds, READ_CONCURRENCY, async (entryId) => {
-    const attempt = await rt.stores.ledger.getEntry(entryId);
+  await eachLimited(startedAttempts, READ_CONCURRENCY, async (attempt) => {
     if (attempt && !entries.has(attempt._id)) await recoverLegsOf(rt, entries, checkpoints, attempt);
   });
 }

@@ -338,6 +338,7 @@ export class LedgerStore {
     const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
     const given = options.prepared && options.prepared.accounts.length === accounts.length && options.prepared.accounts.every((a, i) => a === accounts[i]) ? options.prepared : null;
     const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), given ?? this.prepare(entry)]);
+    failpoint('ledger.entry-started');
     // Every leg's limit before anything is recorded: a credit refused after its debit posted would make money vanish
     // (and leave an entry no sweep can finish). The heads may trail their chains; a chain end that did grow past
     // them is checked again when the leg is claimed.

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { armFailpoint, FailpointCrash } from '../../src/domain/failpoints.ts';
 import { entryIds } from '../../src/domain/settlement.ts';
 import { processMetrics } from '../../src/metrics.ts';
 import { escrowEntryIds } from '../../src/services/escrow.ts';
@@ -137,6 +138,30 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
     // Finished by the sweeper's first duty: nothing left.
     expect(await ledger.finishStalledEntries(new Date(), 100)).toMatchObject({ failed: 0 });
     expect(kinds(await audit(t))).toEqual([]);
+  });
+
+  it('does not call an entry overdue whose first apply died after its due marker and a retry applied it', async () => {
+    // The money chaos run met this: an API killed between the marker and the entry's record; the sweeper looked
+    // before the retry recorded the entry (so it leaves the marker for a minute), then the retry applied it.
+    const p = await parties(t, auth, 1_000);
+    await t.runtime.stores.ledger.ensureWallet(p.worker.agentId, tenantId, 'agent');
+    const { ledger } = t.runtime.stores;
+    const entry = { _id: 'test:died-after-marker', tenantId, kind: 'test_transfer', currency: 'USD', legs: [{ walletId: p.payer.agentId, bucket: 'available' as const, delta: -10 }, { walletId: p.worker.agentId, bucket: 'available' as const, delta: 10 }], ref: {} };
+    armFailpoint('ledger.entry-started');
+    await expect(ledger.apply(entry)).rejects.toThrow(FailpointCrash);
+    expect(await ledger.finishStalledEntries(new Date(), 100)).toMatchObject({ failed: 0 });
+    await new Promise((r) => setTimeout(r, SWEEP_MS + 200));
+    // Nothing was recorded, so nothing moved and nothing is overdue.
+    const died = await audit(t);
+    expect(died.violations).toEqual([]);
+    expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 1_000, escrow: 0 });
+
+    await ledger.apply(entry);
+    const applied = await audit(t);
+    expect(applied.violations).toEqual([]);
+    expect(applied.checked.inFlightEntries).toBe(0);
+    expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 990, escrow: 0 });
+    expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 10, escrow: 0 });
   });
 
   it('reports a reserve paid out after it was returned (money taken from another run), and agrees with a full pass', async () => {
