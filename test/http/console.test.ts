@@ -2,7 +2,7 @@ import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import { chromium, type BrowserContext, type Page, type Request, type Route } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createRun, registerAgent } from '../helpers/agents.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
@@ -246,6 +246,37 @@ describe('web console in a browser', () => {
     await page.locator('#sign-out').click();
     await page.locator('#sign-in').waitFor();
     expect(await context.cookies(base)).toEqual([]);
+  }, BROWSER_TIMEOUT_MS);
+
+  it('on a slow network, sign-in and sign-out wait for their scripts: the key never reaches a URL, the click is never lost', async () => {
+    // Both pages are on screen before their modules run. Held back 1.5 s here; a CI run met the sign-out click
+    // landing on a button nothing handled yet (and the sign-in form, submitted by the browser itself, was a GET).
+    const late = async (route: Route) => {
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      await route.continue();
+    };
+    await page.route('**/console/assets/sign-in.js', late);
+    await page.route('**/console/assets/app.js', late);
+    const urls: string[] = [];
+    const seen = (request: Request) => urls.push(request.url());
+    page.on('request', seen);
+    try {
+      await context.clearCookies();
+      await page.goto(`${base}/console`, { waitUntil: 'commit' });
+      await page.locator('#key').fill(a.token);
+      expect(await page.locator('#sign-in button[type=submit]').isDisabled()).toBe(true);
+      await page.locator('#sign-in button[type=submit]').click(); // waits until enabled
+      await page.locator('#sign-out').waitFor();
+      expect(await page.locator('#sign-out').isDisabled()).toBe(true);
+      await page.locator('#sign-out').click();
+      await page.locator('#sign-in').waitFor();
+      expect(await context.cookies(base)).toEqual([]);
+      expect(urls.length).toBeGreaterThan(0);
+      expect(urls.filter((u) => u.includes(a.token) || u.includes('key='))).toEqual([]);
+    } finally {
+      page.off('request', seen);
+      await page.unrouteAll({ behavior: 'wait' }); // the sign-in page after sign-out still waits for its script
+    }
   }, BROWSER_TIMEOUT_MS);
 
   it('a state-changing request without the session\'s CSRF token is refused and changes nothing', async () => {

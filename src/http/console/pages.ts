@@ -23,7 +23,11 @@ function head(title: string): string {
   <link rel="stylesheet" href="${CONSOLE_ASSETS_PATH}/console.css">`;
 }
 
-/** The sign-in form; `notice` says why it is shown (a session that ended, a key refused). */
+/**
+ * The sign-in form; `notice` says why it is shown (a session that ended, a key refused). Its button is enabled by
+ * sign-in.js once it handles the submit: before that, a submit would be the browser's own, and a GET form puts the
+ * key in the URL (and so in the access log). It posts, so even then the key travels in a body.
+ */
 export function signInPage(notice: string | null): string {
   return `${head('Sign in')}
   <script type="module" src="${CONSOLE_ASSETS_PATH}/sign-in.js"></script>
@@ -35,10 +39,10 @@ export function signInPage(notice: string | null): string {
       (<code>runs:read</code>, <code>x402:read</code> or <code>wallets:read</code>; that tenant only).
       The key is sent once; the browser keeps only a session cookie.</p>
     <p id="notice" class="notice" role="alert"${notice ? '' : ' hidden'}>${notice ? escapeHtml(notice) : ''}</p>
-    <form id="sign-in">
+    <form id="sign-in" method="post">
       <label for="key">Key</label>
       <input id="key" name="key" type="password" autocomplete="off" required placeholder="sk_… or the admin key">
-      <button type="submit">Sign in</button>
+      <button type="submit" disabled>Sign in</button>
     </form>
     <p class="quiet">No key? An operator issues one with <code>POST /ops/api-keys</code>; see <a href="/docs">the API reference</a>.</p>
   </main>
@@ -56,7 +60,10 @@ export interface ShellContext {
   expiresAt: string;
 }
 
-/** The shell of every screen: navigation, and what the modules need to know about the session, in meta tags. */
+/**
+ * The shell of every screen: navigation, and what the modules need to know about the session, in meta tags. Sign out
+ * is enabled by app.js once it handles the click (a click before would do nothing).
+ */
 export function shellPage(ctx: ShellContext): string {
   const meta = (name: string, value: string) => `  <meta name="console-${name}" content="${escapeHtml(value)}">`;
   return `${head('Console')}
@@ -85,7 +92,7 @@ ${meta('expires', ctx.expiresAt)}
       <a href="/docs" target="_blank" rel="noopener">API reference</a>
     </nav>
     <span id="who" class="who"></span>
-    <button id="sign-out" type="button">Sign out</button>
+    <button id="sign-out" type="button" disabled>Sign out</button>
   </header>
   <main id="screen" aria-live="polite"><p class="quiet">Loading…</p></main>
 </body>

@@ -3,6 +3,13 @@ import * as api from './api.js';
 import { duration, el, fromLocalInput, localInput, money, time, zone } from './format.js';
 
 const screen = document.getElementById('screen');
+// First, so nothing below can leave the button dead (the page serves it disabled until this handles it).
+const signOutButton = document.getElementById('sign-out');
+signOutButton.addEventListener('click', async () => {
+  await api.signOut().catch(() => undefined);
+  location.assign('/console');
+});
+signOutButton.disabled = false;
 const isOperator = api.session.signer === 'admin';
 const tenant = api.currentTenant();
 
@@ -669,8 +676,4 @@ async function route() {
 document.getElementById('who').textContent = isOperator
   ? `operator${tenant ? ` · tenant ${tenant}` : ''} · times in ${zone}`
   : `tenant ${api.session.tenantId} · key ${api.session.keyId} · times in ${zone}`;
-document.getElementById('sign-out').addEventListener('click', async () => {
-  await api.signOut().catch(() => undefined);
-  location.assign('/console');
-});
 route().catch((err) => show(errorBox(err, 'Something failed')));

@@ -21,3 +21,4 @@ form.addEventListener('submit', async (event) => {
   notice.textContent = why ?? body?.message ?? `Sign-in failed (HTTP ${res.status}).`;
   notice.hidden = false;
 });
+form.querySelector('button[type=submit]').disabled = false; // handled from here on (the page serves it disabled)
