@@ -26,7 +26,7 @@ import { MongoClient } from 'mongodb';
 import { sharedBackend, startOwnBackend, stopOwnBackend, type Backend } from './backend.ts';
 import { HttpClient } from './growth/http-client.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
-import { benchService, buildService, cleanUpOnSignals, dropBenchData, freePort, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
+import { benchService, buildService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, freePort, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
 import { startSettld, type Settld } from './settld.ts';
 import { call, percentiles, positiveArg, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
@@ -189,7 +189,7 @@ async function main(): Promise<void> {
   service = benchService('sessions');
   service.env.MONGO_URL = `${backend.mongoBase}/${service.dbName}`;
   service.env.REDIS_URL = backend.redisUrl;
-  const { api, worker, http } = await startServiceProcesses(service, 'sessions');
+  const { api, worker, http } = await startServiceProcesses(service, 'sessions', cpuProfileFlags('sessions'));
   children.push(api, worker);
   const watched: Watched = { api: api.pid, worker: worker.pid, ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}), ...(backend.redisPid ? { redis: backend.redisPid } : {}) };
   const admin: Caller = { http, token: service.adminKey };

@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { sharedBackend, startOwnBackend, stopOwnBackend } from './backend.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, stopChild, type Child } from './growth/processes.ts';
-import { benchService, buildService, cleanUpOnSignals, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
+import { benchService, buildService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
 import { call, positiveArg, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
 const REQUESTS = positiveArg('--requests', 300, { integer: true });
@@ -56,7 +56,7 @@ async function main(): Promise<void> {
   service = benchService('steps');
   service.env.MONGO_URL = `${backend.mongoBase}/${service.dbName}`;
   service.env.REDIS_URL = backend.redisUrl;
-  const { api, worker, http } = await startServiceProcesses(service, 'steps');
+  const { api, worker, http } = await startServiceProcesses(service, 'steps', cpuProfileFlags('steps'));
   children.push(api, worker);
   const pids = { api: api.pid, worker: worker.pid, ferretdb: backend.ferretdbPid, redis: backend.redisPid };
 
