@@ -341,8 +341,8 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
 
   // (d) entries: the ledger's started entries and the ones seen in part, overdue once older than a sweep. A started
   // marker is the ledger's note that an apply() began; what counts is its entry's latest attempt. Applied or refused,
-  // it is finished (another apply() finished it after this one died; the sweeper drops the marker when it next looks). Not
-  // recorded at all, nothing moved: that apply() died before it recorded anything, or is about to record it.
+  // it is finished (another apply() finished it after this one died; the sweeper drops the marker when it next
+  // looks). Not recorded at all, nothing moved: that apply() died before it recorded anything, or is about to.
   const now = Date.now();
   const overdueEntries = new Set<string>();
   let inFlightEntries = 0;
