@@ -12,7 +12,8 @@
 //   open loop:  calls sent at half the saturation rate on a fixed schedule for `--seconds`; latency is counted from
 //               each call's scheduled time (no coordinated omission): p50/p95/p99;
 //   gate:       `--gate-flows` four-request gate flows (create, quote, authorize-payment, verify; poll while 202);
-//   metered:    the same flows, verify charging a part of the authorized amount (the rest goes back at once);
+//   metered:    the same flows, verify charging a part of the authorized amount (the rest goes back at once); the
+//               two kinds run in four alternating rounds each (gate, metered, metered, gate, ...), summed per kind;
 //   ceilings:   the two ceilings, closed loop, `--clients` callers, `--seconds` each;
 //   settld:     the original service's own four-request x402 paid call (bench/settld.ts: its in-memory store, from a
 //               checkout of its mirror under /tmp), closed loop, `--clients` callers, `--seconds` (--no-settld: skip).
@@ -34,6 +35,8 @@ const SECONDS = positiveArg('--seconds', 8);
 const CLIENTS = positiveArg('--clients', 32);
 const GATE_FLOWS = positiveArg('--gate-flows', 120);
 const GATE_CLIENTS = positiveArg('--gate-clients', 8);
+/** The gate and metered flows run in this many alternating rounds each. */
+const GATE_ROUNDS = 4;
 const OWN_BACKEND = process.argv.includes('--own-backend');
 const SETTLD = !process.argv.includes('--no-settld');
 const log = (line: string) => process.stderr.write(`[x402-sessions] ${line}\n`);
@@ -42,6 +45,14 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const sha = (s: string) => createHash('sha256').update(s).digest('hex');
 
 type Watched = Record<string, number>;
+type Measured = { value: number[]; cpuMs: Record<string, number>; wallMs: number };
+
+/** Adds a phase's latencies, CPU and wall time to a kind's running sum. */
+function addMeasured(sum: Measured, phase: Measured): void {
+  sum.value.push(...phase.value);
+  sum.wallMs += phase.wallMs;
+  for (const [k, ms] of Object.entries(phase.cpuMs)) sum.cpuMs[k] = (sum.cpuMs[k] ?? 0) + ms;
+}
 
 /** CPU ticks of each watched process and of this one, around `work`. */
 async function measured<T>(watched: Watched, work: () => Promise<T>): Promise<{ value: T; cpuMs: Record<string, number>; wallMs: number }> {
@@ -251,24 +262,38 @@ async function main(): Promise<void> {
     }
     return performance.now() - started;
   };
-  const flows = async (metered: boolean) => {
+  const flows = async (metered: boolean, count: number) => {
     const latencies: number[] = [];
     let next = 0;
     await Promise.all(
       Array.from({ length: GATE_CLIENTS }, async (_, client) => {
-        while (next++ < GATE_FLOWS) latencies.push(await gateFlow(client, metered));
+        while (next++ < count) latencies.push(await gateFlow(client, metered));
       }),
     );
     return latencies;
   };
-  await flows(false); // warm-up
+  await flows(false, GATE_FLOWS); // warm-up
   await quiesce(pids);
-  log('gate flows');
-  const gate = await measured(watched, () => flows(false));
-  await quiesce(pids);
-  log('metered gate flows');
-  const metered = await measured(watched, () => flows(true).catch((err: Error) => (log(`metered flows failed: ${err.message}`), [] as number[])));
-  await quiesce(pids);
+  // The two kinds in alternating rounds (gate then metered, metered then gate, ...), so that the machine's drift over
+  // the phases falls on both alike: run one after the other, their ratio moved by a tenth between runs of one build.
+  const gate: Measured = { value: [], cpuMs: {}, wallMs: 0 };
+  const metered: Measured = { value: [], cpuMs: {}, wallMs: 0 };
+  let meteredFailed = false;
+  for (let r = 0; r < GATE_ROUNDS; r++) {
+    const count = Math.floor(GATE_FLOWS / GATE_ROUNDS) + (r < GATE_FLOWS % GATE_ROUNDS ? 1 : 0);
+    for (const kind of r % 2 === 0 ? (['gate', 'metered'] as const) : (['metered', 'gate'] as const)) {
+      if (kind === 'metered' && meteredFailed) continue;
+      log(`${kind === 'gate' ? 'gate' : 'metered gate'} flows, round ${r + 1} of ${GATE_ROUNDS}`);
+      if (kind === 'gate') addMeasured(gate, await measured(watched, () => flows(false, count)));
+      else {
+        const phase = await measured(watched, () => flows(true, count).catch((err: Error) => (log(`metered flows failed: ${err.message}`), null)));
+        if (phase.value) addMeasured(metered, { ...phase, value: phase.value });
+        else meteredFailed = true;
+      }
+      await quiesce(pids);
+    }
+  }
+  if (meteredFailed) metered.value = [];
 
   log('ceilings');
   const bare = await startBareFastify(service.logDir);
