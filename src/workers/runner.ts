@@ -77,25 +77,29 @@ export function startWorkers(
     const log = logger.child({ queue });
     watchQueue.on('error', onBullError(log, 'queue'));
     schedulerQueues.push(watchQueue);
-    let inFlight = 0;
     const startWorker = () => {
-      inFlight = 0;
+      // Jobs this worker's processor is running now, counted around the processor itself: BullMQ's own events are
+      // no count of them, as a job whose completion a failover kept from being recorded ends in neither
+      // `completed` nor `failed` (only `error`), and a count kept from those events stayed above 0 for good.
+      let running = 0;
       const worker = new Worker(
         queue,
         async (job: Job) => {
-          if (job.name === SWEEP_JOB) return processor.sweep?.();
-          // A payload that does not match its schema will never succeed; fail it without retries.
-          if (!Value.Check(QueuePayloads[queue], job.data)) {
-            throw new UnrecoverableError(`invalid ${queue} payload`);
+          running++;
+          try {
+            if (job.name === SWEEP_JOB) return await processor.sweep?.();
+            // A payload that does not match its schema will never succeed; fail it without retries.
+            if (!Value.Check(QueuePayloads[queue], job.data)) {
+              throw new UnrecoverableError(`invalid ${queue} payload`);
+            }
+            return await processor.process(job.data as QueuePayload<typeof queue>, job);
+          } finally {
+            running--;
           }
-          return processor.process(job.data as QueuePayload<typeof queue>, job);
         },
         { connection, prefix, concurrency: config.workerConcurrency, autorun: true },
       );
-      worker.on('active', () => inFlight++);
-      worker.on('completed', () => (inFlight = Math.max(0, inFlight - 1)));
       worker.on('failed', (job, err) => {
-        inFlight = Math.max(0, inFlight - 1);
         const final = job !== undefined && job.attemptsMade >= (job.opts.attempts ?? 1);
         if (final && job.name !== SWEEP_JOB) {
           // Out of retries: the sweepers will try again, but a person should look (logs and the metric below).
@@ -107,22 +111,35 @@ export function startWorkers(
         }
       });
       worker.on('error', onBullError(log, 'worker'));
-      return worker;
+      return { worker, running: () => running };
     };
-    const slot = { worker: startWorker() };
+    const slot = {
+      current: startWorker(),
+      idleChecks: 0,
+      replace(why: string, waiting?: number) {
+        log.warn({ waiting }, why);
+        const stuck = slot.current.worker;
+        slot.current = startWorker();
+        void stuck.close(true).catch(() => undefined);
+      },
+    };
     // BullMQ's worker can stay blocked on a connection that a failover or restart left behind, idle while jobs
-    // wait (taskforcesh/bullmq#3088, #2964); its maintainers advise replacing it. One that takes nothing for two
-    // checks in a row while its queue has waiting jobs is replaced (jobs it held are none: it was idle).
-    let idleChecks = 0;
+    // wait (taskforcesh/bullmq#3088, #2964); its maintainers advise replacing it. One that runs nothing for two
+    // checks in a row while its queue has waiting jobs is replaced (it holds no job: it was running none).
+    // Every worker of this process shares the connection that left it behind, and after a failover they all
+    // stayed blocked, each found only once jobs had waited on its own queue for two checks (the cluster fault
+    // test: 10 s a queue, one after another, as the flow reached each). So the others that run nothing are
+    // replaced with it.
     watchdogs.push(setInterval(() => {
       void watchQueue.getJobCounts('wait', 'prioritized').then((counts) => {
-        idleChecks = (counts.wait ?? 0) + (counts.prioritized ?? 0) > 0 && inFlight === 0 ? idleChecks + 1 : 0;
-        if (idleChecks < 2 || closing) return;
-        idleChecks = 0;
-        log.warn({ waiting: counts.wait }, 'worker idle while jobs wait; replacing it');
-        const stuck = slot.worker;
-        slot.worker = startWorker();
-        void stuck.close(true).catch(() => undefined);
+        const waiting = (counts.wait ?? 0) + (counts.prioritized ?? 0);
+        slot.idleChecks = waiting > 0 && slot.current.running() === 0 ? slot.idleChecks + 1 : 0;
+        if (slot.idleChecks < 2 || closing) return;
+        slot.idleChecks = 0;
+        slot.replace('worker idle while jobs wait; replacing it', waiting);
+        for (const other of slots) {
+          if (other !== slot && other.current.running() === 0) other.replace('worker of the same process replaced with it (a connection left behind blocks them all)');
+        }
       }, () => undefined);
     }, WATCHDOG_INTERVAL_MS));
     return slot;
@@ -134,7 +151,7 @@ export function startWorkers(
     async close() {
       closing = true;
       for (const w of watchdogs) clearInterval(w);
-      const workers = slots.map((slot) => slot.worker);
+      const workers = slots.map((slot) => slot.current.worker);
       let timer: NodeJS.Timeout | undefined;
       const bounded = new Promise<void>((resolve) => {
         timer = setTimeout(() => {
