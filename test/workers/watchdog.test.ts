@@ -17,11 +17,10 @@ async function until(check: () => boolean, timeoutMs: number, what: string): Pro
 
 /**
  * The workers' watchdog replaces a BullMQ worker that takes no job while its queue has waiting ones (after a Redis
- * failover it can stay blocked on a connection left behind). Here a worker is held back by the queue's global
- * concurrency instead, right after a job whose completion BullMQ could not record (its lock gone, as after a
- * failover), which stays active in Redis: such a job ends
- * in neither `completed` nor `failed`, and a watchdog that counted running jobs from those events never saw the
- * worker idle again (the Redis Cluster fault test's flow then stopped for good).
+ * failover it can stay blocked on a connection left behind). Here the queue's global concurrency holds a worker back
+ * instead, right after a job whose completion BullMQ could not record (its lock gone, as after a failover; the job
+ * stays active in Redis). Such a job ends in neither `completed` nor `failed`: a watchdog that counted running jobs
+ * from those events never saw the worker idle again (the Redis Cluster fault test's flow then stopped for good).
  */
 describe('worker watchdog', () => {
   const env = testEnv({ LOG_LEVEL: 'info', SWEEP_INTERVAL_MS: '3600000' });
