@@ -5,15 +5,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { loadConfig } from '../../src/config.ts';
 import { bullPrefix } from '../../src/queues/index.ts';
 import { startWorkers, type RunningWorkers } from '../../src/workers/runner.ts';
+import { eventually } from '../faults/service.ts';
 import { testEnv } from '../helpers/context.ts';
-
-async function until(check: () => boolean, timeoutMs: number, what: string): Promise<void> {
-  const started = Date.now();
-  while (!check()) {
-    if (Date.now() - started > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 /**
  * The workers' watchdog replaces a BullMQ worker that takes no job while its queue has waiting ones (after a Redis
@@ -59,16 +52,16 @@ describe('worker watchdog', () => {
 
   it('replaces a worker that takes nothing while jobs wait, also after a job whose completion was lost, and the others with it', async () => {
     await smokeTests.add('smoke', { tenantId: 't', smokeTestId: 'lost' });
-    await until(() => processed.includes('lost'), 10_000, 'the first job');
+    await eventually(() => processed.includes('lost'), 10_000, 'the first job', 100);
     await smokeTests.add('smoke', { tenantId: 't', smokeTestId: 'second' });
     await smokeTests.add('smoke', { tenantId: 't', smokeTestId: 'third' });
     // Two checks 5 s apart see the jobs waiting and nothing running.
-    await until(() => lines.some((l) => l.queue === 'smoke-test' && l.msg === 'worker idle while jobs wait; replacing it'), 20_000, 'the stuck worker replaced');
+    await eventually(() => lines.some((l) => l.queue === 'smoke-test' && l.msg === 'worker idle while jobs wait; replacing it'), 20_000, 'the stuck worker replaced', 100);
     // The finalize worker shares the connection: it is replaced with it, though its queue is empty.
     expect(lines.filter((l) => l.queue === 'finalize').map((l) => l.msg)).toContain('worker of the same process replaced with it (a connection left behind blocks them all)');
     // Once one job at a time is no longer the rule, the new worker takes the jobs that waited.
     expect(processed).toEqual(['lost']);
     await smokeTests.removeGlobalConcurrency();
-    await until(() => processed.includes('second') && processed.includes('third'), 30_000, 'the waiting jobs processed');
+    await eventually(() => processed.includes('second') && processed.includes('third'), 30_000, 'the waiting jobs processed', 100);
   }, 60_000);
 });
