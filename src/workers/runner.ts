@@ -116,8 +116,10 @@ export function startWorkers(
     const slot = {
       current: startWorker(),
       idleChecks: 0,
+      /** A fresh worker, given two fresh checks before it can be found stuck in turn. */
       replace(why: string, waiting?: number) {
         log.warn({ waiting }, why);
+        slot.idleChecks = 0;
         const stuck = slot.current.worker;
         slot.current = startWorker();
         void stuck.close(true).catch(() => undefined);
@@ -135,7 +137,6 @@ export function startWorkers(
         const waiting = (counts.wait ?? 0) + (counts.prioritized ?? 0);
         slot.idleChecks = waiting > 0 && slot.current.running() === 0 ? slot.idleChecks + 1 : 0;
         if (slot.idleChecks < 2 || closing) return;
-        slot.idleChecks = 0;
         slot.replace('worker idle while jobs wait; replacing it', waiting);
         for (const other of slots) {
           if (other !== slot && other.current.running() === 0) other.replace('worker of the same process replaced with it (a connection left behind blocks them all)');
