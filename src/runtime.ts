@@ -29,6 +29,7 @@ import { WebhookDueIndex } from './store/webhook-due.ts';
 import { WebhookEndpointStore } from './store/webhook-endpoints.ts';
 import { X402Store } from './store/x402.ts';
 import { X402SessionStore } from './store/x402-sessions.ts';
+import { RedisLineageStore } from './store/redis-lineage.ts';
 
 /** Everything a process shares: connections, producers and stores, each built once here (main.ts or a test builds the runtime). */
 export interface Runtime {
@@ -62,6 +63,8 @@ export interface Runtime {
     mcpAgentKeys: McpAgentKeyStore;
     x402: X402Store;
     x402Sessions: X402SessionStore;
+    /** Which Redis processes hold the keys, so a restart or failover (which may lose writes) is noticed. */
+    redisLineage: RedisLineageStore;
     /** The list index every "newest first" list pages through (store/list-index.ts). */
     lists: ListIndex;
   };
@@ -154,6 +157,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       mcpAgentKeys: new McpAgentKeyStore(db),
       x402: new X402Store(db, redis, config.redisPrefix, lists),
       x402Sessions: new X402SessionStore(db, redis, config.redisPrefix, lists),
+      redisLineage: new RedisLineageStore(db, redis),
       lists,
     },
     keys: loadServiceKeys(config),

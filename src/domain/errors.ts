@@ -60,6 +60,10 @@ export const X402_ERROR_STATUS = {
   X402_SESSION_LIMIT_EXCEEDED: 409,
   X402_SESSION_PAYEE_NOT_ALLOWED: 409,
   X402_SESSION_PAYMENT_REUSED: 409,
+  /** A settle or charge naming another payee than the one its verify held the amount for. */
+  X402_PAYEE_MISMATCH: 409,
+  /** A payment in another asset than the session's currency (at verify, settle or charge). */
+  X402_ASSET_MISMATCH: 409,
   /** A verify (or a facilitator settle) reporting a call cost above the gate's authorized amount: nothing moves. */
   X402_CAPTURE_EXCEEDS_AUTHORIZATION: 422,
   X402_AGENT_WOUND_DOWN: 410,

@@ -204,6 +204,8 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
 
   let postingsRead = 0;
   const caughtUp = new Set<string>();
+  /** Sessions whose reserve moved in this pass: each is checked against its recorded charges (section f). */
+  const sessionsMoved = new Set<string>();
 
   const walkAccount = async ({ walletId, currency, bucket }: { walletId: string; currency: string; bucket: Bucket }) => {
     const account = accountOf(walletId, currency, bucket);
@@ -239,6 +241,7 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
       r.amount += p.delta;
       r.throughSeq = p.seq;
       r.subject ??= owner.subject;
+      if (r.subject?.kind === 'session') sessionsMoved.add(r.subject.id);
       if (LOCK_KINDS.has(p.kind) && p.delta > 0) r.lockedAt = p.at;
       if (r.amount < 0 && !r.negative) r.negative = { seq: p.seq, amount: r.amount };
       touchedReserves.add(r);
@@ -382,6 +385,14 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
   // (e) settlements whose due step is long overdue, or that the sweeper parked.
   for (const v of await stuckSettlements(rt, now)) report(v);
 
+  // (f) sessions against their recorded charges (MongoDB is the record; Redis only orders the debits): an open
+  // session's budget in Redis never behind a recorded charge, a closed one's statement listing every recorded charge.
+  for (const r of open) if (r.subject?.kind === 'session') sessionsMoved.add(r.subject.id);
+  await eachLimited([...sessionsMoved], READ_CONCURRENCY, async (sessionId) => {
+    const problem = await sessionChargesProblem(rt, sessionId);
+    if (problem) report({ owner: sessionId, ...problem });
+  });
+
   const currencies: Record<string, CurrencyTotals> = {};
   for (const [currency, t] of [...totals].sort(([a], [b]) => a.localeCompare(b))) {
     currencies[currency] = { credits: Number(t.credits), available: Number(t.available), escrow: Number(t.escrow), openReserves: Number(t.openReserves) };
@@ -516,6 +527,31 @@ async function sessionReserveProblem(
     if (!s || !facts?.decision || !(await finishedBefore(rt, s, facts, passStartedAt))) return null; // still moving (a stuck one is reported as such)
   }
   return refundDone ? { kind: 'reserve_owner_finished', detail: `session ${sessionId} is closed and settled yet its reserve holds ${r.amount}` } : null;
+}
+
+/** Seqs the audit reads past a session's last known one: a cheap look that finds what a rollback of Redis left. */
+const SESSION_PROBE = 4;
+
+/**
+ * A session against its recorded charges: a charge recorded past the seq Redis' budget holds means Redis lost writes
+ * and the budget was not yet put right (the session's next call or its close does); a charge recorded past its
+ * statement's last seq is a receipt the close did not pay.
+ */
+async function sessionChargesProblem(rt: Runtime, sessionId: string): Promise<Pick<AuditViolation, 'kind' | 'detail' | 'amount' | 'currency'> | null> {
+  const store = rt.stores.x402Sessions;
+  const [session, close, budget] = await Promise.all([store.get(sessionId), store.closeOf(sessionId), store.budgetState(sessionId)]);
+  if (!session) return null;
+  const lastSeq = close ? close.statement.body.chargeCount + close.statement.body.voided : budget?.seq;
+  if (lastSeq === undefined) return null; // an open session whose budget Redis lost entirely: rebuilt at its next call
+  const beyond = (await store.chargesBeyond(sessionId, lastSeq, SESSION_PROBE)).filter((c) => c?.state === 'charged');
+  if (beyond.length === 0) return null;
+  const amount = beyond.reduce((sum, c) => sum + c!.amount, 0);
+  const seqs = beyond.map((c) => c!.seq).join(', ');
+  if (close) return { kind: 'session_charge_unpaid', currency: session.currency, amount, detail: `session ${sessionId} recorded charges ${seqs} that its statement (through seq ${lastSeq}) does not pay` };
+  // Calls go on while the audit looks: a charge debited and recorded since the budget was read is not behind it.
+  const now = await store.budgetState(sessionId);
+  if (!now || now.seq >= Math.max(...beyond.map((c) => c!.seq))) return null;
+  return { kind: 'session_budget_behind', currency: session.currency, amount, detail: `session ${sessionId}'s budget in Redis is at seq ${lastSeq}, behind recorded charges ${seqs} (Redis lost writes)` };
 }
 
 async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolation[]> {

@@ -38,6 +38,8 @@ interface SessionPayment {
   payeeAgentId: string;
   /** What the payer accepted to pay at most (the requirement it paid for). */
   accepted: number;
+  /** The asset it was paid in: the session's currency, or refused (asset_mismatch). */
+  asset: string;
 }
 
 export class X402SessionFacilitator {
@@ -49,7 +51,7 @@ export class X402SessionFacilitator {
   async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
     try {
       const p = this.check(request);
-      const { session } = await this.x402.holdInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted });
+      const { session } = await this.x402.holdInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted, requestSha256: p.requestSha256, asset: p.asset });
       return { isValid: true, payer: session.payerAgentId };
     } catch (err) {
       const refusal = refusalOf(err);
@@ -65,7 +67,7 @@ export class X402SessionFacilitator {
       const amount = request.paymentRequirements.amount;
       if (!AMOUNT.test(amount)) throw new Refusal('invalid_amount', 'the amount to settle must be integer minor units');
       if (Number(amount) > p.accepted) throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
-      const charged = await this.x402.captureInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256 });
+      const charged = await this.x402.captureInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256, asset: p.asset });
       return this.settled(charged);
     } catch (err) {
       const refusal = refusalOf(err);
@@ -119,6 +121,6 @@ export class X402SessionFacilitator {
       throw new Refusal('request_binding_mismatch', 'the payment was made for another request');
     }
     if (!AMOUNT.test(payment.accepted.amount)) throw new Refusal('invalid_amount', 'amounts are integer minor units');
-    return { sessionId, paymentId, requestSha256, payeeAgentId: required.payTo, accepted: Number(payment.accepted.amount) };
+    return { sessionId, paymentId, requestSha256, payeeAgentId: required.payTo, accepted: Number(payment.accepted.amount), asset: required.asset };
   }
 }

@@ -9,7 +9,6 @@
 import { idFromIdempotency, newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
-import { MoneyInvariantError } from '../domain/money.ts';
 import { signReceipt } from '../domain/receipt.ts';
 import { decideSettlement } from '../domain/settlement.ts';
 import { evaluateStaticPolicy } from '../domain/x402.ts';
@@ -25,7 +24,7 @@ import {
 } from '../domain/x402-sessions.ts';
 import type { Runtime } from '../runtime.ts';
 import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
-import { chargeId, type BudgetState, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type SessionDoc } from '../store/x402-sessions.ts';
+import { chargeId, type BudgetState, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type HoldBinding, type SessionDoc } from '../store/x402-sessions.ts';
 import { disputeSettlement } from './disputes.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
@@ -72,6 +71,16 @@ export interface ChargeInput {
   payeeAgentId: string;
   amount: number;
   requestSha256?: string;
+  /** The asset the payment was made in, where the caller names one (the facilitator): the session's currency or refused. */
+  asset?: string;
+}
+
+export interface HoldInput {
+  paymentId: string;
+  payeeAgentId: string;
+  maxAmount: number;
+  requestSha256?: string;
+  asset?: string;
 }
 
 export interface SessionState {
@@ -94,6 +103,8 @@ export interface ChargeAnswer {
 const LOCK_GRACE_MS = 60_000;
 /** The time a sweep spends on due sessions at most. */
 const SWEEP_TIME_MS = 20_000;
+/** Debits one call may make when each finds its seq taken by a recorded charge (Redis lost writes; repaired between). */
+const DEBIT_ATTEMPTS = 3;
 
 function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
   const terms = (s: SessionDoc) =>
@@ -242,14 +253,18 @@ export class X402Sessions {
    * answers the first charge, whatever happened to the first request.
    */
   async charge(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
-    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount);
-    const now = new Date();
-    const debit = await this.debit(session, input.paymentId, input.amount, 'charge', now);
-    failpoint('x402.session.debited');
-    // A hold under this payment id (a facilitator verify) is captured by it instead.
-    if (debit.kind === 'repeat' && debit.mode === 'hold') return this.capture(tenantId, sessionId, input);
-    if (debit.kind === 'repeat' && debit.amount !== input.amount) throw this.reusedError(input.paymentId);
-    return this.recordCharge(session, debit, input, now);
+    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount, input.asset);
+    for (let attempt = 1; ; attempt++) {
+      const now = new Date();
+      const debit = await this.debit(session, input.paymentId, input.amount, 'charge', now);
+      failpoint('x402.session.debited');
+      // A hold under this payment id (a facilitator verify) is captured by it instead.
+      if (debit.kind === 'repeat' && debit.mode === 'hold') return this.capture(tenantId, sessionId, input);
+      if (debit.kind === 'repeat' && debit.amount !== input.amount) throw this.reusedError(input.paymentId);
+      const answer = await this.recordCharge(session, debit, input, now);
+      if (answer !== 'seq taken') return answer;
+      await this.afterSeqTaken(session, debit.seq, attempt);
+    }
   }
 
   /**
@@ -257,12 +272,30 @@ export class X402Sessions {
    * so that a verified call can always be paid; its settle captures what the call cost (capture). A hold nobody
    * captures is voided at the close and costs the payer nothing. Answers what is left of the budget.
    */
-  async hold(tenantId: string, sessionId: string, input: { paymentId: string; payeeAgentId: string; maxAmount: number }): Promise<{ session: SessionDoc; remaining: number }> {
-    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.maxAmount);
-    const debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date());
+  async hold(tenantId: string, sessionId: string, input: HoldInput): Promise<{ session: SessionDoc; remaining: number }> {
+    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.maxAmount, input.asset);
+    const binding = this.bindingOf(session, input);
+    const debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date(), binding);
     if (debit.kind === 'repeat' && debit.mode === 'charge') throw x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${input.paymentId} was already settled`, { paymentId: input.paymentId });
     if (debit.kind === 'repeat' && debit.amount !== input.maxAmount) throw this.reusedError(input.paymentId);
+    if (debit.kind === 'repeat' && debit.binding) this.requireBinding(session, debit.binding, binding);
     return { session, remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session) };
+  }
+
+  /** What a hold is bound to: the payee it was verified for and the request it pays. */
+  private bindingOf(session: SessionDoc, input: { payeeAgentId: string; requestSha256?: string }): HoldBinding {
+    return { payeeIndex: session.payeeAgentIds.indexOf(input.payeeAgentId), requestSha256: input.requestSha256 ?? null };
+  }
+
+  /** Refuses a settle or charge of a hold that names another payee or request than its verify did. */
+  private requireBinding(session: SessionDoc, held: HoldBinding, asked: HoldBinding): void {
+    if (held.payeeIndex !== asked.payeeIndex) {
+      const heldFor = session.payeeAgentIds[held.payeeIndex] ?? null;
+      throw x402Error('X402_PAYEE_MISMATCH', `this payment was verified for payee ${heldFor}`, { heldFor, payeeAgentId: session.payeeAgentIds[asked.payeeIndex] ?? null });
+    }
+    if (held.requestSha256 !== asked.requestSha256) {
+      throw x402Error('X402_REQUEST_BINDING_MISMATCH', 'this payment was verified for another request', { requestSha256: held.requestSha256 });
+    }
   }
 
   /**
@@ -270,23 +303,35 @@ export class X402Sessions {
    * the hold goes back to the budget at once. Without a hold (a settle nobody verified) it is a plain charge.
    */
   async capture(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
-    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount);
-    const captured = await this.store.capture(session._id, input.paymentId, input.amount);
-    if (captured.kind === 'unknown') {
-      if (input.amount === 0) throw errors.unprocessable('a charge without a hold must be at least 1', { errors: [{ path: 'amount', message: 'zero' }] });
-      return this.charge(tenantId, sessionId, input);
+    const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount, input.asset);
+    const binding = this.bindingOf(session, input);
+    for (let attempt = 1; ; attempt++) {
+      const captured = await this.store.capture(session._id, input.paymentId, input.amount, binding);
+      if (captured.kind === 'unknown') {
+        if (input.amount === 0) throw errors.unprocessable('a charge without a hold must be at least 1', { errors: [{ path: 'amount', message: 'zero' }] });
+        return this.charge(tenantId, sessionId, input);
+      }
+      if (captured.kind === 'mismatch') {
+        this.requireBinding(session, captured.binding!, binding);
+        throw new Error(`session ${session._id}: the capture script refused payment ${input.paymentId} with a binding that matches`);
+      }
+      if (captured.kind === 'over') {
+        throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${input.amount} exceeds the ${captured.amount} verify held for this payment`, { held: captured.amount, amount: input.amount });
+      }
+      if (captured.kind === 'repeat' && captured.amount !== input.amount) throw this.reusedError(input.paymentId);
+      failpoint('x402.session.captured');
+      const answer = await this.recordCharge(session, { ...captured, kind: 'repeat' }, input, new Date());
+      if (answer !== 'seq taken') return answer;
+      await this.afterSeqTaken(session, captured.seq, attempt);
     }
-    if (captured.kind === 'over') {
-      throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${input.amount} exceeds the ${captured.amount} verify held for this payment`, { held: captured.amount, amount: input.amount });
-    }
-    if (captured.kind === 'repeat' && captured.amount !== input.amount) throw this.reusedError(input.paymentId);
-    failpoint('x402.session.captured');
-    return this.recordCharge(session, { ...captured, kind: 'repeat' }, input, new Date());
   }
 
   /** The session, if this call may be charged to it: a listed payee, within the per-call maximum, both agents live. */
-  private async checkCall(tenantId: string, sessionId: string, payeeAgentId: string, amount: number): Promise<SessionDoc> {
+  private async checkCall(tenantId: string, sessionId: string, payeeAgentId: string, amount: number, asset?: string): Promise<SessionDoc> {
     const session = await this.requireSession(tenantId, sessionId);
+    if (asset !== undefined && asset !== session.currency) {
+      throw x402Error('X402_ASSET_MISMATCH', `the session is in ${session.currency}, the payment in ${asset}`, { currency: session.currency, asset });
+    }
     if (!session.payeeAgentIds.includes(payeeAgentId)) {
       throw x402Error('X402_SESSION_PAYEE_NOT_ALLOWED', `payee ${payeeAgentId} is not one of the session's payees`, { payeeAgentId });
     }
@@ -298,11 +343,16 @@ export class X402Sessions {
   }
 
   /** Debits the budget (restoring it first when Redis does not hold it); every refusal as its error. */
-  private async debit(session: SessionDoc, paymentId: string, amount: number, mode: Debit['mode'], now: Date): Promise<Extract<DebitResult, { kind: 'new' | 'repeat' }>> {
-    let debit = await this.store.debit(session._id, paymentId, amount, mode, now);
+  private async debit(session: SessionDoc, paymentId: string, amount: number, mode: Debit['mode'], now: Date, binding?: HoldBinding): Promise<Extract<DebitResult, { kind: 'new' | 'repeat' }>> {
+    let debit = await this.store.debit(session._id, paymentId, amount, mode, now, binding);
     if (debit.kind === 'missing') {
       if ((await this.ensureBudget(session)) === 'closed') throw await this.closedError(session);
-      debit = await this.store.debit(session._id, paymentId, amount, mode, now);
+      debit = await this.store.debit(session._id, paymentId, amount, mode, now, binding);
+    }
+    if (debit.kind === 'new' && !this.seqIsFresh(session._id, debit.seq)) {
+      // Redis handed out a seq this process saw before: it lost writes. Put the budget right, then debit again.
+      await this.repairBudget(session, `seq ${debit.seq} handed out twice`);
+      debit = await this.store.debit(session._id, paymentId, amount, mode, now, binding);
     }
     if (debit.kind === 'missing') throw errors.unavailable('the session\'s budget could not be read');
     if (debit.kind === 'budget') {
@@ -316,12 +366,15 @@ export class X402Sessions {
     return debit;
   }
 
-  /** Records a debit as its charge (the unique insert of its seq; a close may have voided it first) and answers it. */
-  private async recordCharge(session: SessionDoc, debit: Extract<DebitResult, { kind: 'new' | 'repeat' }>, input: ChargeInput, now: Date): Promise<ChargeAnswer> {
+  /**
+   * Records a debit as its charge (the unique insert of its seq; a close may have voided it first) and answers it.
+   * `seq taken`: a recorded charge of another payment holds the seq, so Redis lost writes since it handed it out.
+   */
+  private async recordCharge(session: SessionDoc, debit: Extract<DebitResult, { kind: 'new' | 'repeat' }>, input: ChargeInput, now: Date): Promise<ChargeAnswer | 'seq taken'> {
     const existing = debit.kind === 'repeat' ? await this.store.getCharge(session._id, debit.seq) : null;
     const charge = existing ?? (await this.store.recordCharge(this.chargeDoc(session, debit.seq, input, now)));
+    if (charge.paymentId !== input.paymentId && charge.state === 'charged') return 'seq taken';
     if (charge.state === 'void') throw await this.closedError(session);
-    if (charge.paymentId !== input.paymentId) throw new MoneyInvariantError(`session ${session._id}: seq ${debit.seq} holds payment ${charge.paymentId}, not ${input.paymentId}`);
     if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
     failpoint('x402.session.charged');
     return {
@@ -330,6 +383,69 @@ export class X402Sessions {
       remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session),
       repeated: existing !== null,
     };
+  }
+
+  /**
+   * A call found its seq held by another payment's recorded charge: Redis lost writes (a replica promoted behind its
+   * primary, or an append-only file cut short) and numbers seqs again that it handed out before. Puts the budget right
+   * from the recorded charges; the caller debits again. Never a 500 for the caller unless it keeps happening.
+   */
+  private async afterSeqTaken(session: SessionDoc, seq: number, attempt: number): Promise<void> {
+    if (attempt >= DEBIT_ATTEMPTS) throw errors.unavailable('the session\'s budget is being put right after Redis lost writes; retry shortly');
+    await this.repairBudget(session, `seq ${seq} is held by another payment's charge`);
+  }
+
+  /** Highest seq this process saw handed out per session: Redis handing one out again means it lost writes. */
+  private readonly seqsSeen = new Map<string, number>();
+
+  private seqIsFresh(sessionId: string, seq: number): boolean {
+    const seen = this.seqsSeen.get(sessionId) ?? 0;
+    if (seq <= seen) return false;
+    if (this.seqsSeen.size > 100_000) this.seqsSeen.clear();
+    this.seqsSeen.set(sessionId, seq);
+    return true;
+  }
+
+  /**
+   * Puts an open session's budget right against its recorded charges (MongoDB is the record; Redis only orders the
+   * debits): see X402SessionStore.repairBudget. Reads every recorded charge by `_id` (this rare path only) and those
+   * recorded past the seq Redis holds.
+   */
+  async repairBudget(session: SessionDoc, why: string): Promise<void> {
+    const state = await this.store.budgetState(session._id);
+    if (!state) {
+      if ((await this.ensureBudget(session)) === 'closed') throw await this.closedError(session);
+      return;
+    }
+    const [through, beyond] = await Promise.all([this.store.chargesThrough(session._id, state.seq), this.store.chargesBeyond(session._id, state.seq)]);
+    const recorded = [...through, ...beyond].filter((c): c is ChargeDoc => c?.state === 'charged');
+    const repaired = await this.store.repairBudget(session._id, recorded);
+    if (repaired.missing) return;
+    this.seqsSeen.set(session._id, Math.max(this.seqsSeen.get(session._id) ?? 0, repaired.seqAfter));
+    this.runtime.logger.warn({ sessionId: session._id, why, ...repaired, recorded: recorded.length }, 'x402 session budget put right against its recorded charges (Redis lost writes)');
+  }
+
+  /**
+   * After Redis lost writes (services/redis-loss.ts): every open session whose budget is behind its recorded charges
+   * is put right, before its next call or its close has to find out. One failing session never stops the others.
+   */
+  async repairOpenBudgets(limit: number): Promise<{ looked: number; repaired: number; failed: number }> {
+    const counts = { looked: 0, repaired: 0, failed: 0 };
+    for (const sessionId of await this.store.due.allIds(limit)) {
+      counts.looked++;
+      try {
+        const session = await this.store.get(sessionId);
+        const budget = session && (await this.store.budgetState(sessionId));
+        if (!session || !budget || budget.state !== 'open') continue; // rebuilt at its next call, or closing
+        if ((await this.store.chargesBeyond(sessionId, budget.seq)).length === 0) continue;
+        await this.repairBudget(session, 'Redis lost writes (its masters changed)');
+        counts.repaired++;
+      } catch (err) {
+        counts.failed++;
+        this.runtime.logger.warn({ err, sessionId }, 'x402 session budget could not be checked after Redis lost writes; its next call or close does');
+      }
+    }
+    return counts;
   }
 
   /**
@@ -488,7 +604,11 @@ export class X402Sessions {
     }
     failpoint('x402.session.stopped');
     const now = new Date();
-    const found = await this.store.chargesThrough(session._id, lastSeq);
+    // Every seq Redis handed out is decided, and every charge recorded past them too: after Redis lost writes its seq
+    // is behind the recorded charges, and the statement must still pay every receipt.
+    const [through, beyond] = await Promise.all([this.store.chargesThrough(session._id, lastSeq), this.store.chargesBeyond(session._id, lastSeq)]);
+    if (beyond.length > 0) this.runtime.logger.warn({ sessionId: session._id, redisSeq: lastSeq, recordedSeq: lastSeq + beyond.length }, 'x402 session close found charges past the seq Redis held (Redis lost writes)');
+    const found = [...through, ...beyond];
     const decided = await Promise.all(
       found.map((charge, i) =>
         charge ??

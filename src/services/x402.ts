@@ -124,6 +124,9 @@ export class X402Service {
   }
 
   // Payment sessions
+  repairOpenSessionBudgets(...args: Parameters<X402Sessions['repairOpenBudgets']>) {
+    return this.sessions.repairOpenBudgets(...args);
+  }
   openSession(...args: Parameters<X402Sessions['open']>) {
     return this.sessions.open(...args);
   }

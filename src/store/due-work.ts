@@ -85,6 +85,17 @@ export class DueWorkStore {
     return records.filter((r): r is DueRecord => r !== null && r.dueAt.getTime() <= before.getTime());
   }
 
+  /** Every record's id, at most `limit` (a scan of the records: only after Redis lost writes). */
+  async allIds(limit: number): Promise<string[]> {
+    const records = await this.records.find({}, { projection: { _id: 1 }, comment: RECONCILIATION_COMMENT }).limit(limit).toArray();
+    return records.map((r) => r._id);
+  }
+
+  /** Lets the next sweep audit at once (after Redis lost writes: its claim may have outlived what it vouched for). */
+  async forgetAuditClaim(): Promise<void> {
+    await this.redis.del(this.auditKey);
+  }
+
   /**
    * Puts back into the index every record it lacks (those it has keep their time), when this process may: the
    * claim lasts AUDIT_EVERY_MS, so all processes together audit at most that often, and at once after Redis lost

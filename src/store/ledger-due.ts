@@ -99,6 +99,11 @@ export class LedgerDueIndex {
    * True for the one caller that may audit now: the claim lasts `everyMs`, so all processes together audit at most
    * that often, and at once after Redis lost its data (the claim went with it).
    */
+  /** Lets the next sweep audit at once (after Redis lost writes: its claim may have outlived what it vouched for). */
+  async forgetAuditClaim(): Promise<void> {
+    await this.redis.del(this.auditKey);
+  }
+
   async claimAudit(everyMs: number): Promise<boolean> {
     return (await this.redis.set(this.auditKey, AUDIT_KEY_VALUE, 'PX', everyMs, 'NX')) === 'OK';
   }

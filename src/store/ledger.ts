@@ -899,6 +899,11 @@ export class LedgerStore {
     return { pending: pending.length, locks: locks.length };
   }
 
+  /** Lets the next sweep rebuild the due index at once (after Redis lost writes). */
+  forgetDueAuditClaim(): Promise<void> {
+    return this.due.forgetAuditClaim();
+  }
+
   /** Which of these entries have been applied in full. */
   async appliedAmong(entryIds: string[]): Promise<Set<string>> {
     const latest = await Promise.all(entryIds.map((id) => this.latestAttempt(id)));

@@ -69,12 +69,19 @@ export interface CloseDoc {
 
 /**
  * A debit as the budget script remembers it under its payment id: `charge` (a charge of `amount`) or `hold` (up to
- * `amount` held by a facilitator verify, captured at its settle for what the call cost).
+ * `amount` held by a facilitator verify, captured at its settle for what the call cost). A hold is bound to what was
+ * verified: the payee (its index in the session's payee list) and the request hash; its capture must name the same.
  */
 export interface Debit {
   seq: number;
   amount: number;
   mode: 'charge' | 'hold';
+  binding?: HoldBinding;
+}
+
+export interface HoldBinding {
+  payeeIndex: number;
+  requestSha256: string | null;
 }
 
 /** What the budget script says of a debit. */
@@ -86,8 +93,24 @@ export type DebitResult =
   | { kind: 'budget'; remaining: number }
   | { kind: 'missing' };
 
-/** What the capture script says: the hold now charged for less (or as much), a repeat, or no such hold. */
-export type CaptureResult = ({ kind: 'captured' | 'repeat' | 'over' } & Debit) | { kind: 'unknown' };
+/**
+ * What the capture script says: the hold now charged for less (or as much), a repeat, more than was held, a capture
+ * for another payee or request than the hold was verified for (`mismatch`), or no such hold.
+ */
+export type CaptureResult = ({ kind: 'captured' | 'repeat' | 'over' | 'mismatch' } & Debit) | { kind: 'unknown' };
+
+/** What a budget repair did (see X402SessionStore.repairBudget). */
+export interface RepairResult {
+  /** The budget was not in Redis (nothing repaired: rebuild it instead). */
+  missing: boolean;
+  /** The seq Redis had handed out before, and after. */
+  seqBefore: number;
+  seqAfter: number;
+  spentBefore: number;
+  spentAfter: number;
+  /** Payment ids whose debit Redis had numbered with a seq a recorded charge of another payment holds. */
+  dropped: number;
+}
 
 export interface BudgetState {
   state: 'open' | 'closed';
@@ -98,7 +121,7 @@ export interface BudgetState {
 
 /**
  * Debits a call once: a payment id seen before answers its first debit; nothing is debited past the budget. Values
- * are `seq:amount:c` (a charge) or `seq:amount:h` (a hold).
+ * are `seq:amount:c` (a charge) or `seq:amount:h:<payee index>:<request sha256 or ->` (a hold and what it is bound to).
  */
 const DEBIT = `
 local prior = redis.call('HGET', KEYS[2], ARGV[1])
@@ -117,12 +140,53 @@ redis.call('HSET', KEYS[2], ARGV[1], value)
 return {'new', value, tostring(remaining - amount)}
 `;
 
-/** Turns a hold into a charge of at most what it held, once; what it held beyond that goes back to the budget. */
+/**
+ * Puts a session's budget right against its recorded charges (MongoDB, the record) after Redis lost its last writes
+ * (a replica promoted behind its primary, an append-only file cut short): every recorded charge is remembered under
+ * its payment id, a payment id Redis numbered with a seq that a recorded charge of another payment holds is dropped
+ * (its call re-debits under a fresh seq), the seq counter is lifted past every recorded charge, and `spent` becomes
+ * what was recorded plus every debit still in flight (never less than was charged: a repair may only shrink what
+ * is left). ARGV: highest recorded seq, then seq, payment id and amount of each recorded charge.
+ */
+const REPAIR = `
+local s = redis.call('HMGET', KEYS[1], 'state', 'seq', 'spent')
+if not s[1] then return {'missing'} end
+local recorded = {}
+local spent = 0
+for i = 2, #ARGV, 3 do
+  local seq, pid, amount = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  recorded[seq] = pid
+  spent = spent + amount
+  redis.call('HSET', KEYS[2], pid, seq .. ':' .. amount .. ':c')
+end
+local dropped = 0
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local pid, value = all[i], all[i + 1]
+  local seq, amount = string.match(value, '^(%d+):(%d+):')
+  local owner = recorded[seq]
+  if owner == nil then
+    spent = spent + tonumber(amount)
+  elseif owner ~= pid then
+    redis.call('HDEL', KEYS[2], pid)
+    dropped = dropped + 1
+  end
+end
+local seqAfter = math.max(tonumber(s[2]), tonumber(ARGV[1]))
+redis.call('HSET', KEYS[1], 'seq', seqAfter, 'spent', spent)
+return {'repaired', s[2], tostring(seqAfter), s[3], tostring(spent), tostring(dropped)}
+`;
+
+/**
+ * Turns a hold into a charge of at most what it held, once, for the payee and request it was verified for; what it
+ * held beyond that goes back to the budget.
+ */
 const CAPTURE = `
 local prior = redis.call('HGET', KEYS[2], ARGV[1])
 if not prior then return {'unknown'} end
-local seq, held, mode = string.match(prior, '^(%d+):(%d+):(%a)$')
+local seq, held, mode, binding = string.match(prior, '^(%d+):(%d+):(%a):?(.*)$')
 if mode == 'c' then return {'repeat', prior} end
+if binding ~= ARGV[3] then return {'mismatch', prior} end
 local amount = tonumber(ARGV[2])
 if amount > tonumber(held) then return {'over', prior} end
 local value = seq .. ':' .. amount .. ':c'
@@ -132,8 +196,15 @@ return {'captured', value}
 `;
 
 function parseDebit(value: string): Debit {
-  const [seq, amount, mode] = value.split(':') as [string, string, string];
-  return { seq: Number(seq), amount: Number(amount), mode: mode === 'h' ? 'hold' : 'charge' };
+  const [seq, amount, mode, payeeIndex, requestSha256] = value.split(':') as [string, string, string, string?, string?];
+  if (mode !== 'h') return { seq: Number(seq), amount: Number(amount), mode: 'charge' };
+  const binding = payeeIndex === undefined ? undefined : { payeeIndex: Number(payeeIndex), requestSha256: !requestSha256 || requestSha256 === '-' ? null : requestSha256 };
+  return { seq: Number(seq), amount: Number(amount), mode: 'hold', ...(binding ? { binding } : {}) };
+}
+
+/** A hold's binding as the scripts store and compare it. */
+function bindingValue(binding: HoldBinding): string {
+  return `${binding.payeeIndex}:${binding.requestSha256 ?? '-'}`;
 }
 
 /** Starts a session's budget unless it exists (a rebuild racing a charge never resets what was spent). */
@@ -217,9 +288,11 @@ export class X402SessionStore {
     await this.due.done(sessionId);
   }
 
-  async debit(sessionId: string, paymentId: string, amount: number, mode: Debit['mode'], now: Date): Promise<DebitResult> {
+  /** Debits `amount` under `paymentId`: a charge, or a hold bound to `binding` (what its verify was for). */
+  async debit(sessionId: string, paymentId: string, amount: number, mode: Debit['mode'], now: Date, binding?: HoldBinding): Promise<DebitResult> {
     const [budget, payments] = this.keys(sessionId);
-    const answer = (await this.redis.eval(DEBIT, 2, budget, payments, paymentId, String(amount), String(now.getTime()), mode === 'hold' ? 'h' : 'c')) as string[];
+    const tag = mode === 'hold' ? `h:${bindingValue(binding ?? { payeeIndex: 0, requestSha256: null })}` : 'c';
+    const answer = (await this.redis.eval(DEBIT, 2, budget, payments, paymentId, String(amount), String(now.getTime()), tag)) as string[];
     const [kind, value, remaining] = answer as [string, string | undefined, string | undefined];
     if (kind === 'new') return { kind, ...parseDebit(value!), remaining: Number(remaining) };
     if (kind === 'repeat') return { kind, ...parseDebit(value!) };
@@ -227,10 +300,21 @@ export class X402SessionStore {
     return { kind: kind as 'closed' | 'expired' | 'missing' };
   }
 
-  async capture(sessionId: string, paymentId: string, amount: number): Promise<CaptureResult> {
+  async capture(sessionId: string, paymentId: string, amount: number, binding: HoldBinding): Promise<CaptureResult> {
     const [budget, payments] = this.keys(sessionId);
-    const [kind, value] = (await this.redis.eval(CAPTURE, 2, budget, payments, paymentId, String(amount))) as [string, string | undefined];
-    return kind === 'unknown' ? { kind } : { kind: kind as 'captured' | 'repeat' | 'over', ...parseDebit(value!) };
+    const [kind, value] = (await this.redis.eval(CAPTURE, 2, budget, payments, paymentId, String(amount), bindingValue(binding))) as [string, string | undefined];
+    return kind === 'unknown' ? { kind } : { kind: kind as 'captured' | 'repeat' | 'over' | 'mismatch', ...parseDebit(value!) };
+  }
+
+  /** See REPAIR: `recorded` are the session's recorded charges (state `charged`). */
+  async repairBudget(sessionId: string, recorded: ChargeDoc[]): Promise<RepairResult> {
+    const [budget, payments] = this.keys(sessionId);
+    const highest = Math.max(0, ...recorded.map((c) => c.seq));
+    const args = recorded.flatMap((c) => [String(c.seq), c.paymentId ?? '', String(c.amount)]);
+    const answer = (await this.redis.eval(REPAIR, 2, budget, payments, String(highest), ...args)) as string[];
+    if (answer[0] === 'missing') return { missing: true, seqBefore: 0, seqAfter: 0, spentBefore: 0, spentAfter: 0, dropped: 0 };
+    const [, seqBefore, seqAfter, spentBefore, spentAfter, dropped] = answer.map(Number) as [number, number, number, number, number, number];
+    return { missing: false, seqBefore, seqAfter, spentBefore, spentAfter, dropped };
   }
 
   /** The debit a payment id holds in the session's budget, or null when the budget never saw it. */
@@ -283,6 +367,23 @@ export class X402SessionStore {
       const seqs = Array.from({ length: Math.min(READ_BATCH, lastSeq - from + 1) }, (_, i) => from + i);
       found.push(...(await Promise.all(seqs.map((seq) => this.getCharge(sessionId, seq)))));
     }
+    return found;
+  }
+
+  /**
+   * Charges recorded past `lastSeq` (by `_id`, a batch at a time, until a batch finds none): after Redis lost its last
+   * writes, the seqs it handed out before are recorded above the seq it now holds. Answers seqs lastSeq+1 up to the
+   * highest one found (a missing one is null): empty when Redis' seq is the truth, as it is but after a rollback. A
+   * smaller batch is a cheaper look (the ledger audit's), which a gap of that many unrecorded seqs can fool.
+   */
+  async chargesBeyond(sessionId: string, lastSeq: number, batchSize = READ_BATCH): Promise<Array<ChargeDoc | null>> {
+    const found: Array<ChargeDoc | null> = [];
+    for (let from = lastSeq + 1; ; from += batchSize) {
+      const batch = await Promise.all(Array.from({ length: batchSize }, (_, i) => this.getCharge(sessionId, from + i)));
+      if (batch.every((c) => c === null)) break;
+      found.push(...batch);
+    }
+    while (found.length > 0 && found[found.length - 1] === null) found.pop();
     return found;
   }
 

@@ -1,5 +1,6 @@
 import type { Runtime } from '../runtime.ts';
 import { X402GateExpiry } from '../services/x402-expiry.ts';
+import { RedisLossWatch } from '../services/redis-loss.ts';
 import { X402Service } from '../services/x402.ts';
 import type { QueueProcessor } from './runner.ts';
 
@@ -12,9 +13,17 @@ import type { QueueProcessor } from './runner.ts';
 export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x402-verify'> {
   const service = new X402Service(runtime);
   const expiry = new X402GateExpiry(runtime, service);
+  const redisLoss = new RedisLossWatch(runtime, service);
   return {
     process: ({ tenantId, gateId, report }) => service.processVerify(tenantId, gateId, report),
-    // The gates' summary, with the escalations' and the sessions' beside it.
-    sweep: async () => ({ ...(await expiry.sweep()), escalations: await service.sweepEscalationDeadlines(), sessions: await service.sweepSessions() }),
+    // First what Redis may have lost (a look that costs one INFO unless its masters changed); then the gates'
+    // summary, with the escalations' and the sessions' beside it.
+    sweep: async () => {
+      const redis = await redisLoss.look().catch((err: unknown) => {
+        runtime.logger.warn({ err }, 'could not check whether Redis lost writes; the next sweep looks again');
+        return null;
+      });
+      return { ...(await expiry.sweep()), escalations: await service.sweepEscalationDeadlines(), sessions: await service.sweepSessions(), redisReconciled: redis?.reconciled ?? false };
+    },
   };
 }

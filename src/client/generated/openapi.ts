@@ -13220,7 +13220,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_SESSION_BUDGET_EXCEEDED`, `X402_SESSION_CLOSED`, `X402_SESSION_EXPIRED`, `X402_SESSION_LIMIT_EXCEEDED`, `X402_SESSION_PAYEE_NOT_ALLOWED`, `X402_SESSION_PAYMENT_REUSED`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_PAYEE_MISMATCH`, `X402_REQUEST_BINDING_MISMATCH`, `X402_SESSION_BUDGET_EXCEEDED`, `X402_SESSION_CLOSED`, `X402_SESSION_EXPIRED`, `X402_SESSION_LIMIT_EXCEEDED`, `X402_SESSION_PAYEE_NOT_ALLOWED`, `X402_SESSION_PAYMENT_REUSED`. */
             409: {
                 headers: {
                     [name: string]: unknown;
