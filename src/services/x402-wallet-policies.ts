@@ -53,7 +53,9 @@ export class X402WalletPolicies {
   /**
    * Counts `amount` against the wallet's UTC day, once per decision key, unless it would pass the daily limit
    * (`enforce` false records it anyway: an approved escalation). The day's spends are a chain of inserted records
-   * with running totals, so concurrent callers can never both take the last of the limit.
+   * with running totals, so concurrent callers can never both take the last of the limit. A decision already counted
+   * (a sponsor's wallet decision, then its authorize-payment under the same key; a repeat) is never a breach: its
+   * amount is in the total already, and weighing it again would refuse a decision within the limit.
    */
   async spendDaily(walletId: string, policy: WalletPolicy, decisionKey: string, amount: number, now: Date, enforce: boolean): Promise<PolicyBreach | null> {
     if (policy.dailyLimit === null && enforce) return null;
@@ -68,6 +70,9 @@ export class X402WalletPolicies {
       if (err instanceof OtherKeyTaken) return null; // this decision was already counted (a concurrent repeat)
       throw err;
     }
+    // Checked only on a breach (the unique decisionKey index dedups every insert): the key's own spend may be part
+    // of the total that breached, recorded earlier, by another process, or on an earlier UTC day.
+    if (breach && (await this.store.spends.records.findOne({ decisionKey }, { projection: { _id: 1 } }))) return null;
     return breach;
   }
 

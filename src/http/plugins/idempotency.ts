@@ -49,6 +49,11 @@ export function parseIdempotencyKey(raw: string | string[] | undefined): string 
   throw new ServiceError(400, 'INVALID_IDEMPOTENCY_KEY', 'Idempotency-Key must be 1-255 characters of [A-Za-z0-9._:-]');
 }
 
+/** The request's key from `Idempotency-Key`, else `x-idempotency-key` (contract section 4 accepts both), or null. */
+export function idempotencyKeyOf(request: FastifyRequest): string | null {
+  return parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
+}
+
 /** Object keys sorted at every level, so the same request serialised in another key order has the same print. */
 function stableJson(value: unknown): string {
   if (Array.isArray(value)) return `[${value.map(stableJson).join(',')}]`;
@@ -81,7 +86,7 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
   app.addHook('preHandler', async (request, reply) => {
     if (request.method !== 'POST' && request.method !== 'PUT') return;
     if (request.routeOptions.config.nativeIdempotency) return;
-    const key = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
+    const key = idempotencyKeyOf(request);
     if (key === null) return;
     const principal = request.principal;
     // Scoped to tenant + credential: an onboarding principal (admin key, tenant key or session) acts for its tenant.

@@ -1,10 +1,10 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
-import { errors } from '../../domain/errors.ts';
+import { errors, ServiceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
 import { X402Service } from '../../services/x402.ts';
 import { tenantOf } from '../plugins/auth.ts';
-import { parseIdempotencyKey } from '../plugins/idempotency.ts';
+import { idempotencyKeyOf } from '../plugins/idempotency.ts';
 import { errorResponses, type ErrorCodes } from '../schemas/common.ts';
 import { Charge, ChargeBody, chargeView, OpenSessionBody, Session, SessionDisputeBody, SessionDisputeOpened, SessionParams, sessionView, Statement, statementView } from '../schemas/x402-sessions.ts';
 
@@ -47,10 +47,20 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
       },
     },
   }, async (request, reply) => {
-    const paymentId = request.body.paymentId ?? parseIdempotencyKey(request.headers['idempotency-key']);
+    // Parsed even beside a body paymentId: a malformed key is 400 on every POST (contract section 4).
+    const key = idempotencyKeyOf(request);
+    const keyed = request.body.paymentId === undefined && key !== null;
+    const paymentId = request.body.paymentId ?? key;
     // The schema cannot say "one of the body's paymentId and the header": a request without either satisfies it (422).
     if (!paymentId) throw errors.unprocessable('a charge needs a paymentId (or an Idempotency-Key): it is what makes a retry charge once', { errors: [{ path: 'body.paymentId', message: 'required without an Idempotency-Key' }] });
-    const answer = await service.chargeSession(tenantOf(request), request.params.sessionId, { ...request.body, paymentId });
+    const answer = await service.chargeSession(tenantOf(request), request.params.sessionId, { ...request.body, paymentId }).catch((err: unknown) => {
+      // A key sent as a header answers as on every other POST: same key, other request is 422 (contract section 4).
+      if (keyed && err instanceof ServiceError && err.code === 'X402_SESSION_PAYMENT_REUSED') {
+        throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different charge', err.details);
+      }
+      throw err;
+    });
+    if (keyed && answer.repeated) reply.header('idempotent-replayed', 'true');
     return reply.status(201).send(chargeView(answer));
   });
 
