@@ -242,3 +242,88 @@ export class RedisCluster {
     for (const node of this.nodes) await node.destroy();
   }
 }
+
+/** `redis-cli -p <port> <args>` on loopback, bounded in time. */
+export async function redisCli(port: number, ...args: string[]): Promise<string> {
+  const { stdout } = await run('redis-cli', ['-h', '127.0.0.1', '-p', String(port), ...args], { timeout: 5_000 });
+  return stdout;
+}
+
+/** `INFO replication` of a Redis as field -> value; empty when it does not answer. */
+export async function replicationInfo(port: number): Promise<Record<string, string>> {
+  const text = await redisCli(port, 'info', 'replication').catch(() => '');
+  return Object.fromEntries(text.split(/\r?\n/).filter((l) => l.includes(':')).map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 1).trim()]));
+}
+
+async function pollUntil(check: () => Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+/**
+ * A primary and its replica (`replicaof`), failed over by hand as an operator does it without Sentinel: the primary
+ * dies, the replica is promoted (`REPLICAOF NO ONE`) and the clients are pointed at it. Replication is asynchronous,
+ * so a replica that lagged is promoted without the primary's last writes. To make it lag for certain, `freezeReplica`
+ * SIGSTOPs it and waits until the primary drops it for not acknowledging (`repl-timeout` 3 s): what the primary writes
+ * after that never reaches the replica. (Freezing alone is not enough: what the primary wrote while the replica was
+ * frozen sits in the kernel's socket buffers and is applied when it thaws.)
+ */
+export class RedisReplicaPair {
+  private constructor(readonly primary: RedisServer, readonly replica: RedisServer) {}
+
+  static async start(): Promise<RedisReplicaPair> {
+    // No delay before a replica's first sync (the default waits 5 s for more replicas).
+    const primary = new RedisServer(await freePort(), ['--repl-timeout', '3', '--repl-diskless-sync-delay', '0']);
+    await primary.up();
+    const replica = new RedisServer(await freePort(), ['--replicaof', '127.0.0.1', String(primary.port)]);
+    try {
+      await replica.up();
+      await pollUntil(async () => (await replicationInfo(replica.port)).master_link_status === 'up', 30_000, 'the replica\'s first sync');
+    } catch (err) {
+      await replica.destroy();
+      await primary.destroy();
+      throw err;
+    }
+    return new RedisReplicaPair(primary, replica);
+  }
+
+  /** Waits until the replica has applied everything the primary had written when this was called. */
+  async waitCaughtUp(timeoutMs = 30_000): Promise<{ offset: number }> {
+    const target = Number((await replicationInfo(this.primary.port)).master_repl_offset);
+    await pollUntil(async () => {
+      const info = await replicationInfo(this.replica.port);
+      return info.master_link_status === 'up' && Number(info.slave_repl_offset) >= target;
+    }, timeoutMs, `the replica caught up with offset ${target}`);
+    return { offset: target };
+  }
+
+  /** SIGSTOPs the replica, then waits until the primary has dropped it: from then on it lags for good. */
+  async freezeReplica(timeoutMs = 30_000): Promise<void> {
+    this.replica.freeze();
+    await pollUntil(async () => (await replicationInfo(this.primary.port)).connected_slaves === '0', timeoutMs, 'the primary dropping its frozen replica');
+  }
+
+  /**
+   * The primary SIGKILLed, the replica thawed and promoted. Answers the primary's last offset and the replica's (what
+   * it holds of the primary's writes): the difference is what the failover lost.
+   */
+  async failover(timeoutMs = 30_000): Promise<{ primaryOffset: number; replicaOffset: number }> {
+    const primaryOffset = Number((await replicationInfo(this.primary.port)).master_repl_offset);
+    await this.primary.down();
+    this.replica.thaw();
+    // Thawed, it applies what its socket still held, then sees its primary gone.
+    await pollUntil(async () => (await replicationInfo(this.replica.port)).master_link_status === 'down', timeoutMs, 'the thawed replica seeing its primary gone');
+    const replicaOffset = Number((await replicationInfo(this.replica.port)).master_repl_offset);
+    await redisCli(this.replica.port, 'replicaof', 'no', 'one');
+    await pollUntil(async () => (await replicationInfo(this.replica.port)).role === 'master', timeoutMs, 'the replica promoted');
+    return { primaryOffset, replicaOffset };
+  }
+
+  async destroy(): Promise<void> {
+    await this.replica.destroy();
+    await this.primary.destroy();
+  }
+}
