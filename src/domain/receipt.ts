@@ -49,6 +49,19 @@ export interface SessionSettlementReceiptBody extends ReceiptMoney {
 
 type ReceiptBody = SettlementReceiptBody | GateSettlementReceiptBody | SessionSettlementReceiptBody;
 
+/**
+ * The part of every settlement receipt that says what money moved: the one builder of it for runs, gates and session
+ * payees, so the three receipts cannot drift apart. The rest of each body names what was settled.
+ */
+export function receiptMoney(
+  settlement: { settlementId: string; payerWalletId: string; payeeWalletId: string; amount: number; currency: string },
+  money: { releasedNow: number; holdback: number; verdict: 'pass' | 'fail'; decidedAt: string },
+): ReceiptMoney {
+  const { settlementId, payerWalletId, payeeWalletId, amount, currency } = settlement;
+  const { releasedNow, holdback, verdict, decidedAt } = money;
+  return { schema: 'SettlementReceipt.v1', settlementId, payerWalletId, payeeWalletId, amount, releasedNow, holdback, currency, verdict, decidedAt };
+}
+
 export interface SignedReceipt {
   body: ReceiptBody;
   receiptHash: string;

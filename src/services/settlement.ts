@@ -3,8 +3,8 @@ import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { settlementSubject } from '../domain/events.ts';
 import { assertMoney } from '../domain/money.ts';
-import { signReceipt } from '../domain/receipt.ts';
-import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, releaseCredits, type SettlementFacts } from '../domain/settlement.ts';
+import { receiptMoney, signReceipt } from '../domain/receipt.ts';
+import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, releaseCredits, type DecidedMoney, type SettlementFacts } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
@@ -117,147 +117,176 @@ export async function advanceSettlement(
    */
   known?: { doc: SettlementDoc; facts: SettlementFacts; decidedNow: boolean; prepared?: Map<string, PreparedEntry> },
 ): Promise<SettlementState | null> {
-  const { settlements, ledger, runs } = rt.stores;
-  const s = known?.doc ?? (await settlements.get(settlementId));
+  const s = known?.doc ?? (await rt.stores.settlements.get(settlementId));
   if (!s) return null;
-  const facts: SettlementFacts = known ? { ...known.facts } : await settlements.factsOf(s._id);
-  const ref = { settlementId: s._id, runId: s.runId };
-  // What events name as the settled thing, one shape for a run, an x402 gate and an x402 session.
-  const subject = settlementSubject(s);
-  // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
-  const marks = { test: s.test === true };
-  const fromEscrow = (amount: number): Leg => ({ walletId: s.payerWalletId, bucket: 'escrow', delta: -amount });
-  const toAvailable = (walletId: string, amount: number): Leg => ({ walletId, bucket: 'available', delta: amount });
-  // Every entry this pass applies; together with the facts it is the settlement's state (no re-read needed).
-  const applied = new Set<string>();
-  const move = async (id: string, kind: string, to: string, amount: number) => {
-    await ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs: [fromEscrow(amount), toAvailable(to, amount)], ref }, { expectNew: known?.decidedNow === true, prepared: known?.prepared?.get(id) });
-    applied.add(id);
-  };
+  const facts: SettlementFacts = known ? { ...known.facts } : await rt.stores.settlements.factsOf(s._id);
+  const pass = new SettlementPass(rt, s, facts, failpoint, known);
+  const decision = await pass.decide();
+  const paid = decision.verdict === 'pass';
+  await pass.releaseNow(decision);
+  await pass.holdbackFate(decision);
+  if (facts.holdback?.fate === 'dispute') await pass.dispute(facts.holdback);
+  if (!paid && facts.heldRuling) await pass.heldRuling(facts.heldRuling);
+  return pass.finish();
+}
 
-  // 1. Decide from the verdict, once: the decision (time and signed receipt included) is a fact. A run finalized
-  //    without an artifact (its data could never make one) is a fail: its escrow is held for an ops ruling.
-  if (!facts.decision) {
-    const run = await runs.get(s.tenantId, s.runId);
-    if (!run || run.status !== 'finalized' || !run.verdict) throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
-    // The run's reserve becomes this settlement's before anything is decided: every later move takes from it.
-    const [reserveId] = await Promise.all([captureRunReserve(rt, s), ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent')]);
-    failpoint('reserve-captured');
-    const verdict = run.verdict === 'pass' && run.artifactId !== null ? 'pass' : 'fail';
-    const decision = decideSettlement({ settlementId: s._id, ...s }, verdict, run.finalizeError?.code ?? 'TERMS_NOT_MET', new Date(), (money) =>
-      signReceipt(
-        {
-          schema: 'SettlementReceipt.v1',
-          settlementId: s._id,
-          runId: s.runId,
-          payerWalletId: s.payerWalletId,
-          payeeWalletId: s.payeeWalletId,
-          amount: s.amount,
-          releasedNow: money.releasedNow,
-          holdback: money.holdback,
-          currency: s.currency,
-          verdict: money.verdict,
-          artifactId: run.artifactId,
-          artifactHash: run.artifactId?.slice('art_'.length) ?? null,
-          decidedAt: money.decidedAt,
-        },
-        rt.keys.active,
-      ), reserveId);
-    facts.decision = (await settlements.claim(s._id, 'decision', decision)).fact;
-  }
-  const d = facts.decision;
-  const pass = d.verdict === 'pass';
-  assertDecisionSplit(s._id, s.amount, d);
-  if (facts.ruling) {
-    const frozen = facts.holdback?.fate === 'dispute' ? facts.holdback.frozenAmount : -1;
-    assertMoney(facts.ruling.toPayer + facts.ruling.toPayee === frozen && frozen === d.holdback, `settlement ${s._id}: ruling ${facts.ruling.toPayer}+${facts.ruling.toPayee} does not split the frozen holdback ${d.holdback}`);
+type Decision = NonNullable<SettlementFacts['decision']>;
+
+/**
+ * One pass over a settlement, its steps in the order advanceSettlement calls them. Every entry it applies is kept
+ * (with the facts it is the settlement's state, so nothing is read again), and the announcements that move no money
+ * go out while the pass goes on: the pass waits for them before any later announcement (events keep their order)
+ * and before it ends, so a failure still fails the pass and the due record is only removed once they landed.
+ */
+class SettlementPass {
+  private readonly ref: { settlementId: string; runId: string };
+  /** What events name as the settled thing, one shape for a run, an x402 gate and an x402 session. */
+  private readonly subject: ReturnType<typeof settlementSubject>;
+  /** A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them. */
+  private readonly marks: { test: boolean };
+  private readonly applied = new Set<string>();
+  private readonly started: Array<Promise<unknown>> = [];
+
+  constructor(
+    private readonly rt: Runtime,
+    private readonly s: SettlementDoc,
+    private readonly facts: SettlementFacts,
+    private readonly failpoint: Failpoint,
+    private readonly known: { decidedNow: boolean; prepared?: Map<string, PreparedEntry> } | undefined,
+  ) {
+    this.ref = { settlementId: s._id, runId: s.runId };
+    this.subject = settlementSubject(s);
+    this.marks = { test: s.test === true };
   }
 
-  // The decision's announcement and the holdback's timer go out while the pass goes on (they move no money and are
-  // repeated by every pass: event ids derive from the settlement, the job id from its step). The pass waits for them
-  // before any later announcement (events keep their order) and before it ends: a failure still fails the pass, and
-  // the due record is only removed once they landed.
-  const started: Array<Promise<unknown>> = [];
-  const inFlight = (work: Promise<unknown>) => {
-    work.catch(() => undefined); // awaited below; a failure must not go unhandled meanwhile
-    started.push(work);
-  };
-
-  // 2. Move what the decision releases now, then announce it (event ids derive from the settlement). A metered pass
-  //    charged less than its reserve: the same entry returns the rest to the payer at once (one debit of the escrow,
-  //    a credit to each), so a metered call costs what a whole one does.
-  const uncaptured = pass ? s.amount - capturedOf(s.amount, d) : 0;
-  const credits = pass ? releaseCredits(s, d) : [];
-  if (credits.length > 0) {
-    const id = entryIds.release(s._id);
-    const legs = [fromEscrow(credits.reduce((sum, c) => sum + c.amount, 0)), ...credits.map((c) => toAvailable(c.walletId, c.amount))];
-    await ledger.apply({ _id: id, tenantId: s.tenantId, kind: 'settlement_release', currency: s.currency, legs, ref }, { expectNew: known?.decidedNow === true, prepared: known?.prepared?.get(id) });
-    applied.add(id);
+  /** Moves `legs` from the payer's escrow under the derived entry id `id`, once. */
+  private async apply(id: string, kind: string, credits: Array<{ walletId: string; amount: number }>): Promise<void> {
+    const { s } = this;
+    const fromEscrow: Leg = { walletId: s.payerWalletId, bucket: 'escrow', delta: -credits.reduce((sum, c) => sum + c.amount, 0) };
+    const legs = [fromEscrow, ...credits.map((c): Leg => ({ walletId: c.walletId, bucket: 'available', delta: c.amount }))];
+    await this.rt.stores.ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs, ref: this.ref }, { expectNew: this.known?.decidedNow === true, prepared: this.known?.prepared?.get(id) });
+    this.applied.add(id);
   }
-  failpoint('released');
-  if (pass) {
-    const returned = uncaptured > 0 ? { uncaptured } : {};
-    inFlight(emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`, marks));
-  } else if (!s.gateId && !s.sessionId) {
-    // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
-    inFlight(emitEvent(rt, s.tenantId, 'settlement.held', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason }, `settlement.held:${s._id}`, marks));
-  }
-  failpoint('decided');
 
-  // 3. The holdback's fate: released when the window ends, unless a dispute claimed it first.
-  const windowEnds = Date.parse(d.disputeWindowEndsAt);
-  if (pass && d.holdback > 0 && !facts.holdback) {
-    if (Date.now() >= windowEnds) {
-      facts.holdback = (await settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })).fact;
-    } else {
-      inFlight(rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now()));
+  private inFlight(work: Promise<unknown>): void {
+    work.catch(() => undefined); // awaited later; a failure must not go unhandled meanwhile
+    this.started.push(work);
+  }
+
+  private emit(type: Parameters<typeof emitEvent>[2], data: Record<string, unknown>, cause: string): Promise<unknown> {
+    return emitEvent(this.rt, this.s.tenantId, type, { ...this.subject, settlementId: this.s._id, ...data }, cause, this.marks);
+  }
+
+  /**
+   * 1. Decides from the verdict, once: the decision (time and signed receipt included) is a fact. A run finalized
+   *    without an artifact (its data could never make one) is a fail: its escrow is held for an ops ruling.
+   */
+  async decide(): Promise<Decision> {
+    const { rt, s, facts } = this;
+    if (!facts.decision) {
+      const run = await rt.stores.runs.get(s.tenantId, s.runId);
+      if (!run || run.status !== 'finalized' || !run.verdict) throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
+      // The run's reserve becomes this settlement's before anything is decided: every later move takes from it.
+      const [reserveId] = await Promise.all([captureRunReserve(rt, s), rt.stores.ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent')]);
+      this.failpoint('reserve-captured');
+      const verdict = run.verdict === 'pass' && run.artifactId !== null ? 'pass' : 'fail';
+      const sign = (money: DecidedMoney) =>
+        signReceipt({ ...receiptMoney({ settlementId: s._id, ...s }, money), runId: s.runId, artifactId: run.artifactId, artifactHash: run.artifactId?.slice('art_'.length) ?? null }, rt.keys.active);
+      const decision = decideSettlement({ settlementId: s._id, ...s }, verdict, run.finalizeError?.code ?? 'TERMS_NOT_MET', new Date(), sign, reserveId);
+      facts.decision = (await rt.stores.settlements.claim(s._id, 'decision', decision)).fact;
     }
-  }
-  if (facts.holdback?.fate === 'release') {
-    await move(entryIds.holdback(s._id), 'holdback_release', s.payeeWalletId, d.holdback);
-    failpoint('holdback-released');
-    await Promise.all(started);
-    await emitEvent(rt, s.tenantId, 'settlement.holdback_released', { ...subject, settlementId: s._id, amount: d.holdback, currency: s.currency }, `settlement.holdback_released:${s._id}`, marks);
+    const d = facts.decision;
+    assertDecisionSplit(s._id, s.amount, d);
+    if (facts.ruling) {
+      const frozen = facts.holdback?.fate === 'dispute' ? facts.holdback.frozenAmount : -1;
+      assertMoney(facts.ruling.toPayer + facts.ruling.toPayee === frozen && frozen === d.holdback, `settlement ${s._id}: ruling ${facts.ruling.toPayer}+${facts.ruling.toPayee} does not split the frozen holdback ${d.holdback}`);
+    }
+    return d;
   }
 
-  // 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee.
-  if (facts.holdback?.fate === 'dispute') {
-    const dispute = facts.holdback;
-    await Promise.all(started);
+  /**
+   * 2. Moves what the decision releases now, then announces it (event ids derive from the settlement). A metered
+   *    pass charged less than its reserve: the same entry returns the rest to the payer at once (one debit of the
+   *    escrow, a credit to each), so a metered call costs what a whole one does.
+   */
+  async releaseNow(d: Decision): Promise<void> {
+    const { s } = this;
+    const pass = d.verdict === 'pass';
+    const uncaptured = pass ? s.amount - capturedOf(s.amount, d) : 0;
+    const credits = pass ? releaseCredits(s, d) : [];
+    if (credits.length > 0) await this.apply(entryIds.release(s._id), 'settlement_release', credits);
+    this.failpoint('released');
+    if (pass) {
+      const returned = uncaptured > 0 ? { uncaptured } : {};
+      this.inFlight(this.emit('settlement.completed', { amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`));
+    } else if (!s.gateId && !s.sessionId) {
+      // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
+      this.inFlight(this.emit('settlement.held', { amount: s.amount, currency: s.currency, reason: d.reason }, `settlement.held:${s._id}`));
+    }
+    this.failpoint('decided');
+  }
+
+  /** 3. The holdback's fate: released when the window ends, unless a dispute claimed it first. */
+  async holdbackFate(d: Decision): Promise<void> {
+    const { rt, s, facts } = this;
+    const windowEnds = Date.parse(d.disputeWindowEndsAt);
+    if (d.verdict === 'pass' && d.holdback > 0 && !facts.holdback) {
+      if (Date.now() >= windowEnds) facts.holdback = (await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })).fact;
+      else this.inFlight(rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now()));
+    }
+    if (facts.holdback?.fate !== 'release') return;
+    await this.apply(entryIds.holdback(s._id), 'holdback_release', [{ walletId: s.payeeWalletId, amount: d.holdback }]);
+    this.failpoint('holdback-released');
+    await Promise.all(this.started);
+    await this.emit('settlement.holdback_released', { amount: d.holdback, currency: s.currency }, `settlement.holdback_released:${s._id}`);
+  }
+
+  /** 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee. */
+  async dispute(dispute: Extract<NonNullable<SettlementFacts['holdback']>, { fate: 'dispute' }>): Promise<void> {
+    const { s, facts } = this;
+    await Promise.all(this.started);
+    const { rt, subject, marks } = this;
     await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, ...subject, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`, marks);
     const ruling = facts.ruling;
-    if (ruling) {
-      if (ruling.toPayer > 0) await move(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', s.payerWalletId, ruling.toPayer);
-      failpoint('dispute-payer-paid');
-      if (ruling.toPayee > 0) await move(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', s.payeeWalletId, ruling.toPayee);
-      failpoint('dispute-payee-paid');
-      await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, ...subject, settlementId: s._id, outcome: ruling.outcome, toPayer: ruling.toPayer, toPayee: ruling.toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`, marks);
-    }
+    if (!ruling) return;
+    if (ruling.toPayer > 0) await this.apply(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', [{ walletId: s.payerWalletId, amount: ruling.toPayer }]);
+    this.failpoint('dispute-payer-paid');
+    if (ruling.toPayee > 0) await this.apply(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', [{ walletId: s.payeeWalletId, amount: ruling.toPayee }]);
+    this.failpoint('dispute-payee-paid');
+    const { outcome, toPayer, toPayee } = ruling;
+    await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, ...subject, settlementId: s._id, outcome, toPayer, toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`, marks);
   }
 
-  // 5. An ops ruling on a held settlement: the whole escrow to the payee, or back to the payer.
-  if (!pass && facts.heldRuling) {
-    await Promise.all(started);
-    const release = facts.heldRuling.outcome === 'release';
-    await move(entryIds.held(s._id, facts.heldRuling.outcome), release ? 'held_release' : 'held_refund', release ? s.payeeWalletId : s.payerWalletId, s.amount);
-    failpoint('held-resolved');
+  /** 5. An ops ruling on a held settlement: the whole escrow to the payee, or back to the payer. */
+  async heldRuling(ruling: NonNullable<SettlementFacts['heldRuling']>): Promise<void> {
+    const { s, facts } = this;
+    await Promise.all(this.started);
+    const release = ruling.outcome === 'release';
+    await this.apply(entryIds.held(s._id, ruling.outcome), release ? 'held_release' : 'held_refund', [{ walletId: release ? s.payeeWalletId : s.payerWalletId, amount: s.amount }]);
+    this.failpoint('held-resolved');
     if (release) {
-      await emitEvent(rt, s.tenantId, 'settlement.completed', { ...subject, settlementId: s._id, amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`, marks);
+      await this.emit('settlement.completed', { amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
     } else {
       // An operator's refund ruling, or a gate's failed verification (refunded at once).
-      await emitEvent(rt, s.tenantId, 'settlement.refunded', { ...subject, settlementId: s._id, amount: s.amount, currency: s.currency, reason: d.reason ?? 'held_ruling' }, `settlement.refunded:${s._id}`, marks);
+      await this.emit('settlement.refunded', { amount: s.amount, currency: s.currency, reason: facts.decision?.reason ?? 'held_ruling' }, `settlement.refunded:${s._id}`);
     }
   }
 
-  const state = settlementState(s, facts, applied);
-  const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
-  // A gate's or a session payee's settlement has a due record only once a pass left work for later: the pass that
-  // won its decision (nothing before the decision marks one) has none to remove.
-  const noRecord = known?.decidedNow === true && (s.gateId != null || s.sessionId != null);
-  // The due record is a hint: it does not wait for what is still in flight, except that the sweeper's record goes
-  // only once everything it would redo has landed.
-  await Promise.all([...started, next ? settlements.due.mark(s._id, s.tenantId, next) : noRecord ? null : Promise.all(started).then(() => settlements.due.done(s._id))]);
-  return state;
+  /**
+   * The state this pass leaves, and the settlement's due record: moved to its next step, or removed once everything
+   * the sweeper would redo has landed (the record is a hint and does not wait for the rest in flight).
+   */
+  async finish(): Promise<SettlementState> {
+    const { rt, s } = this;
+    const state = settlementState(s, this.facts, this.applied);
+    const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
+    // A gate's or a session payee's settlement has a due record only once a pass left work for later: the pass that
+    // won its decision (nothing before the decision marks one) has none to remove.
+    const noRecord = this.known?.decidedNow === true && (s.gateId != null || s.sessionId != null);
+    const started = Promise.all(this.started);
+    await Promise.all([started, next ? rt.stores.settlements.due.mark(s._id, s.tenantId, next) : noRecord ? null : started.then(() => rt.stores.settlements.due.done(s._id))]);
+    return state;
+  }
 }
 
 /**

@@ -9,7 +9,7 @@
 import { idFromIdempotency, newId } from '../domain/crypto.ts';
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
-import { signReceipt } from '../domain/receipt.ts';
+import { receiptMoney, signReceipt } from '../domain/receipt.ts';
 import { decideSettlement } from '../domain/settlement.ts';
 import { evaluateStaticPolicy } from '../domain/x402.ts';
 import {
@@ -692,23 +692,7 @@ export class X402Sessions {
         disputeWindowSeconds: session.disputeWindowSeconds,
       });
       const decision = decideSettlement({ settlementId: s._id, ...s }, 'pass', null, close.at, (money) =>
-        signReceipt(
-          {
-            schema: 'SettlementReceipt.v1',
-            settlementId: s._id,
-            sessionId: session._id,
-            statementHash: close.statement.statementHash,
-            payerWalletId: s.payerWalletId,
-            payeeWalletId: s.payeeWalletId,
-            amount: s.amount,
-            releasedNow: money.releasedNow,
-            holdback: money.holdback,
-            currency: s.currency,
-            verdict: money.verdict,
-            decidedAt: money.decidedAt,
-          },
-          this.runtime.keys.active,
-        ),
+        signReceipt({ ...receiptMoney({ settlementId: s._id, ...s }, money), sessionId: session._id, statementHash: close.statement.statementHash }, this.runtime.keys.active),
       );
       const claimed = await settlements.claimDecision(s._id, decision);
       await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: claimed.facts, decidedNow: claimed.won });

@@ -6,7 +6,7 @@ import { BSON } from 'mongodb';
 import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
-import { signReceipt } from '../domain/receipt.ts';
+import { receiptMoney, signReceipt } from '../domain/receipt.ts';
 import { decideSettlement, entryIds, releaseCredits, type DecisionFact, type SettlementView } from '../domain/settlement.ts';
 import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
 import { watchRedis } from '../outages.ts';
@@ -317,23 +317,14 @@ export class X402Verification {
       (money) =>
         signReceipt(
           {
-            schema: 'SettlementReceipt.v1',
-            settlementId: s._id,
+            ...receiptMoney({ settlementId: s._id, payerWalletId: s.payerWalletId, payeeWalletId: s.payeeWalletId, amount: gate.amount, currency: gate.currency }, money),
             gateId,
             authorizationRef: authorization?.authorizationRef ?? null,
             quoteId: authorization?.quoteId ?? null,
             requestSha256: authorization?.requestSha256 ?? null,
             responseSha256: verification.evidence.responseSha256,
             verificationStatus: verification.verificationStatus,
-            payerWalletId: s.payerWalletId,
-            payeeWalletId: s.payeeWalletId,
-            amount: gate.amount,
             captured: money.captured,
-            releasedNow: money.releasedNow,
-            holdback: money.holdback,
-            currency: gate.currency,
-            verdict: money.verdict,
-            decidedAt: money.decidedAt,
           },
           this.runtime.keys.active,
         ),
