@@ -4,7 +4,7 @@ import type { Config } from './config.ts';
 import { DependencyOutages, watchRedis } from './outages.ts';
 import { Producers } from './queues/index.ts';
 import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
-import { CredentialCache } from './services/credentials.ts';
+import { CredentialCache } from './store/credentials.ts';
 import { loadServiceKeys, type ServiceKeyRing } from './signing.ts';
 import { AgentStore } from './store/agents.ts';
 import { ConsoleSessionStore } from './store/console-sessions.ts';

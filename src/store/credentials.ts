@@ -2,8 +2,8 @@ import { errors } from '../domain/errors.ts';
 import { unreachableDependency, watchRedis, type DependencyOutages } from '../outages.ts';
 import { createRedisClient, type RedisClient } from '../redis.ts';
 import type { Logger } from 'pino';
-import type { AgentDoc, AgentStore } from '../store/agents.ts';
-import { isActiveKey, isLiveKey, parseToken, type ApiKeyDoc, type ApiKeyStore } from '../store/api-keys.ts';
+import type { AgentDoc, AgentStore } from './agents.ts';
+import { isActiveKey, isLiveKey, parseToken, type ApiKeyDoc, type ApiKeyStore } from './api-keys.ts';
 
 /** Longest an entry is trusted even without an invalidation (a safety net; invalidations are the real mechanism). */
 const ENTRY_TTL_MS = 60_000;

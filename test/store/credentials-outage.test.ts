@@ -7,7 +7,7 @@ import { Redis } from 'ioredis';
 import { pino } from 'pino';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DependencyOutages } from '../../src/outages.ts';
-import { CredentialCache } from '../../src/services/credentials.ts';
+import { CredentialCache } from '../../src/store/credentials.ts';
 import { RedisInstance } from '../helpers/redis-instance.ts';
 
 async function until(check: () => boolean, what: string, timeoutMs = 20_000): Promise<void> {
