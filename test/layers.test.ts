@@ -36,6 +36,21 @@ describe('layers', () => {
     expect(offenders).toEqual([]);
   });
 
+  it('the runtime and the stores never reach up into services', () => {
+    const offenders = ['src/runtime.ts', ...files('src/store')].flatMap((f) => imports(f).filter((i) => i.startsWith('src/services/')).map((i) => `${f} -> ${i}`));
+    expect(offenders).toEqual([]);
+  });
+
+  it('services read and write MongoDB only through store methods (no collection call of their own)', () => {
+    const collectionCall = /\.(findOne|find|insertOne|insertMany|updateOne|updateMany|deleteOne|deleteMany|replaceOne|countDocuments|aggregate|bulkWrite)\(\s*\{/;
+    const offenders = files('src/services').flatMap((f) =>
+      readFileSync(join(root, f), 'utf8')
+        .split('\n')
+        .flatMap((line, i) => (collectionCall.test(line) ? [`${f}:${i + 1}: ${line.trim()}`] : [])),
+    );
+    expect(offenders).toEqual([]);
+  });
+
   it('domain imports nothing outside itself', () => {
     const offenders = files('src/domain').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
     expect(offenders).toEqual([]);

@@ -479,7 +479,7 @@ async function reserveProblem(rt: Runtime, r: AuditReserveDoc, now: number, pass
     if (!run.settlement) return olderThanASweep(r.lockedAt ?? r.openedAt) ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} never took the terms its reserve was locked for` } : null;
     deadline = (r.lockedAt ?? r.openedAt).getTime() + rt.config.reserves.runDeadlineSeconds * 1000;
   } else {
-    const [gate, commitment] = await Promise.all([x402.gates.findOne({ _id: subject.id }), x402.commitmentOf(subject.id)]);
+    const [gate, commitment] = await Promise.all([x402.storedGate(subject.id), x402.commitmentOf(subject.id)]);
     if (!gate) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `gate ${subject.id} does not exist` } : null;
     if ((commitment?.kind === 'cancellation' || commitment?.kind === 'expired') && olderThanASweep(commitment.at)) {
       return { kind: 'reserve_owner_cancelled', detail: `gate ${subject.id} was ${commitment.kind === 'expired' ? 'expired' : 'cancelled'} at ${commitment.at.toISOString()} and still holds its reserve` };
@@ -512,7 +512,7 @@ async function sessionReserveProblem(
   sweepMs: number,
 ): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
   const { x402Sessions, settlements } = rt.stores;
-  const [session, close] = await Promise.all([x402Sessions.sessions.findOne({ _id: sessionId }), x402Sessions.closeOf(sessionId)]);
+  const [session, close] = await Promise.all([x402Sessions.storedSession(sessionId), x402Sessions.closeOf(sessionId)]);
   if (!session) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `session ${sessionId} does not exist` } : null;
   if (!close) {
     const deadline = session.expiresAt.getTime() + GATE_DEADLINE_SLACK_MS;
@@ -563,7 +563,7 @@ async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolatio
   for (const { id, parkedAt } of await sweepParked.list('settlements', MAX_STUCK_SETTLEMENTS)) {
     if (found.has(id)) continue;
     // A worker that died with the item parked never unparks it: a settlement no longer due is not stuck.
-    if (!(await settlements.due.records.findOne({ _id: id }))) {
+    if (!(await settlements.due.has(id))) {
       await sweepParked.unpark('settlements', id);
       continue;
     }

@@ -72,7 +72,7 @@ export class X402WalletPolicies {
     }
     // Checked only on a breach (the unique decisionKey index dedups every insert): the key's own spend may be part
     // of the total that breached, recorded earlier, by another process, or on an earlier UTC day.
-    if (breach && (await this.store.spends.records.findOne({ decisionKey }, { projection: { _id: 1 } }))) return null;
+    if (breach && (await this.store.spentUnder(decisionKey))) return null;
     return breach;
   }
 

@@ -85,6 +85,11 @@ export class DueWorkStore {
     return records.filter((r): r is DueRecord => r !== null && r.dueAt.getTime() <= before.getTime());
   }
 
+  /** Whether `id` has a record (work not finished yet). */
+  async has(id: string): Promise<boolean> {
+    return (await this.records.findOne({ _id: id }, { projection: { _id: 1 } })) !== null;
+  }
+
   /** Every record's id, at most `limit` (a scan of the records: only after Redis lost writes). */
   async allIds(limit: number): Promise<string[]> {
     const records = await this.records.find({}, { projection: { _id: 1 }, comment: RECONCILIATION_COMMENT }).limit(limit).toArray();

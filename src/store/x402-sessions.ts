@@ -276,6 +276,11 @@ export class X402SessionStore {
     return doc;
   }
 
+  /** The session as MongoDB holds it now, never from memory (the ledger audit must see a refused session gone). */
+  storedSession(sessionId: string): Promise<SessionDoc | null> {
+    return this.sessions.findOne({ _id: sessionId });
+  }
+
   remember(doc: SessionDoc): void {
     if (this.known.size > 100_000) this.known.clear();
     this.known.set(doc._id, doc);

@@ -403,6 +403,19 @@ export class X402Store {
     return found;
   }
 
+  /** The gate as MongoDB holds it now, never from memory (the ledger audit must see a refused gate gone). */
+  storedGate(gateId: string): Promise<GateDoc | null> {
+    return this.gates.findOne({ _id: gateId });
+  }
+
+  /**
+   * Whether a spend was counted under this decision key, on any day (a scan of the spends: only on the path that
+   * found a breach, which is rare and refused anyway).
+   */
+  async spentUnder(decisionKey: string): Promise<boolean> {
+    return (await this.spends.records.findOne({ decisionKey }, { projection: { _id: 1 } })) !== null;
+  }
+
   /** A gate of any tenant (the sweeper's read), from memory once seen. */
   gateById(gateId: string): Promise<GateDoc | null> {
     return this.immutableById(this.knownGates, this.gates, gateId);
