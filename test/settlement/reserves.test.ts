@@ -207,11 +207,17 @@ describe('escrow reserves: one owner, one fate', () => {
   });
 });
 
+/**
+ * Long enough that a run is created and finalized well before it even on a loaded machine (3 s was not: a CI minute
+ * with two busy cores took longer, and the "still in time" sweep returned the reserve).
+ */
+const DEADLINE_SECONDS = 15;
+
 describe('escrow reserves: deadlines', () => {
   let t: TestApp;
   let auth: Record<string, string>;
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['finalize'], overrides: { SWEEP_INTERVAL_MS: '3600000', SWEEP_STALE_AFTER_MS: '0', RUN_RESERVE_DEADLINE_SECONDS: '3' } });
+    t = await startTestApp({ workers: ['finalize'], overrides: { SWEEP_INTERVAL_MS: '3600000', SWEEP_STALE_AFTER_MS: '0', RUN_RESERVE_DEADLINE_SECONDS: String(DEADLINE_SECONDS) } });
     auth = (await t.tenantWithKey(['agents:write', 'runs:write', 'wallets:write'])).auth;
   });
   afterAll(() => t.close());
@@ -219,11 +225,12 @@ describe('escrow reserves: deadlines', () => {
   it('a reserve its run never settled goes back to the payer at its deadline; settling later locks again and pays once', async () => {
     const sweep = createSettleProcessor(t.runtime).sweep!;
     const p = await parties(t, auth, 1_000);
+    const lockedBy = Date.now() + DEADLINE_SECONDS * 1000; // the reserve is locked after this, so due no earlier
     const runId = await finalizedRun(t, auth, p, { pass: true, amount: 400 });
     await sleep(RUN_GRACE_MS + 100);
     expect(await sweep()).toMatchObject({ unlocked: 0 }); // owned and in time
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 600, escrow: 400 });
-    await sleep(3_000);
+    await sleep(Math.max(0, lockedBy + 1_000 - Date.now()));
     expect(await sweep()).toMatchObject({ unlocked: 1 });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 1_000, escrow: 0 });
     const returned = await t.runtime.stores.outbox.events.findOne({ type: 'escrow.returned', 'data.runId': runId });
@@ -233,5 +240,5 @@ describe('escrow reserves: deadlines', () => {
     await sweep();
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 600, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 400, escrow: 0 });
-  });
+  }, 90_000);
 });
