@@ -176,244 +176,328 @@ export async function auditLedger(rt: Runtime, options: AuditOptions = {}): Prom
 }
 
 async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boolean): Promise<LedgerAuditReport> {
-  const store = rt.stores.ledgerAudit;
-  const full = options.full === true;
-  const startedAt = Date.now();
-  const deadline = startedAt + (options.budgetMs ?? DEFAULT_BUDGET_MS);
-  const sweepMs = rt.config.sweeper.staleAfterMs + rt.config.sweeper.intervalMs;
-  const violations: AuditViolation[] = [];
-  const report = (v: AuditViolation) => {
-    if (violations.length < MAX_VIOLATIONS) violations.push(v);
-  };
+  const pass = new AuditPass(rt, options, lockLost);
+  await pass.load();
+  await pass.walkAccounts();
+  await pass.rebuildEntries();
+  await pass.forgetClosed();
+  const totals = pass.checkTotals(); // (a) and (b)
+  await pass.checkEntries(); // (d) entries
+  const open = await pass.checkReserves(); // (c) and (d) reserves
+  await pass.checkStuckSettlements(); // (e)
+  await pass.checkSessions(open); // (f)
+  return pass.report(totals);
+}
 
-  const stored = await store.loadState();
-  const storedCheckpoints = new Map(stored.accounts.map((a) => [a._id, a]));
-  const checkpoints = new Map<string, AuditAccountDoc>(full ? [] : storedCheckpoints);
-  const reserves = new Map<string, AuditReserveDoc>(full ? [] : stored.reserves.map((r) => [r._id, r]));
-  const entries = new Map<string, AuditEntryDoc>(full ? [] : stored.entries.map((e) => [e._id, e]));
-  // What is stored: only these need a write when they close (the others never left memory).
-  const storedReserves = new Set(reserves.keys());
-  const storedEntries = new Set(entries.keys());
+type Totals = Map<string, { credits: bigint; available: bigint; escrow: bigint; openReserves: bigint; inFlight: bigint }>;
+type Account = { walletId: string; currency: string; bucket: Bucket };
 
-  // The accounts: every wallet's currencies, both buckets.
-  const walletIds = await store.walletIds();
-  const accounts: Array<{ walletId: string; currency: string; bucket: Bucket }> = [];
-  await eachLimited(walletIds, READ_CONCURRENCY, async (walletId) => {
-    for (const currency of await store.currenciesOf(walletId)) accounts.push({ walletId, currency, bucket: 'available' }, { walletId, currency, bucket: 'escrow' });
-  });
-
-  let postingsRead = 0;
-  const caughtUp = new Set<string>();
+/** One audit pass, its sections in the order runPass calls them; its state is what they share. */
+class AuditPass {
+  private readonly store: Runtime['stores']['ledgerAudit'];
+  private readonly full: boolean;
+  private readonly startedAt = Date.now();
+  private readonly deadline: number;
+  private readonly sweepMs: number;
+  private readonly violations: AuditViolation[] = [];
+  private storedCheckpoints = new Map<string, AuditAccountDoc>();
+  private checkpoints = new Map<string, AuditAccountDoc>();
+  private reserves = new Map<string, AuditReserveDoc>();
+  private entries = new Map<string, AuditEntryDoc>();
+  /** What is stored: only these need a write when they close (the others never left memory). */
+  private storedReserves = new Set<string>();
+  private storedEntries = new Set<string>();
+  private walletIds: string[] = [];
+  private readonly accounts: Account[] = [];
+  private postingsRead = 0;
+  private readonly caughtUp = new Set<string>();
   /** Sessions whose reserve moved in this pass: each is checked against its recorded charges (section f). */
-  const sessionsMoved = new Set<string>();
+  private readonly sessionsMoved = new Set<string>();
+  private startedEntries: Awaited<ReturnType<Runtime['stores']['ledgerAudit']['startedEntries']>> = [];
+  private readonly startedAttempts = new Map<string, LedgerEntryDoc | null>();
+  private inFlightEntries = 0;
+  /** When the checks began (after the walk): what counts as overdue is measured from it. */
+  private now = 0;
 
-  const walkAccount = async ({ walletId, currency, bucket }: { walletId: string; currency: string; bucket: Bucket }) => {
+  constructor(
+    private readonly rt: Runtime,
+    options: AuditOptions,
+    private readonly lockLost: () => boolean,
+  ) {
+    this.store = rt.stores.ledgerAudit;
+    this.full = options.full === true;
+    this.deadline = this.startedAt + (options.budgetMs ?? DEFAULT_BUDGET_MS);
+    this.sweepMs = rt.config.sweeper.staleAfterMs + rt.config.sweeper.intervalMs;
+  }
+
+  private add(v: AuditViolation): void {
+    if (this.violations.length < MAX_VIOLATIONS) this.violations.push(v);
+  }
+
+  private get complete(): boolean {
+    return this.caughtUp.size === this.accounts.length;
+  }
+
+  /** The stored checkpoints, reserves and entries (none for a full pass), and every wallet's accounts: both buckets. */
+  async load(): Promise<void> {
+    const { store, full } = this;
+    const stored = await store.loadState();
+    this.storedCheckpoints = new Map(stored.accounts.map((a) => [a._id, a]));
+    this.checkpoints = new Map(full ? [] : this.storedCheckpoints);
+    this.reserves = new Map(full ? [] : stored.reserves.map((r) => [r._id, r]));
+    this.entries = new Map(full ? [] : stored.entries.map((e) => [e._id, e]));
+    this.storedReserves = new Set(this.reserves.keys());
+    this.storedEntries = new Set(this.entries.keys());
+    this.walletIds = await store.walletIds();
+    await eachLimited(this.walletIds, READ_CONCURRENCY, async (walletId) => {
+      for (const currency of await store.currenciesOf(walletId)) this.accounts.push({ walletId, currency, bucket: 'available' }, { walletId, currency, bucket: 'escrow' });
+    });
+  }
+
+  async walkAccounts(): Promise<void> {
+    await eachLimited(this.accounts, ACCOUNT_CONCURRENCY, (a) => this.walkAccount(a));
+  }
+
+  /** Folds a posting into the entry it is a leg of and, in escrow, into the reserve it belongs to. */
+  private async fold(p: PostingDoc, account: Account & { id: string }, credits: { value: number }, touched: Set<AuditReserveDoc>): Promise<void> {
+    const { entries, reserves } = this;
+    if (p.refused) return; // a refused debit moved nothing
+    if (p.kind === 'credit') credits.value += p.delta;
+    else {
+      const id = attemptId(p.entryId, p.attempt);
+      let e = entries.get(id);
+      if (!e) entries.set(id, (e = { _id: id, entryId: p.entryId, currency: p.currency, legs: [], duplicates: [], firstAt: p.at }));
+      const same = e.legs.find((l) => l.leg === p.leg);
+      if (!same) e.legs.push({ leg: p.leg, delta: p.delta, account: account.id, seq: p.seq, posting: p._id });
+      else if (same.posting !== p._id && !e.duplicates.includes(p._id)) e.duplicates.push(p._id);
+      if (isComplete(e) && !this.storedEntries.has(id)) entries.delete(id); // memory stays at the entries in flight
+    }
+    if (account.bucket !== 'escrow') return;
+    const { currency, walletId } = account;
+    const owner = await ownerOf(this.rt, p);
+    if (!owner) {
+      this.add({ kind: 'escrow_unattributed', currency, walletId, detail: `${p._id} (${p.kind}, entry ${p.entryId}) belongs to no reserve`, amount: p.delta });
+      return;
+    }
+    const id = `${owner.owner}@${account.id}`;
+    let r = reserves.get(id);
+    if (!r) reserves.set(id, (r = { _id: id, owner: owner.owner, subject: owner.subject, account: account.id, walletId, currency, amount: 0, throughSeq: 0, openedAt: p.at, lockedAt: null, negative: null }));
+    if (p.seq <= r.throughSeq) return; // folded in before a crash
+    r.amount += p.delta;
+    r.throughSeq = p.seq;
+    r.subject ??= owner.subject;
+    if (r.subject?.kind === 'session') this.sessionsMoved.add(r.subject.id);
+    if (LOCK_KINDS.has(p.kind) && p.delta > 0) r.lockedAt = p.at;
+    if (r.amount < 0 && !r.negative) r.negative = { seq: p.seq, amount: r.amount };
+    touched.add(r);
+  }
+
+  /** Walks one account's chain from its checkpoint to its end (or the time budget), then writes its checkpoint. */
+  private async walkAccount({ walletId, currency, bucket }: Account): Promise<void> {
+    const { store, full } = this;
     const account = accountOf(walletId, currency, bucket);
-    const from = checkpoints.get(account);
+    const from = this.checkpoints.get(account);
     let seq = from?.seq ?? 0;
     let balance = from?.balance ?? 0;
-    let credits = from?.credits ?? 0;
-    const compareAt = full ? storedCheckpoints.get(account) : undefined;
-    const touchedReserves = new Set<AuditReserveDoc>();
-
-    const fold = async (p: PostingDoc) => {
-      if (p.refused) return; // a refused debit moved nothing
-      if (p.kind === 'credit') credits += p.delta;
-      else {
-        const id = attemptId(p.entryId, p.attempt);
-        let e = entries.get(id);
-        if (!e) entries.set(id, (e = { _id: id, entryId: p.entryId, currency: p.currency, legs: [], duplicates: [], firstAt: p.at }));
-        const same = e.legs.find((l) => l.leg === p.leg);
-        if (!same) e.legs.push({ leg: p.leg, delta: p.delta, account, seq: p.seq, posting: p._id });
-        else if (same.posting !== p._id && !e.duplicates.includes(p._id)) e.duplicates.push(p._id);
-        if (isComplete(e) && !storedEntries.has(id)) entries.delete(id); // memory stays at the entries in flight
-      }
-      if (bucket !== 'escrow') return;
-      const owner = await ownerOf(rt, p);
-      if (!owner) {
-        report({ kind: 'escrow_unattributed', currency, walletId, detail: `${p._id} (${p.kind}, entry ${p.entryId}) belongs to no reserve`, amount: p.delta });
-        return;
-      }
-      const id = `${owner.owner}@${account}`;
-      let r = reserves.get(id);
-      if (!r) reserves.set(id, (r = { _id: id, owner: owner.owner, subject: owner.subject, account, walletId, currency, amount: 0, throughSeq: 0, openedAt: p.at, lockedAt: null, negative: null }));
-      if (p.seq <= r.throughSeq) return; // folded in before a crash
-      r.amount += p.delta;
-      r.throughSeq = p.seq;
-      r.subject ??= owner.subject;
-      if (r.subject?.kind === 'session') sessionsMoved.add(r.subject.id);
-      if (LOCK_KINDS.has(p.kind) && p.delta > 0) r.lockedAt = p.at;
-      if (r.amount < 0 && !r.negative) r.negative = { seq: p.seq, amount: r.amount };
-      touchedReserves.add(r);
-    };
+    const credits = { value: from?.credits ?? 0 };
+    const compareAt = full ? this.storedCheckpoints.get(account) : undefined;
+    const touched = new Set<AuditReserveDoc>();
+    const where = { id: account, walletId, currency, bucket };
 
     let batch = 1;
     walk: for (;;) {
-      if (Date.now() > deadline) break;
-      if (lockLost()) throw new Error('ledger audit lost its lock');
+      if (Date.now() > this.deadline) break;
+      if (this.lockLost()) throw new Error('ledger audit lost its lock');
       const docs = await store.postingsAt(account, seq + 1, batch);
       for (const [i, p] of docs.entries()) {
         if (!p) {
-          if (docs.slice(i + 1).some((d) => d !== null)) report({ kind: 'chain_broken', currency, walletId, detail: `${account} has a gap at position ${seq + 1}` });
-          caughtUp.add(account);
+          if (docs.slice(i + 1).some((d) => d !== null)) this.add({ kind: 'chain_broken', currency, walletId, detail: `${account} has a gap at position ${seq + 1}` });
+          this.caughtUp.add(account);
           break walk;
         }
-        postingsRead++;
+        this.postingsRead++;
         const problem = chainProblem(p, account, seq, balance);
         if (problem) {
-          report({ kind: 'chain_broken', currency, walletId, detail: problem });
-          caughtUp.add(account); // nothing past a broken position is trusted; every pass reports it again
+          this.add({ kind: 'chain_broken', currency, walletId, detail: problem });
+          this.caughtUp.add(account); // nothing past a broken position is trusted; every pass reports it again
           break walk;
         }
-        await fold(p);
+        await this.fold(p, where, credits, touched);
         seq = p.seq;
         balance = p.balanceAfter;
-        if (compareAt && compareAt.seq === seq && (compareAt.balance !== balance || compareAt.credits !== credits)) {
-          report({ kind: 'checkpoint_mismatch', currency, walletId, detail: `${account} at ${seq}: checkpoint says balance ${compareAt.balance} credits ${compareAt.credits}, the chain ${balance} and ${credits}` });
+        if (compareAt && compareAt.seq === seq && (compareAt.balance !== balance || compareAt.credits !== credits.value)) {
+          this.add({ kind: 'checkpoint_mismatch', currency, walletId, detail: `${account} at ${seq}: checkpoint says balance ${compareAt.balance} credits ${compareAt.credits}, the chain ${balance} and ${credits.value}` });
         }
       }
       batch = Math.min(batch * 2, MAX_CHAIN_BATCH);
     }
-    const checkpoint: AuditAccountDoc = { _id: account, walletId, currency, bucket, seq, balance, credits, at: new Date() };
-    checkpoints.set(account, checkpoint);
+    const checkpoint: AuditAccountDoc = { _id: account, walletId, currency, bucket, seq, balance, credits: credits.value, at: new Date() };
+    this.checkpoints.set(account, checkpoint);
     if (full || (from && from.seq === seq)) return;
     // The reserves the checkpoint covers are written first: a crash before it replays postings they skip. A reserve
     // opened and closed within this walk never needs a write (a replay meets all of its postings again).
-    const changed = [...touchedReserves].filter((r) => storedReserves.has(r._id) || r.amount !== 0 || r.negative);
+    const changed = [...touched].filter((r) => this.storedReserves.has(r._id) || r.amount !== 0 || r.negative);
     await store.saveReserves(changed);
-    for (const r of changed) storedReserves.add(r._id);
+    for (const r of changed) this.storedReserves.add(r._id);
     await store.saveAccount(checkpoint);
-  };
-  await eachLimited(accounts, ACCOUNT_CONCURRENCY, walkAccount);
-  const complete = caughtUp.size === accounts.length;
-
-  // Entries seen in part are a cache: rebuilt from the ledger for those in question, the ones still incomplete and
-  // the ledger's started ones (a pass that died after an account's checkpoint and before saving them forgot legs).
-  const startedEntries = await store.startedEntries(MAX_STARTED_ENTRIES);
-  const startedAttempts = new Map<string, LedgerEntryDoc | null>();
-  await eachLimited([...new Set(startedEntries.map((e) => e.entryId))], READ_CONCURRENCY, async (entryId) => {
-    startedAttempts.set(entryId, await rt.stores.ledger.getEntry(entryId));
-  });
-  await recoverEntryLegs(rt, entries, checkpoints, [...startedAttempts.values()]);
-  for (const e of entries.values()) if (isComplete(e) && !storedEntries.has(e._id)) entries.delete(e._id);
-
-  if (!full) {
-    // Closed reserves go once their account's checkpoint is past them (no replay can meet their postings again).
-    const passed = (account: string, seq: number) => (checkpoints.get(account)?.seq ?? 0) >= seq;
-    const closed = [...reserves.values()].filter((r) => r.amount === 0 && !r.negative && passed(r.account, r.throughSeq) && storedReserves.has(r._id));
-    const completed = [...entries.values()].filter((e) => isComplete(e));
-    await store.saveEntries([...entries.values()].filter((e) => !isComplete(e)));
-    await Promise.all([store.deleteReserves(closed.map((r) => r._id)), store.deleteEntries(completed.map((e) => e._id))]);
-    for (const r of closed) reserves.delete(r._id);
-    for (const e of completed) entries.delete(e._id);
   }
-  for (const r of reserves.values()) if (r.amount === 0 && !r.negative) reserves.delete(r._id);
 
-  // (a) and (b): per currency and per escrow account, from the checkpoints, reserves and partly seen entries.
-  const totals = new Map<string, { credits: bigint; available: bigint; escrow: bigint; openReserves: bigint; inFlight: bigint }>();
-  const totalsOf = (currency: string) => {
-    let t = totals.get(currency);
-    if (!t) totals.set(currency, (t = { credits: 0n, available: 0n, escrow: 0n, openReserves: 0n, inFlight: 0n }));
-    return t;
-  };
-  const reservedIn = new Map<string, bigint>();
-  for (const r of reserves.values()) {
-    reservedIn.set(r.account, (reservedIn.get(r.account) ?? 0n) + BigInt(r.amount));
-    totalsOf(r.currency).openReserves += BigInt(r.amount);
-    if (r.negative || r.amount < 0) {
-      report({ kind: 'reserve_negative', currency: r.currency, walletId: r.walletId, owner: r.owner, detail: `reserve of ${r.owner} in ${r.account} went to ${r.negative?.amount ?? r.amount} at position ${r.negative?.seq ?? r.throughSeq}: paid out more than was locked for it`, amount: r.negative?.amount ?? r.amount });
+  /**
+   * Entries seen in part are a cache: rebuilt from the ledger for those in question, the ones still incomplete and
+   * the ledger's started ones (a pass that died after an account's checkpoint and before saving them forgot legs).
+   */
+  async rebuildEntries(): Promise<void> {
+    const { rt, entries } = this;
+    this.startedEntries = await this.store.startedEntries(MAX_STARTED_ENTRIES);
+    await eachLimited([...new Set(this.startedEntries.map((e) => e.entryId))], READ_CONCURRENCY, async (entryId) => {
+      this.startedAttempts.set(entryId, await rt.stores.ledger.getEntry(entryId));
+    });
+    await recoverEntryLegs(rt, entries, this.checkpoints, [...this.startedAttempts.values()]);
+    for (const e of entries.values()) if (isComplete(e) && !this.storedEntries.has(e._id)) entries.delete(e._id);
+  }
+
+  /** Closed reserves go once their account's checkpoint is past them (no replay can meet their postings again). */
+  async forgetClosed(): Promise<void> {
+    const { store, reserves, entries, checkpoints } = this;
+    if (!this.full) {
+      const passed = (account: string, seq: number) => (checkpoints.get(account)?.seq ?? 0) >= seq;
+      const closed = [...reserves.values()].filter((r) => r.amount === 0 && !r.negative && passed(r.account, r.throughSeq) && this.storedReserves.has(r._id));
+      const completed = [...entries.values()].filter((e) => isComplete(e));
+      await store.saveEntries([...entries.values()].filter((e) => !isComplete(e)));
+      await Promise.all([store.deleteReserves(closed.map((r) => r._id)), store.deleteEntries(completed.map((e) => e._id))]);
+      for (const r of closed) reserves.delete(r._id);
+      for (const e of completed) entries.delete(e._id);
     }
+    for (const r of reserves.values()) if (r.amount === 0 && !r.negative) reserves.delete(r._id);
   }
-  for (const a of checkpoints.values()) {
-    const t = totalsOf(a.currency);
-    t.credits += BigInt(a.credits);
-    t[a.bucket] += BigInt(a.balance);
-    // Checked where the walk reached the chain's end (a reserve replayed after a crash may run ahead of a
-    // checkpoint the time budget stopped short).
-    if (a.bucket === 'escrow' && caughtUp.has(a._id)) {
-      const reserved = reservedIn.get(a._id) ?? 0n;
-      if (reserved !== BigInt(a.balance)) report({ kind: 'escrow_mismatch', currency: a.currency, walletId: a.walletId, detail: `${a._id} holds ${a.balance} at position ${a.seq}, its open reserves ${reserved}`, amount: Number(BigInt(a.balance) - reserved) });
+
+  /** (a) and (b): per currency and per escrow account, from the checkpoints, reserves and partly seen entries. */
+  checkTotals(): Totals {
+    const totals: Totals = new Map();
+    const totalsOf = (currency: string) => {
+      let t = totals.get(currency);
+      if (!t) totals.set(currency, (t = { credits: 0n, available: 0n, escrow: 0n, openReserves: 0n, inFlight: 0n }));
+      return t;
+    };
+    const reservedIn = new Map<string, bigint>();
+    for (const r of this.reserves.values()) {
+      reservedIn.set(r.account, (reservedIn.get(r.account) ?? 0n) + BigInt(r.amount));
+      totalsOf(r.currency).openReserves += BigInt(r.amount);
+      if (r.negative || r.amount < 0) {
+        this.add({ kind: 'reserve_negative', currency: r.currency, walletId: r.walletId, owner: r.owner, detail: `reserve of ${r.owner} in ${r.account} went to ${r.negative?.amount ?? r.amount} at position ${r.negative?.seq ?? r.throughSeq}: paid out more than was locked for it`, amount: r.negative?.amount ?? r.amount });
+      }
     }
-  }
-  const partial = [...entries.values()].filter((e) => !isComplete(e));
-  for (const e of partial) totalsOf(e.currency).inFlight += BigInt(e.legs.reduce((sum, l) => sum + l.delta, 0));
-  for (const [currency, t] of totals) {
-    const off = t.available + t.escrow - t.credits - t.inFlight;
-    if (off !== 0n) report({ kind: 'sum_mismatch', currency, detail: `balances ${t.available + t.escrow} != credits ${t.credits} + legs in flight ${t.inFlight}`, amount: Number(off) });
-  }
-
-  // (d) entries: the ledger's started entries and the ones seen in part, overdue once older than a sweep. A started
-  // marker is the ledger's note that an apply() began; what counts is its entry's latest attempt. Applied or refused,
-  // it is finished (another apply() finished it after this one died; the sweeper drops the marker when it next
-  // looks). Not recorded at all, nothing moved: that apply() died before it recorded anything, or is about to.
-  const now = Date.now();
-  const overdueEntries = new Set<string>();
-  let inFlightEntries = 0;
-  for (const started of startedEntries) {
-    const state = startedAttempts.get(started.entryId)?.state;
-    if (state === 'applied' || state === 'rejected') continue;
-    if (started.startedAt >= now - sweepMs) inFlightEntries++;
-    else if (state === undefined) continue;
-    else if (!overdueEntries.has(started.entryId)) {
-      overdueEntries.add(started.entryId);
-      report({ kind: 'entry_overdue', detail: `ledger entry ${started.entryId} started ${new Date(started.startedAt).toISOString()} and is not finished` });
+    for (const a of this.checkpoints.values()) {
+      const t = totalsOf(a.currency);
+      t.credits += BigInt(a.credits);
+      t[a.bucket] += BigInt(a.balance);
+      // Checked where the walk reached the chain's end (a reserve replayed after a crash may run ahead of a
+      // checkpoint the time budget stopped short).
+      if (a.bucket === 'escrow' && this.caughtUp.has(a._id)) {
+        const reserved = reservedIn.get(a._id) ?? 0n;
+        if (reserved !== BigInt(a.balance)) this.add({ kind: 'escrow_mismatch', currency: a.currency, walletId: a.walletId, detail: `${a._id} holds ${a.balance} at position ${a.seq}, its open reserves ${reserved}`, amount: Number(BigInt(a.balance) - reserved) });
+      }
     }
-  }
-  await eachLimited(partial, READ_CONCURRENCY, async (e) => {
-    if (e.duplicates.length > 0) {
-      report({ kind: 'leg_posted_twice', currency: e.currency, detail: `entry ${e._id}: a leg is posted again at ${e.duplicates.join(', ')}` });
-      return;
+    for (const e of this.partialEntries()) totalsOf(e.currency).inFlight += BigInt(e.legs.reduce((sum, l) => sum + l.delta, 0));
+    for (const [currency, t] of totals) {
+      const off = t.available + t.escrow - t.credits - t.inFlight;
+      if (off !== 0n) this.add({ kind: 'sum_mismatch', currency, detail: `balances ${t.available + t.escrow} != credits ${t.credits} + legs in flight ${t.inFlight}`, amount: Number(off) });
     }
-    if (e.firstAt.getTime() >= now - sweepMs || overdueEntries.has(e.entryId)) return;
-    const attempt = await store.entryAttempt(e._id);
-    if (attempt?.state === 'pending') {
-      overdueEntries.add(e.entryId);
-      report({ kind: 'entry_overdue', currency: e.currency, detail: `ledger entry ${e._id} has legs ${e.legs.map((l) => l.leg).join(',')} posted since ${e.firstAt.toISOString()} and is not finished` });
-    } else if (complete) {
-      // Every account was read to its end, so what was not seen was never posted.
-      report({ kind: 'entry_unbalanced', currency: e.currency, detail: `ledger entry ${e._id} (${attempt?.state ?? 'not recorded'}) has legs ${e.legs.map((l) => `${l.leg}:${l.delta}`).join(' ')} posted, which do not balance` });
-    }
-  });
-
-  // (c) and (d) reserves: each open reserve whose account was read to its end, against its owner's facts.
-  const open = [...reserves.values()].filter((r) => r.amount > 0 && caughtUp.has(r.account));
-  await eachLimited(open, READ_CONCURRENCY, async (r) => {
-    const problem = await reserveProblem(rt, r, now, startedAt, sweepMs);
-    if (problem) report({ currency: r.currency, walletId: r.walletId, owner: r.owner, amount: r.amount, ...problem });
-  });
-
-  // (e) settlements whose due step is long overdue, or that the sweeper parked.
-  for (const v of await stuckSettlements(rt, now)) report(v);
-
-  // (f) sessions against their recorded charges (MongoDB is the record; Redis only orders the debits): an open
-  // session's budget in Redis never behind a recorded charge, a closed one's statement listing every recorded charge.
-  for (const r of open) if (r.subject?.kind === 'session') sessionsMoved.add(r.subject.id);
-  await eachLimited([...sessionsMoved], READ_CONCURRENCY, async (sessionId) => {
-    const problem = await sessionChargesProblem(rt, sessionId);
-    if (problem) report({ owner: sessionId, ...problem });
-  });
-
-  const currencies: Record<string, CurrencyTotals> = {};
-  for (const [currency, t] of [...totals].sort(([a], [b]) => a.localeCompare(b))) {
-    currencies[currency] = { credits: Number(t.credits), available: Number(t.available), escrow: Number(t.escrow), openReserves: Number(t.openReserves) };
+    return totals;
   }
-  return {
-    clean: complete && violations.length === 0,
-    complete,
-    violations,
-    currencies,
-    checked: {
-      wallets: walletIds.length,
-      accounts: accounts.length,
-      accountsBehind: accounts.length - caughtUp.size,
-      postingsRead,
-      openReserves: [...reserves.values()].filter((r) => r.amount !== 0).length,
-      inFlightEntries,
-    },
-    incremental: !full,
-    tookMs: Date.now() - startedAt,
-    at: new Date(startedAt).toISOString(),
-  };
+
+  private partialEntries(): AuditEntryDoc[] {
+    return [...this.entries.values()].filter((e) => !isComplete(e));
+  }
+
+  /**
+   * (d) entries: the ledger's started entries and the ones seen in part, overdue once older than a sweep. A started
+   * marker is the ledger's note that an apply() began; what counts is its entry's latest attempt. Applied or refused,
+   * it is finished (another apply() finished it after this one died; the sweeper drops the marker when it next
+   * looks). Not recorded at all, nothing moved: that apply() died before it recorded anything, or is about to.
+   */
+  async checkEntries(): Promise<void> {
+    this.now = Date.now();
+    const { now, sweepMs } = this;
+    const overdueEntries = new Set<string>();
+    for (const started of this.startedEntries) {
+      const state = this.startedAttempts.get(started.entryId)?.state;
+      if (state === 'applied' || state === 'rejected') continue;
+      if (started.startedAt >= now - sweepMs) this.inFlightEntries++;
+      else if (state === undefined) continue;
+      else if (!overdueEntries.has(started.entryId)) {
+        overdueEntries.add(started.entryId);
+        this.add({ kind: 'entry_overdue', detail: `ledger entry ${started.entryId} started ${new Date(started.startedAt).toISOString()} and is not finished` });
+      }
+    }
+    await eachLimited(this.partialEntries(), READ_CONCURRENCY, async (e) => {
+      if (e.duplicates.length > 0) {
+        this.add({ kind: 'leg_posted_twice', currency: e.currency, detail: `entry ${e._id}: a leg is posted again at ${e.duplicates.join(', ')}` });
+        return;
+      }
+      if (e.firstAt.getTime() >= now - sweepMs || overdueEntries.has(e.entryId)) return;
+      const attempt = await this.store.entryAttempt(e._id);
+      if (attempt?.state === 'pending') {
+        overdueEntries.add(e.entryId);
+        this.add({ kind: 'entry_overdue', currency: e.currency, detail: `ledger entry ${e._id} has legs ${e.legs.map((l) => l.leg).join(',')} posted since ${e.firstAt.toISOString()} and is not finished` });
+      } else if (this.complete) {
+        // Every account was read to its end, so what was not seen was never posted.
+        this.add({ kind: 'entry_unbalanced', currency: e.currency, detail: `ledger entry ${e._id} (${attempt?.state ?? 'not recorded'}) has legs ${e.legs.map((l) => `${l.leg}:${l.delta}`).join(' ')} posted, which do not balance` });
+      }
+    });
+  }
+
+  /** (c) and (d) reserves: each open reserve whose account was read to its end, against its owner's facts. */
+  async checkReserves(): Promise<AuditReserveDoc[]> {
+    const open = [...this.reserves.values()].filter((r) => r.amount > 0 && this.caughtUp.has(r.account));
+    await eachLimited(open, READ_CONCURRENCY, async (r) => {
+      const problem = await reserveProblem(this.rt, r, this.now, this.startedAt, this.sweepMs);
+      if (problem) this.add({ currency: r.currency, walletId: r.walletId, owner: r.owner, amount: r.amount, ...problem });
+    });
+    return open;
+  }
+
+  /** (e) settlements whose due step is long overdue, or that the sweeper parked. */
+  async checkStuckSettlements(): Promise<void> {
+    for (const v of await stuckSettlements(this.rt, this.now)) this.add(v);
+  }
+
+  /**
+   * (f) sessions against their recorded charges (MongoDB is the record; Redis only orders the debits): an open
+   * session's budget in Redis never behind a recorded charge, a closed one's statement listing every recorded charge.
+   */
+  async checkSessions(open: AuditReserveDoc[]): Promise<void> {
+    for (const r of open) if (r.subject?.kind === 'session') this.sessionsMoved.add(r.subject.id);
+    await eachLimited([...this.sessionsMoved], READ_CONCURRENCY, async (sessionId) => {
+      const problem = await sessionChargesProblem(this.rt, sessionId);
+      if (problem) this.add({ owner: sessionId, ...problem });
+    });
+  }
+
+  report(totals: Totals): LedgerAuditReport {
+    const currencies: Record<string, CurrencyTotals> = {};
+    for (const [currency, t] of [...totals].sort(([a], [b]) => a.localeCompare(b))) {
+      currencies[currency] = { credits: Number(t.credits), available: Number(t.available), escrow: Number(t.escrow), openReserves: Number(t.openReserves) };
+    }
+    const { complete, violations } = this;
+    return {
+      clean: complete && violations.length === 0,
+      complete,
+      violations,
+      currencies,
+      checked: {
+        wallets: this.walletIds.length,
+        accounts: this.accounts.length,
+        accountsBehind: this.accounts.length - this.caughtUp.size,
+        postingsRead: this.postingsRead,
+        openReserves: [...this.reserves.values()].filter((r) => r.amount !== 0).length,
+        inFlightEntries: this.inFlightEntries,
+      },
+      incremental: !this.full,
+      tookMs: Date.now() - this.startedAt,
+      at: new Date(this.startedAt).toISOString(),
+    };
+  }
 }
 
 /** Positions searched per missing leg, from the entry's floor, when the audit rebuilds an entry's legs. */
