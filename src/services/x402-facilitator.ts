@@ -9,7 +9,7 @@ import { capturedOf } from '../domain/settlement.ts';
 import { authorizationDeadline, requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import { X402SessionFacilitator } from './x402-session-facilitator.ts';
-import { X402Service, type GateState } from './x402.ts';
+import { x402Service, type GateState, type X402Service } from './x402.ts';
 
 /** x402 v2 PaymentRequirements, as the facilitator API carries them. */
 export interface FacilitatorRequirements {
@@ -112,7 +112,7 @@ export class X402FacilitatorService {
   private readonly jwks;
 
   constructor(private readonly runtime: Runtime) {
-    this.gates = new X402Service(runtime);
+    this.gates = x402Service(runtime);
     this.sessions = new X402SessionFacilitator(runtime, this.gates);
     this.jwks = createLocalJWKSet(runtime.keys.jwks as never);
   }

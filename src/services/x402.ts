@@ -29,6 +29,21 @@ export { gateSettlementId, x402EntryIds, type CreateGateInput, type GateState } 
 export type { QuoteResult } from './x402-quotes.ts';
 export type { VerifyOutcome } from './x402-verify.ts';
 
+/** The one x402 service of each runtime (a process has one; each test app its own). */
+const perRuntime = new WeakMap<Runtime, X402Service>();
+
+/**
+ * The process's x402 service: built once per runtime and shared by the routes, the facilitator and the x402-verify
+ * worker, so they share its per-process memory (funded gates, wallets seen, session seqs handed out) and its one
+ * listener on the verify queue's events. Closing it (the app's close) only closes that listener, which a later
+ * wait opens again.
+ */
+export function x402Service(runtime: Runtime): X402Service {
+  let service = perRuntime.get(runtime);
+  if (!service) perRuntime.set(runtime, (service = new X402Service(runtime)));
+  return service;
+}
+
 export class X402Service {
   private readonly gates: X402Gates;
   private readonly quotes: X402Quotes;

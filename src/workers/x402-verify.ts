@@ -1,7 +1,7 @@
 import type { Runtime } from '../runtime.ts';
 import { X402GateExpiry } from '../services/x402-expiry.ts';
 import { RedisLossWatch } from '../services/redis-loss.ts';
-import { X402Service } from '../services/x402.ts';
+import { x402Service } from '../services/x402.ts';
 import type { QueueProcessor } from './runner.ts';
 
 /**
@@ -11,7 +11,7 @@ import type { QueueProcessor } from './runner.ts';
  * (services/x402-expiry.ts), denies the escalations past their deadline (services/x402-escalations.ts), then closes the payment sessions past their expiry (services/x402-sessions.ts).
  */
 export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x402-verify'> {
-  const service = new X402Service(runtime);
+  const service = x402Service(runtime);
   const expiry = new X402GateExpiry(runtime, service);
   const redisLoss = new RedisLossWatch(runtime, service);
   return {

@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { listPage } from '../../services/lists.ts';
-import { X402Service } from '../../services/x402.ts';
+import { x402Service } from '../../services/x402.ts';
 import { LIST_KINDS, type ListKind } from '../../store/list-index.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses } from '../schemas/common.ts';
@@ -28,7 +28,7 @@ const upperFirst = (s: string) => s[0]!.toUpperCase() + s.slice(1);
  */
 export async function listRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
   const rt = opts.runtime;
-  const x402 = new X402Service(rt);
+  const x402 = x402Service(rt);
   app.addHook('onClose', () => x402.close());
 
   for (const kind of LIST_KINDS) {

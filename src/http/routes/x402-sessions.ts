@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
 import { errors, ServiceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
-import { X402Service } from '../../services/x402.ts';
+import { x402Service } from '../../services/x402.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { idempotencyKeyOf } from '../plugins/idempotency.ts';
 import { errorResponses, type ErrorCodes } from '../schemas/common.ts';
@@ -12,7 +12,7 @@ const sessionErrors = (...statuses: Array<number | ErrorCodes>) => errorResponse
 
 /** x402 payment sessions: open (reserve a budget), charge per call (one request each), close (settle, return the rest). */
 export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const service = new X402Service(opts.runtime);
+  const service = x402Service(opts.runtime);
   app.addHook('onClose', () => service.close());
   const tags = ['x402 sessions'];
 

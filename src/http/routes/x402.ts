@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
 import type { Runtime } from '../../runtime.ts';
-import { X402Service } from '../../services/x402.ts';
+import { x402Service } from '../../services/x402.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import type { FastifyRequest } from 'fastify';
 import type { Decider } from '../../store/x402.ts';
@@ -52,7 +52,7 @@ function deciderOf(request: FastifyRequest): Decider {
 }
 
 export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const service = new X402Service(opts.runtime);
+  const service = x402Service(opts.runtime);
   app.addHook('onClose', () => service.close());
   const tags = ['x402'];
 
