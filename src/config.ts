@@ -1,5 +1,5 @@
 import { hkdfSync } from 'node:crypto';
-import { DEFAULT_X402_NETWORK, X402_NETWORK_PATTERN } from './domain/x402.ts';
+import { DEFAULT_LEGACY_NETWORKS_UNTIL, DEFAULT_X402_NETWORK, LEGACY_X402_NETWORK_NAMESPACE, LEGACY_X402_NETWORK_PATTERN, X402_NETWORK_PATTERN } from './domain/x402.ts';
 import { clusterNodes, isClusterUrl } from './redis.ts';
 
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
@@ -58,8 +58,11 @@ export interface Config {
     retentionDays: number;
   };
   x402: {
-    /** CAIP-2 style network id this deployment's x402 payment requirements name. */
+    /** CAIP-2 network id (`agentstl:<deployment>`) this deployment's x402 payment requirements name. */
     network: `${string}:${string}`;
+    /** Ids used before CAIP-2, still accepted on payments (never advertised as a kind) until legacyNetworksUntil. */
+    legacyNetworks: string[];
+    legacyNetworksUntil: Date;
     /** How long a funded gate nobody authorized keeps its reserve (longer while its current quote lives). */
     gateTtlSeconds: number;
     /** How long after an authorization's token expires the call may still be reported; then the payer is refunded. */
@@ -227,7 +230,20 @@ export function loadConfig(env: Env = process.env): Config {
   const port = int(env, 'PORT', 3000, 0, 65535);
   const x402Network = str(env, 'X402_NETWORK', DEFAULT_X402_NETWORK);
   if (!new RegExp(X402_NETWORK_PATTERN).test(x402Network)) {
-    throw new ConfigError('X402_NETWORK', 'must be a CAIP-2 style id such as agent-settlement:prod');
+    throw new ConfigError('X402_NETWORK', `must be a CAIP-2 id (namespace of 3-8 characters) such as ${DEFAULT_X402_NETWORK}; an older agent-settlement:<deployment> id belongs in X402_LEGACY_NETWORKS`);
+  }
+  // By default the deployment's old id (same reference, the old namespace) keeps working for the window.
+  const legacyRaw = str(env, 'X402_LEGACY_NETWORKS', `${LEGACY_X402_NETWORK_NAMESPACE}:${x402Network.slice(x402Network.indexOf(':') + 1)}`);
+  const legacyNetworks = legacyRaw.trim() === 'none' ? [] : list({ X402_LEGACY_NETWORKS: legacyRaw }, 'X402_LEGACY_NETWORKS');
+  for (const legacy of legacyNetworks) {
+    if (!new RegExp(LEGACY_X402_NETWORK_PATTERN).test(legacy) || legacy === x402Network) {
+      throw new ConfigError('X402_LEGACY_NETWORKS', `must list namespace:reference ids other than X402_NETWORK (or be "none"), got "${legacy}"`);
+    }
+  }
+  const legacyUntilRaw = str(env, 'X402_LEGACY_NETWORKS_UNTIL', DEFAULT_LEGACY_NETWORKS_UNTIL);
+  const legacyNetworksUntil = new Date(legacyUntilRaw);
+  if (!/^\d{4}-\d{2}-\d{2}T/.test(legacyUntilRaw) || Number.isNaN(legacyNetworksUntil.getTime())) {
+    throw new ConfigError('X402_LEGACY_NETWORKS_UNTIL', `must be an RFC 3339 time such as ${DEFAULT_LEGACY_NETWORKS_UNTIL}, got "${legacyUntilRaw}"`);
   }
   return {
     env: nodeEnv,
@@ -267,6 +283,8 @@ export function loadConfig(env: Env = process.env): Config {
     },
     x402: {
       network: x402Network as `${string}:${string}`,
+      legacyNetworks,
+      legacyNetworksUntil,
       gateTtlSeconds: int(env, 'X402_GATE_TTL_SECONDS', 3600, 1, 30 * 86_400),
       authorizationGraceSeconds: int(env, 'X402_AUTHORIZATION_GRACE_SECONDS', 300, 0, 86_400),
     },

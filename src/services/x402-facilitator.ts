@@ -6,7 +6,7 @@ import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } f
 import { isSha256Hex, sha256Hex } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
 import { capturedOf } from '../domain/settlement.ts';
-import { authorizationDeadline, requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
+import { acceptsNetwork, authorizationDeadline, legacyNetworksAt, requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import { X402SessionFacilitator } from './x402-session-facilitator.ts';
 import { X402Service, type GateState } from './x402.ts';
@@ -121,9 +121,22 @@ export class X402FacilitatorService {
     return this.runtime.config.x402.network;
   }
 
+  /** Whether a payment naming `network` is settled here: our CAIP-2 id, or a legacy id inside its window. */
+  private accepts(network: string): boolean {
+    return acceptsNetwork(this.runtime.config.x402, network, new Date());
+  }
+
+  /**
+   * The kinds settled here, under the CAIP-2 id only. Legacy ids still accepted are announced in each kind's `extra`
+   * (with the end of their window), never as kinds of their own: stock tools reject a kind whose network is no CAIP-2.
+   * Public: it names the deployment's schemes and network, nothing of any tenant.
+   */
   supported() {
+    const legacy = legacyNetworksAt(this.runtime.config.x402, new Date());
+    const until = this.runtime.config.x402.legacyNetworksUntil.toISOString();
+    const extra = legacy.length ? { extra: { deprecatedNetworks: legacy.map((network) => ({ network, acceptedUntil: until, replacedBy: this.network })) } } : {};
     return {
-      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({ x402Version: X402_VERSION, scheme, network: this.network })),
+      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({ x402Version: X402_VERSION, scheme, network: this.network, ...extra })),
       extensions: [] as string[],
       signers: {} as Record<string, string[]>,
     };
@@ -267,7 +280,7 @@ export class X402FacilitatorService {
       throw new Refusal('invalid_x402_version', `only x402 version ${X402_VERSION} is supported`);
     }
     if (required.scheme !== X402_SCHEME || payment.accepted.scheme !== X402_SCHEME) throw new Refusal('unsupported_scheme', `only the ${X402_SCHEME} scheme is supported`);
-    if (required.network !== this.network || payment.accepted.network !== this.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.network}`);
+    if (!this.accepts(required.network) || !this.accepts(payment.accepted.network)) throw new Refusal('invalid_network', `this facilitator settles on ${this.network}`);
     const { token, gateId, quoteId, requestSha256 } = payment.payload;
     if (typeof token !== 'string' || typeof gateId !== 'string' || typeof quoteId !== 'string' || typeof requestSha256 !== 'string') {
       throw new Refusal('invalid_payload', 'the payload must carry token, gateId, quoteId and requestSha256');
@@ -277,7 +290,8 @@ export class X402FacilitatorService {
     if (claims.gateId !== gateId || claims.quoteId !== quoteId || claims.requestSha256 !== requestSha256) {
       throw new Refusal('invalid_payload', 'the payload does not match its token');
     }
-    if (claims.scheme !== X402_SCHEME || claims.network !== this.network) throw new Refusal('invalid_network', 'the token was issued for another scheme or network');
+    // A token issued under the legacy id before the switch stays good for its (short) life, inside the window.
+    if (claims.scheme !== X402_SCHEME || !this.accepts(claims.network)) throw new Refusal('invalid_network', 'the token was issued for another scheme or network');
 
     let state: GateState;
     try {

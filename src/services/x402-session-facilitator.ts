@@ -5,7 +5,7 @@
 // idempotent by the payment id: a repeated settle answers the same charge. See services/x402-sessions.ts.
 import { isSha256Hex } from '../domain/crypto.ts';
 import { ServiceError } from '../domain/errors.ts';
-import { requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
+import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import type { FacilitatorRequest, PaymentStatusAnswer, SettleAnswer, VerifyAnswer } from './x402-facilitator.ts';
 import type { ChargeAnswer } from './x402-sessions.ts';
@@ -107,7 +107,7 @@ export class X402SessionFacilitator {
   private check(request: FacilitatorRequest): SessionPayment {
     const { paymentPayload: payment, paymentRequirements: required } = request;
     if (payment.accepted.scheme !== X402_SESSION_SCHEME) throw new Refusal('unsupported_scheme', `the payment was made for the ${payment.accepted.scheme} scheme`);
-    if (required.network !== this.runtime.config.x402.network || payment.accepted.network !== required.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
+    if (!acceptsNetwork(this.runtime.config.x402, required.network, new Date()) || payment.accepted.network !== required.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
     const { sessionId, paymentId, requestSha256 } = payment.payload;
     if (typeof sessionId !== 'string' || typeof paymentId !== 'string' || !/^[A-Za-z0-9._:-]{1,128}$/.test(paymentId) || !isSha256Hex(requestSha256)) {
       throw new Refusal('invalid_payload', 'the payload must carry sessionId, paymentId and requestSha256');

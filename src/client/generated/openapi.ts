@@ -1180,7 +1180,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The payment kinds this facilitator settles: x402 v2, scheme escrow-gate, this deployment's network */
+        /** The payment kinds this facilitator settles (public): x402 v2, schemes escrow-gate and escrow-session, this deployment's CAIP-2 network, and the legacy network ids still accepted, with the end of their window */
         get: operations["getFacilitatorSupported"];
         put?: never;
         post?: never;
@@ -11881,7 +11881,7 @@ export interface operations {
                  *         },
                  *         "accepted": {
                  *           "scheme": "escrow-gate",
-                 *           "network": "agent-settlement:default",
+                 *           "network": "agentstl:default",
                  *           "asset": "USD",
                  *           "amount": "25",
                  *           "payTo": "tools:agent:weather",
@@ -11902,7 +11902,7 @@ export interface operations {
                  *       },
                  *       "paymentRequirements": {
                  *         "scheme": "escrow-gate",
-                 *         "network": "agent-settlement:default",
+                 *         "network": "agentstl:default",
                  *         "asset": "USD",
                  *         "amount": "25",
                  *         "payTo": "tools:agent:weather",
@@ -11925,7 +11925,7 @@ export interface operations {
                         };
                         accepted: {
                             scheme: string;
-                            /** @description CAIP-2 style network id */
+                            /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                             network: string;
                             /** @description the currency */
                             asset: string;
@@ -11949,7 +11949,7 @@ export interface operations {
                     };
                     paymentRequirements: {
                         scheme: string;
-                        /** @description CAIP-2 style network id */
+                        /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                         network: string;
                         /** @description the currency */
                         asset: string;
@@ -12093,7 +12093,7 @@ export interface operations {
                  *         },
                  *         "accepted": {
                  *           "scheme": "escrow-gate",
-                 *           "network": "agent-settlement:default",
+                 *           "network": "agentstl:default",
                  *           "asset": "USD",
                  *           "amount": "25",
                  *           "payTo": "tools:agent:weather",
@@ -12114,7 +12114,7 @@ export interface operations {
                  *       },
                  *       "paymentRequirements": {
                  *         "scheme": "escrow-gate",
-                 *         "network": "agent-settlement:default",
+                 *         "network": "agentstl:default",
                  *         "asset": "USD",
                  *         "amount": "25",
                  *         "payTo": "tools:agent:weather",
@@ -12137,7 +12137,7 @@ export interface operations {
                         };
                         accepted: {
                             scheme: string;
-                            /** @description CAIP-2 style network id */
+                            /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                             network: string;
                             /** @description the currency */
                             asset: string;
@@ -12161,7 +12161,7 @@ export interface operations {
                     };
                     paymentRequirements: {
                         scheme: string;
-                        /** @description CAIP-2 style network id */
+                        /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                         network: string;
                         /** @description the currency */
                         asset: string;
@@ -12334,7 +12334,7 @@ export interface operations {
                      *         "success": true,
                      *         "payer": "acme:agent:buyer",
                      *         "transaction": "stl_2hX7kQ9mW4pZ1vB8nT6rL3cY",
-                     *         "network": "agent-settlement:default",
+                     *         "network": "agentstl:default",
                      *         "amount": "25",
                      *         "extra": {
                      *           "gateId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
@@ -12468,7 +12468,7 @@ export interface operations {
                  *         },
                  *         "accepted": {
                  *           "scheme": "escrow-gate",
-                 *           "network": "agent-settlement:default",
+                 *           "network": "agentstl:default",
                  *           "asset": "USD",
                  *           "amount": "25",
                  *           "payTo": "tools:agent:weather",
@@ -12489,7 +12489,7 @@ export interface operations {
                  *       },
                  *       "paymentRequirements": {
                  *         "scheme": "escrow-gate",
-                 *         "network": "agent-settlement:default",
+                 *         "network": "agentstl:default",
                  *         "asset": "USD",
                  *         "amount": "25",
                  *         "payTo": "tools:agent:weather",
@@ -12512,7 +12512,7 @@ export interface operations {
                         };
                         accepted: {
                             scheme: string;
-                            /** @description CAIP-2 style network id */
+                            /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                             network: string;
                             /** @description the currency */
                             asset: string;
@@ -12536,7 +12536,7 @@ export interface operations {
                     };
                     paymentRequirements: {
                         scheme: string;
-                        /** @description CAIP-2 style network id */
+                        /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                         network: string;
                         /** @description the currency */
                         asset: string;
@@ -12569,7 +12569,7 @@ export interface operations {
                      *         "success": true,
                      *         "payer": "acme:agent:buyer",
                      *         "transaction": "stl_2hX7kQ9mW4pZ1vB8nT6rL3cY",
-                     *         "network": "agent-settlement:default",
+                     *         "network": "agentstl:default",
                      *         "amount": "25",
                      *         "extra": {
                      *           "gateId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
@@ -12726,35 +12726,68 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "kinds": [
+                     *         {
+                     *           "x402Version": 2,
+                     *           "scheme": "escrow-gate",
+                     *           "network": "agentstl:default",
+                     *           "extra": {
+                     *             "deprecatedNetworks": [
+                     *               {
+                     *                 "network": "agent-settlement:default",
+                     *                 "acceptedUntil": "2027-06-01T00:00:00.000Z",
+                     *                 "replacedBy": "agentstl:default"
+                     *               }
+                     *             ]
+                     *           }
+                     *         },
+                     *         {
+                     *           "x402Version": 2,
+                     *           "scheme": "escrow-session",
+                     *           "network": "agentstl:default",
+                     *           "extra": {
+                     *             "deprecatedNetworks": [
+                     *               {
+                     *                 "network": "agent-settlement:default",
+                     *                 "acceptedUntil": "2027-06-01T00:00:00.000Z",
+                     *                 "replacedBy": "agentstl:default"
+                     *               }
+                     *             ]
+                     *           }
+                     *         }
+                     *       ],
+                     *       "extensions": [],
+                     *       "signers": {}
+                     *     }
+                     */
                     "application/json": {
                         kinds: {
                             x402Version: number;
                             scheme: string;
+                            /** @description CAIP-2: `agentstl:<deployment>` */
                             network: string;
+                            extra?: {
+                                /** @description the deprecation announcement: old ids accepted for a window, never listed as kinds */
+                                deprecatedNetworks: {
+                                    /** @description a legacy network id (not CAIP-2) still accepted on payments of this kind */
+                                    network: string;
+                                    /**
+                                     * Format: date-time
+                                     * @description after this time a payment naming it is refused with invalid_network
+                                     */
+                                    acceptedUntil: string;
+                                    /** @description the CAIP-2 id to name instead */
+                                    replacedBy: string;
+                                }[];
+                            };
                         }[];
                         extensions: string[];
                         signers: {
                             [key: string]: string[];
                         };
                     };
-                };
-            };
-            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
-            401: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorBody"];
-                };
-            };
-            /** @description Forbidden. `code`: `FORBIDDEN`. */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
