@@ -98,6 +98,12 @@ export interface Config {
     /** Budget of conformance-matrix calls per tenant. */
     conformanceRateLimit: RateLimitPolicy;
   };
+  mcp: {
+    /** Origins besides PUBLIC_BASE_URL's that /mcp answers (serialized origins, `https://app.example.com`). */
+    allowedOrigins: string[];
+    /** Whether /mcp answers loopback Host and Origin names (localhost, 127.0.0.1, [::1]) on any port. */
+    allowLoopback: boolean;
+  };
   console: {
     /** How long a console sign-in lasts (the session is dropped from Redis then, and the page asks again). */
     sessionTtlSeconds: number;
@@ -166,6 +172,22 @@ function url(env: Env, name: string, fallback: string, protocols: string[]): str
     throw new ConfigError(name, `must use ${protocols.join(' or ')}, got ${parsed.protocol}`);
   }
   return value;
+}
+
+/** A list of http(s) origins, each reduced to its serialized origin (scheme, host, port); a path is refused. */
+function origins(env: Env, name: string): string[] {
+  return list(env, name).map((value) => {
+    let parsed: URL;
+    try {
+      parsed = new URL(value);
+    } catch {
+      throw new ConfigError(name, `must list origins such as https://app.example.com, got "${value}"`);
+    }
+    if ((parsed.protocol !== 'http:' && parsed.protocol !== 'https:') || parsed.pathname !== '/' || parsed.search || value.replace(/\/$/, '') !== parsed.origin) {
+      throw new ConfigError(name, `must list origins (scheme://host[:port], no path) such as https://app.example.com, got "${value}"`);
+    }
+    return parsed.origin;
+  });
 }
 
 /** One server (`redis://`, `rediss://`) or a cluster by some of its nodes (`redis+cluster://host:port,host:port`). */
@@ -307,6 +329,10 @@ export function loadConfig(env: Env = process.env): Config {
         limit: int(env, 'CONFORMANCE_RATE_LIMIT_MAX', 12, 1, 10_000),
         windowSeconds: int(env, 'CONFORMANCE_RATE_LIMIT_WINDOW_SECONDS', 3600, 1, 86_400),
       },
+    },
+    mcp: {
+      allowedOrigins: origins(env, 'MCP_ALLOWED_ORIGINS'),
+      allowLoopback: bool(env, 'MCP_ALLOW_LOOPBACK', true),
     },
     console: {
       sessionTtlSeconds: int(env, 'CONSOLE_SESSION_TTL_SECONDS', 8 * 3600, 60, 7 * 86_400),

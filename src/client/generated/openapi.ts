@@ -891,7 +891,7 @@ export interface paths {
         put?: never;
         /**
          * MCP over Streamable HTTP (stateless): the tools of `agent-settlement mcp`, acting with this API key
-         * @description Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap's `mcpHttp`). Send JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant checks of the route it calls. Agents registered here keep their signing key in the service, sealed.
+         * @description Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap's `mcpHttp`). Send JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant checks of the route it calls. Agents registered here keep their signing key in the service, sealed. Host must be PUBLIC_BASE_URL's host or a loopback name, and Origin (when sent) PUBLIC_BASE_URL's origin, a loopback origin or one of MCP_ALLOWED_ORIGINS; anything else is 403 before the key is looked at (DNS rebinding).
          */
         post: operations["callMcp"];
         delete?: never;
