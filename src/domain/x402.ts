@@ -39,6 +39,27 @@ export function legacyNetworksAt(rules: NetworkRules, now: Date): string[] {
 export function acceptsNetwork(rules: NetworkRules, network: string, now: Date): boolean {
   return network === rules.network || legacyNetworksAt(rules, now).includes(network);
 }
+/**
+ * x402's settlement status words (the vocabulary proposed for SettleResponse, x402 PR #3325): `settled` (the payee
+ * was paid what was charged) and `failed` (it was not, and this answer will not change) are final; `unresolved`
+ * (still being decided, or not yet settled at all) never is: ask again.
+ */
+export type SettlementWord = 'settled' | 'failed' | 'unresolved';
+
+/** The word for a settle answer: a pending decision (x402's non-terminal settlement_pending) is unresolved. */
+export function settleAnswerWord(success: boolean, errorReason: string | undefined): SettlementWord {
+  if (success) return 'settled';
+  return errorReason === 'settlement_pending' ? 'unresolved' : 'failed';
+}
+
+/** Where a payment stands, for a resource server that lost settle's answer (the facilitator's status lookup). */
+export type PaymentStatus = 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused';
+
+/** The word for a payment's status: never seen, paid for but not settled, or in flight are all still unresolved. */
+export function paymentStatusWord(status: PaymentStatus): SettlementWord {
+  return status === 'settled' ? 'settled' : status === 'refused' ? 'failed' : 'unresolved';
+}
+
 export const DEFAULT_QUOTE_TTL_SECONDS = 300;
 export const MAX_QUOTE_TTL_SECONDS = 3600;
 /** A wallet decision is presented to authorize-payment right after it is made; it never outlives its quote. */

@@ -12187,14 +12187,21 @@ export interface operations {
                 content: {
                     "application/json": {
                         success: boolean;
+                        /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed */
+                        status: "settled" | "failed" | "unresolved";
                         errorReason?: string;
                         errorMessage?: string;
                         payer?: string;
                         /** @description the settlement id (empty when nothing was settled) */
                         transaction: string;
                         network: string;
-                        /** @description what was charged, in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
+                        /** @description settled only: what was charged (the amount actually settled), in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
                         amount?: string;
+                        /**
+                         * Format: date-time
+                         * @description settled only: when (escrow-gate: the settlement's decision, with which the release is recorded; escrow-session: the charge)
+                         */
+                        settledAt?: string;
                         extra?: {
                             gateId: string;
                             /** @description released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer) */
@@ -12329,9 +12336,14 @@ export interface operations {
                      * @example {
                      *       "paymentId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
                      *       "status": "settled",
+                     *       "settlementStatus": "settled",
+                     *       "settledAt": "2026-11-28T09:00:00.000Z",
+                     *       "settledAmount": "25",
                      *       "settleBy": null,
                      *       "settlement": {
                      *         "success": true,
+                     *         "status": "settled",
+                     *         "settledAt": "2026-11-28T09:00:00.000Z",
                      *         "payer": "acme:agent:buyer",
                      *         "transaction": "stl_2hX7kQ9mW4pZ1vB8nT6rL3cY",
                      *         "network": "agentstl:default",
@@ -12350,19 +12362,32 @@ export interface operations {
                         paymentId: string;
                         /** @description unknown: no such payment for this credential (another tenant's too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why) */
                         status: "unknown" | "authorized" | "settling" | "settled" | "refused";
+                        /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From status: settled is settled, refused failed; unknown, authorized and settling are unresolved */
+                        settlementStatus: "settled" | "failed" | "unresolved";
+                        /** @description settled only: when the payment was settled */
+                        settledAt: string | null;
+                        /** @description settled only: what was charged, in minor units */
+                        settledAmount: string | null;
                         /** @description authorized only: the last moment a settle is accepted; after it the payer is refunded */
                         settleBy: string | null;
                         /** @description settled or refused: the answer settle gave, and gives to any repeat */
                         settlement: {
                             success: boolean;
+                            /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed */
+                            status: "settled" | "failed" | "unresolved";
                             errorReason?: string;
                             errorMessage?: string;
                             payer?: string;
                             /** @description the settlement id (empty when nothing was settled) */
                             transaction: string;
                             network: string;
-                            /** @description what was charged, in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
+                            /** @description settled only: what was charged (the amount actually settled), in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
                             amount?: string;
+                            /**
+                             * Format: date-time
+                             * @description settled only: when (escrow-gate: the settlement's decision, with which the release is recorded; escrow-session: the charge)
+                             */
+                            settledAt?: string;
                             extra?: {
                                 gateId: string;
                                 /** @description released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer) */
@@ -12564,9 +12589,14 @@ export interface operations {
                      * @example {
                      *       "paymentId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
                      *       "status": "settled",
+                     *       "settlementStatus": "settled",
+                     *       "settledAt": "2026-11-28T09:00:00.000Z",
+                     *       "settledAmount": "25",
                      *       "settleBy": null,
                      *       "settlement": {
                      *         "success": true,
+                     *         "status": "settled",
+                     *         "settledAt": "2026-11-28T09:00:00.000Z",
                      *         "payer": "acme:agent:buyer",
                      *         "transaction": "stl_2hX7kQ9mW4pZ1vB8nT6rL3cY",
                      *         "network": "agentstl:default",
@@ -12585,19 +12615,32 @@ export interface operations {
                         paymentId: string;
                         /** @description unknown: no such payment for this credential (another tenant's too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why) */
                         status: "unknown" | "authorized" | "settling" | "settled" | "refused";
+                        /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From status: settled is settled, refused failed; unknown, authorized and settling are unresolved */
+                        settlementStatus: "settled" | "failed" | "unresolved";
+                        /** @description settled only: when the payment was settled */
+                        settledAt: string | null;
+                        /** @description settled only: what was charged, in minor units */
+                        settledAmount: string | null;
                         /** @description authorized only: the last moment a settle is accepted; after it the payer is refunded */
                         settleBy: string | null;
                         /** @description settled or refused: the answer settle gave, and gives to any repeat */
                         settlement: {
                             success: boolean;
+                            /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed */
+                            status: "settled" | "failed" | "unresolved";
                             errorReason?: string;
                             errorMessage?: string;
                             payer?: string;
                             /** @description the settlement id (empty when nothing was settled) */
                             transaction: string;
                             network: string;
-                            /** @description what was charged, in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
+                            /** @description settled only: what was charged (the amount actually settled), in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
                             amount?: string;
+                            /**
+                             * Format: date-time
+                             * @description settled only: when (escrow-gate: the settlement's decision, with which the release is recorded; escrow-session: the charge)
+                             */
+                            settledAt?: string;
                             extra?: {
                                 gateId: string;
                                 /** @description released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer) */

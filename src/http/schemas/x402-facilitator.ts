@@ -52,14 +52,20 @@ export const VerifyResponse = Type.Object({
   payer: Type.Optional(Type.String()),
 });
 
+const WORDS = 'x402\'s settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again)';
+const settlementWord = (description: string) => Type.Union([Type.Literal('settled'), Type.Literal('failed'), Type.Literal('unresolved')], { description });
+const SettlementWord = settlementWord(`${WORDS}. From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed`);
+
 export const SettleResponse = Type.Object({
   success: Type.Boolean(),
+  status: SettlementWord,
   errorReason: Type.Optional(Type.String()),
   errorMessage: Type.Optional(Type.String()),
   payer: Type.Optional(Type.String()),
   transaction: Type.String({ description: 'the settlement id (empty when nothing was settled)' }),
   network: Type.String(),
-  amount: Type.Optional(Type.String({ description: 'what was charged, in minor units: the requirement\'s amount, which a metered call (settlement override) may set below the authorized maximum' })),
+  amount: Type.Optional(Type.String({ description: 'settled only: what was charged (the amount actually settled), in minor units: the requirement\'s amount, which a metered call (settlement override) may set below the authorized maximum' })),
+  settledAt: Type.Optional(Type.String({ format: 'date-time', description: 'settled only: when (escrow-gate: the settlement\'s decision, with which the release is recorded; escrow-session: the charge)' })),
   extra: Type.Optional(
     Type.Union([
       Type.Object({
@@ -124,6 +130,9 @@ export const PaymentStatusResponse = Type.Object(
       description:
         'unknown: no such payment for this credential (another tenant\'s too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why)',
     }),
+    settlementStatus: settlementWord(`${WORDS}. From status: settled is settled, refused failed; unknown, authorized and settling are unresolved`),
+    settledAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'settled only: when the payment was settled' }),
+    settledAmount: Type.Union([Type.String(), Type.Null()], { description: 'settled only: what was charged, in minor units' }),
     settleBy: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'authorized only: the last moment a settle is accepted; after it the payer is refunded' }),
     settlement: Type.Union([SettleResponse, Type.Null()], { description: 'settled or refused: the answer settle gave, and gives to any repeat' }),
   },
@@ -131,8 +140,11 @@ export const PaymentStatusResponse = Type.Object(
     examples: [{
       paymentId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
       status: 'settled',
+      settlementStatus: 'settled',
+      settledAt: '2026-11-28T09:00:00.000Z',
+      settledAmount: '25',
       settleBy: null,
-      settlement: { success: true, payer: 'acme:agent:buyer', transaction: 'stl_2hX7kQ9mW4pZ1vB8nT6rL3cY', network: 'agentstl:default', amount: '25', extra: { gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', status: 'released', releasedNow: 24, holdback: 1, receiptHash: '5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8' } },
+      settlement: { success: true, status: 'settled', settledAt: '2026-11-28T09:00:00.000Z', payer: 'acme:agent:buyer', transaction: 'stl_2hX7kQ9mW4pZ1vB8nT6rL3cY', network: 'agentstl:default', amount: '25', extra: { gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', status: 'released', releasedNow: 24, holdback: 1, receiptHash: '5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8' } },
     }],
   },
 );
