@@ -67,6 +67,14 @@ describe('x402 peer suites: x402-conformance 1.6.0 and x402lint 0.5.2', () => {
     expect(JSON.parse(out.stdout)).toEqual({ checks: 18, failed: 0, failed_ids: [] });
   }, 60_000);
 
+  it('x402lint facilitator: reads /supported without a key; its only notes are the two schemes of our own', async () => {
+    const out = await run(`${venvBin}/x402lint`, ['facilitator', '--json', `${s.api.url}/x402/facilitator`]);
+    expect(out.stderr).toBe('');
+    const summary = JSON.parse(out.stdout) as { kinds: Array<{ scheme: string; network: string }>; networks: string[]; notes: string[] };
+    expect(summary.kinds.map((k) => `${k.scheme} ${k.network}`)).toEqual(['escrow-gate agentstl:default', 'escrow-session agentstl:default']);
+    expect(summary.notes).toEqual(["unrecognised scheme 'escrow-gate' for agentstl:default", "unrecognised scheme 'escrow-session' for agentstl:default"]);
+  }, 60_000);
+
   it('x402lint check: no failure on either paid route', async () => {
     for (const url of [`${toolUrl}/search?q=ledger`, `${toolUrl}/summarize?words=5`]) {
       const out = await run(`${venvBin}/x402lint`, ['check', '--json', url]);
