@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto';
 import type { PaymentPayload, PaymentRequirements } from '@x402/core/types';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError, loadConfig } from '../../src/config.ts';
-import { X402_SCHEME } from '../../src/domain/x402.ts';
+import { acceptsNetwork, legacyNetworksAt, X402_SCHEME } from '../../src/domain/x402.ts';
 import { EscrowGateClientScheme } from '../../src/x402/client.ts';
 import { escrowGateFacilitator } from '../../src/x402/facilitator.ts';
 import { startTestApp, testEnv, type TestApp } from '../helpers/context.ts';
@@ -118,6 +118,20 @@ describe('x402 network ids after the deprecation window', () => {
     expect(supported.kinds).toEqual([{ x402Version: 2, scheme: 'escrow-gate', network: 'agentstl:eu-prod' }, { x402Version: 2, scheme: 'escrow-session', network: 'agentstl:eu-prod' }]);
     const viaClient = await escrowGateFacilitator({ serviceUrl: s.base, apiKey: s.providerKey }).getSupported();
     expect(viaClient.kinds).toHaveLength(2);
+  });
+});
+
+describe('x402 network rule (both schemes)', () => {
+  it('accepts the CAIP-2 id always, a legacy id only before the window ends, and nothing else', () => {
+    const rules = { network: 'agentstl:default' as const, legacyNetworks: [LEGACY], legacyNetworksUntil: new Date('2027-06-01T00:00:00Z') };
+    const before = new Date('2027-05-31T23:59:59Z');
+    const after = new Date('2027-06-01T00:00:00Z');
+    expect(acceptsNetwork(rules, 'agentstl:default', before)).toBe(true);
+    expect(acceptsNetwork(rules, 'agentstl:default', after)).toBe(true);
+    expect(acceptsNetwork(rules, LEGACY, before)).toBe(true);
+    expect(acceptsNetwork(rules, LEGACY, after)).toBe(false);
+    expect(legacyNetworksAt(rules, after)).toEqual([]);
+    for (const other of ['agentstl:other', 'agent-settlement:other', 'eip155:8453', '', 'agentstl:default ']) expect(acceptsNetwork(rules, other, before), other).toBe(false);
   });
 });
 
