@@ -3,7 +3,7 @@
 // on loopback, with its own database and Redis prefix). A tool's non-zero exit, or a failed check, fails the test.
 import { execFileSync, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdirSync } from 'node:fs';
+import { mkdirSync, rmSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { inject } from 'vitest';
 import { generateEd25519KeyPair } from '../../src/domain/crypto.ts';
@@ -13,9 +13,10 @@ import { must, ServiceProcess, serviceEnv } from '../faults/service.ts';
 export const root = fileURLToPath(new URL('../..', import.meta.url));
 export const venvBin = `${root}.tools/venv/bin`;
 export const mcpConformance = `${root}.tools/mcp-conformance/node_modules/@modelcontextprotocol/conformance/dist/index.js`;
-/** Where the tools' reports are kept for a person to read (ignored by git). */
+/** Where the last run's reports are kept for a person to read (ignored by git; emptied first, so runs do not pile up). */
 export const reportsDir = (name: string) => {
   const dir = `${root}.data/${name}`;
+  rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
   return dir;
 };
