@@ -1,5 +1,5 @@
 import { hkdfSync } from 'node:crypto';
-import { DEFAULT_X402_NETWORK, X402_NETWORK_PATTERN } from './domain/x402.ts';
+import { DEFAULT_LEGACY_NETWORKS_UNTIL, DEFAULT_X402_NETWORK, LEGACY_X402_NETWORK_NAMESPACE, LEGACY_X402_NETWORK_PATTERN, X402_NETWORK_PATTERN } from './domain/x402.ts';
 import { clusterNodes, isClusterUrl } from './redis.ts';
 
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
@@ -58,8 +58,11 @@ export interface Config {
     retentionDays: number;
   };
   x402: {
-    /** CAIP-2 style network id this deployment's x402 payment requirements name. */
+    /** CAIP-2 network id (`agentstl:<deployment>`) this deployment's x402 payment requirements name. */
     network: `${string}:${string}`;
+    /** Ids used before CAIP-2, still accepted on payments (never advertised as a kind) until legacyNetworksUntil. */
+    legacyNetworks: string[];
+    legacyNetworksUntil: Date;
     /** How long a funded gate nobody authorized keeps its reserve (longer while its current quote lives). */
     gateTtlSeconds: number;
     /** How long after an authorization's token expires the call may still be reported; then the payer is refunded. */
@@ -94,6 +97,12 @@ export interface Config {
     smokeTestEntryForTests: string | null;
     /** Budget of conformance-matrix calls per tenant. */
     conformanceRateLimit: RateLimitPolicy;
+  };
+  mcp: {
+    /** Origins besides PUBLIC_BASE_URL's that /mcp answers (serialized origins, `https://app.example.com`). */
+    allowedOrigins: string[];
+    /** Whether /mcp answers loopback Host and Origin names (localhost, 127.0.0.1, [::1]) on any port. */
+    allowLoopback: boolean;
   };
   console: {
     /** How long a console sign-in lasts (the session is dropped from Redis then, and the page asks again). */
@@ -165,6 +174,22 @@ function url(env: Env, name: string, fallback: string, protocols: string[]): str
   return value;
 }
 
+/** A list of http(s) origins, each reduced to its serialized origin (scheme, host, port); a path is refused. */
+function origins(env: Env, name: string): string[] {
+  return list(env, name).map((value) => {
+    let parsed: URL;
+    try {
+      parsed = new URL(value);
+    } catch {
+      throw new ConfigError(name, `must list origins such as https://app.example.com, got "${value}"`);
+    }
+    if ((parsed.protocol !== 'http:' && parsed.protocol !== 'https:') || parsed.pathname !== '/' || parsed.search || value.replace(/\/$/, '') !== parsed.origin) {
+      throw new ConfigError(name, `must list origins (scheme://host[:port], no path) such as https://app.example.com, got "${value}"`);
+    }
+    return parsed.origin;
+  });
+}
+
 /** One server (`redis://`, `rediss://`) or a cluster by some of its nodes (`redis+cluster://host:port,host:port`). */
 function redisUrl(env: Env): string {
   const value = str(env, 'REDIS_URL', 'redis://127.0.0.1:6390');
@@ -227,7 +252,20 @@ export function loadConfig(env: Env = process.env): Config {
   const port = int(env, 'PORT', 3000, 0, 65535);
   const x402Network = str(env, 'X402_NETWORK', DEFAULT_X402_NETWORK);
   if (!new RegExp(X402_NETWORK_PATTERN).test(x402Network)) {
-    throw new ConfigError('X402_NETWORK', 'must be a CAIP-2 style id such as agent-settlement:prod');
+    throw new ConfigError('X402_NETWORK', `must be a CAIP-2 id (namespace of 3-8 characters) such as ${DEFAULT_X402_NETWORK}; an older agent-settlement:<deployment> id belongs in X402_LEGACY_NETWORKS`);
+  }
+  // By default the deployment's old id (same reference, the old namespace) keeps working for the window.
+  const legacyRaw = str(env, 'X402_LEGACY_NETWORKS', `${LEGACY_X402_NETWORK_NAMESPACE}:${x402Network.slice(x402Network.indexOf(':') + 1)}`);
+  const legacyNetworks = legacyRaw.trim() === 'none' ? [] : list({ X402_LEGACY_NETWORKS: legacyRaw }, 'X402_LEGACY_NETWORKS');
+  for (const legacy of legacyNetworks) {
+    if (!new RegExp(LEGACY_X402_NETWORK_PATTERN).test(legacy) || legacy === x402Network) {
+      throw new ConfigError('X402_LEGACY_NETWORKS', `must list namespace:reference ids other than X402_NETWORK (or be "none"), got "${legacy}"`);
+    }
+  }
+  const legacyUntilRaw = str(env, 'X402_LEGACY_NETWORKS_UNTIL', DEFAULT_LEGACY_NETWORKS_UNTIL);
+  const legacyNetworksUntil = new Date(legacyUntilRaw);
+  if (!/^\d{4}-\d{2}-\d{2}T/.test(legacyUntilRaw) || Number.isNaN(legacyNetworksUntil.getTime())) {
+    throw new ConfigError('X402_LEGACY_NETWORKS_UNTIL', `must be an RFC 3339 time such as ${DEFAULT_LEGACY_NETWORKS_UNTIL}, got "${legacyUntilRaw}"`);
   }
   return {
     env: nodeEnv,
@@ -267,6 +305,8 @@ export function loadConfig(env: Env = process.env): Config {
     },
     x402: {
       network: x402Network as `${string}:${string}`,
+      legacyNetworks,
+      legacyNetworksUntil,
       gateTtlSeconds: int(env, 'X402_GATE_TTL_SECONDS', 3600, 1, 30 * 86_400),
       authorizationGraceSeconds: int(env, 'X402_AUTHORIZATION_GRACE_SECONDS', 300, 0, 86_400),
     },
@@ -289,6 +329,10 @@ export function loadConfig(env: Env = process.env): Config {
         limit: int(env, 'CONFORMANCE_RATE_LIMIT_MAX', 12, 1, 10_000),
         windowSeconds: int(env, 'CONFORMANCE_RATE_LIMIT_WINDOW_SECONDS', 3600, 1, 86_400),
       },
+    },
+    mcp: {
+      allowedOrigins: origins(env, 'MCP_ALLOWED_ORIGINS'),
+      allowLoopback: bool(env, 'MCP_ALLOW_LOOPBACK', true),
     },
     console: {
       sessionTtlSeconds: int(env, 'CONSOLE_SESSION_TTL_SECONDS', 8 * 3600, 60, 7 * 86_400),

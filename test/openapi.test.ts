@@ -24,7 +24,7 @@ describe('openapi/openapi.json', () => {
     const result = await new Validator().validate(doc);
     expect(result.errors ?? []).toEqual([]);
     expect(result.valid).toBe(true);
-    const publicPaths = new Set(['/', '/docs', '/healthz', '/readyz', '/metrics', '/v1/verify/{id}', '/.well-known/jwks.json']);
+    const publicPaths = new Set(['/', '/docs', '/healthz', '/readyz', '/metrics', '/v1/verify/{id}', '/.well-known/jwks.json', '/x402/facilitator/supported']);
     for (const [path, item] of Object.entries<Record<string, { 'x-required-scope'?: string; security?: unknown[] }>>(doc.paths)) {
       for (const operation of Object.values(item)) {
         if (!publicPaths.has(path)) expect(operation['x-required-scope'], path).toBeTypeOf('string');

@@ -1,7 +1,7 @@
 // A paid tool: express routes protected by the stock x402 v2 middleware, paid through the escrow-gate scheme, with
 // the Agent Run Settlement Service as facilitator. `GET /search` has a fixed price; `GET /summarize?words=N` is
 // metered: its price is a maximum, and the handler charges per word it actually returned. Run: SERVICE_URL=…
-// PROVIDER_API_KEY=… PAYEE_AGENT_ID=… X402_NETWORK=agent-settlement:default node --import tsx examples/paid-tool/tool.ts
+// PROVIDER_API_KEY=… PAYEE_AGENT_ID=… X402_NETWORK=agentstl:default node --import tsx examples/paid-tool/tool.ts
 import express from 'express';
 import { paymentMiddleware, setSettlementOverrides, x402ResourceServer, type Network } from '@x402/express';
 import { pathToFileURL } from 'node:url';

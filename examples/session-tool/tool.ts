@@ -2,7 +2,7 @@
 // `escrow-session` scheme and the Agent Run Settlement Service as facilitator. `GET /search` has a fixed price;
 // `GET /rows?n=N` is metered: its price is a maximum, and the route charges what it served (per row, zero included)
 // with the middleware's settlement overrides. Run: SERVICE_URL=… PROVIDER_API_KEY=… PAYEE_AGENT_ID=…
-// X402_NETWORK=agent-settlement:default node --import tsx examples/session-tool/tool.ts
+// X402_NETWORK=agentstl:default node --import tsx examples/session-tool/tool.ts
 import express from 'express';
 import { paymentMiddleware, setSettlementOverrides, x402ResourceServer, type Network } from '@x402/express';
 import { pathToFileURL } from 'node:url';

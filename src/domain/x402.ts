@@ -8,10 +8,58 @@ export const X402_SCHEME = 'escrow-gate';
 /** The x402 scheme of payment sessions: the payment names an open session; each call is charged from its budget. */
 export const X402_SESSION_SCHEME = 'escrow-session';
 export const X402_VERSION = 2;
-/** CAIP-2 style network id (`namespace:reference`); the reference names the deployment (config X402_NETWORK). */
-export const DEFAULT_X402_NETWORK = 'agent-settlement:default';
-// CAIP-2 allows 3-8 characters of namespace; ours is longer, so the id is CAIP-2 in shape (namespace:reference).
-export const X402_NETWORK_PATTERN = '^[-a-z0-9]{3,32}:[-_a-zA-Z0-9]{1,32}$';
+/**
+ * CAIP-2 network id (`namespace:reference`) of this service's schemes: namespace `agentstl`, and a reference that
+ * names the deployment, i.e. the ledger a payment is settled in (config X402_NETWORK). x402 v2 asks networks that are
+ * not blockchains for CAIP-2 ids, and stock tools parse them.
+ */
+export const X402_NETWORK_NAMESPACE = 'agentstl';
+export const DEFAULT_X402_NETWORK = `${X402_NETWORK_NAMESPACE}:default`;
+/** CAIP-2: a namespace of 3-8 characters of [-a-z0-9], then a reference of 1-32 characters of [-_a-zA-Z0-9]. */
+export const X402_NETWORK_PATTERN = '^[-a-z0-9]{3,8}:[-_a-zA-Z0-9]{1,32}$';
+/** The ids used before CAIP-2 (`agent-settlement:<deployment>`: its namespace is too long for CAIP-2). */
+export const LEGACY_X402_NETWORK_NAMESPACE = 'agent-settlement';
+export const LEGACY_X402_NETWORK_PATTERN = '^[-a-z0-9]{3,32}:[-_a-zA-Z0-9]{1,32}$';
+/** Until when the legacy ids are still accepted on payments, unless configured otherwise (X402_LEGACY_NETWORKS_UNTIL). */
+export const DEFAULT_LEGACY_NETWORKS_UNTIL = '2027-06-01T00:00:00.000Z';
+
+/** Which network ids a deployment settles: its own, and old ids for a deprecation window. */
+export interface NetworkRules {
+  network: `${string}:${string}`;
+  legacyNetworks: string[];
+  legacyNetworksUntil: Date;
+}
+
+/** The legacy ids still accepted at `now` (none once the window has closed). */
+export function legacyNetworksAt(rules: NetworkRules, now: Date): string[] {
+  return now.getTime() < rules.legacyNetworksUntil.getTime() ? rules.legacyNetworks : [];
+}
+
+/** Whether a payment naming `network` is one this deployment settles at `now`. */
+export function acceptsNetwork(rules: NetworkRules, network: string, now: Date): boolean {
+  return network === rules.network || legacyNetworksAt(rules, now).includes(network);
+}
+/**
+ * x402's settlement status words (the vocabulary proposed for SettleResponse, x402 PR #3325): `settled` (the payee
+ * was paid what was charged) and `failed` (it was not, and this answer will not change) are final; `unresolved`
+ * (still being decided, or not yet settled at all) never is: ask again.
+ */
+export type SettlementWord = 'settled' | 'failed' | 'unresolved';
+
+/** The word for a settle answer: a pending decision (x402's non-terminal settlement_pending) is unresolved. */
+export function settleAnswerWord(success: boolean, errorReason: string | undefined): SettlementWord {
+  if (success) return 'settled';
+  return errorReason === 'settlement_pending' ? 'unresolved' : 'failed';
+}
+
+/** Where a payment stands, for a resource server that lost settle's answer (the facilitator's status lookup). */
+export type PaymentStatus = 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused';
+
+/** The word for a payment's status: never seen, paid for but not settled, or in flight are all still unresolved. */
+export function paymentStatusWord(status: PaymentStatus): SettlementWord {
+  return status === 'settled' ? 'settled' : status === 'refused' ? 'failed' : 'unresolved';
+}
+
 export const DEFAULT_QUOTE_TTL_SECONDS = 300;
 export const MAX_QUOTE_TTL_SECONDS = 3600;
 /** A wallet decision is presented to authorize-payment right after it is made; it never outlives its quote. */

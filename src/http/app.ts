@@ -5,6 +5,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
+import originPlugin from './plugins/origin.ts';
 import { BULL_BOARD_PATH, bullBoardPlugin } from './plugins/bull-board.ts';
 import contractPlugin from './plugins/contract.ts';
 import deadlinePlugin from './plugins/deadline.ts';
@@ -149,6 +150,8 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   await app.register(deadlinePlugin, { runtime });
   await app.register(swaggerPlugin);
   await app.register(metricsPlugin, { runtime });
+  // Before auth: a refused Host or Origin never gets as far as a key look-up.
+  await app.register(originPlugin, { runtime });
   await app.register(authPlugin, { runtime, adminPrefixes: [BULL_BOARD_PATH] });
   await app.register(rateLimitPlugin, { runtime });
   await app.register(idempotencyPlugin, { runtime });

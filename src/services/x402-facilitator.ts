@@ -6,7 +6,7 @@ import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } f
 import { isSha256Hex, sha256Hex } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
 import { capturedOf } from '../domain/settlement.ts';
-import { authorizationDeadline, requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
+import { acceptsNetwork, authorizationDeadline, legacyNetworksAt, paymentStatusWord, requestBindingOf, settleAnswerWord, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentStatus, type PaymentTokenClaims, type SettlementWord } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import { X402SessionFacilitator } from './x402-session-facilitator.ts';
 import { x402Service, type GateState, type X402Service } from './x402.ts';
@@ -42,13 +42,23 @@ export interface VerifyAnswer {
 
 export interface SettleAnswer {
   success: boolean;
+  /** The same answer in x402's settlement words (settleAnswerWord): unresolved is never final. */
+  status: SettlementWord;
   errorReason?: string;
   errorMessage?: string;
   payer?: string;
   transaction: string;
   network: string;
+  /** Settled only: what was charged, in minor units. */
   amount?: string;
+  /** Settled only: when (a gate's: its settlement's decision; a session payment's: its charge). */
+  settledAt?: string;
   extra?: Record<string, unknown>;
+}
+
+/** A settle answer that did not pay, in the protocol's terms and in its words. */
+export function unpaidAnswer(network: string, reason: string, message: string, rest: { payer?: string; transaction?: string } = {}): SettleAnswer {
+  return { success: false, status: settleAnswerWord(false, reason), errorReason: reason, errorMessage: message, ...(rest.payer ? { payer: rest.payer } : {}), transaction: rest.transaction ?? '', network };
 }
 
 /** A refusal in the protocol's terms: a snake_case reason and a sentence that names no secret. */
@@ -94,16 +104,26 @@ function unpaidReason(decided: boolean, state: GateState): { reason: string; mes
   return { reason, message: `the payer was refunded (${reason}); the payee was not paid` };
 }
 
-/** Where a payment stands, for a resource server that lost settle's answer (see paymentStatus). */
-export type PaymentStatus = 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused';
+export type { PaymentStatus };
 
 export interface PaymentStatusAnswer {
   paymentId: string;
   status: PaymentStatus;
+  /** The status in x402's settlement words (paymentStatusWord); unresolved is never final. */
+  settlementStatus: SettlementWord;
+  /** Settled only: when, and what was charged (as in `settlement`). */
+  settledAt: string | null;
+  settledAmount: string | null;
   /** authorized: until when settle may still report the call (after it, settling is refused and the payer refunded). */
   settleBy: string | null;
   /** settled or refused: the answer settle gave or would give now (any repeat of settle answers the same). */
   settlement: SettleAnswer | null;
+}
+
+/** A status answer with its words, the settlement time and amount read from the settle answer. */
+export function paymentStatusAnswer(paymentId: string, status: PaymentStatus, settleBy: string | null, settlement: SettleAnswer | null): PaymentStatusAnswer {
+  const settled = status === 'settled' && settlement?.success ? settlement : null;
+  return { paymentId, status, settlementStatus: paymentStatusWord(status), settledAt: settled?.settledAt ?? null, settledAmount: settled?.amount ?? null, settleBy, settlement };
 }
 
 export class X402FacilitatorService {
@@ -121,9 +141,22 @@ export class X402FacilitatorService {
     return this.runtime.config.x402.network;
   }
 
+  /** Whether a payment naming `network` is settled here: our CAIP-2 id, or a legacy id inside its window. */
+  private accepts(network: string): boolean {
+    return acceptsNetwork(this.runtime.config.x402, network, new Date());
+  }
+
+  /**
+   * The kinds settled here, under the CAIP-2 id only. Legacy ids still accepted are announced in each kind's `extra`
+   * (with the end of their window), never as kinds of their own: stock tools reject a kind whose network is no CAIP-2.
+   * Public: it names the deployment's schemes and network, nothing of any tenant.
+   */
   supported() {
+    const legacy = legacyNetworksAt(this.runtime.config.x402, new Date());
+    const until = this.runtime.config.x402.legacyNetworksUntil.toISOString();
+    const extra = legacy.length ? { extra: { deprecatedNetworks: legacy.map((network) => ({ network, acceptedUntil: until, replacedBy: this.network })) } } : {};
     return {
-      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({ x402Version: X402_VERSION, scheme, network: this.network })),
+      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({ x402Version: X402_VERSION, scheme, network: this.network, ...extra })),
       extensions: [] as string[],
       signers: {} as Record<string, string[]>,
     };
@@ -151,14 +184,7 @@ export class X402FacilitatorService {
    */
   async settle(tenantId: string, request: FacilitatorRequest): Promise<SettleAnswer> {
     if (this.isSessionPayment(request)) return this.sessions.settle(tenantId, request);
-    const failed = (reason: string, message: string, payer?: string): SettleAnswer => ({
-      success: false,
-      errorReason: reason,
-      errorMessage: message,
-      ...(payer ? { payer } : {}),
-      transaction: '',
-      network: this.network,
-    });
+    const failed = (reason: string, message: string, payer?: string): SettleAnswer => unpaidAnswer(this.network, reason, message, payer ? { payer } : {});
     let checked: CheckedPayment;
     try {
       checked = await this.check(tenantId, request, true);
@@ -192,15 +218,17 @@ export class X402FacilitatorService {
     const payer = state.gate.payerAgentId;
     const transaction = state.settlement?.doc._id ?? '';
     const unpaid = unpaidReason(decided, state);
-    if (unpaid) return { success: false, errorReason: unpaid.reason, errorMessage: unpaid.message, payer, transaction, network: this.network };
+    if (unpaid) return unpaidAnswer(this.network, unpaid.reason, unpaid.message, { payer, transaction });
     const decision = state.settlement!.facts.decision!;
     return {
       success: true,
+      status: 'settled',
       payer,
       transaction,
       network: this.network,
       // What was charged: the first report's capture, whatever amount a repeat asks for.
       amount: String(capturedOf(state.gate.amount, decision)),
+      settledAt: decision.decidedAt,
       extra: {
         gateId: state.gate._id,
         status: decided ? state.status : 'settling',
@@ -237,7 +265,7 @@ export class X402FacilitatorService {
     // A session payment's id is `<sessionId>:<paymentId>` (session ids hold no colon).
     const session = /^(ses_[^:]+):(.+)$/.exec(paymentId);
     if (session) return this.sessions.paymentStatus(tenantId, session[1]!, session[2]!);
-    const unknown: PaymentStatusAnswer = { paymentId, status: 'unknown', settleBy: null, settlement: null };
+    const unknown = paymentStatusAnswer(paymentId, 'unknown', null, null);
     const gate = await this.gates.requireGate(tenantId, paymentId).catch((err: unknown) => {
       if (err instanceof ServiceError && err.status === 404) return null;
       throw err;
@@ -248,12 +276,12 @@ export class X402FacilitatorService {
     // expired before anyone authorized it was never paid for.
     if (state.commitment?.kind !== 'authorization') return unknown;
     if (state.status === 'authorized') {
-      return { paymentId, status: 'authorized', settleBy: authorizationDeadline(state.commitment.expiresAt, this.runtime.config.x402).toISOString(), settlement: null };
+      return paymentStatusAnswer(paymentId, 'authorized', authorizationDeadline(state.commitment.expiresAt, this.runtime.config.x402).toISOString(), null);
     }
     // Reported (or returned): settling until decided and moved, then what settle answers.
-    if (state.status === 'settling') return { paymentId, status: 'settling', settleBy: null, settlement: null };
+    if (state.status === 'settling') return paymentStatusAnswer(paymentId, 'settling', null, null);
     const answer = this.settleAnswer(state, true);
-    return { paymentId, status: answer.success ? 'settled' : answer.errorReason === 'settlement_pending' ? 'settling' : 'refused', settleBy: null, settlement: answer };
+    return paymentStatusAnswer(paymentId, answer.success ? 'settled' : answer.errorReason === 'settlement_pending' ? 'settling' : 'refused', null, answer);
   }
 
   /**
@@ -267,7 +295,7 @@ export class X402FacilitatorService {
       throw new Refusal('invalid_x402_version', `only x402 version ${X402_VERSION} is supported`);
     }
     if (required.scheme !== X402_SCHEME || payment.accepted.scheme !== X402_SCHEME) throw new Refusal('unsupported_scheme', `only the ${X402_SCHEME} scheme is supported`);
-    if (required.network !== this.network || payment.accepted.network !== this.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.network}`);
+    if (!this.accepts(required.network) || !this.accepts(payment.accepted.network)) throw new Refusal('invalid_network', `this facilitator settles on ${this.network}`);
     const { token, gateId, quoteId, requestSha256 } = payment.payload;
     if (typeof token !== 'string' || typeof gateId !== 'string' || typeof quoteId !== 'string' || typeof requestSha256 !== 'string') {
       throw new Refusal('invalid_payload', 'the payload must carry token, gateId, quoteId and requestSha256');
@@ -277,7 +305,8 @@ export class X402FacilitatorService {
     if (claims.gateId !== gateId || claims.quoteId !== quoteId || claims.requestSha256 !== requestSha256) {
       throw new Refusal('invalid_payload', 'the payload does not match its token');
     }
-    if (claims.scheme !== X402_SCHEME || claims.network !== this.network) throw new Refusal('invalid_network', 'the token was issued for another scheme or network');
+    // A token issued under the legacy id before the switch stays good for its (short) life, inside the window.
+    if (claims.scheme !== X402_SCHEME || !this.accepts(claims.network)) throw new Refusal('invalid_network', 'the token was issued for another scheme or network');
 
     let state: GateState;
     try {

@@ -5,9 +5,9 @@
 // idempotent by the payment id: a repeated settle answers the same charge. See services/x402-sessions.ts.
 import { isSha256Hex } from '../domain/crypto.ts';
 import { ServiceError } from '../domain/errors.ts';
-import { requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
+import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
-import type { FacilitatorRequest, PaymentStatusAnswer, SettleAnswer, VerifyAnswer } from './x402-facilitator.ts';
+import { paymentStatusAnswer, unpaidAnswer, type FacilitatorRequest, type PaymentStatusAnswer, type SettleAnswer, type VerifyAnswer } from './x402-facilitator.ts';
 import type { ChargeAnswer } from './x402-sessions.ts';
 import type { X402Service } from './x402.ts';
 
@@ -71,7 +71,7 @@ export class X402SessionFacilitator {
       return this.settled(charged);
     } catch (err) {
       const refusal = refusalOf(err);
-      if (refusal) return { success: false, errorReason: refusal.reason, errorMessage: refusal.message, transaction: '', network };
+      if (refusal) return unpaidAnswer(network, refusal.reason, refusal.message);
       throw err;
     }
   }
@@ -81,10 +81,12 @@ export class X402SessionFacilitator {
     const { charge, receipt } = charged;
     return {
       success: true,
+      status: 'settled',
       payer: receipt.body.payerAgentId,
       transaction: charge._id,
       network: this.runtime.config.x402.network,
       amount: String(charge.amount),
+      settledAt: charge.at.toISOString(),
       extra: { sessionId: charge.sessionId, paymentId: charge.paymentId!, seq: charge.seq, remaining: charged.remaining, receiptHash: receipt.receiptHash },
     };
   }
@@ -96,20 +98,20 @@ export class X402SessionFacilitator {
   async paymentStatus(tenantId: string, sessionId: string, paymentId: string): Promise<PaymentStatusAnswer> {
     const state = await this.x402.sessionPaymentState(tenantId, sessionId, paymentId);
     const id = `${sessionId}:${paymentId}`;
-    if (state.status === 'settled') return { paymentId: id, status: 'settled', settleBy: null, settlement: this.settled(state.charged!) };
+    if (state.status === 'settled') return paymentStatusAnswer(id, 'settled', null, this.settled(state.charged!));
     if (state.status === 'refused') {
-      const settlement: SettleAnswer = { success: false, errorReason: 'session_closed', errorMessage: 'the session closed before this payment was settled: nothing was charged', transaction: '', network: this.runtime.config.x402.network };
-      return { paymentId: id, status: 'refused', settleBy: null, settlement };
+      const settlement = unpaidAnswer(this.runtime.config.x402.network, 'session_closed', 'the session closed before this payment was settled: nothing was charged');
+      return paymentStatusAnswer(id, 'refused', null, settlement);
     }
     const settleBy = state.status === 'authorized' ? state.session!.expiresAt.toISOString() : null;
-    return { paymentId: id, status: state.status, settleBy, settlement: null };
+    return paymentStatusAnswer(id, state.status, settleBy, null);
   }
 
   /** The protocol's fields and the payment's bindings (the request it pays for, the payee, the amount accepted). */
   private check(request: FacilitatorRequest): SessionPayment {
     const { paymentPayload: payment, paymentRequirements: required } = request;
     if (payment.accepted.scheme !== X402_SESSION_SCHEME) throw new Refusal('unsupported_scheme', `the payment was made for the ${payment.accepted.scheme} scheme`);
-    if (required.network !== this.runtime.config.x402.network || payment.accepted.network !== required.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
+    if (!acceptsNetwork(this.runtime.config.x402, required.network, new Date()) || payment.accepted.network !== required.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
     const { sessionId, paymentId, requestSha256 } = payment.payload;
     if (typeof sessionId !== 'string' || typeof paymentId !== 'string' || !/^[A-Za-z0-9._:-]{1,128}$/.test(paymentId) || !isSha256Hex(requestSha256)) {
       throw new Refusal('invalid_payload', 'the payload must carry sessionId, paymentId and requestSha256');

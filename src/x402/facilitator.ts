@@ -2,8 +2,9 @@
 //
 //   const server = new x402ResourceServer(escrowGateFacilitator({ serviceUrl, apiKey: providerKey }));
 //
-// The provider's API key (scopes x402:write, which covers x402:read) goes to verify, settle and supported as a
-// Bearer credential; the service then settles only gates of the provider's own tenant.
+// The provider's API key (scopes x402:write, which covers x402:read) goes to verify and settle as a Bearer
+// credential; the service then settles only gates of the provider's own tenant. (`supported` is public; the header
+// sent to it too is harmless.)
 import { HTTPFacilitatorClient, type FacilitatorConfig } from '@x402/core/server';
 
 export interface EscrowGateFacilitatorOptions {
@@ -24,6 +25,25 @@ export function escrowGateFacilitatorConfig(options: EscrowGateFacilitatorOption
   };
 }
 
+/**
+ * The stock client, plus: the legacy network ids `/supported` announces in a kind's `extra.deprecatedNetworks` are
+ * offered as kinds of their own until their window ends, so a provider still configured with the old id (which the
+ * service still settles) starts, while the service itself lists only its CAIP-2 id.
+ */
+class EscrowGateFacilitatorClient extends HTTPFacilitatorClient {
+  override async getSupported(): ReturnType<HTTPFacilitatorClient['getSupported']> {
+    const supported = await super.getSupported();
+    const now = Date.now();
+    const legacy = supported.kinds.flatMap((kind) => {
+      const announced = (kind.extra as { deprecatedNetworks?: Array<{ network?: unknown; acceptedUntil?: unknown }> } | undefined)?.deprecatedNetworks ?? [];
+      return announced
+        .filter((d) => typeof d.network === 'string' && typeof d.acceptedUntil === 'string' && Date.parse(d.acceptedUntil) > now)
+        .map((d) => ({ x402Version: kind.x402Version, scheme: kind.scheme, network: d.network as typeof kind.network }));
+    });
+    return { ...supported, kinds: [...supported.kinds, ...legacy] };
+  }
+}
+
 export function escrowGateFacilitator(options: EscrowGateFacilitatorOptions): HTTPFacilitatorClient {
-  return new HTTPFacilitatorClient(escrowGateFacilitatorConfig(options));
+  return new EscrowGateFacilitatorClient(escrowGateFacilitatorConfig(options));
 }

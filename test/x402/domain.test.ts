@@ -4,8 +4,10 @@ import {
   evaluateDailyLimit,
   evaluateStaticPolicy,
   paymentRequiredHeader,
+  paymentStatusWord,
   paymentRequirements,
   quoteSha256,
+  settleAnswerWord,
   utcDay,
   verifyVerdict,
   X402_SCHEME,
@@ -51,5 +53,13 @@ describe('x402 domain rules', () => {
     expect(verifyVerdict(true, 'failed')).toBe('fail');
     expect(verifyVerdict(false, 'failed')).toBe('fail');
     expect(verifyVerdict(false, 'verified')).toBe('fail');
+  });
+  it('says settlement outcomes in x402\'s words: only settled and failed are final, a pending or unseen payment is unresolved', () => {
+    expect(settleAnswerWord(true, undefined)).toBe('settled');
+    expect(settleAnswerWord(false, 'settlement_pending')).toBe('unresolved');
+    for (const reason of ['verification_failed', 'invalid_network', 'authorization_expired', 'session_closed']) expect(settleAnswerWord(false, reason), reason).toBe('failed');
+    expect(paymentStatusWord('settled')).toBe('settled');
+    expect(paymentStatusWord('refused')).toBe('failed');
+    for (const status of ['unknown', 'authorized', 'settling'] as const) expect(paymentStatusWord(status), status).toBe('unresolved');
   });
 });

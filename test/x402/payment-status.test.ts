@@ -54,23 +54,24 @@ describe('x402 facilitator: payment status by payment id', () => {
   };
 
   it('never seen: an id nobody issued, and a gate nobody paid for, are unknown', async () => {
-    expect(await status('gate_doesNotExist0000000000')).toEqual({ paymentId: 'gate_doesNotExist0000000000', status: 'unknown', settleBy: null, settlement: null });
+    expect(await status('gate_doesNotExist0000000000')).toEqual({ paymentId: 'gate_doesNotExist0000000000', status: 'unknown', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settleBy: null, settlement: null });
     const { payer, payee } = await gateParties(t, auth, 100);
     const held = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 100 });
-    expect(await status(held.gateId)).toMatchObject({ status: 'unknown', settlement: null });
+    expect(await status(held.gateId)).toMatchObject({ status: 'unknown', settlementStatus: 'unresolved', settlement: null });
   });
 
   it('authorized, then settled: the lookup answers what settle answered, and a lost answer is found without paying twice', async () => {
     const { payer, payee, gateId, body } = await pay({ amount: '100' });
     const before = await status(gateId);
-    expect(before).toMatchObject({ paymentId: gateId, status: 'authorized', settlement: null });
+    expect(before).toMatchObject({ paymentId: gateId, status: 'authorized', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settlement: null });
     expect(Date.parse(before.settleBy)).toBeGreaterThan(Date.now());
 
     // The provider settles a metered 60 and "loses" the answer (a timeout on its side).
     const lost = (await settle({ ...body, paymentRequirements: { ...body.paymentRequirements, amount: '60' } })).json();
-    expect(lost).toMatchObject({ success: true, amount: '60' });
+    expect(lost).toMatchObject({ success: true, status: 'settled', amount: '60', settledAt: expect.any(String) });
+    expect(Date.now() - Date.parse(lost.settledAt)).toBeLessThan(60_000);
     const found = await status(gateId);
-    expect(found).toEqual({ paymentId: gateId, status: 'settled', settleBy: null, settlement: lost });
+    expect(found).toEqual({ paymentId: gateId, status: 'settled', settlementStatus: 'settled', settledAt: lost.settledAt, settledAmount: '60', settleBy: null, settlement: lost });
     // The same with the body settle was sent, as a resource server has it at hand.
     const byBody = await t.app.inject({ method: 'POST', url: '/x402/facilitator/status', headers: { authorization: `Bearer ${providerKey}` }, payload: body });
     expect(byBody.statusCode, byBody.body).toBe(200);
@@ -93,7 +94,7 @@ describe('x402 facilitator: payment status by payment id', () => {
     } finally {
       disarmFailpoints();
     }
-    expect(await status(gateId)).toEqual({ paymentId: gateId, status: 'settling', settleBy: null, settlement: null });
+    expect(await status(gateId)).toEqual({ paymentId: gateId, status: 'settling', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settleBy: null, settlement: null });
     // The report stands (30, first wins): settle makes sure its job runs and answers it.
     const settled = (await settle(body)).json();
     expect(settled).toMatchObject({ success: true, amount: '30' });
@@ -106,7 +107,7 @@ describe('x402 facilitator: payment status by payment id', () => {
     const failed = await post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: 'b'.repeat(64) }, verificationStatus: 'failed' });
     expect(failed.statusCode, failed.body).toBe(200);
     const found = await status(gateId);
-    expect(found).toMatchObject({ status: 'refused', settlement: { success: false, errorReason: 'verification_failed', payer } });
+    expect(found).toMatchObject({ status: 'refused', settlementStatus: 'failed', settledAt: null, settledAmount: null, settlement: { success: false, status: 'failed', errorReason: 'verification_failed', payer } });
     expect((await settle(body)).json()).toEqual(found.settlement);
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
   });
@@ -116,7 +117,7 @@ describe('x402 facilitator: payment status by payment id', () => {
     await settle(body);
     expect((await status(gateId)).status).toBe('settled');
     const other = await t.tenantWithKey(['x402:read'], 'other');
-    expect(await status(gateId, other.token)).toEqual({ paymentId: gateId, status: 'unknown', settleBy: null, settlement: null });
+    expect(await status(gateId, other.token)).toEqual({ paymentId: gateId, status: 'unknown', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settleBy: null, settlement: null });
     const noScope = await t.tenantWithKey(['runs:read'], 'noscope');
     expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${gateId}`, headers: { authorization: `Bearer ${noScope.token}` } })).statusCode).toBe(403);
     expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${gateId}` })).statusCode).toBe(401);

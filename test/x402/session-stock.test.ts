@@ -129,7 +129,7 @@ describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> t
     // session's own charges, a charge is refused as closed, and neither puts the budget back.
     const budgetKeys = ['budget', 'payments'].map((k) => `${t.runtime.config.redisPrefix}:{ses:${sessionId}}:${k}`);
     await t.runtime.redis.del(...budgetKeys);
-    expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${encodeURIComponent(paymentId)}`, headers: auth })).json()).toMatchObject({ status: 'settled', settlement: { success: true, amount: '5', transaction: first.transaction } });
+    expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${encodeURIComponent(paymentId)}`, headers: auth })).json()).toMatchObject({ status: 'settled', settlementStatus: 'settled', settledAmount: '5', settledAt: expect.any(String), settlement: { success: true, status: 'settled', amount: '5', transaction: first.transaction } });
     expect((await t.app.inject({ method: 'GET', url: heldUrl, headers: auth })).json()).toMatchObject({ status: 'unknown' });
     const late = await t.app.inject({ method: 'POST', url: `/x402/sessions/${sessionId}/charges`, headers: auth, payload: { paymentId: 'too-late', payeeAgentId: payee, amount: 1 } });
     expect(late.json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });

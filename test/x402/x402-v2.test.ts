@@ -156,14 +156,17 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     expect(await balances(t, payerAuth, payee)).toEqual(before);
   });
 
-  it('lists its scheme and network, and the OpenAPI document covers the facilitator', async () => {
-    const supported = await fetch(`${base}/x402/facilitator/supported`, { headers: { authorization: `Bearer ${providerKey}` } });
-    expect(await supported.json()).toEqual({ kinds: [{ x402Version: 2, scheme: 'escrow-gate', network }, { x402Version: 2, scheme: 'escrow-session', network }], extensions: [], signers: {} });
-    expect((await fetch(`${base}/x402/facilitator/supported`)).status).toBe(401);
+  it('lists its schemes under its CAIP-2 network without a key, and the OpenAPI document covers the facilitator', async () => {
+    const deprecatedNetworks = [{ network: 'agent-settlement:default', acceptedUntil: t.config.x402.legacyNetworksUntil.toISOString(), replacedBy: network }];
+    const expected = { kinds: ['escrow-gate', 'escrow-session'].map((scheme) => ({ x402Version: 2, scheme, network, extra: { deprecatedNetworks } })), extensions: [], signers: {} };
+    expect(network).toBe('agentstl:default');
+    expect(await (await fetch(`${base}/x402/facilitator/supported`)).json()).toEqual(expected);
+    // A key changes nothing: the answer is the deployment's, the same for every caller.
+    expect(await (await fetch(`${base}/x402/facilitator/supported`, { headers: { authorization: `Bearer ${providerKey}` } })).json()).toEqual(expected);
     const doc = JSON.parse(readFileSync(new URL('../../openapi/openapi.json', import.meta.url), 'utf8'));
     expect(doc.paths['/x402/facilitator/verify'].post['x-required-scope']).toBe('x402:write');
     expect(doc.paths['/x402/facilitator/settle'].post['x-required-scope']).toBe('x402:write');
-    expect(doc.paths['/x402/facilitator/supported'].get['x-required-scope']).toBe('x402:read');
+    expect(doc.paths['/x402/facilitator/supported'].get.security).toEqual([]);
   });
 
   it('prices "$1.23"-style USD in cents exactly and {amount, asset} as given; refuses anything else', async () => {

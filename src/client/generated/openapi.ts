@@ -891,7 +891,7 @@ export interface paths {
         put?: never;
         /**
          * MCP over Streamable HTTP (stateless): the tools of `agent-settlement mcp`, acting with this API key
-         * @description Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap's `mcpHttp`). Send JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant checks of the route it calls. Agents registered here keep their signing key in the service, sealed.
+         * @description Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap's `mcpHttp`). Send JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant checks of the route it calls. Agents registered here keep their signing key in the service, sealed. Host must be PUBLIC_BASE_URL's host or a loopback name, and Origin (when sent) PUBLIC_BASE_URL's origin, a loopback origin or one of MCP_ALLOWED_ORIGINS; anything else is 403 before the key is looked at (DNS rebinding).
          */
         post: operations["callMcp"];
         delete?: never;
@@ -1180,7 +1180,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** The payment kinds this facilitator settles: x402 v2, scheme escrow-gate, this deployment's network */
+        /** The payment kinds this facilitator settles (public): x402 v2, schemes escrow-gate and escrow-session, this deployment's CAIP-2 network, and the legacy network ids still accepted, with the end of their window */
         get: operations["getFacilitatorSupported"];
         put?: never;
         post?: never;
@@ -11881,7 +11881,7 @@ export interface operations {
                  *         },
                  *         "accepted": {
                  *           "scheme": "escrow-gate",
-                 *           "network": "agent-settlement:default",
+                 *           "network": "agentstl:default",
                  *           "asset": "USD",
                  *           "amount": "25",
                  *           "payTo": "tools:agent:weather",
@@ -11902,7 +11902,7 @@ export interface operations {
                  *       },
                  *       "paymentRequirements": {
                  *         "scheme": "escrow-gate",
-                 *         "network": "agent-settlement:default",
+                 *         "network": "agentstl:default",
                  *         "asset": "USD",
                  *         "amount": "25",
                  *         "payTo": "tools:agent:weather",
@@ -11925,7 +11925,7 @@ export interface operations {
                         };
                         accepted: {
                             scheme: string;
-                            /** @description CAIP-2 style network id */
+                            /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                             network: string;
                             /** @description the currency */
                             asset: string;
@@ -11949,7 +11949,7 @@ export interface operations {
                     };
                     paymentRequirements: {
                         scheme: string;
-                        /** @description CAIP-2 style network id */
+                        /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                         network: string;
                         /** @description the currency */
                         asset: string;
@@ -12093,7 +12093,7 @@ export interface operations {
                  *         },
                  *         "accepted": {
                  *           "scheme": "escrow-gate",
-                 *           "network": "agent-settlement:default",
+                 *           "network": "agentstl:default",
                  *           "asset": "USD",
                  *           "amount": "25",
                  *           "payTo": "tools:agent:weather",
@@ -12114,7 +12114,7 @@ export interface operations {
                  *       },
                  *       "paymentRequirements": {
                  *         "scheme": "escrow-gate",
-                 *         "network": "agent-settlement:default",
+                 *         "network": "agentstl:default",
                  *         "asset": "USD",
                  *         "amount": "25",
                  *         "payTo": "tools:agent:weather",
@@ -12137,7 +12137,7 @@ export interface operations {
                         };
                         accepted: {
                             scheme: string;
-                            /** @description CAIP-2 style network id */
+                            /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                             network: string;
                             /** @description the currency */
                             asset: string;
@@ -12161,7 +12161,7 @@ export interface operations {
                     };
                     paymentRequirements: {
                         scheme: string;
-                        /** @description CAIP-2 style network id */
+                        /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                         network: string;
                         /** @description the currency */
                         asset: string;
@@ -12187,14 +12187,21 @@ export interface operations {
                 content: {
                     "application/json": {
                         success: boolean;
+                        /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed */
+                        status: "settled" | "failed" | "unresolved";
                         errorReason?: string;
                         errorMessage?: string;
                         payer?: string;
                         /** @description the settlement id (empty when nothing was settled) */
                         transaction: string;
                         network: string;
-                        /** @description what was charged, in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
+                        /** @description settled only: what was charged (the amount actually settled), in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
                         amount?: string;
+                        /**
+                         * Format: date-time
+                         * @description settled only: when (escrow-gate: the settlement's decision, with which the release is recorded; escrow-session: the charge)
+                         */
+                        settledAt?: string;
                         extra?: {
                             gateId: string;
                             /** @description released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer) */
@@ -12329,12 +12336,17 @@ export interface operations {
                      * @example {
                      *       "paymentId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
                      *       "status": "settled",
+                     *       "settlementStatus": "settled",
+                     *       "settledAt": "2026-11-28T09:00:00.000Z",
+                     *       "settledAmount": "25",
                      *       "settleBy": null,
                      *       "settlement": {
                      *         "success": true,
+                     *         "status": "settled",
+                     *         "settledAt": "2026-11-28T09:00:00.000Z",
                      *         "payer": "acme:agent:buyer",
                      *         "transaction": "stl_2hX7kQ9mW4pZ1vB8nT6rL3cY",
-                     *         "network": "agent-settlement:default",
+                     *         "network": "agentstl:default",
                      *         "amount": "25",
                      *         "extra": {
                      *           "gateId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
@@ -12350,19 +12362,32 @@ export interface operations {
                         paymentId: string;
                         /** @description unknown: no such payment for this credential (another tenant's too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why) */
                         status: "unknown" | "authorized" | "settling" | "settled" | "refused";
+                        /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From status: settled is settled, refused failed; unknown, authorized and settling are unresolved */
+                        settlementStatus: "settled" | "failed" | "unresolved";
+                        /** @description settled only: when the payment was settled */
+                        settledAt: string | null;
+                        /** @description settled only: what was charged, in minor units */
+                        settledAmount: string | null;
                         /** @description authorized only: the last moment a settle is accepted; after it the payer is refunded */
                         settleBy: string | null;
                         /** @description settled or refused: the answer settle gave, and gives to any repeat */
                         settlement: {
                             success: boolean;
+                            /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed */
+                            status: "settled" | "failed" | "unresolved";
                             errorReason?: string;
                             errorMessage?: string;
                             payer?: string;
                             /** @description the settlement id (empty when nothing was settled) */
                             transaction: string;
                             network: string;
-                            /** @description what was charged, in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
+                            /** @description settled only: what was charged (the amount actually settled), in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
                             amount?: string;
+                            /**
+                             * Format: date-time
+                             * @description settled only: when (escrow-gate: the settlement's decision, with which the release is recorded; escrow-session: the charge)
+                             */
+                            settledAt?: string;
                             extra?: {
                                 gateId: string;
                                 /** @description released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer) */
@@ -12468,7 +12493,7 @@ export interface operations {
                  *         },
                  *         "accepted": {
                  *           "scheme": "escrow-gate",
-                 *           "network": "agent-settlement:default",
+                 *           "network": "agentstl:default",
                  *           "asset": "USD",
                  *           "amount": "25",
                  *           "payTo": "tools:agent:weather",
@@ -12489,7 +12514,7 @@ export interface operations {
                  *       },
                  *       "paymentRequirements": {
                  *         "scheme": "escrow-gate",
-                 *         "network": "agent-settlement:default",
+                 *         "network": "agentstl:default",
                  *         "asset": "USD",
                  *         "amount": "25",
                  *         "payTo": "tools:agent:weather",
@@ -12512,7 +12537,7 @@ export interface operations {
                         };
                         accepted: {
                             scheme: string;
-                            /** @description CAIP-2 style network id */
+                            /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                             network: string;
                             /** @description the currency */
                             asset: string;
@@ -12536,7 +12561,7 @@ export interface operations {
                     };
                     paymentRequirements: {
                         scheme: string;
-                        /** @description CAIP-2 style network id */
+                        /** @description CAIP-2 network id: this deployment's `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network */
                         network: string;
                         /** @description the currency */
                         asset: string;
@@ -12564,12 +12589,17 @@ export interface operations {
                      * @example {
                      *       "paymentId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
                      *       "status": "settled",
+                     *       "settlementStatus": "settled",
+                     *       "settledAt": "2026-11-28T09:00:00.000Z",
+                     *       "settledAmount": "25",
                      *       "settleBy": null,
                      *       "settlement": {
                      *         "success": true,
+                     *         "status": "settled",
+                     *         "settledAt": "2026-11-28T09:00:00.000Z",
                      *         "payer": "acme:agent:buyer",
                      *         "transaction": "stl_2hX7kQ9mW4pZ1vB8nT6rL3cY",
-                     *         "network": "agent-settlement:default",
+                     *         "network": "agentstl:default",
                      *         "amount": "25",
                      *         "extra": {
                      *           "gateId": "gate_2hX7kQ9mW4pZ1vB8nT6rL3cY",
@@ -12585,19 +12615,32 @@ export interface operations {
                         paymentId: string;
                         /** @description unknown: no such payment for this credential (another tenant's too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why) */
                         status: "unknown" | "authorized" | "settling" | "settled" | "refused";
+                        /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From status: settled is settled, refused failed; unknown, authorized and settling are unresolved */
+                        settlementStatus: "settled" | "failed" | "unresolved";
+                        /** @description settled only: when the payment was settled */
+                        settledAt: string | null;
+                        /** @description settled only: what was charged, in minor units */
+                        settledAmount: string | null;
                         /** @description authorized only: the last moment a settle is accepted; after it the payer is refunded */
                         settleBy: string | null;
                         /** @description settled or refused: the answer settle gave, and gives to any repeat */
                         settlement: {
                             success: boolean;
+                            /** @description x402's settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again). From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed */
+                            status: "settled" | "failed" | "unresolved";
                             errorReason?: string;
                             errorMessage?: string;
                             payer?: string;
                             /** @description the settlement id (empty when nothing was settled) */
                             transaction: string;
                             network: string;
-                            /** @description what was charged, in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
+                            /** @description settled only: what was charged (the amount actually settled), in minor units: the requirement's amount, which a metered call (settlement override) may set below the authorized maximum */
                             amount?: string;
+                            /**
+                             * Format: date-time
+                             * @description settled only: when (escrow-gate: the settlement's decision, with which the release is recorded; escrow-session: the charge)
+                             */
+                            settledAt?: string;
                             extra?: {
                                 gateId: string;
                                 /** @description released, or settling while the decision is being recorded; refunded when a metered call charged 0 (all of it back with the payer) */
@@ -12726,35 +12769,68 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
+                    /**
+                     * @example {
+                     *       "kinds": [
+                     *         {
+                     *           "x402Version": 2,
+                     *           "scheme": "escrow-gate",
+                     *           "network": "agentstl:default",
+                     *           "extra": {
+                     *             "deprecatedNetworks": [
+                     *               {
+                     *                 "network": "agent-settlement:default",
+                     *                 "acceptedUntil": "2027-06-01T00:00:00.000Z",
+                     *                 "replacedBy": "agentstl:default"
+                     *               }
+                     *             ]
+                     *           }
+                     *         },
+                     *         {
+                     *           "x402Version": 2,
+                     *           "scheme": "escrow-session",
+                     *           "network": "agentstl:default",
+                     *           "extra": {
+                     *             "deprecatedNetworks": [
+                     *               {
+                     *                 "network": "agent-settlement:default",
+                     *                 "acceptedUntil": "2027-06-01T00:00:00.000Z",
+                     *                 "replacedBy": "agentstl:default"
+                     *               }
+                     *             ]
+                     *           }
+                     *         }
+                     *       ],
+                     *       "extensions": [],
+                     *       "signers": {}
+                     *     }
+                     */
                     "application/json": {
                         kinds: {
                             x402Version: number;
                             scheme: string;
+                            /** @description CAIP-2: `agentstl:<deployment>` */
                             network: string;
+                            extra?: {
+                                /** @description the deprecation announcement: old ids accepted for a window, never listed as kinds */
+                                deprecatedNetworks: {
+                                    /** @description a legacy network id (not CAIP-2) still accepted on payments of this kind */
+                                    network: string;
+                                    /**
+                                     * Format: date-time
+                                     * @description after this time a payment naming it is refused with invalid_network
+                                     */
+                                    acceptedUntil: string;
+                                    /** @description the CAIP-2 id to name instead */
+                                    replacedBy: string;
+                                }[];
+                            };
                         }[];
                         extensions: string[];
                         signers: {
                             [key: string]: string[];
                         };
                     };
-                };
-            };
-            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
-            401: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorBody"];
-                };
-            };
-            /** @description Forbidden. `code`: `FORBIDDEN`. */
-            403: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description URI Too Long. `code`: `URI_TOO_LONG`. */

@@ -63,8 +63,9 @@ export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }
   let mcpHttp: Promise<typeof import('../../mcp/http.ts')> | null = null;
 
   app.post(MCP_PATH, {
-    // Any live tenant key: each tool then needs the scope of the route it calls, checked there.
-    config: { access: 'tenant', nativeIdempotency: true },
+    // Any live tenant key: each tool then needs the scope of the route it calls, checked there. Host and Origin are
+    // checked first (plugins/origin.ts), as the MCP transport requires of servers.
+    config: { access: 'tenant', nativeIdempotency: true, checkOrigin: true },
     schema: {
       tags: ['mcp'],
       operationId: 'callMcp',
@@ -72,7 +73,9 @@ export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       description:
         'Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap\'s `mcpHttp`). Send ' +
         'JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant ' +
-        'checks of the route it calls. Agents registered here keep their signing key in the service, sealed.',
+        'checks of the route it calls. Agents registered here keep their signing key in the service, sealed. ' +
+        'Host must be PUBLIC_BASE_URL\'s host or a loopback name, and Origin (when sent) PUBLIC_BASE_URL\'s origin, a ' +
+        'loopback origin or one of MCP_ALLOWED_ORIGINS; anything else is 403 before the key is looked at (DNS rebinding).',
       body: McpRequestBody,
       response: {
         200: McpResponseBody,

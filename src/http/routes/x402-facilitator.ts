@@ -32,8 +32,10 @@ export async function x402FacilitatorRoutes(app: FastifyInstance, opts: { runtim
     schema: { tags, operationId: 'getFacilitatorPaymentStatus', summary: 'The same lookup with the body settle was sent (what a resource server has at hand); moves nothing', body: FacilitatorBody, response: { 200: PaymentStatusResponse, ...errorResponses(400, 401, 403, 422) } },
   }, async (request) => service.paymentStatusOf(tenantOf(request), request.body));
 
+  // Public, as the x402 facilitator API has it (stock tools ask it without a key); rate limited per IP like the other
+  // public routes. It names the deployment's schemes and network only.
   app.get('/x402/facilitator/supported', {
-    config: { access: 'x402:read' },
-    schema: { tags, operationId: 'getFacilitatorSupported', summary: 'The payment kinds this facilitator settles: x402 v2, scheme escrow-gate, this deployment\'s network', response: { 200: SupportedResponse, ...errorResponses(401, 403) } },
+    config: { access: 'public' },
+    schema: { tags, operationId: 'getFacilitatorSupported', summary: 'The payment kinds this facilitator settles (public): x402 v2, schemes escrow-gate and escrow-session, this deployment\'s CAIP-2 network, and the legacy network ids still accepted, with the end of their window', response: { 200: SupportedResponse } },
   }, async () => service.supported());
 }

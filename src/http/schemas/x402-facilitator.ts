@@ -4,7 +4,7 @@ import { Type } from 'typebox';
 
 const PaymentRequirements = Type.Object({
   scheme: Type.String({ maxLength: 64 }),
-  network: Type.String({ maxLength: 80, description: 'CAIP-2 style network id' }),
+  network: Type.String({ maxLength: 80, description: 'CAIP-2 network id: this deployment\'s `agentstl:<deployment>` (a legacy `agent-settlement:<deployment>` id is accepted during its deprecation window); any other is refused with invalid_network' }),
   asset: Type.String({ maxLength: 64, description: 'the currency' }),
   amount: Type.String({ pattern: '^[0-9]{1,16}$', description: 'integer minor units, as a decimal string' }),
   payTo: Type.String({ maxLength: 256, description: 'the payee agent id' }),
@@ -22,7 +22,7 @@ const PaymentPayload = Type.Object({
 
 const REQUIREMENTS_EXAMPLE = {
   scheme: 'escrow-gate',
-  network: 'agent-settlement:default',
+  network: 'agentstl:default',
   asset: 'USD',
   amount: '25',
   payTo: 'tools:agent:weather',
@@ -52,14 +52,20 @@ export const VerifyResponse = Type.Object({
   payer: Type.Optional(Type.String()),
 });
 
+const WORDS = 'x402\'s settlement status words: settled (the payee was paid what was charged; final), failed (it was not, and this answer will not change; final), unresolved (still being decided, or not yet settled: never final, ask again)';
+const settlementWord = (description: string) => Type.Union([Type.Literal('settled'), Type.Literal('failed'), Type.Literal('unresolved')], { description });
+const SettlementWord = settlementWord(`${WORDS}. From success and errorReason: success is settled, settlement_pending unresolved, any other reason failed`);
+
 export const SettleResponse = Type.Object({
   success: Type.Boolean(),
+  status: SettlementWord,
   errorReason: Type.Optional(Type.String()),
   errorMessage: Type.Optional(Type.String()),
   payer: Type.Optional(Type.String()),
   transaction: Type.String({ description: 'the settlement id (empty when nothing was settled)' }),
   network: Type.String(),
-  amount: Type.Optional(Type.String({ description: 'what was charged, in minor units: the requirement\'s amount, which a metered call (settlement override) may set below the authorized maximum' })),
+  amount: Type.Optional(Type.String({ description: 'settled only: what was charged (the amount actually settled), in minor units: the requirement\'s amount, which a metered call (settlement override) may set below the authorized maximum' })),
+  settledAt: Type.Optional(Type.String({ format: 'date-time', description: 'settled only: when (escrow-gate: the settlement\'s decision, with which the release is recorded; escrow-session: the charge)' })),
   extra: Type.Optional(
     Type.Union([
       Type.Object({
@@ -80,11 +86,38 @@ export const SettleResponse = Type.Object({
   ),
 });
 
-export const SupportedResponse = Type.Object({
-  kinds: Type.Array(Type.Object({ x402Version: Type.Integer(), scheme: Type.String(), network: Type.String() })),
-  extensions: Type.Array(Type.String()),
-  signers: Type.Record(Type.String(), Type.Array(Type.String())),
+const DeprecatedNetwork = Type.Object({
+  network: Type.String({ description: 'a legacy network id (not CAIP-2) still accepted on payments of this kind' }),
+  acceptedUntil: Type.String({ format: 'date-time', description: 'after this time a payment naming it is refused with invalid_network' }),
+  replacedBy: Type.String({ description: 'the CAIP-2 id to name instead' }),
 });
+
+export const SupportedResponse = Type.Object(
+  {
+    kinds: Type.Array(Type.Object({
+      x402Version: Type.Integer(),
+      scheme: Type.String(),
+      network: Type.String({ description: 'CAIP-2: `agentstl:<deployment>`' }),
+      extra: Type.Optional(Type.Object({
+        deprecatedNetworks: Type.Array(DeprecatedNetwork, { description: 'the deprecation announcement: old ids accepted for a window, never listed as kinds' }),
+      })),
+    })),
+    extensions: Type.Array(Type.String()),
+    signers: Type.Record(Type.String(), Type.Array(Type.String())),
+  },
+  {
+    examples: [{
+      kinds: ['escrow-gate', 'escrow-session'].map((scheme) => ({
+        x402Version: 2,
+        scheme,
+        network: 'agentstl:default',
+        extra: { deprecatedNetworks: [{ network: 'agent-settlement:default', acceptedUntil: '2027-06-01T00:00:00.000Z', replacedBy: 'agentstl:default' }] },
+      })),
+      extensions: [],
+      signers: {},
+    }],
+  },
+);
 
 export const PaymentParams = Type.Object({
   paymentId: Type.String({ maxLength: 258, description: 'an escrow-gate payment\'s id: its gateId (paymentPayload.payload.gateId); an escrow-session payment\'s: `<sessionId>:<paymentId>` from its payload' }),
@@ -97,6 +130,9 @@ export const PaymentStatusResponse = Type.Object(
       description:
         'unknown: no such payment for this credential (another tenant\'s too), or none was ever authorized; authorized: paid for, never settled (safe to settle now, until settleBy); settling: reported, the decision is in flight (ask again; a settle answers the same); settled: the payee was paid what was charged; refused: refunded, expired, cancelled or failed (settlement.errorReason says why)',
     }),
+    settlementStatus: settlementWord(`${WORDS}. From status: settled is settled, refused failed; unknown, authorized and settling are unresolved`),
+    settledAt: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'settled only: when the payment was settled' }),
+    settledAmount: Type.Union([Type.String(), Type.Null()], { description: 'settled only: what was charged, in minor units' }),
     settleBy: Type.Union([Type.String({ format: 'date-time' }), Type.Null()], { description: 'authorized only: the last moment a settle is accepted; after it the payer is refunded' }),
     settlement: Type.Union([SettleResponse, Type.Null()], { description: 'settled or refused: the answer settle gave, and gives to any repeat' }),
   },
@@ -104,8 +140,11 @@ export const PaymentStatusResponse = Type.Object(
     examples: [{
       paymentId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
       status: 'settled',
+      settlementStatus: 'settled',
+      settledAt: '2026-11-28T09:00:00.000Z',
+      settledAmount: '25',
       settleBy: null,
-      settlement: { success: true, payer: 'acme:agent:buyer', transaction: 'stl_2hX7kQ9mW4pZ1vB8nT6rL3cY', network: 'agent-settlement:default', amount: '25', extra: { gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', status: 'released', releasedNow: 24, holdback: 1, receiptHash: '5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8' } },
+      settlement: { success: true, status: 'settled', settledAt: '2026-11-28T09:00:00.000Z', payer: 'acme:agent:buyer', transaction: 'stl_2hX7kQ9mW4pZ1vB8nT6rL3cY', network: 'agentstl:default', amount: '25', extra: { gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', status: 'released', releasedNow: 24, holdback: 1, receiptHash: '5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8' } },
     }],
   },
 );
