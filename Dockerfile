@@ -19,6 +19,6 @@ ENV NODE_ENV=production HOST=0.0.0.0 PORT=3000
 USER node
 # A young generation of 8 MB a semi-space (16 by default), and an old generation allowed to grow to 1.5x what the
 # last full GC kept (V8 lets it reach 2-4x), keep peak RSS under load down; without allocation-site pretenuring a
-# burst of load cannot leave per-request objects allocated straight into the old generation (README, bench/).
+# burst of load cannot leave per-request objects allocated straight into the old generation (docs/performance.md).
 ENTRYPOINT ["node", "--max-semi-space-size=8", "--heap-growing-percent=50", "--no-allocation-site-pretenuring", "dist/main.js"]
 CMD ["api"]

@@ -82,12 +82,12 @@ export function cpuProfileFlags(label: string): (name: string) => string[] {
 /**
  * The node flags production starts the service with (the Dockerfile's ENTRYPOINT, `npm run start:prod`, `npm start`;
  * test/node-flags.test.ts keeps them the same): V8's young generation capped at 8 MB a semi-space instead of 16, and
- * its old generation let grow to 1.5x what the last full GC kept before the next one starts (V8's own factor was
- * about 2.2x here), which keep the API's peak RSS under load down with no loss of throughput (see README, "Cost
- * that follows the work"); and no allocation-site pretenuring: after a burst, when many requests were in flight, V8
+ * its old generation let grow to 1.5x what the last full GC kept before the next one starts (V8's own factor was about
+ * 2.2x here), which keep the API's peak RSS under load down with no loss of throughput (see docs/performance.md,
+ * "Growth with stored data"); and no allocation-site pretenuring: after a burst, when many requests were in flight, V8
  * had marked the sites of per-request objects (headers, request, reply) long-lived and allocated them in the old
- * generation from then on, which filled it at about 6 MB/s and brought a full GC every 4 s, each a stall of every
- * call in flight (README, "Paid calls at agent speed").
+ * generation from then on, which filled it at about 6 MB/s and brought a full GC every 4 s, each a stall of every call
+ * in flight (docs/performance.md, "Paid calls through sessions").
  */
 export const PRODUCTION_NODE_FLAGS = ['--max-semi-space-size=8', '--heap-growing-percent=50', '--no-allocation-site-pretenuring'];
 

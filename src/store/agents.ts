@@ -123,8 +123,8 @@ export class AgentStore {
     if (Object.hasOwn(agent.keys, key.keyId)) {
       throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, { keyId: key.keyId });
     }
-    // A key added concurrently to the same agent can be lost on FerretDB (see README); events it signs then fail
-    // closed with SIGNATURE_INVALID, and the key can be added again.
+    // A key added concurrently to the same agent can be lost on FerretDB (docs/money.md, "Why unique inserts");
+    // events it signs then fail closed with SIGNATURE_INVALID, and the key can be added again.
     await this.agents.updateOne({ _id: agentId }, { $set: { [`keys.${key.keyId}`]: key } });
     return { ...agent, keys: { ...agent.keys, [key.keyId]: key } };
   }

@@ -17,7 +17,7 @@ export function createMongoClient(config: Config): MongoClient {
 /**
  * Inserts `doc` unless a record with its unique key exists: true when this insert won, false when another writer
  * got there first. Every "first writer wins" claim in the stores is this one call: a unique insert is atomic on
- * MongoDB and on FerretDB alike (FerretDB's updates are not; see README "Why unique inserts").
+ * MongoDB and on FerretDB alike (FerretDB's updates are not; see docs/money.md, "Why unique inserts").
  *
  * Concurrent claims on one collection travel together (group commit, see InsertGroup): each document still wins or
  * loses on its own, and a lone claim goes out at once, as its own command.

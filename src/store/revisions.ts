@@ -14,10 +14,10 @@ interface RevisionDoc<T> {
 
 /**
  * A document whose changes are inserted revisions: a change from revision r is the unique insert of `<id>#<r+1>`
- * holding the whole new state, so two concurrent changes of one revision can never both win (FerretDB's
- * conditional updates can have two winners and lose writes; see README "Why unique inserts"). The document itself,
- * under its id, is a cache of the latest revision: reads follow `<id>#<rev+1>` … until one is missing and repair the
- * cache, so a lost or stale cache write only costs a lookup. Every read and write is by exact `_id`.
+ * holding the whole new state, so two concurrent changes of one revision can never both win (FerretDB's conditional
+ * updates can have two winners and lose writes; see docs/money.md, "Why unique inserts"). The document itself, under
+ * its id, is a cache of the latest revision: reads follow `<id>#<rev+1>` … until one is missing and repair the cache,
+ * so a lost or stale cache write only costs a lookup. Every read and write is by exact `_id`.
  */
 export class RevisionLog<T extends Revisioned & Document> {
   readonly docs: Collection<T>;

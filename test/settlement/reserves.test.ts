@@ -8,10 +8,10 @@ import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { appendEvents, createRun, events, waitFinalized } from '../helpers/agents.ts';
 import { balances, credit, finalizedRun, parties, settle, type Parties } from '../helpers/money.ts';
 
-// Escrow reserves have one owner and one fate (README "Money"): these are the reproductions of issue 22's
-// "money moved twice" and "locked for good" cases, with the request stopped at a crash point and the client retrying.
-// No settle worker runs here: the sweeps below are the only thing that moves settlements and reserves, so each
-// step is seen exactly.
+// Escrow reserves have one owner and one fate (docs/money.md, "Money guarantees"): these are the reproductions of issue
+// 22's "money moved twice" and "locked for good" cases, with the request stopped at a crash point and the client
+// retrying. No settle worker runs here: the sweeps below are the only thing that moves settlements and reserves, so
+// each step is seen exactly.
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
