@@ -46,9 +46,12 @@ export interface Config {
     retiredKeys: string[];
     keyFile: string;
   };
+  /**
+   * The at-rest key (32 bytes, `WEBHOOK_SECRET_KEY`): seals webhook endpoint secrets, MCP agent keys, replayable
+   * responses and onboarding hand-offs in Redis, and derives the key of event-batch attestations.
+   */
+  atRestKey: Buffer;
   webhooks: {
-    /** 32-byte key that encrypts secrets at rest: webhook endpoint secrets, and replayable responses in Redis. */
-    encryptionKey: Buffer;
     allowInsecureUrls: boolean;
     allowPrivateAddresses: boolean;
     /** Multiplies the retry schedule (tests use a small fraction). */
@@ -295,8 +298,8 @@ export function loadConfig(env: Env = process.env): Config {
       retiredKeys: list(env, 'SERVICE_SIGNING_KEYS_RETIRED'),
       keyFile: str(env, 'SIGNING_KEY_FILE', '.data/service-signing-key.pem'),
     },
+    atRestKey: webhookKey,
     webhooks: {
-      encryptionKey: webhookKey,
       allowInsecureUrls: bool(env, 'WEBHOOK_ALLOW_INSECURE_URLS', nodeEnv === 'development'),
       allowPrivateAddresses: bool(env, 'WEBHOOK_ALLOW_PRIVATE_ADDRESSES', false),
       retryScale: num(env, 'WEBHOOK_RETRY_SCALE', 1, 0, 100),

@@ -150,7 +150,7 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       reserves: new ReserveStore(db),
       ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
       sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
-      webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.webhooks.encryptionKey),
+      webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.atRestKey),
       webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue, new WebhookRetentionIndex(redis, config.redisPrefix)),
       webhookDue,
       onboarding: new OnboardingStore(db),

@@ -95,7 +95,7 @@ export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): 
   const smokeTestId = newId('smk');
   const key = sealedEnvKey(rt, smokeTestId);
   const waitMs = rt.config.onboarding.smokeTestTimeoutMs + SMOKE_WAIT_MARGIN_MS;
-  await rt.redis.set(key, encryptAtRest(rt.config.webhooks.encryptionKey, JSON.stringify(env), key), 'PX', waitMs);
+  await rt.redis.set(key, encryptAtRest(rt.config.atRestKey, JSON.stringify(env), key), 'PX', waitMs);
   try {
     await rt.producers.enqueue('smoke-test', { tenantId, smokeTestId }, jobIdFor('smoke-test', smokeTestId), { attempts: 2 });
     const deadline = Date.now() + waitMs;
@@ -139,7 +139,7 @@ export async function smokeTestJob(rt: Runtime, payload: { tenantId: string; smo
   if (sealed === null) {
     return record({ passed: false, failedStep: 'spawn', serverInfo: null, toolNames: [], call: null, error: { message: 'the smoke test expired before a worker took it', details: {} }, durationMs: 0 }, null);
   }
-  const env = JSON.parse(decryptAtRest(rt.config.webhooks.encryptionKey, sealed, key)) as McpEnv;
+  const env = JSON.parse(decryptAtRest(rt.config.atRestKey, sealed, key)) as McpEnv;
   // The very command the runtime bootstrap hands out for this env.
   const launch = mcpLaunch(env, launchFrom(rt));
   const { outcome, pid } = await probeMcpServer({

@@ -18,7 +18,7 @@ import { emitEvent } from './events.ts';
 const attestationKeys = new WeakMap<Runtime, Buffer>();
 function attestationKey(rt: Runtime): Buffer {
   let key = attestationKeys.get(rt);
-  if (!key) attestationKeys.set(rt, (key = createHmac('sha256', rt.config.webhooks.encryptionKey).update('run-batch-attestation/v1').digest()));
+  if (!key) attestationKeys.set(rt, (key = createHmac('sha256', rt.config.atRestKey).update('run-batch-attestation/v1').digest()));
   return key;
 }
 

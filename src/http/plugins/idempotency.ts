@@ -79,7 +79,7 @@ function fingerprint(request: FastifyRequest): string {
  */
 export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
   const { config, redis } = opts.runtime;
-  const atRestKey = config.webhooks.encryptionKey;
+  const atRestKey = config.atRestKey;
   app.decorateRequest('idempotencyClaim', null);
   app.decorateRequest('idempotencyScope', null);
 
