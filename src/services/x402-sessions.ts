@@ -103,6 +103,11 @@ export interface ChargeAnswer {
 const LOCK_GRACE_MS = 60_000;
 /** The time a sweep spends on due sessions at most. */
 const SWEEP_TIME_MS = 20_000;
+/**
+ * Seqs voided past a closed session's statement (see fence): more than the calls that can be in flight on one session
+ * at the moment a Redis that lost the close's stop starts answering.
+ */
+const CLOSE_FENCE = 64;
 /** Debits one call may make when each finds its seq taken by a recorded charge (Redis lost writes; repaired between). */
 const DEBIT_ATTEMPTS = 3;
 
@@ -275,7 +280,16 @@ export class X402Sessions {
   async hold(tenantId: string, sessionId: string, input: HoldInput): Promise<{ session: SessionDoc; remaining: number }> {
     const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.maxAmount, input.asset);
     const binding = this.bindingOf(session, input);
-    const debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date(), binding);
+    let debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date(), binding);
+    // A verified call must be payable: a hold whose seq a recorded charge or void already holds was numbered by a
+    // Redis that lost writes (or the close's stop). Put right (or refused as closed) before the verify answers.
+    for (let attempt = 1; debit.kind === 'new'; attempt++) {
+      const taken = await this.store.getCharge(session._id, debit.seq);
+      if (!taken) break;
+      if (taken.state === 'void') throw await this.closedError(session, true);
+      await this.afterSeqTaken(session, debit.seq, attempt);
+      debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date(), binding);
+    }
     if (debit.kind === 'repeat' && debit.mode === 'charge') throw x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${input.paymentId} was already settled`, { paymentId: input.paymentId });
     if (debit.kind === 'repeat' && debit.amount !== input.maxAmount) throw this.reusedError(input.paymentId);
     if (debit.kind === 'repeat' && debit.binding) this.requireBinding(session, debit.binding, binding);
@@ -374,7 +388,7 @@ export class X402Sessions {
     const existing = debit.kind === 'repeat' ? await this.store.getCharge(session._id, debit.seq) : null;
     const charge = existing ?? (await this.store.recordCharge(this.chargeDoc(session, debit.seq, input, now)));
     if (charge.paymentId !== input.paymentId && charge.state === 'charged') return 'seq taken';
-    if (charge.state === 'void') throw await this.closedError(session);
+    if (charge.state === 'void') throw await this.closedError(session, true);
     if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
     failpoint('x402.session.charged');
     return {
@@ -412,6 +426,8 @@ export class X402Sessions {
    * recorded past the seq Redis holds.
    */
   async repairBudget(session: SessionDoc, why: string): Promise<void> {
+    // A close Redis lost: its statement is final, so the budget is stopped again and the call refused.
+    if (await this.store.closeOf(session._id)) throw await this.closedError(session, true);
     const state = await this.store.budgetState(session._id);
     if (!state) {
       if ((await this.ensureBudget(session)) === 'closed') throw await this.closedError(session);
@@ -536,8 +552,14 @@ export class X402Sessions {
     return x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${paymentId} was already charged for another call`, { paymentId });
   }
 
-  private async closedError(session: SessionDoc): Promise<ServiceError> {
+  /**
+   * The error a call on an ended session gets. `stopRedis`: the call met a void seq, so the session is closed in
+   * MongoDB while Redis may still debit it (it lost the close's stop): stopped again, so the calls after it are refused
+   * by Redis itself.
+   */
+  private async closedError(session: SessionDoc, stopRedis = false): Promise<ServiceError> {
     const close = await this.store.closeOf(session._id);
+    if (close && stopRedis) await this.store.stopDebits(session._id);
     if (close?.reason === 'wound_down') return woundDownError(close.woundDownAgentId ?? session.payerAgentId);
     if (close?.reason === 'expired') return x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget went back to the payer', { expiresAt: session.expiresAt.toISOString() });
     return x402Error('X402_SESSION_CLOSED', 'the session is closed', { status: close ? 'closed' : 'closing' });
@@ -706,8 +728,23 @@ export class X402Sessions {
       { ...this.eventData(session), reason: close.reason, totalCharged: body.totalCharged, refunded: body.refunded, chargeCount: body.chargeCount, statementHash: close.statement.statementHash },
       `${type}:${session._id}`,
     );
+    await this.fence(session, close);
     await this.store.retireBudget(session._id);
     await this.store.due.done(session._id);
+  }
+
+  /**
+   * Voids the seqs just past the statement's: a Redis that lost the close's stop (and so says the session is open,
+   * its seq where the close found it) hands those out next, and their calls must meet a void and be refused, not
+   * record a charge the statement does not pay. Every closer and sweep may run it again (unique inserts).
+   */
+  private async fence(session: SessionDoc, close: CloseDoc): Promise<void> {
+    const lastSeq = close.statement.body.chargeCount + close.statement.body.voided;
+    await Promise.all(
+      Array.from({ length: CLOSE_FENCE }, (_, i) => lastSeq + 1 + i).map((seq) =>
+        this.store.recordCharge({ _id: chargeId(session._id, seq), sessionId: session._id, seq, state: 'void', paymentId: null, payeeAgentId: null, amount: 0, requestSha256: null, at: close.at, receipt: null }),
+      ),
+    );
   }
 
   private eventData(session: SessionDoc): Record<string, unknown> {

@@ -123,6 +123,30 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
     await expectCleanAudit(t);
   });
 
+  it('a close that Redis lost: the session stays closed, no call is charged or verified past its statement', async () => {
+    const { payer, payee, sessionId } = await openSession(100, { budget: 30, maxPerCall: 10 });
+    for (let i = 0; i < 3; i++) expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).statusCode).toBe(201);
+    const rollBack = await snapshot(sessionId); // open, seq 3: the state just before the close stopped the debits
+    expect((await post(t, auth, `/x402/sessions/${sessionId}/close`, {})).statusCode).toBe(200);
+    await rollBack();
+    expect(await t.runtime.stores.x402Sessions.budgetState(sessionId)).toMatchObject({ state: 'open', seq: 3 });
+
+    // In another process too (it has seen no seq of this session): the seq past the statement is void.
+    expect(await new X402Service(t.runtime).chargeSession(tenantId, sessionId, { paymentId: 'after-close-1', payeeAgentId: payee, amount: 2 }).catch((e: { code: string }) => e.code)).toBe('X402_SESSION_CLOSED');
+    expect(await t.runtime.stores.x402Sessions.budgetState(sessionId)).toMatchObject({ state: 'closed' }); // stopped again
+    expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
+    // A rolled-back Redis that also forgot the stop a second time: a verify must not promise a payment either.
+    await rollBack();
+    const held = await new X402Service(t.runtime).holdInSession(tenantId, sessionId, { paymentId: 'after-close-2', payeeAgentId: payee, maxAmount: 2 }).catch((e: { code: string }) => e.code);
+    expect(held).toBe('X402_SESSION_CLOSED');
+
+    const statement = (await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json();
+    expect(statement.body).toMatchObject({ totalCharged: 6, refunded: 24, chargeCount: 3, voided: 0 });
+    expect(await balances(t, auth, payer)).toEqual({ available: 94, escrow: 0 });
+    expect(await balances(t, auth, payee)).toEqual({ available: 6, escrow: 0 });
+    await expectCleanAudit(t);
+  });
+
   it('a Redis that lost the budget entirely: rebuilt from the recorded charges, every receipt paid', async () => {
     const { payer, payee, sessionId } = await openSession(100, { budget: 30, maxPerCall: 10 });
     for (let i = 0; i < 4; i++) expect((await charge(sessionId, { paymentId: `lost-${i}`, payeeAgentId: payee, amount: 3 })).statusCode).toBe(201);
