@@ -321,10 +321,9 @@ export class X402Sessions {
     const binding = this.bindingOf(session, input);
     for (let attempt = 1; ; attempt++) {
       const captured = await this.store.capture(session._id, input.paymentId, input.amount, binding);
-      if (captured.kind === 'unknown') {
-        if (input.amount === 0) throw errors.unprocessable('a charge without a hold must be at least 1', { errors: [{ path: 'amount', message: 'zero' }] });
-        return this.charge(tenantId, sessionId, input);
-      }
+      // No hold under this payment id (a settle nobody verified, or a hold a Redis that lost writes forgot): a plain
+      // charge. Zero included: a verified call that cost nothing settles, whatever Redis remembers of its hold.
+      if (captured.kind === 'unknown') return this.charge(tenantId, sessionId, input);
       if (captured.kind === 'mismatch') {
         this.requireBinding(session, captured.binding!, binding);
         throw new Error(`session ${session._id}: the capture script refused payment ${input.paymentId} with a binding that matches`);
