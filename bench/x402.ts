@@ -213,10 +213,10 @@ async function seed(target: Target): Promise<number> {
     for (let done = 0; done < real; done += pairs.length) {
       await Promise.all(pairs.slice(0, Math.min(pairs.length, real - done)).map(async (p, k) => {
         const sha = requestSha(1e9 + done + k);
-        const { gate } = await seeder.createGate(tenantId, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' });
-        const { quote } = await seeder.quote(tenantId, { gateId: gate._id, requestSha256: sha });
-        await seeder.authorizePayment(tenantId, { gateId: gate._id, quoteId: quote._id, requestSha256: sha });
-        await seeder.verify(tenantId, { gateId: gate._id, evidence: { responseSha256: sha } });
+        const { gate } = await seeder.gates.createGate(tenantId, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' });
+        const { quote } = await seeder.quotes.quote(tenantId, { gateId: gate._id, requestSha256: sha });
+        await seeder.authorization.authorizePayment(tenantId, { gateId: gate._id, quoteId: quote._id, requestSha256: sha });
+        await seeder.verification.verify(tenantId, { gateId: gate._id, evidence: { responseSha256: sha } });
       }));
     }
     await seeder.close();

@@ -100,15 +100,15 @@ const loaders: { [K in ListKind]: Loader<K> } = {
     return { state: { disputeId: id, settlement: s }, createdAt: ref!.createdAt ?? new Date(hb.at), status };
   },
   async gates(_rt, x402, tenantId, id) {
-    const g = await orNull(x402.getGate(tenantId, id));
+    const g = await orNull(x402.gates.getGate(tenantId, id));
     return g && { state: g, createdAt: g.gate.createdAt, status: g.status };
   },
   async escalations(_rt, x402, tenantId, id) {
-    const e = await orNull(x402.getEscalation(tenantId, id));
+    const e = await orNull(x402.escalations.getEscalation(tenantId, id));
     return e && { state: e, createdAt: e.escalation.createdAt, status: escalationStatus(e) };
   },
   async sessions(_rt, x402, tenantId, id) {
-    const s = await orNull(x402.getSession(tenantId, id));
+    const s = await orNull(x402.sessions.get(tenantId, id));
     return s && { state: s, createdAt: s.session.createdAt, status: s.status };
   },
 };

@@ -7,9 +7,9 @@
 // dies half-way leaves the reconciliation to the next look (every step of it can run twice).
 import type { Runtime } from '../runtime.ts';
 
-/** What puts open sessions' budgets right (X402Sessions.repairOpenBudgets). */
+/** What puts open sessions' budgets right (X402Sessions). */
 export interface SessionBudgetRepair {
-  repairOpenSessionBudgets(limit: number): Promise<{ looked: number; repaired: number; failed: number }>;
+  repairOpenBudgets(limit: number): Promise<{ looked: number; repaired: number; failed: number }>;
 }
 
 /** Open sessions looked at, at most, after a loss. */
@@ -45,7 +45,7 @@ export class RedisLossWatch {
     const { settlements, runs, x402, x402Sessions, ledger } = this.rt.stores;
     await Promise.all([settlements.due, runs.finalizeDue, x402.due, x402.escalationsDue, x402Sessions.due].map((due) => due.forgetAuditClaim()));
     await ledger.forgetDueAuditClaim();
-    const sessions = await this.sessions.repairOpenSessionBudgets(SESSION_LIMIT);
+    const sessions = await this.sessions.repairOpenBudgets(SESSION_LIMIT);
     return { sessions };
   }
 }

@@ -12,7 +12,7 @@ import { emitEvent } from './events.ts';
 import { sweepDue, type DueLook } from './sweep-items.ts';
 import { gateExpiredEvent } from './x402-gates.ts';
 import type { X402Tokens } from './x402-tokens.ts';
-import type { X402Service } from './x402.ts';
+import type { X402Gates } from './x402-gates.ts';
 
 /** The reason a deadline's own denial records. */
 export const DEADLINE_PASSED = 'deadline_passed';
@@ -246,7 +246,7 @@ export interface EscalationSweepSummary {
 export class X402EscalationDeadlines {
   constructor(
     private readonly runtime: Runtime,
-    private readonly gates: X402Service,
+    private readonly gates: X402Gates,
   ) {}
 
   private get store() {

@@ -37,7 +37,7 @@ export interface GateSweepSummary {
 export class X402GateExpiry {
   constructor(
     private readonly runtime: Runtime,
-    private readonly gates: X402Service,
+    private readonly x402: X402Service,
   ) {}
 
   private get store() {
@@ -67,14 +67,14 @@ export class X402GateExpiry {
     if (!verification) {
       await this.store.recordVerification({ _id: gate._id, tenantId: gate.tenantId, verificationStatus: 'failed', evidence: { responseSha256: null, providerSignature: null }, at: new Date() });
     }
-    await this.gates.processVerify(gate.tenantId, gate._id);
+    await this.x402.verification.processVerify(gate.tenantId, gate._id);
     summary.settled++;
     return 'done';
   }
 
   /** A cancelled or expired gate's lock goes back (once, by its unlock entry), with an event for an expiry. */
   private async returnClosed(gate: GateDoc, commitment: CommitmentDoc, summary: GateSweepSummary): Promise<DueLook> {
-    const lock = await this.gates.returnReserve(gate);
+    const lock = await this.x402.gates.returnReserve(gate);
     if (lock === 'none') {
       // Nothing locked yet: a create still running may record its lock (it then finds the gate closed) until the grace.
       const graceEnds = gate.createdAt.getTime() + LOCK_GRACE_MS;
@@ -95,11 +95,11 @@ export class X402GateExpiry {
    */
   private async expireAuthorized(gate: GateDoc, authorization: Extract<CommitmentDoc, { kind: 'authorization' }>, summary: GateSweepSummary): Promise<DueLook> {
     const deadline = authorizationDeadline(authorization.expiresAt, this.runtime.config.x402);
-    const woundDown = await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+    const woundDown = await this.x402.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
     if (!woundDown && Date.now() < deadline.getTime()) return { lookAgainAt: deadline };
-    const won = await this.gates.recordReturn(gate, woundDown ? 'wound_down' : 'expired');
+    const won = await this.x402.verification.recordReturn(gate, woundDown ? 'wound_down' : 'expired');
     failpoint('x402.expire.returned');
-    await this.gates.processVerify(gate.tenantId, gate._id);
+    await this.x402.verification.processVerify(gate.tenantId, gate._id);
     if (won.verificationStatus === 'expired') summary.expired++;
     else summary.settled++;
     return 'done';
@@ -107,10 +107,10 @@ export class X402GateExpiry {
 
   /** A held gate past its deadline expires (a wound-down party's gate is cancelled at once); then its lock goes back. */
   private async expireHeld(gate: GateDoc, summary: GateSweepSummary): Promise<DueLook> {
-    const woundDown = await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
+    const woundDown = await this.x402.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
     if (woundDown) {
       // The create raced the wind-down and died before it could see it (the wind-down's walk missed the gate).
-      await this.gates.cancelGate(gate, woundDown);
+      await this.x402.gates.cancelGate(gate, woundDown);
       return this.settleGate(gate._id, summary);
     }
     const { quote } = await this.store.currentQuote(gate._id);

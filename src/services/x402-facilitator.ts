@@ -127,13 +127,13 @@ export function paymentStatusAnswer(paymentId: string, status: PaymentStatus, se
 }
 
 export class X402FacilitatorService {
-  private readonly gates: X402Service;
+  private readonly x402: X402Service;
   private readonly sessions: X402SessionFacilitator;
   private readonly jwks;
 
   constructor(private readonly runtime: Runtime) {
-    this.gates = x402Service(runtime);
-    this.sessions = new X402SessionFacilitator(runtime, this.gates);
+    this.x402 = x402Service(runtime);
+    this.sessions = new X402SessionFacilitator(runtime, this.x402);
     this.jwks = createLocalJWKSet(runtime.keys.jwks as never);
   }
 
@@ -195,7 +195,7 @@ export class X402FacilitatorService {
     const { claims, captured } = checked;
     const evidence = request.paymentPayload.payload.responseSha256;
     try {
-      const { state, decided } = await this.gates.verify(tenantId, {
+      const { state, decided } = await this.x402.verification.verify(tenantId, {
         gateId: claims.gateId,
         // The server scheme hashes the response it served; a provider without it reports the empty response.
         evidence: { responseSha256: isSha256Hex(evidence) ? evidence : sha256Hex('') },
@@ -266,12 +266,12 @@ export class X402FacilitatorService {
     const session = /^(ses_[^:]+):(.+)$/.exec(paymentId);
     if (session) return this.sessions.paymentStatus(tenantId, session[1]!, session[2]!);
     const unknown = paymentStatusAnswer(paymentId, 'unknown', null, null);
-    const gate = await this.gates.requireGate(tenantId, paymentId).catch((err: unknown) => {
+    const gate = await this.x402.gates.requireGate(tenantId, paymentId).catch((err: unknown) => {
       if (err instanceof ServiceError && err.status === 404) return null;
       throw err;
     });
     if (!gate) return unknown;
-    const state = await this.gates.gateState(gate, true);
+    const state = await this.x402.gates.gateState(gate, true);
     // A payment exists once the gate was authorized (its token is the payment); a gate held, voided, or cancelled or
     // expired before anyone authorized it was never paid for.
     if (state.commitment?.kind !== 'authorization') return unknown;
@@ -310,7 +310,7 @@ export class X402FacilitatorService {
 
     let state: GateState;
     try {
-      state = await this.gates.gateState(await this.gates.requireGate(tenantId, claims.gateId));
+      state = await this.x402.gates.gateState(await this.x402.gates.requireGate(tenantId, claims.gateId));
     } catch (err) {
       if (err instanceof ServiceError && err.status === 404) throw new Refusal('gate_not_found', 'no such gate for this credential');
       throw err;
@@ -362,6 +362,6 @@ export class X402FacilitatorService {
   }
 
   async close(): Promise<void> {
-    await this.gates.close();
+    await this.x402.close();
   }
 }

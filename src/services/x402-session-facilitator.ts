@@ -51,7 +51,7 @@ export class X402SessionFacilitator {
   async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
     try {
       const p = this.check(request);
-      const { session } = await this.x402.holdInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted, requestSha256: p.requestSha256, asset: p.asset });
+      const { session } = await this.x402.sessions.hold(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted, requestSha256: p.requestSha256, asset: p.asset });
       return { isValid: true, payer: session.payerAgentId };
     } catch (err) {
       const refusal = refusalOf(err);
@@ -67,7 +67,7 @@ export class X402SessionFacilitator {
       const amount = request.paymentRequirements.amount;
       if (!AMOUNT.test(amount)) throw new Refusal('invalid_amount', 'the amount to settle must be integer minor units');
       if (Number(amount) > p.accepted) throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
-      const charged = await this.x402.captureInSession(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256, asset: p.asset });
+      const charged = await this.x402.sessions.capture(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256, asset: p.asset });
       return this.settled(charged);
     } catch (err) {
       const refusal = refusalOf(err);
@@ -96,7 +96,7 @@ export class X402SessionFacilitator {
    * settled one carries the answer settle gives (`remaining` as it is now); a refused one was voided by the close.
    */
   async paymentStatus(tenantId: string, sessionId: string, paymentId: string): Promise<PaymentStatusAnswer> {
-    const state = await this.x402.sessionPaymentState(tenantId, sessionId, paymentId);
+    const state = await this.x402.sessions.paymentState(tenantId, sessionId, paymentId);
     const id = `${sessionId}:${paymentId}`;
     if (state.status === 'settled') return paymentStatusAnswer(id, 'settled', null, this.settled(state.charged!));
     if (state.status === 'refused') {

@@ -9,9 +9,11 @@
 //   x402-sessions.ts          payment sessions: a budget reserved once, one request per paid call, settled at close
 //   x402-tokens.ts            the JWTs those flows sign and check
 //   x402-expiry.ts            the sweeper of gates past their deadline; x402-facilitator.ts the x402 v2 facilitator
-// Every ledger entry id and every event of a gate is decided in these files. This facade is what routes, the
-// x402-verify worker, the sweeper and the facilitator call: one instance wires the flows together, so they share
-// its per-process memory (funded gates, wallets seen) and its one listener on the verify queue's events.
+// Every ledger entry id and every event of a gate is decided in these files. X402Service wires the flows together,
+// and its callers (routes, the x402-verify worker, the sweeper, the facilitator) name the flow they call:
+// `x402.gates.createGate(...)`, `x402.sessions.charge(...)`. One instance per process (x402Service), so they share
+// its per-process memory (funded gates, wallets seen, session seqs handed out) and its one listener on the verify
+// queue's events.
 import type { Runtime } from '../runtime.ts';
 import { X402Authorization } from './x402-authorization.ts';
 import { X402EscalationDeadlines, X402Escalations } from './x402-escalations.ts';
@@ -45,15 +47,15 @@ export function x402Service(runtime: Runtime): X402Service {
 }
 
 export class X402Service {
-  private readonly gates: X402Gates;
-  private readonly quotes: X402Quotes;
-  private readonly policies: X402WalletPolicies;
-  private readonly escalations: X402Escalations;
-  private readonly escalationDeadlines: X402EscalationDeadlines;
-  private readonly authorization: X402Authorization;
-  private readonly verification: X402Verification;
-  private readonly windDowns: X402WindDown;
-  private readonly sessions: X402Sessions;
+  readonly gates: X402Gates;
+  readonly quotes: X402Quotes;
+  readonly policies: X402WalletPolicies;
+  readonly escalations: X402Escalations;
+  readonly escalationDeadlines: X402EscalationDeadlines;
+  readonly authorization: X402Authorization;
+  readonly verification: X402Verification;
+  readonly windDowns: X402WindDown;
+  readonly sessions: X402Sessions;
 
   constructor(runtime: Runtime) {
     const tokens = new X402Tokens(runtime);
@@ -61,118 +63,14 @@ export class X402Service {
     this.quotes = new X402Quotes(runtime, this.gates);
     this.policies = new X402WalletPolicies(runtime, this.gates, this.quotes, tokens);
     this.escalations = new X402Escalations(runtime, tokens);
-    this.escalationDeadlines = new X402EscalationDeadlines(runtime, this);
+    this.escalationDeadlines = new X402EscalationDeadlines(runtime, this.gates);
     this.authorization = new X402Authorization(runtime, this.gates, this.quotes, this.policies, this.escalations, tokens);
     this.verification = new X402Verification(runtime, this.gates);
     this.sessions = new X402Sessions(runtime, this.gates, this.policies);
     this.windDowns = new X402WindDown(runtime, this.gates, this.escalations, this.sessions);
   }
 
-  // Gates
-  createGate(...args: Parameters<X402Gates['createGate']>) {
-    return this.gates.createGate(...args);
-  }
-  getGate(...args: Parameters<X402Gates['getGate']>) {
-    return this.gates.getGate(...args);
-  }
-  requireGate(...args: Parameters<X402Gates['requireGate']>) {
-    return this.gates.requireGate(...args);
-  }
-  gateState(...args: Parameters<X402Gates['gateState']>) {
-    return this.gates.gateState(...args);
-  }
-  anyWoundDown(...args: Parameters<X402Gates['anyWoundDown']>) {
-    return this.gates.anyWoundDown(...args);
-  }
-  cancelGate(...args: Parameters<X402Gates['cancelGate']>) {
-    return this.gates.cancelGate(...args);
-  }
-  returnReserve(...args: Parameters<X402Gates['returnReserve']>) {
-    return this.gates.returnReserve(...args);
-  }
-
-  // Quotes, wallet policies, authorization, escalations
-  quote(...args: Parameters<X402Quotes['quote']>) {
-    return this.quotes.quote(...args);
-  }
-  putPolicy(...args: Parameters<X402WalletPolicies['putPolicy']>) {
-    return this.policies.putPolicy(...args);
-  }
-  getPolicy(...args: Parameters<X402WalletPolicies['getPolicy']>) {
-    return this.policies.getPolicy(...args);
-  }
-  authorizeWallet(...args: Parameters<X402WalletPolicies['authorizeWallet']>) {
-    return this.policies.authorizeWallet(...args);
-  }
-  authorizePayment(...args: Parameters<X402Authorization['authorizePayment']>) {
-    return this.authorization.authorizePayment(...args);
-  }
-  getEscalation(...args: Parameters<X402Escalations['getEscalation']>) {
-    return this.escalations.getEscalation(...args);
-  }
-  listEscalations(...args: Parameters<X402Escalations['listEscalations']>) {
-    return this.escalations.listEscalations(...args);
-  }
-  resolveEscalation(...args: Parameters<X402Escalations['resolveEscalation']>) {
-    return this.escalations.resolveEscalation(...args);
-  }
-  resolveEscalations(...args: Parameters<X402Escalations['resolveEscalations']>) {
-    return this.escalations.resolveEscalations(...args);
-  }
-  /** Denies the escalations past their deadline and returns their gates' reserves (the x402-verify worker's sweep). */
-  sweepEscalationDeadlines() {
-    return this.escalationDeadlines.sweep();
-  }
-
-  // Verification and wind-down
-  verify(...args: Parameters<X402Verification['verify']>) {
-    return this.verification.verify(...args);
-  }
-  recordReturn(...args: Parameters<X402Verification['recordReturn']>) {
-    return this.verification.recordReturn(...args);
-  }
-  processVerify(...args: Parameters<X402Verification['processVerify']>) {
-    return this.verification.processVerify(...args);
-  }
-  windDown(...args: Parameters<X402WindDown['windDown']>) {
-    return this.windDowns.windDown(...args);
-  }
-
-  // Payment sessions
-  repairOpenSessionBudgets(...args: Parameters<X402Sessions['repairOpenBudgets']>) {
-    return this.sessions.repairOpenBudgets(...args);
-  }
-  openSession(...args: Parameters<X402Sessions['open']>) {
-    return this.sessions.open(...args);
-  }
-  getSession(...args: Parameters<X402Sessions['get']>) {
-    return this.sessions.get(...args);
-  }
-  chargeSession(...args: Parameters<X402Sessions['charge']>) {
-    return this.sessions.charge(...args);
-  }
-  holdInSession(...args: Parameters<X402Sessions['hold']>) {
-    return this.sessions.hold(...args);
-  }
-  captureInSession(...args: Parameters<X402Sessions['capture']>) {
-    return this.sessions.capture(...args);
-  }
-  closeSession(...args: Parameters<X402Sessions['close']>) {
-    return this.sessions.close(...args);
-  }
-  sessionStatement(...args: Parameters<X402Sessions['statement']>) {
-    return this.sessions.statement(...args);
-  }
-  sessionPaymentState(...args: Parameters<X402Sessions['paymentState']>) {
-    return this.sessions.paymentState(...args);
-  }
-  disputeSession(...args: Parameters<X402Sessions['dispute']>) {
-    return this.sessions.dispute(...args);
-  }
-  sweepSessions() {
-    return this.sessions.sweep();
-  }
-
+  /** Closes its one listener on the verify queue's events (a later wait opens it again). */
   close(): Promise<void> {
     return this.verification.close();
   }

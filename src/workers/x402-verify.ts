@@ -13,9 +13,9 @@ import type { QueueProcessor } from './runner.ts';
 export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x402-verify'> {
   const service = x402Service(runtime);
   const expiry = new X402GateExpiry(runtime, service);
-  const redisLoss = new RedisLossWatch(runtime, service);
+  const redisLoss = new RedisLossWatch(runtime, service.sessions);
   return {
-    process: ({ tenantId, gateId, report }) => service.processVerify(tenantId, gateId, report),
+    process: ({ tenantId, gateId, report }) => service.verification.processVerify(tenantId, gateId, report),
     // First what Redis may have lost (a look that costs one INFO unless its masters changed); then the gates'
     // summary, with the escalations' and the sessions' beside it.
     sweep: async () => {
@@ -23,7 +23,7 @@ export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x40
         runtime.logger.warn({ err }, 'could not check whether Redis lost writes; the next sweep looks again');
         return null;
       });
-      return { ...(await expiry.sweep()), escalations: await service.sweepEscalationDeadlines(), sessions: await service.sweepSessions(), redisReconciled: redis?.reconciled ?? false };
+      return { ...(await expiry.sweep()), escalations: await service.escalationDeadlines.sweep(), sessions: await service.sessions.sweep(), redisReconciled: redis?.reconciled ?? false };
     },
   };
 }

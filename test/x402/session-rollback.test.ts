@@ -51,7 +51,7 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
    */
   async function chargeVia(via: 'this process' | 'another process', sessionId: string, body: { paymentId: string; payeeAgentId: string; amount: number }) {
     if (via === 'another process') {
-      const answer = await new X402Service(t.runtime).chargeSession(tenantId, sessionId, body);
+      const answer = await new X402Service(t.runtime).sessions.charge(tenantId, sessionId, body);
       return { repeated: answer.repeated, seq: answer.charge.seq, receiptHash: answer.receipt.receiptHash };
     }
     const res = await charge(sessionId, body);
@@ -132,12 +132,12 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
     expect(await t.runtime.stores.x402Sessions.budgetState(sessionId)).toMatchObject({ state: 'open', seq: 3 });
 
     // In another process too (it has seen no seq of this session): the seq past the statement is void.
-    expect(await new X402Service(t.runtime).chargeSession(tenantId, sessionId, { paymentId: 'after-close-1', payeeAgentId: payee, amount: 2 }).catch((e: { code: string }) => e.code)).toBe('X402_SESSION_CLOSED');
+    expect(await new X402Service(t.runtime).sessions.charge(tenantId, sessionId, { paymentId: 'after-close-1', payeeAgentId: payee, amount: 2 }).catch((e: { code: string }) => e.code)).toBe('X402_SESSION_CLOSED');
     expect(await t.runtime.stores.x402Sessions.budgetState(sessionId)).toMatchObject({ state: 'closed' }); // stopped again
     expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
     // A rolled-back Redis that also forgot the stop a second time: a verify must not promise a payment either.
     await rollBack();
-    const held = await new X402Service(t.runtime).holdInSession(tenantId, sessionId, { paymentId: 'after-close-2', payeeAgentId: payee, maxAmount: 2 }).catch((e: { code: string }) => e.code);
+    const held = await new X402Service(t.runtime).sessions.hold(tenantId, sessionId, { paymentId: 'after-close-2', payeeAgentId: payee, maxAmount: 2 }).catch((e: { code: string }) => e.code);
     expect(held).toBe('X402_SESSION_CLOSED');
 
     const statement = (await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json();

@@ -25,12 +25,12 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
       body: OpenSessionBody,
       response: { 201: Session, ...sessionErrors(402, 410, { 409: ['X402_WALLET_POLICY_VIOLATION'], 422: ['VALIDATION_FAILED', 'IDEMPOTENCY_KEY_REUSED'] }) },
     },
-  }, async (request, reply) => reply.status(201).send(sessionView(await service.openSession(tenantOf(request), request.body, request.idempotencyScope))));
+  }, async (request, reply) => reply.status(201).send(sessionView(await service.sessions.open(tenantOf(request), request.body, request.idempotencyScope))));
 
   app.get<{ Params: Static<typeof SessionParams> }>('/x402/sessions/:sessionId', {
     config: { access: 'x402:read' },
     schema: { tags, operationId: 'getSession', summary: 'A session: its status, what it spent, what is left', params: SessionParams, response: { 200: Session, ...errorResponses(400, 401, 403, 404) } },
-  }, async (request) => sessionView(await service.getSession(tenantOf(request), request.params.sessionId)));
+  }, async (request) => sessionView(await service.sessions.get(tenantOf(request), request.params.sessionId)));
 
   app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof ChargeBody> }>('/x402/sessions/:sessionId/charges', {
     // Idempotent by itself (the payment id, or the Idempotency-Key as one): the generic replay layer stays out.
@@ -53,7 +53,7 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
     const paymentId = request.body.paymentId ?? key;
     // The schema cannot say "one of the body's paymentId and the header": a request without either satisfies it (422).
     if (!paymentId) throw errors.unprocessable('a charge needs a paymentId (or an Idempotency-Key): it is what makes a retry charge once', { errors: [{ path: 'body.paymentId', message: 'required without an Idempotency-Key' }] });
-    const answer = await service.chargeSession(tenantOf(request), request.params.sessionId, { ...request.body, paymentId }).catch((err: unknown) => {
+    const answer = await service.sessions.charge(tenantOf(request), request.params.sessionId, { ...request.body, paymentId }).catch((err: unknown) => {
       // A key sent as a header answers as on every other POST: same key, other request is 422 (contract section 4).
       if (keyed && err instanceof ServiceError && err.code === 'X402_SESSION_PAYMENT_REUSED') {
         throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different charge', err.details);
@@ -67,13 +67,13 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
   app.post<{ Params: Static<typeof SessionParams> }>('/x402/sessions/:sessionId/close', {
     config: { access: 'x402:write' },
     schema: { tags, operationId: 'closeSession', summary: 'Close a session: charges stop, the unspent budget goes back at once, each payee is settled; the statement is signed', params: SessionParams, response: { 200: Session, ...errorResponses(400, 401, 403, 404) } },
-  }, async (request) => sessionView(await service.closeSession(tenantOf(request), request.params.sessionId)));
+  }, async (request) => sessionView(await service.sessions.close(tenantOf(request), request.params.sessionId)));
 
   app.get<{ Params: Static<typeof SessionParams> }>('/x402/sessions/:sessionId/statement', {
     config: { access: 'x402:read' },
     schema: { tags, operationId: 'getSessionStatement', summary: 'A closed session\'s signed statement: every charge, the totals, the refund (verifiable offline with /.well-known/jwks.json)', params: SessionParams, response: { 200: Statement, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) } },
   }, async (request) => {
-    const { close, charges } = await service.sessionStatement(tenantOf(request), request.params.sessionId);
+    const { close, charges } = await service.sessions.statement(tenantOf(request), request.params.sessionId);
     return statementView(close, charges);
   });
 
@@ -87,5 +87,5 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
       body: SessionDisputeBody,
       response: { 201: SessionDisputeOpened, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) },
     },
-  }, async (request, reply) => reply.status(201).send(await service.disputeSession(tenantOf(request), request.params.sessionId, request.body)));
+  }, async (request, reply) => reply.status(201).send(await service.sessions.dispute(tenantOf(request), request.params.sessionId, request.body)));
 }
