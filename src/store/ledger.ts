@@ -89,8 +89,11 @@ export interface LegMarkDoc {
   balanceAfter: number;
 }
 
-/** The legs claimed together, in leg order, and whether the position of the one after them was found taken. */
-type ClaimedLegs = { claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean };
+/**
+ * The legs claimed together, in leg order, whether the position of the one after them was found taken, and the heads
+ * the claim started from (a head may have moved past the one read before the entry: see claimTogether).
+ */
+type ClaimedLegs = { claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean; heads?: AccountHead[] };
 
 export interface Leg {
   walletId: string;
@@ -174,6 +177,8 @@ const AUDIT_EVERY_MS = 6 * 3_600_000;
 const AUDIT_LIMIT = 10_000;
 /** In-process memo of facts that never change (wallets exist, a wallet holds a currency); reset when this large. */
 const MEMO_LIMIT = 100_000;
+/** Postings kept in memory (see knownPostings): some hundreds of bytes each. */
+const POSTINGS_REMEMBERED = 4_096;
 
 /** The id of an entry's n-th attempt: the entry id itself for the first. */
 export function attemptId(entryId: string, attempt: number): string {
@@ -399,7 +404,7 @@ export class LedgerStore {
 
   /** The posting after a remembered head, if any (then the head it gives); none means the account went quiet. */
   private async peekPast(account: string, known: AccountHead): Promise<AccountHead> {
-    const next = await this.postings.findOne({ _id: positionId(account, known.seq + 1) });
+    const next = await this.postingAtSeq(account, known.seq + 1, new Map());
     if (!next) {
       this.contended.delete(account);
       return known;
@@ -438,7 +443,7 @@ export class LedgerStore {
       const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
       const together = heads && this.claimableTogether(attempt, heads, accounts) ? await this.claimTogether(attempt, heads, accounts) : null;
       for (const [leg, spec] of attempt.legs.entries()) {
-        const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, heads?.[leg], together?.lost === true && leg === together.claims.length));
+        const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, together?.heads?.[leg] ?? heads?.[leg], together?.lost === true && leg === together.claims.length));
         trailing.push(written);
         if (mark.refused) {
           await Promise.all(trailing);
@@ -496,9 +501,18 @@ export class LedgerStore {
       names.length === 0 ? work() : this.serialized(names[0]!, () => holding(names.slice(1), work));
     return holding([...accounts].sort(), async () => {
       await Promise.all(attempt.legs.map((l) => this.requireWallet(l.walletId)));
-      const moved = accounts.some((a, i) => (this.knownHeads.get(a)?.seq ?? 0) > heads[i]!.seq);
       // Armed to crash between the legs, the test hooks have the legs claimed one at a time.
-      if (moved || this.failAfterLeg || this.failAfterClaim) return { claims: [], lost: false };
+      if (this.failAfterLeg || this.failAfterClaim) return { claims: [], lost: false };
+      // Where this process has posted on since the heads were read (entries queued on one hot account), the claim
+      // starts from its own later head, provided every posting between is known to it and none is a leg of this
+      // attempt (it only ever found none: this attempt was just recorded): the check claimLeg would make, from memory.
+      const starts = heads.map((h, i) => {
+        const known = this.knownHeads.get(accounts[i]!);
+        return known && known.seq > h.seq ? known : h;
+      });
+      const moved = starts.some((s, i) => s !== heads[i]);
+      if (moved && !starts.every((s, i) => this.knownFreeOfLeg(accounts[i]!, attempt, i, heads[i]!.seq + 1, s.seq))) return { claims: [], lost: false };
+      heads = starts;
       let debitEnd = heads[0]!;
       for (let round = 0; round < 2; round++) {
         const creditsFit = credits.every((c, i) => Number.isSafeInteger(heads[i + 1]!.balance + c.delta) && heads[i + 1]!.seq > 0);
@@ -506,14 +520,23 @@ export class LedgerStore {
         if (!fits) break;
         const postings = attempt.legs.map((leg, i) => this.postingAt(attempt, i, leg, accounts[i]!, i === 0 ? debitEnd : heads[i]!, false));
         const inserted = await insertInOrder(this.postings, postings);
-        if (inserted > 0) return { claims: postings.slice(0, inserted).map((posting, leg) => this.claimed(attempt, leg, posting, false)), lost: inserted < postings.length };
-        const taken = await this.postings.findOne({ _id: postings[0]!._id });
+        if (inserted > 0) return { claims: postings.slice(0, inserted).map((posting, leg) => this.claimed(attempt, leg, posting, false)), lost: inserted < postings.length, heads };
+        const taken = await this.postingAtSeq(accounts[0]!, postings[0]!.seq, new Map());
         if (!taken || (taken.entryId === attempt.entryId && taken.attempt === attempt.attempt && taken.leg === 0)) break;
         this.learnTaken(accounts[0]!, taken);
         debitEnd = { seq: taken.seq, balance: taken.balanceAfter };
       }
       return { claims: [], lost: false };
     });
+  }
+
+  /** Whether positions from..to are all postings this process knows, none of them this attempt's leg. */
+  private knownFreeOfLeg(account: string, attempt: LedgerEntryDoc, leg: number, from: number, to: number): boolean {
+    for (let seq = from; seq <= to; seq++) {
+      const p = this.knownPostings.get(positionId(account, seq));
+      if (!p || (p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg)) return false;
+    }
+    return true;
   }
 
   /** The posting of a leg at the position after `end` (a refusal when it is a debit `end` cannot cover). */
@@ -539,6 +562,7 @@ export class LedgerStore {
   /** What follows a won claim: the head learnt, the crash points, the marker (unless fresh) and the head cache. */
   private claimed(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, writeMark: boolean): { mark: LegMarkDoc; written: Promise<unknown> } {
     this.learnHead(posting.account, posting);
+    this.rememberPosting(posting);
     this.failAfterClaim?.(attempt.entryId, leg);
     failpoint('ledger.position-claimed');
     return this.markLeg(attempt, leg, posting, posting.account, writeMark);
@@ -591,7 +615,7 @@ export class LedgerStore {
 
   /** The posting at a position just found taken (postings are never removed, so it is there to read). */
   private async readTaken(account: string, seq: number, seen: Map<number, PostingDoc>): Promise<AccountHead> {
-    const taken = await this.postings.findOne({ _id: positionId(account, seq) });
+    const taken = await this.postingAtSeq(account, seq, seen);
     if (!taken) throw new Error(`ledger position ${positionId(account, seq)} was taken, yet it is empty`);
     seen.set(taken.seq, taken);
     this.learnTaken(account, taken);
@@ -602,7 +626,7 @@ export class LedgerStore {
   private async findLegPosting(account: string, attempt: LedgerEntryDoc, leg: number, from: number, to: number, seen: Map<number, PostingDoc>): Promise<PostingDoc | null> {
     for (let low = from; low <= to; low += CHAIN_READ_BATCH) {
       const seqs = Array.from({ length: Math.min(CHAIN_READ_BATCH, to - low + 1) }, (_, i) => low + i);
-      const docs = await Promise.all(seqs.map((seq) => seen.get(seq) ?? this.postings.findOne({ _id: positionId(account, seq) })));
+      const docs = await Promise.all(seqs.map((seq) => this.postingAtSeq(account, seq, seen)));
       const found = docs.find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);
       if (found) return found;
     }
@@ -648,7 +672,7 @@ export class LedgerStore {
     for (let step = 0; ; step++) {
       const width = step < HEAD_CACHE_EVERY ? 1 : Math.min(CHAIN_READ_BATCH, 2 ** (step - HEAD_CACHE_EVERY + 1));
       const seqs = Array.from({ length: width }, (_, i) => end.seq + 1 + i);
-      const docs = await Promise.all(seqs.map((seq) => seen.get(seq) ?? this.postings.findOne({ _id: positionId(account, seq) })));
+      const docs = await Promise.all(seqs.map((seq) => this.postingAtSeq(account, seq, seen)));
       // Chains have no gaps, so the end is just before the first position found missing (one found past it was
       // claimed after that read: a head that trails is still a valid head).
       for (const next of docs) {
@@ -684,6 +708,28 @@ export class LedgerStore {
     if (known && known.seq >= posting.seq) return;
     if (!known && this.knownHeads.size >= MEMO_LIMIT) this.knownHeads.clear();
     this.knownHeads.set(account, { seq: posting.seq, balance: posting.balanceAfter });
+  }
+
+  /**
+   * Postings this process has claimed or read, by `_id`: a posting never changes once inserted, so a position seen
+   * once is never read again. Checking that a leg was not posted between its floor and the head costs one read per
+   * position otherwise: on one hot account, where a process's own postings pile up between an entry's floor and its
+   * claim, that was a read per posting of every entry queued before it (issue 40). Oldest forgotten first.
+   */
+  private readonly knownPostings = new Map<string, PostingDoc>();
+  private rememberPosting(posting: PostingDoc): void {
+    if (this.knownPostings.has(posting._id)) return;
+    if (this.knownPostings.size >= POSTINGS_REMEMBERED) this.knownPostings.delete(this.knownPostings.keys().next().value!);
+    this.knownPostings.set(posting._id, posting);
+  }
+
+  /** The posting at a position, from this walk, this process's memory, or a read (null: the position is free). */
+  private async postingAtSeq(account: string, seq: number, seen: Map<number, PostingDoc>): Promise<PostingDoc | null> {
+    const known = seen.get(seq) ?? this.knownPostings.get(positionId(account, seq));
+    if (known) return known;
+    const doc = await this.postings.findOne({ _id: positionId(account, seq) });
+    if (doc) this.rememberPosting(doc);
+    return doc;
   }
 
   /** Accounts on which this process lost a claim to another poster since it last found them quiet. */
