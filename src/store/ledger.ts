@@ -89,8 +89,14 @@ export interface LegMarkDoc {
   balanceAfter: number;
 }
 
-/** The legs claimed together, in leg order, and whether the position of the one after them was found taken. */
-type ClaimedLegs = { claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean };
+/**
+ * The legs claimed together, in leg order, whether the position of the one after them was found taken, and the heads
+ * the claim started from (a head may have moved past the one read before the entry: see claimTogether).
+ */
+type ClaimedLegs = { claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean; heads?: AccountHead[] };
+
+/** Attempts waiting to be claimed together on the same accounts, in arrival order (see claimTogether). */
+type TogetherBatch = Array<{ attempt: LedgerEntryDoc; heads: AccountHead[]; resolve: (claimed: ClaimedLegs) => void; reject: (err: unknown) => void }>;
 
 export interface Leg {
   walletId: string;
@@ -158,6 +164,8 @@ export interface LedgerEntryDoc extends NewLedgerEntry {
 const RECONCILED_KIND = 'escrow_lock';
 const MAX_POST_ATTEMPTS = 200;
 const CHAIN_READ_BATCH = 32;
+/** Attempts claimed by one ordered insert at most (each two or three postings). */
+const MAX_BATCH_ENTRIES = 32;
 /** The head cache is written when a posting lands on a multiple of this (or a reader walked this far past it). */
 const HEAD_CACHE_EVERY = 8;
 /**
@@ -174,6 +182,8 @@ const AUDIT_EVERY_MS = 6 * 3_600_000;
 const AUDIT_LIMIT = 10_000;
 /** In-process memo of facts that never change (wallets exist, a wallet holds a currency); reset when this large. */
 const MEMO_LIMIT = 100_000;
+/** Postings kept in memory (see knownPostings): some hundreds of bytes each. */
+const POSTINGS_REMEMBERED = 4_096;
 
 /** The id of an entry's n-th attempt: the entry id itself for the first. */
 export function attemptId(entryId: string, attempt: number): string {
@@ -399,7 +409,7 @@ export class LedgerStore {
 
   /** The posting after a remembered head, if any (then the head it gives); none means the account went quiet. */
   private async peekPast(account: string, known: AccountHead): Promise<AccountHead> {
-    const next = await this.postings.findOne({ _id: positionId(account, known.seq + 1) });
+    const next = await this.postingAtSeq(account, known.seq + 1, new Map());
     if (!next) {
       this.contended.delete(account);
       return known;
@@ -438,7 +448,7 @@ export class LedgerStore {
       const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
       const together = heads && this.claimableTogether(attempt, heads, accounts) ? await this.claimTogether(attempt, heads, accounts) : null;
       for (const [leg, spec] of attempt.legs.entries()) {
-        const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, heads?.[leg], together?.lost === true && leg === together.claims.length));
+        const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, together?.heads?.[leg] ?? heads?.[leg], together?.lost === true && leg === together.claims.length));
         trailing.push(written);
         if (mark.refused) {
           await Promise.all(trailing);
@@ -484,36 +494,133 @@ export class LedgerStore {
 
   /**
    * Claims every leg of such an attempt in one ordered insert (a credit's position only if every position before it
-   * was won) when the debit's head covers it and no poster in this process has moved any of the accounts on since
-   * the heads were read; a debit position found taken is read (it must not be this leg's posting) and the claim tried
-   * once more after it. Answers the legs it claimed, and whether the next one's position was found taken: that leg
-   * and any after it are then claimed alone, as in any other case. Holds all the accounts' queues, taken in the order
-   * of their names (as every holder of several does), so two such claims never wait for each other.
+   * was won) when the debit's head covers it; a debit position found taken is read (it must not be this leg's
+   * posting) and the claim tried again after it. Answers the legs it claimed, and whether the next one's position was
+   * found taken: that leg and any after it are then claimed alone, as in any other case. Holds all the accounts'
+   * queues, taken in the order of their names (as every holder of several does), so two such claims never wait for
+   * each other.
+   *
+   * Attempts on the same accounts that arrive while an earlier one holds them wait together and are claimed by one
+   * ordered insert, one after another at consecutive positions (group commit on an account's head): one wallet paying
+   * for many calls at once otherwise queued them one round trip each, and what a claim costs does not depend on how
+   * many postings it carries (issue 40). An attempt the batch cannot place (its debit not covered where it would land,
+   * a position between its heads and the batch's start this process does not know) is claimed alone.
    */
-  private async claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[], accounts: string[]): Promise<ClaimedLegs> {
-    const [debit, ...credits] = attempt.legs as [Leg, ...Leg[]];
-    const holding = (names: string[], work: () => Promise<ClaimedLegs>): Promise<ClaimedLegs> =>
-      names.length === 0 ? work() : this.serialized(names[0]!, () => holding(names.slice(1), work));
-    return holding([...accounts].sort(), async () => {
-      await Promise.all(attempt.legs.map((l) => this.requireWallet(l.walletId)));
-      const moved = accounts.some((a, i) => (this.knownHeads.get(a)?.seq ?? 0) > heads[i]!.seq);
-      // Armed to crash between the legs, the test hooks have the legs claimed one at a time.
-      if (moved || this.failAfterLeg || this.failAfterClaim) return { claims: [], lost: false };
-      let debitEnd = heads[0]!;
-      for (let round = 0; round < 2; round++) {
-        const creditsFit = credits.every((c, i) => Number.isSafeInteger(heads[i + 1]!.balance + c.delta) && heads[i + 1]!.seq > 0);
-        const fits = debitEnd.balance + debit.delta >= 0 && debitEnd.seq > 0 && creditsFit;
-        if (!fits) break;
-        const postings = attempt.legs.map((leg, i) => this.postingAt(attempt, i, leg, accounts[i]!, i === 0 ? debitEnd : heads[i]!, false));
-        const inserted = await insertInOrder(this.postings, postings);
-        if (inserted > 0) return { claims: postings.slice(0, inserted).map((posting, leg) => this.claimed(attempt, leg, posting, false)), lost: inserted < postings.length };
-        const taken = await this.postings.findOne({ _id: postings[0]!._id });
-        if (!taken || (taken.entryId === attempt.entryId && taken.attempt === attempt.attempt && taken.leg === 0)) break;
-        this.learnTaken(accounts[0]!, taken);
-        debitEnd = { seq: taken.seq, balance: taken.balanceAfter };
+  private claimTogether(attempt: LedgerEntryDoc, heads: AccountHead[], accounts: string[]): Promise<ClaimedLegs> {
+    const key = accounts.join('\n');
+    return new Promise<ClaimedLegs>((resolve, reject) => {
+      const forming = this.formingBatches.get(key);
+      if (forming) {
+        forming.push({ attempt, heads, resolve, reject });
+        return;
       }
-      return { claims: [], lost: false };
+      const batch: TogetherBatch = [{ attempt, heads, resolve, reject }];
+      this.formingBatches.set(key, batch);
+      const holding = (names: string[], work: () => Promise<void>): Promise<void> =>
+        names.length === 0 ? work() : this.serialized(names[0]!, () => holding(names.slice(1), work));
+      void holding([...accounts].sort(), async () => {
+        // Closed once it holds the queues: later attempts form the next batch meanwhile.
+        if (this.formingBatches.get(key) === batch) this.formingBatches.delete(key);
+        const claiming = batch.splice(0, MAX_BATCH_ENTRIES);
+        try {
+          await this.claimBatch(claiming, accounts);
+        } catch (err) {
+          for (const waiting of claiming) waiting.reject(err); // those already answered keep their answer
+        }
+        // Over the bound: the rest go on alone (rare), as does anything the batch left unanswered.
+        for (const waiting of [...claiming, ...batch]) waiting.resolve({ claims: [], lost: false });
+      });
     });
+  }
+
+  /** Claims a batch of attempts on the same accounts (see claimTogether); settles every one of them. */
+  private async claimBatch(batch: TogetherBatch, accounts: string[]): Promise<void> {
+    const alone = (w: TogetherBatch[number]) => w.resolve({ claims: [], lost: false });
+    await Promise.all(batch.flatMap((w) => w.attempt.legs.map((l) => this.requireWallet(l.walletId))));
+    // Armed to crash between the legs, the test hooks have the legs claimed one at a time.
+    if (this.failAfterLeg || this.failAfterClaim) return batch.forEach(alone);
+    let waiting = batch;
+    for (let round = 0; round < 4 && waiting.length > 0; round++) {
+      // The batch starts at the furthest head known of each account: this process's own, or one its attempts read.
+      const ends = accounts.map((a, i) => {
+        let end = this.knownHeads.get(a) ?? waiting[0]!.heads[i]!;
+        for (const w of waiting) if (w.heads[i]!.seq > end.seq) end = w.heads[i]!;
+        return end;
+      });
+      // Each attempt's legs at the positions after those of the attempts before it, while its debit is covered there;
+      // every position between its own heads and the batch's start must be a posting known here and not its leg.
+      const placed: Array<{ w: TogetherBatch[number]; starts: AccountHead[]; postings: PostingDoc[] }> = [];
+      const rest: TogetherBatch = [];
+      const roundStart = [...ends];
+      for (const w of waiting) {
+        const [debit, ...credits] = w.attempt.legs as [Leg, ...Leg[]];
+        const fits = ends[0]!.seq > 0 && ends[0]!.balance + debit.delta >= 0
+          && credits.every((c, i) => ends[i + 1]!.seq > 0 && Number.isSafeInteger(ends[i + 1]!.balance + c.delta));
+        const known = !placed.some((p) => p.w.attempt._id === w.attempt._id)
+          && accounts.every((a, i) => w.heads[i]!.seq >= roundStart[i]!.seq || this.knownFreeOfLeg(a, w.attempt, i, w.heads[i]!.seq + 1, roundStart[i]!.seq));
+        if (!fits || !known || rest.length > 0) {
+          // Placed after nothing it skipped: an attempt that does not fit ends this round's placements.
+          if (!fits && placed.length === 0 && rest.length === 0) alone(w);
+          else if (!known) alone(w);
+          else rest.push(w);
+          continue;
+        }
+        const starts = [...ends];
+        const postings = w.attempt.legs.map((leg, i) => this.postingAt(w.attempt, i, leg, accounts[i]!, ends[i]!, false));
+        postings.forEach((p, i) => (ends[i] = { seq: p.seq, balance: p.balanceAfter }));
+        placed.push({ w, starts, postings });
+      }
+      if (placed.length === 0) {
+        waiting = rest;
+        continue;
+      }
+      let inserted: number;
+      try {
+        inserted = await insertInOrder(this.postings, placed.flatMap((p) => p.postings));
+      } catch (err) {
+        for (const p of placed) p.w.reject(err);
+        for (const w of rest) alone(w);
+        return;
+      }
+      const next: TogetherBatch = [];
+      let offset = 0;
+      for (const p of placed) {
+        const won = Math.max(0, Math.min(p.postings.length, inserted - offset));
+        offset += p.postings.length;
+        if (won === 0) next.push(p.w);
+        else {
+          // A crash point armed on one attempt's claim stops that attempt alone, as its own insert would have.
+          try {
+            p.w.resolve({ claims: p.postings.slice(0, won).map((posting, leg) => this.claimed(p.w.attempt, leg, posting, false)), lost: won < p.postings.length, heads: p.starts });
+          } catch (err) {
+            p.w.reject(err);
+          }
+        }
+      }
+      if (next.length > 0) {
+        // The first position not won is taken (by another process, or by a poster of one of these very legs): read
+        // it, so that the next round starts past it.
+        const failed = placed.flatMap((p) => p.postings)[inserted]!;
+        const taken = await this.postingAtSeq(failed.account, failed.seq, new Map());
+        if (!taken || next.some((w) => taken.entryId === w.attempt.entryId && taken.attempt === w.attempt.attempt)) {
+          next.forEach(alone);
+          next.length = 0;
+        } else {
+          this.learnTaken(failed.account, taken);
+        }
+      }
+      waiting = [...next, ...rest];
+    }
+    waiting.forEach(alone);
+  }
+
+  /** Whether positions from..to are all postings this process knows, none of them this attempt's leg. */
+  private knownFreeOfLeg(account: string, attempt: LedgerEntryDoc, leg: number, from: number, to: number): boolean {
+    for (let seq = from; seq <= to; seq++) {
+      const p = this.knownPostings.get(positionId(account, seq));
+      if (!p || (p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg)) return false;
+    }
+    return true;
   }
 
   /** The posting of a leg at the position after `end` (a refusal when it is a debit `end` cannot cover). */
@@ -539,6 +646,7 @@ export class LedgerStore {
   /** What follows a won claim: the head learnt, the crash points, the marker (unless fresh) and the head cache. */
   private claimed(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, writeMark: boolean): { mark: LegMarkDoc; written: Promise<unknown> } {
     this.learnHead(posting.account, posting);
+    this.rememberPosting(posting);
     this.failAfterClaim?.(attempt.entryId, leg);
     failpoint('ledger.position-claimed');
     return this.markLeg(attempt, leg, posting, posting.account, writeMark);
@@ -591,7 +699,7 @@ export class LedgerStore {
 
   /** The posting at a position just found taken (postings are never removed, so it is there to read). */
   private async readTaken(account: string, seq: number, seen: Map<number, PostingDoc>): Promise<AccountHead> {
-    const taken = await this.postings.findOne({ _id: positionId(account, seq) });
+    const taken = await this.postingAtSeq(account, seq, seen);
     if (!taken) throw new Error(`ledger position ${positionId(account, seq)} was taken, yet it is empty`);
     seen.set(taken.seq, taken);
     this.learnTaken(account, taken);
@@ -602,7 +710,7 @@ export class LedgerStore {
   private async findLegPosting(account: string, attempt: LedgerEntryDoc, leg: number, from: number, to: number, seen: Map<number, PostingDoc>): Promise<PostingDoc | null> {
     for (let low = from; low <= to; low += CHAIN_READ_BATCH) {
       const seqs = Array.from({ length: Math.min(CHAIN_READ_BATCH, to - low + 1) }, (_, i) => low + i);
-      const docs = await Promise.all(seqs.map((seq) => seen.get(seq) ?? this.postings.findOne({ _id: positionId(account, seq) })));
+      const docs = await Promise.all(seqs.map((seq) => this.postingAtSeq(account, seq, seen)));
       const found = docs.find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);
       if (found) return found;
     }
@@ -648,7 +756,7 @@ export class LedgerStore {
     for (let step = 0; ; step++) {
       const width = step < HEAD_CACHE_EVERY ? 1 : Math.min(CHAIN_READ_BATCH, 2 ** (step - HEAD_CACHE_EVERY + 1));
       const seqs = Array.from({ length: width }, (_, i) => end.seq + 1 + i);
-      const docs = await Promise.all(seqs.map((seq) => seen.get(seq) ?? this.postings.findOne({ _id: positionId(account, seq) })));
+      const docs = await Promise.all(seqs.map((seq) => this.postingAtSeq(account, seq, seen)));
       // Chains have no gaps, so the end is just before the first position found missing (one found past it was
       // claimed after that read: a head that trails is still a valid head).
       for (const next of docs) {
@@ -685,6 +793,31 @@ export class LedgerStore {
     if (!known && this.knownHeads.size >= MEMO_LIMIT) this.knownHeads.clear();
     this.knownHeads.set(account, { seq: posting.seq, balance: posting.balanceAfter });
   }
+
+  /**
+   * Postings this process has claimed or read, by `_id`: a posting never changes once inserted, so a position seen
+   * once is never read again. Checking that a leg was not posted between its floor and the head costs one read per
+   * position otherwise: on one hot account, where a process's own postings pile up between an entry's floor and its
+   * claim, that was a read per posting of every entry queued before it (issue 40). Oldest forgotten first.
+   */
+  private readonly knownPostings = new Map<string, PostingDoc>();
+  private rememberPosting(posting: PostingDoc): void {
+    if (this.knownPostings.has(posting._id)) return;
+    if (this.knownPostings.size >= POSTINGS_REMEMBERED) this.knownPostings.delete(this.knownPostings.keys().next().value!);
+    this.knownPostings.set(posting._id, posting);
+  }
+
+  /** The posting at a position, from this walk, this process's memory, or a read (null: the position is free). */
+  private async postingAtSeq(account: string, seq: number, seen: Map<number, PostingDoc>): Promise<PostingDoc | null> {
+    const known = seen.get(seq) ?? this.knownPostings.get(positionId(account, seq));
+    if (known) return known;
+    const doc = await this.postings.findOne({ _id: positionId(account, seq) });
+    if (doc) this.rememberPosting(doc);
+    return doc;
+  }
+
+  /** Per accounts (in leg order), the batch of attempts forming while an earlier one holds their queues. */
+  private readonly formingBatches = new Map<string, TogetherBatch>();
 
   /** Accounts on which this process lost a claim to another poster since it last found them quiet. */
   private readonly contended = new Set<string>();
