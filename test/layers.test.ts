@@ -51,6 +51,24 @@ describe('layers', () => {
     expect(offenders).toEqual([]);
   });
 
+  it('no import circle in src (type imports included)', () => {
+    const graph = new Map(files('src').map((f) => [f, imports(f).filter((i) => i.endsWith('.ts'))]));
+    const circles: string[] = [];
+    const state = new Map<string, 'open' | 'done'>();
+    const visit = (file: string, path: string[]) => {
+      if (state.get(file) === 'done') return;
+      if (state.get(file) === 'open') {
+        circles.push([...path.slice(path.indexOf(file)), file].join(' -> '));
+        return;
+      }
+      state.set(file, 'open');
+      for (const next of graph.get(file) ?? []) if (graph.has(next)) visit(next, [...path, file]);
+      state.set(file, 'done');
+    };
+    for (const file of graph.keys()) visit(file, []);
+    expect(circles).toEqual([]);
+  });
+
   it('domain imports nothing outside itself', () => {
     const offenders = files('src/domain').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
     expect(offenders).toEqual([]);

@@ -7,7 +7,7 @@ import { isSha256Hex } from '../domain/crypto.ts';
 import { ServiceError } from '../domain/errors.ts';
 import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
-import { paymentStatusAnswer, unpaidAnswer, type FacilitatorRequest, type PaymentStatusAnswer, type SettleAnswer, type VerifyAnswer } from './x402-facilitator.ts';
+import { paymentStatusAnswer, unpaidAnswer, type FacilitatorRequest, type PaymentStatusAnswer, type SettleAnswer, type VerifyAnswer } from '../domain/x402-facilitator.ts';
 import type { ChargeAnswer } from './x402-sessions.ts';
 import type { X402Service } from './x402.ts';
 
