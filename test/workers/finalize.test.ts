@@ -56,7 +56,10 @@ describe('finalize, artifacts and verification', () => {
     expect(byMetric.recall).toMatchObject({ value: null, pass: false, reason: 'METRIC_MISSING' });
     expect(artifact.signature.keyId).toBe(t.runtime.keys.active.keyId);
 
-    const outbox = await t.runtime.stores.outbox.events.find({ type: 'run.finalized', 'data.runId': runId }).toArray();
+    // The job marks the run finalized, then records run.finalized: a read between the two sees the status alone.
+    const finalizedEvents = () => t.runtime.stores.outbox.events.find({ type: 'run.finalized', 'data.runId': runId }).toArray();
+    let outbox = await finalizedEvents();
+    for (const until = Date.now() + 10_000; outbox.length === 0 && Date.now() < until; outbox = await finalizedEvents()) await new Promise((r) => setTimeout(r, 50));
     expect(outbox).toHaveLength(1);
     expect(outbox[0]!.data).toEqual({ runId, artifactId: run.artifactId, verdict: 'fail', status: 'finalized' });
     const dispatch = await t.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', outbox[0]!._id));
