@@ -62,7 +62,10 @@ describe('finalize, artifacts and verification', () => {
     for (const until = Date.now() + 10_000; outbox.length === 0 && Date.now() < until; outbox = await finalizedEvents()) await new Promise((r) => setTimeout(r, 50));
     expect(outbox).toHaveLength(1);
     expect(outbox[0]!.data).toEqual({ runId, artifactId: run.artifactId, verdict: 'fail', status: 'finalized' });
-    const dispatch = await t.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', outbox[0]!._id));
+    // Enqueued after the event is recorded, so waited for the same way.
+    const dispatchJob = () => t.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', outbox[0]!._id));
+    let dispatch = await dispatchJob();
+    for (const until = Date.now() + 10_000; !dispatch && Date.now() < until; dispatch = await dispatchJob()) await new Promise((r) => setTimeout(r, 50));
     expect(dispatch?.data).toEqual({ tenantId: outbox[0]!.tenantId, eventId: outbox[0]!._id });
   });
 
