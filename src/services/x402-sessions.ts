@@ -108,6 +108,8 @@ const SWEEP_TIME_MS = 20_000;
  * at the moment a Redis that lost the close's stop starts answering.
  */
 const CLOSE_FENCE = 64;
+/** What a call on an ended session is refused with: a retry of a call its statement paid gets its receipt instead. */
+const ENDED_CODES = new Set(['X402_SESSION_CLOSED', 'X402_SESSION_EXPIRED', 'X402_AGENT_WOUND_DOWN']);
 /** Debits one call may make when each finds its seq taken by a recorded charge (Redis lost writes; repaired between). */
 const DEBIT_ATTEMPTS = 3;
 
@@ -258,6 +260,33 @@ export class X402Sessions {
    * answers the first charge, whatever happened to the first request.
    */
   async charge(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
+    try {
+      return await this.chargeOpen(tenantId, sessionId, input);
+    } catch (err) {
+      // A retry of a call the statement paid answers its receipt, whatever Redis still remembers of the payment.
+      if (err instanceof ServiceError && ENDED_CODES.has(err.code)) {
+        const paid = await this.receiptedAtClose(sessionId, input);
+        if (paid) return paid;
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * The charge of this payment id that a closed session's statement lists (read among its charges by `_id`: only when
+   * a call meets an ended session), answered as a repeat; another call under that id is refused as a reuse.
+   */
+  private async receiptedAtClose(sessionId: string, input: ChargeInput): Promise<ChargeAnswer | null> {
+    const [session, close] = await Promise.all([this.store.get(sessionId), this.store.closeOf(sessionId)]);
+    if (!session || !close) return null;
+    const { chargeCount, voided } = close.statement.body;
+    const charge = (await this.store.chargesThrough(session._id, chargeCount + voided)).find((c): c is ChargeDoc => c?.state === 'charged' && c.paymentId === input.paymentId);
+    if (!charge) return null;
+    if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
+    return this.answerOf(session, charge, null);
+  }
+
+  private async chargeOpen(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
     const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount, input.asset);
     for (let attempt = 1; ; attempt++) {
       const now = new Date();

@@ -32,7 +32,11 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
     const keys = budgetKeys(sessionId);
     const dumps = await Promise.all(keys.map((k) => t.runtime.redis.dumpBuffer(k)));
     return async () => {
-      for (const [i, key] of keys.entries()) await t.runtime.redis.restore(key, 0, dumps[i]!, 'REPLACE');
+      for (const [i, key] of keys.entries()) {
+        const dump = dumps[i];
+        if (dump) await t.runtime.redis.restore(key, 0, dump, 'REPLACE');
+        else await t.runtime.redis.del(key); // it did not exist yet
+      }
     };
   }
 
@@ -144,6 +148,22 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
     expect(statement.body).toMatchObject({ totalCharged: 6, refunded: 24, chargeCount: 3, voided: 0 });
     expect(await balances(t, auth, payer)).toEqual({ available: 94, escrow: 0 });
     expect(await balances(t, auth, payee)).toEqual({ available: 6, escrow: 0 });
+    await expectCleanAudit(t);
+  });
+
+  it('a retry after the close answers the receipt the statement paid, even from a Redis that forgot the payment', async () => {
+    const { payee, sessionId } = await openSession(100, { budget: 4, maxPerCall: 2 });
+    const rollBack = await snapshot(sessionId); // before any charge: the payment id unknown, seq 0
+    const first = await charge(sessionId, { paymentId: 'paid-then-closed', payeeAgentId: payee, amount: 1 });
+    expect(first.statusCode, first.body).toBe(201);
+    expect((await post(t, auth, `/x402/sessions/${sessionId}/close`, {})).statusCode).toBe(200);
+    await rollBack();
+    const again = await charge(sessionId, { paymentId: 'paid-then-closed', payeeAgentId: payee, amount: 1 });
+    expect(again.statusCode, again.body).toBe(201);
+    expect(again.json()).toMatchObject({ seq: 1, repeated: true, receipt: { receiptHash: first.json().receipt.receiptHash } });
+    // Another call under the paid id is a reuse; a new call is refused as closed.
+    expect((await charge(sessionId, { paymentId: 'paid-then-closed', payeeAgentId: payee, amount: 2 })).json()).toMatchObject({ code: 'X402_SESSION_PAYMENT_REUSED' });
+    expect((await charge(sessionId, { paymentId: 'new-after-close', payeeAgentId: payee, amount: 1 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
     await expectCleanAudit(t);
   });
 
