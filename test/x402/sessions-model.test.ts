@@ -28,7 +28,12 @@ import { get, post, sponsorWallet, X402_SCOPES } from './helpers.ts';
 
 const RUNS = Number(process.env.SESSIONS_MODEL_RUNS ?? 20);
 const MAX_COMMANDS = 25;
-const SEED = process.env.SESSIONS_MODEL_SEED ? Number(process.env.SESSIONS_MODEL_SEED) : undefined;
+// `npm test` runs from a fixed seed, so the suite (and CI's gate) is the same every time; new sequences are explored
+// by hand: SESSIONS_MODEL_SEED=random (or a number) with SESSIONS_MODEL_RUNS=100 or more. A failure found that way is
+// fixed and its case kept in test/x402/session-rollback.test.ts.
+const FIXED_SEED = 20261128;
+const SEED_ENV = process.env.SESSIONS_MODEL_SEED;
+const SEED = SEED_ENV === 'random' ? undefined : SEED_ENV ? Number(SEED_ENV) : FIXED_SEED;
 const PATH = process.env.SESSIONS_MODEL_PATH; // fast-check's replay path, printed with the seed on failure
 // For diagnosis only, to see which failures remain without some commands (the test runs them all):
 // SESSIONS_MODEL_AVOID=rollback,asset,payee,sponsor-retry.
