@@ -236,6 +236,14 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
       expect((await facilitator('settle', sessionId, 'usd-1', requirement(payee))).json()).toMatchObject({ success: true, amount: '20' });
     });
 
+    it('a verified call that cost nothing settles for 0 even after Redis forgot its hold', async () => {
+      const { payee, sessionId } = await openSession(200, { budget: 100, maxPerCall: 50 });
+      const rollBack = await snapshot(sessionId);
+      expect((await facilitator('verify', sessionId, 'free-1', requirement(payee))).json()).toMatchObject({ isValid: true });
+      await rollBack();
+      expect((await facilitator('settle', sessionId, 'free-1', requirement(payee), requirement(payee, { amount: '0' }))).json()).toMatchObject({ success: true, amount: '0' });
+    });
+
     it('a hold verified for one payee is never settled or charged to another', async () => {
       const { payeeAgentIds, sessionId } = await openSession(200, { budget: 100, maxPerCall: 50 }, 2);
       const [p1, p2] = payeeAgentIds as [string, string];
