@@ -104,6 +104,11 @@ export function chargesSha256(charges: StatementCharge[]): string {
  * refund = budget - total, and each payee's share adding up to the total (a MoneyInvariantError otherwise, before
  * anything moves).
  */
+/** The last seq a closed session decided (charged or void): its statement covers seqs 1..this. */
+export function statementLastSeq(body: { chargeCount: number; voided: number }): number {
+  return body.chargeCount + body.voided;
+}
+
 export function statementTotals(
   session: { _id: string; budget: number; maxPerCall: number; payeeAgentIds: string[] },
   charges: StatementCharge[],

@@ -1,6 +1,7 @@
 import { Gauge } from 'prom-client';
 import { errors } from '../domain/errors.ts';
 import { deriveSettlement, entryIds, type SettlementFacts } from '../domain/settlement.ts';
+import { statementLastSeq } from '../domain/x402-sessions.ts';
 import { processMetrics } from '../metrics.ts';
 import type { Runtime } from '../runtime.ts';
 import { accountOf, attemptId, type Bucket, type LedgerEntryDoc, type PostingDoc } from '../store/ledger.ts';
@@ -625,7 +626,7 @@ async function sessionChargesProblem(rt: Runtime, sessionId: string): Promise<Pi
   const store = rt.stores.x402Sessions;
   const [session, close, budget] = await Promise.all([store.get(sessionId), store.closeOf(sessionId), store.budgetState(sessionId)]);
   if (!session) return null;
-  const lastSeq = close ? close.statement.body.chargeCount + close.statement.body.voided : budget?.seq;
+  const lastSeq = close ? statementLastSeq(close.statement.body) : budget?.seq;
   if (lastSeq === undefined) return null; // an open session whose budget Redis lost entirely: rebuilt at its next call
   const beyond = (await store.chargesBeyond(sessionId, lastSeq, SESSION_PROBE)).filter((c) => c?.state === 'charged');
   if (beyond.length === 0) return null;

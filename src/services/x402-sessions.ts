@@ -17,6 +17,7 @@ import {
   DEFAULT_SESSION_TTL_SECONDS,
   signChargeReceipt,
   signStatement,
+  statementLastSeq,
   statementTotals,
   type SessionStatus,
   type SignedChargeReceipt,
@@ -122,6 +123,11 @@ function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
 /** A recorded charge as its statement lists it (what the statement's chargesSha256 commits to). */
 function statementLine(c: ChargeDoc): StatementCharge {
   return { seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash };
+}
+
+/** Whether a recorded charge is this call (its payee, amount and request), as a repeat of its payment id must be. */
+function sameCall(charge: ChargeDoc, input: ChargeInput): boolean {
+  return charge.payeeAgentId === input.payeeAgentId && charge.amount === input.amount && charge.requestSha256 === (input.requestSha256 ?? null);
 }
 
 function statusOfClose(close: CloseDoc): SessionStatus {
@@ -279,11 +285,16 @@ export class X402Sessions {
   private async receiptedAtClose(sessionId: string, input: ChargeInput): Promise<ChargeAnswer | null> {
     const [session, close] = await Promise.all([this.store.get(sessionId), this.store.closeOf(sessionId)]);
     if (!session || !close) return null;
-    const { chargeCount, voided } = close.statement.body;
-    const charge = (await this.store.chargesThrough(session._id, chargeCount + voided)).find((c): c is ChargeDoc => c?.state === 'charged' && c.paymentId === input.paymentId);
+    const charge = await this.statementCharge(session, close, input.paymentId);
     if (!charge) return null;
-    if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
+    if (!sameCall(charge, input)) throw this.reusedError(input.paymentId);
     return this.answerOf(session, charge, null);
+  }
+
+  /** The charge of a payment id among those a closed session's statement pays (read by `_id`), or null. */
+  private async statementCharge(session: SessionDoc, close: CloseDoc, paymentId: string): Promise<ChargeDoc | null> {
+    const charges = await this.store.chargesThrough(session._id, statementLastSeq(close.statement.body));
+    return charges.find((c): c is ChargeDoc => c?.state === 'charged' && c.paymentId === paymentId) ?? null;
   }
 
   private async chargeOpen(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
@@ -417,7 +428,7 @@ export class X402Sessions {
     const charge = existing ?? (await this.store.recordCharge(this.chargeDoc(session, debit.seq, input, now)));
     if (charge.paymentId !== input.paymentId && charge.state === 'charged') return 'seq taken';
     if (charge.state === 'void') throw await this.closedError(session, true);
-    if (charge.payeeAgentId !== input.payeeAgentId || charge.amount !== input.amount || charge.requestSha256 !== (input.requestSha256 ?? null)) throw this.reusedError(input.paymentId);
+    if (!sameCall(charge, input)) throw this.reusedError(input.paymentId);
     failpoint('x402.session.charged');
     return {
       charge,
@@ -524,8 +535,7 @@ export class X402Sessions {
       const debit = await this.store.debitOf(session._id, paymentId);
       return debit ? this.paymentState(session.tenantId, session._id, paymentId) : { status: 'unknown', session, charged: null };
     }
-    const { chargeCount, voided } = close.statement.body;
-    const charge = (await this.store.chargesThrough(session._id, chargeCount + voided)).find((c) => c?.state === 'charged' && c.paymentId === paymentId);
+    const charge = await this.statementCharge(session, close, paymentId);
     return charge ? { status: 'settled', session, charged: this.answerOf(session, charge, null) } : { status: 'unknown', session, charged: null };
   }
 
@@ -662,7 +672,7 @@ export class X402Sessions {
     const decided = await Promise.all(
       found.map((charge, i) =>
         charge ??
-        this.store.recordCharge({ _id: chargeId(session._id, i + 1), sessionId: session._id, seq: i + 1, state: 'void', paymentId: null, payeeAgentId: null, amount: 0, requestSha256: null, at: now, receipt: null }),
+        this.store.recordVoid(session._id, i + 1, now),
       ),
     );
     failpoint('x402.session.voided');
@@ -767,10 +777,10 @@ export class X402Sessions {
    * record a charge the statement does not pay. Every closer and sweep may run it again (unique inserts).
    */
   private async fence(session: SessionDoc, close: CloseDoc): Promise<void> {
-    const lastSeq = close.statement.body.chargeCount + close.statement.body.voided;
+    const lastSeq = statementLastSeq(close.statement.body);
     await Promise.all(
       Array.from({ length: CLOSE_FENCE }, (_, i) => lastSeq + 1 + i).map((seq) =>
-        this.store.recordCharge({ _id: chargeId(session._id, seq), sessionId: session._id, seq, state: 'void', paymentId: null, payeeAgentId: null, amount: 0, requestSha256: null, at: close.at, receipt: null }),
+        this.store.recordVoid(session._id, seq, close.at),
       ),
     );
   }
@@ -806,7 +816,7 @@ export class X402Sessions {
     const session = await this.requireSession(tenantId, sessionId);
     const close = await this.store.closeOf(session._id);
     if (!close) throw errors.transitionIllegal('an open session has no statement yet', (await this.state(session)).status);
-    const lastSeq = close.statement.body.chargeCount + close.statement.body.voided;
+    const lastSeq = statementLastSeq(close.statement.body);
     const charges = (await this.store.chargesThrough(session._id, lastSeq))
       .filter((c): c is ChargeDoc => c?.state === 'charged')
       .map(statementLine);

@@ -361,6 +361,11 @@ export class X402SessionStore {
     return (await this.charges.findOne({ _id: doc._id }))!;
   }
 
+  /** Decides a seq as void (no charge), unless a charge holds it already: answers what holds the seq. */
+  recordVoid(sessionId: string, seq: number, at: Date): Promise<ChargeDoc> {
+    return this.recordCharge({ _id: chargeId(sessionId, seq), sessionId, seq, state: 'void', paymentId: null, payeeAgentId: null, amount: 0, requestSha256: null, at, receipt: null });
+  }
+
   getCharge(sessionId: string, seq: number): Promise<ChargeDoc | null> {
     return this.charges.findOne({ _id: chargeId(sessionId, seq) });
   }
