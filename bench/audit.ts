@@ -51,7 +51,22 @@ class Chains {
     const next = { seq: head.seq + 1, balance: head.balance + delta };
     if (next.balance < 0) throw new Error(`seed would overdraw ${account}`);
     this.heads.set(account, next);
-    this.postings.push({ _id: positionId(account, next.seq), account, walletId, currency: CURRENCY, bucket, seq: next.seq, entryId, attempt: 1, leg, delta, balanceAfter: next.balance, refused: false, kind, at });
+    this.postings.push({
+      _id: positionId(account, next.seq),
+      account,
+      walletId,
+      currency: CURRENCY,
+      bucket,
+      seq: next.seq,
+      entryId,
+      attempt: 1,
+      leg,
+      delta,
+      balanceAfter: next.balance,
+      refused: false,
+      kind,
+      at,
+    });
   }
 }
 
@@ -74,7 +89,21 @@ async function seed(mongo: MongoClient, dbName: string): Promise<{ postings: num
     chains.post(payer, 'available', -amount, lock, 'escrow_lock', 0, at);
     chains.post(payer, 'escrow', amount, lock, 'escrow_lock', 1, at);
     if (i % OPEN_EVERY === 0) {
-      runs.push({ _id: runId, tenantId: TENANT, agentId: payee, terms: {}, settlement: { payerAgentId: payer, amount, currency: CURRENCY, holdbackBps: 0, disputeWindowSeconds: 3600 }, status: 'in_progress', verdict: null, artifactId: null, createdAt: at, finalizeRequestedAt: null, finalHead: null, finalizedAt: null, finalizeError: null });
+      runs.push({
+        _id: runId,
+        tenantId: TENANT,
+        agentId: payee,
+        terms: {},
+        settlement: { payerAgentId: payer, amount, currency: CURRENCY, holdbackBps: 0, disputeWindowSeconds: 3600 },
+        status: 'in_progress',
+        verdict: null,
+        artifactId: null,
+        createdAt: at,
+        finalizeRequestedAt: null,
+        finalHead: null,
+        finalizedAt: null,
+        finalizeError: null,
+      });
       continue;
     }
     const release = entryIds.release(settlementIdFor(runId));
@@ -83,18 +112,28 @@ async function seed(mongo: MongoClient, dbName: string): Promise<{ postings: num
   }
   log(`seeding ${chains.postings.length} postings, ${wallets.size} wallets, ${runs.length} open runs`);
   const started = Date.now();
-  await db.collection('wallets').insertMany([...wallets].map((_id) => ({ _id, tenantId: TENANT, kind: 'agent', createdAt: at })) as never[]);
-  await db.collection('wallet_currencies').insertMany([...wallets].map((w) => ({ _id: `${w}#cur#1`, walletId: w, currency: CURRENCY })) as never[]);
-  for (let i = 0; i < runs.length; i += INSERT_BATCH) await db.collection('runs').insertMany(runs.slice(i, i + INSERT_BATCH) as never[], { ordered: false });
+  await db
+    .collection('wallets')
+    .insertMany([...wallets].map((_id) => ({ _id, tenantId: TENANT, kind: 'agent', createdAt: at })) as never[]);
+  await db
+    .collection('wallet_currencies')
+    .insertMany([...wallets].map((w) => ({ _id: `${w}#cur#1`, walletId: w, currency: CURRENCY })) as never[]);
+  for (let i = 0; i < runs.length; i += INSERT_BATCH)
+    await db.collection('runs').insertMany(runs.slice(i, i + INSERT_BATCH) as never[], { ordered: false });
   const postings = db.collection<PostingDoc>('ledger_postings');
   // A few batches in flight at once: FerretDB costs about the same per command, whatever it carries.
   let next = 0;
-  await Promise.all(Array.from({ length: 3 }, async () => {
-    while (next < chains.postings.length) {
-      const slice = chains.postings.slice(next, (next += INSERT_BATCH));
-      await postings.bulkWrite(slice.map((document) => ({ insertOne: { document } }) as AnyBulkWriteOperation<PostingDoc>), { ordered: false });
-    }
-  }));
+  await Promise.all(
+    Array.from({ length: 3 }, async () => {
+      while (next < chains.postings.length) {
+        const slice = chains.postings.slice(next, (next += INSERT_BATCH));
+        await postings.bulkWrite(
+          slice.map((document) => ({ insertOne: { document } }) as AnyBulkWriteOperation<PostingDoc>),
+          { ordered: false },
+        );
+      }
+    }),
+  );
   log(`seeded in ${Date.now() - started} ms`);
   return { postings: chains.postings.length, openRuns: runs.length };
 }
@@ -118,23 +157,48 @@ async function main(): Promise<void> {
     for (let i = RUNS; i < RUNS + NEW_RUNS; i++) {
       const [payer, payee, amount, runId] = [payerOf(i), payeeOf(i), amountOf(i), runIdOf(i)];
       const settlementId = settlementIdFor(runId);
-      await rt.stores.ledger.apply({ _id: escrowEntryIds.lock(runId), tenantId: TENANT, kind: 'escrow_lock', currency: CURRENCY, legs: bucketMove(payer, 'available', 'escrow', amount), ref: { runId, generation: '1' } });
-      await rt.stores.ledger.apply({ _id: entryIds.release(settlementId), tenantId: TENANT, kind: 'settlement_release', currency: CURRENCY, legs: [{ walletId: payer, bucket: 'escrow', delta: -amount }, { walletId: payee, bucket: 'available', delta: amount }], ref: { settlementId, runId } });
+      await rt.stores.ledger.apply({
+        _id: escrowEntryIds.lock(runId),
+        tenantId: TENANT,
+        kind: 'escrow_lock',
+        currency: CURRENCY,
+        legs: bucketMove(payer, 'available', 'escrow', amount),
+        ref: { runId, generation: '1' },
+      });
+      await rt.stores.ledger.apply({
+        _id: entryIds.release(settlementId),
+        tenantId: TENANT,
+        kind: 'settlement_release',
+        currency: CURRENCY,
+        legs: [
+          { walletId: payer, bucket: 'escrow', delta: -amount },
+          { walletId: payee, bucket: 'available', delta: amount },
+        ],
+        ref: { settlementId, runId },
+      });
     }
     const incremental = await auditLedger(rt);
-    log(`incremental audit: ${incremental.tookMs} ms, ${incremental.checked.postingsRead} postings, clean ${incremental.clean}`);
-    console.log(JSON.stringify({
-      runs: RUNS,
-      wallets: first.checked.wallets,
-      postingsSeeded: seeded.postings,
-      openReserves: incremental.checked.openReserves,
-      firstAuditMs: first.tookMs,
-      firstPostingsRead: first.checked.postingsRead,
-      newRuns: NEW_RUNS,
-      incrementalAuditMs: incremental.tookMs,
-      postingsRead: incremental.checked.postingsRead,
-      clean: first.clean && incremental.clean,
-    }, null, 2));
+    log(
+      `incremental audit: ${incremental.tookMs} ms, ${incremental.checked.postingsRead} postings, clean ${incremental.clean}`,
+    );
+    console.log(
+      JSON.stringify(
+        {
+          runs: RUNS,
+          wallets: first.checked.wallets,
+          postingsSeeded: seeded.postings,
+          openReserves: incremental.checked.openReserves,
+          firstAuditMs: first.tookMs,
+          firstPostingsRead: first.checked.postingsRead,
+          newRuns: NEW_RUNS,
+          incrementalAuditMs: incremental.tookMs,
+          postingsRead: incremental.checked.postingsRead,
+          clean: first.clean && incremental.clean,
+        },
+        null,
+        2,
+      ),
+    );
   } finally {
     await rt.close();
     if (process.env.BENCH_KEEP_DATA !== '1') await dropBenchData(service, mongo, log);

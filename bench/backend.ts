@@ -62,17 +62,41 @@ export async function startOwnBackend(log: (line: string) => void): Promise<Back
   mkdirSync(join(ownBackendDir, 'redis'));
   const [mongoPort, redisPort] = [await freePort(), await freePort()];
   const ferretdbPid = startServer('ferretdb', join(ROOT, '.tools/bin/ferretdb'), [
-    '--handler=sqlite', `--sqlite-url=file:${ownBackendDir}/ferretdb/?_pragma=synchronous(normal)`, `--state-dir=${ownBackendDir}/ferretdb-state`,
-    `--listen-addr=127.0.0.1:${mongoPort}`, '--debug-addr=127.0.0.1:0', '--telemetry=disable', '--log-level=warn',
+    '--handler=sqlite',
+    `--sqlite-url=file:${ownBackendDir}/ferretdb/?_pragma=synchronous(normal)`,
+    `--state-dir=${ownBackendDir}/ferretdb-state`,
+    `--listen-addr=127.0.0.1:${mongoPort}`,
+    '--debug-addr=127.0.0.1:0',
+    '--telemetry=disable',
+    '--log-level=warn',
   ]);
   const redisPid = startServer('redis', 'redis-server', [
-    '--bind', '127.0.0.1', '--port', String(redisPort), '--dir', join(ownBackendDir, 'redis'),
-    '--appendonly', 'yes', '--appendfsync', 'everysec', '--maxmemory-policy', 'noeviction', '--save', '',
+    '--bind',
+    '127.0.0.1',
+    '--port',
+    String(redisPort),
+    '--dir',
+    join(ownBackendDir, 'redis'),
+    '--appendonly',
+    'yes',
+    '--appendfsync',
+    'everysec',
+    '--maxmemory-policy',
+    'noeviction',
+    '--save',
+    '',
   ]);
   await waitForPort(mongoPort, 'FerretDB');
   await waitForPort(redisPort, 'Redis');
-  log(`own backend: FerretDB on 127.0.0.1:${mongoPort} (pid ${ferretdbPid}), Redis on 127.0.0.1:${redisPort} (pid ${redisPid}), in ${ownBackendDir}`);
-  return { mongoBase: `mongodb://127.0.0.1:${mongoPort}`, redisUrl: `redis://127.0.0.1:${redisPort}`, ferretdbPid, redisPid };
+  log(
+    `own backend: FerretDB on 127.0.0.1:${mongoPort} (pid ${ferretdbPid}), Redis on 127.0.0.1:${redisPort} (pid ${redisPid}), in ${ownBackendDir}`,
+  );
+  return {
+    mongoBase: `mongodb://127.0.0.1:${mongoPort}`,
+    redisUrl: `redis://127.0.0.1:${redisPort}`,
+    ferretdbPid,
+    redisPid,
+  };
 }
 
 /** Stops the bench's own servers (SIGTERM, then SIGKILL after 10 s) and deletes their directory. */
@@ -88,4 +112,3 @@ export async function stopOwnBackend(): Promise<void> {
   if (ownBackendDir) rmSync(ownBackendDir, { recursive: true, force: true });
   ownBackendDir = null;
 }
-

@@ -35,8 +35,19 @@ async function phase(runs: number) {
     const start = Date.now() - runs * 10;
     for (let i = 0; i < runs; i += 5_000) {
       const docs: RunDoc[] = Array.from({ length: Math.min(5_000, runs - i) }, (_, j) => ({
-        _id: newId('run'), tenantId: tenant._id, agentId: `bench:agent:a${(i + j) % 10}`, terms: {}, settlement: null, status: 'in_progress',
-        verdict: null, artifactId: null, createdAt: new Date(start + (i + j) * 10), finalizeRequestedAt: null, finalHead: null, finalizedAt: null, finalizeError: null,
+        _id: newId('run'),
+        tenantId: tenant._id,
+        agentId: `bench:agent:a${(i + j) % 10}`,
+        terms: {},
+        settlement: null,
+        status: 'in_progress',
+        verdict: null,
+        artifactId: null,
+        createdAt: new Date(start + (i + j) * 10),
+        finalizeRequestedAt: null,
+        finalHead: null,
+        finalizedAt: null,
+        finalizeError: null,
       }));
       await runtime.stores.runs.runs.insertMany(docs, { ordered: false });
       await runtime.stores.lists.addMany(docs.map(runListEntry));
@@ -65,9 +76,18 @@ async function phase(runs: number) {
     await app.close();
     const summary = (xs: number[]) => {
       const s = [...xs].sort((a, b) => a - b);
-      return { p50: round(quantile(s, 0.5)), p95: round(quantile(s, 0.95)), mean: round(s.reduce((a, b) => a + b, 0) / s.length) };
+      return {
+        p50: round(quantile(s, 0.5)),
+        p95: round(quantile(s, 0.95)),
+        mean: round(s.reduce((a, b) => a + b, 0) / s.length),
+      };
     };
-    return { runsStored: runs, seedSeconds: round(seedSeconds), firstPageMs: summary(firstPage), nextPageMs: summary(deepPage) };
+    return {
+      runsStored: runs,
+      seedSeconds: round(seedSeconds),
+      firstPageMs: summary(firstPage),
+      nextPageMs: summary(deepPage),
+    };
   } finally {
     const mongo = new MongoClient(MONGO_BASE);
     await runtime.close();
@@ -80,8 +100,20 @@ async function main() {
   const small = await phase(100);
   log(`${SEEDED} runs stored`);
   const large = await phase(SEEDED);
-  const ratios = { firstPageP50: round(large.firstPageMs.p50 / small.firstPageMs.p50), nextPageP50: round(large.nextPageMs.p50 / small.nextPageMs.p50) };
-  const result = { benchmark: 'lists', page: 'GET /v1/runs?limit=50', calls: CALLS, small, large, ratios, target: 'ratio <= 1.5', met: ratios.firstPageP50 <= 1.5 && ratios.nextPageP50 <= 1.5 };
+  const ratios = {
+    firstPageP50: round(large.firstPageMs.p50 / small.firstPageMs.p50),
+    nextPageP50: round(large.nextPageMs.p50 / small.nextPageMs.p50),
+  };
+  const result = {
+    benchmark: 'lists',
+    page: 'GET /v1/runs?limit=50',
+    calls: CALLS,
+    small,
+    large,
+    ratios,
+    target: 'ratio <= 1.5',
+    met: ratios.firstPageP50 <= 1.5 && ratios.nextPageP50 <= 1.5,
+  };
   const json = JSON.stringify(result, null, 2);
   mkdirSync(join(ROOT, 'bench/results'), { recursive: true });
   writeFileSync(join(ROOT, 'bench/results/lists.json'), `${json}\n`);

@@ -41,7 +41,16 @@ import { newId } from '../src/domain/crypto.ts';
 import { EMPTY_HEAD, signEvents } from '../src/domain/event-chain.ts';
 import { sharedBackend, startOwnBackend, stopOwnBackend, type Backend } from './backend.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, machineJiffies, stopChild, type Child } from './growth/processes.ts';
-import { benchService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
+import {
+  benchService,
+  cleanUpOnSignals,
+  cpuProfileFlags,
+  dropBenchData,
+  MONGO_BASE,
+  ROOT,
+  startServiceProcesses,
+  type BenchService,
+} from './production-service.ts';
 import type { HttpClient } from './growth/http-client.ts';
 import { call, percentiles, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
@@ -60,7 +69,10 @@ const TWINS = process.argv.includes('--twins');
 /** A FerretDB and a Redis of the bench's own, instead of the shared ones. */
 const OWN_BACKEND = process.argv.includes('--own-backend');
 const CLIENTS = count('--clients', 4);
-const FLOWS = { settle: count('--settle-flows', count('--flows', 150)), gate: count('--gate-flows', count('--flows', 300)) };
+const FLOWS = {
+  settle: count('--settle-flows', count('--flows', 150)),
+  gate: count('--gate-flows', count('--flows', 300)),
+};
 type FlowKind = keyof typeof FLOWS;
 /** Chunks per flow kind and target; they alternate between the targets. */
 const CHUNKS = 6;
@@ -77,7 +89,10 @@ const LIMIT_RATIO = 1.1;
 const log = (line: string) => console.error(`[bench money ${new Date().toISOString().slice(11, 19)}] ${line}`);
 const round = (x: number, digits = 2) => Number(x.toFixed(digits));
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const git = (args: string[], cwd = ROOT) => execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] }).toString().trim();
+const git = (args: string[], cwd = ROOT) =>
+  execFileSync('git', args, { cwd, stdio: ['ignore', 'pipe', 'pipe'] })
+    .toString()
+    .trim();
 
 // ---------------------------------------------------------------------------------------------------------------
 // Builds
@@ -96,7 +111,10 @@ interface Build {
  * carries only the JSON, and a build that meets someone's half-saved file prints its errors.
  */
 function compile(root: string): void {
-  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { cwd: root, stdio: ['ignore', 2, 2] });
+  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
+    cwd: root,
+    stdio: ['ignore', 2, 2],
+  });
 }
 
 /** This checkout, as it stands: others may be editing src/, so the build is whatever it holds now. */
@@ -115,7 +133,9 @@ function buildCurrent(): Build {
   }
   // What was built: HEAD and the files under src/ that differed from it, read once the build is done.
   const commit = git(['rev-parse', 'HEAD']);
-  const uncommittedFiles = git(['status', '--porcelain', '--untracked-files=all', '--', 'src']).split('\n').filter(Boolean).length;
+  const uncommittedFiles = git(['status', '--porcelain', '--untracked-files=all', '--', 'src'])
+    .split('\n')
+    .filter(Boolean).length;
   log(`built the current checkout: HEAD ${commit.slice(0, 7)}, ${uncommittedFiles} uncommitted file(s) under src/`);
   return { root: ROOT, commit, uncommittedFiles };
 }
@@ -195,18 +215,26 @@ async function startTarget(name: Target['name'], build: Build, backend: Backend)
   service.env.MONGO_URL = `${backend.mongoBase}/${service.dbName}`;
   service.env.REDIS_URL = backend.redisUrl;
   services.push(service);
-  log(`${name}: ${build.root}/dist at ${build.commit.slice(0, 7)}; database ${service.dbName}, Redis prefix ${service.redisPrefix}; logs in ${service.logDir}`);
+  log(
+    `${name}: ${build.root}/dist at ${build.commit.slice(0, 7)}; database ${service.dbName}, Redis prefix ${service.redisPrefix}; logs in ${service.logDir}`,
+  );
   const { api, worker, http } = await startServiceProcesses(service, name, cpuProfileFlags(name), build.root);
   running.add(api).add(worker);
   const admin: Caller = { http, token: service.adminKey };
   const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench-money' });
   const scopes = ['agents:write', 'runs:write', 'runs:read', 'x402:write', 'x402:read', 'wallets:write'];
-  const tenantKey: Caller = { http, token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes })).token };
+  const tenantKey: Caller = {
+    http,
+    token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes })).token,
+  };
   const pairs = await Promise.all(
     Array.from({ length: CLIENTS }, async (_, i) => {
       const payer = await registerAgent(tenantKey, `payer${i}`);
       const payee = await registerAgent(tenantKey, `payee${i}`);
-      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer.agentId)}/credit`, { amount: 1_000_000_000, currency: 'USD' });
+      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer.agentId)}/credit`, {
+        amount: 1_000_000_000,
+        currency: 'USD',
+      });
       return { payer: payer.agentId, payee };
     }),
   );
@@ -217,7 +245,8 @@ async function startTarget(name: Target['name'], build: Build, backend: Backend)
 // Flows
 
 /** A POST as a client sends it: with an Idempotency-Key of its own. */
-const post = (t: Target, path: string, body: unknown, expect: number[]) => call(t, 'POST', path, body, expect, { 'idempotency-key': randomUUID() });
+const post = (t: Target, path: string, body: unknown, expect: number[]) =>
+  call(t, 'POST', path, body, expect, { 'idempotency-key': randomUUID() });
 
 /** GETs `path` every POLL_EVERY_MS until `done` holds of the answer; the number of GETs. */
 async function poll(t: Target, path: string, done: (answer: any) => boolean): Promise<number> {
@@ -234,15 +263,40 @@ const requestSha = (seed: string) => createHash('sha256').update(`bench money ${
 /** A run with settlement terms, one passing metric event, finalized by the worker, settled by the worker. */
 async function settleFlow(t: Target, client: number): Promise<number> {
   const { payer, payee } = t.pairs[client]!;
-  const settlement = { payerAgentId: payer, amount: 1_000, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 3_600 };
-  const { runId } = await post(t, '/v1/runs', { agentId: payee.agentId, terms: { accuracy: { min: 0.9 } }, settlement }, [201]);
-  const [event] = signEvents([{ id: newId('evt'), runId, type: 'metric', at: new Date().toISOString(), payload: { name: 'accuracy', value: 1 } }], EMPTY_HEAD, payee.privateKey, payee.keyId);
+  const settlement = {
+    payerAgentId: payer,
+    amount: 1_000,
+    currency: 'USD',
+    holdbackBps: 0,
+    disputeWindowSeconds: 3_600,
+  };
+  const { runId } = await post(
+    t,
+    '/v1/runs',
+    { agentId: payee.agentId, terms: { accuracy: { min: 0.9 } }, settlement },
+    [201],
+  );
+  const [event] = signEvents(
+    [
+      {
+        id: newId('evt'),
+        runId,
+        type: 'metric',
+        at: new Date().toISOString(),
+        payload: { name: 'accuracy', value: 1 },
+      },
+    ],
+    EMPTY_HEAD,
+    payee.privateKey,
+    payee.keyId,
+  );
   await post(t, `/v1/runs/${runId}/events`, { event }, [201]);
   await post(t, `/v1/runs/${runId}/finalize`, undefined, [202]);
   let polls = await poll(t, `/v1/runs/${runId}`, (run) => run.status === 'finalized');
   await post(t, `/v1/runs/${runId}/settle`, {}, [202]);
   polls += await poll(t, `/runs/${runId}/settlement`, (s) => {
-    if (s.status !== 'pending' && s.status !== 'completed') throw new Error(`run ${runId}: settlement ${s.status}, not completed`);
+    if (s.status !== 'pending' && s.status !== 'completed')
+      throw new Error(`run ${runId}: settlement ${s.status}, not completed`);
     return s.status === 'completed';
   });
   return polls;
@@ -254,10 +308,32 @@ let gateSeq = 0;
 async function gateFlow(t: Target, client: number): Promise<number> {
   const { payer, payee } = t.pairs[client]!;
   const seed = `${t.name} ${gateSeq++}`;
-  const { gateId } = await post(t, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee.agentId, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 }, [201]);
-  const { quoteId, requestSha256 } = await post(t, '/x402/gate/quote', { gateId, requestSha256: requestSha(seed) }, [200]);
+  const { gateId } = await post(
+    t,
+    '/x402/gate/create',
+    {
+      payerAgentId: payer,
+      payeeAgentId: payee.agentId,
+      amount: 1_000,
+      currency: 'USD',
+      holdbackBps: 1_000,
+      disputeWindowSeconds: 3_600,
+    },
+    [201],
+  );
+  const { quoteId, requestSha256 } = await post(
+    t,
+    '/x402/gate/quote',
+    { gateId, requestSha256: requestSha(seed) },
+    [200],
+  );
   await post(t, '/x402/gate/authorize-payment', { gateId, quoteId, requestSha256 }, [200]);
-  const verified = await post(t, '/x402/gate/verify', { gateId, evidence: { responseSha256: requestSha(`response ${seed}`) } }, [200, 202]);
+  const verified = await post(
+    t,
+    '/x402/gate/verify',
+    { gateId, evidence: { responseSha256: requestSha(`response ${seed}`) } },
+    [200, 202],
+  );
   return verified.decision === null ? poll(t, `/x402/gate/${gateId}`, (gate) => gate.decision !== null) : 0;
 }
 
@@ -303,12 +379,15 @@ async function runChunk(t: Target, kind: FlowKind, flows: number, watched: Recor
     }),
   );
   const wallMs = performance.now() - started;
-  const ticks = Object.fromEntries(Object.entries(watched).map(([name, pid], i) => [name, cpuTicks(pid) - ticksBefore[i]!]));
+  const ticks = Object.fromEntries(
+    Object.entries(watched).map(([name, pid], i) => [name, cpuTicks(pid) - ticksBefore[i]!]),
+  );
   const self = process.cpuUsage(selfBefore);
   const selfTicks = ((self.user + self.system) / 1e6) * CLOCK_TICKS_PER_SECOND;
   const machineAfter = machineJiffies();
   // /proc/stat counts in USER_HZ, the same unit as /proc/<pid>/stat.
-  const otherTicks = machineAfter.busy - machineBefore.busy - Object.values(ticks).reduce((a, b) => a + b, 0) - selfTicks;
+  const otherTicks =
+    machineAfter.busy - machineBefore.busy - Object.values(ticks).reduce((a, b) => a + b, 0) - selfTicks;
   return { samples, polls, failed, wallMs, ticks, otherTicks };
 }
 
@@ -339,7 +418,12 @@ function summarize(chunks: Chunk[]) {
     // Clock ticks (10 ms each) summed over every chunk: a resolution of 10 ms over all the flows of the target.
     cpuMsPerFlow,
     // The total per chunk, in the order run: how much it moves from one chunk to the next.
-    totalCpuMsPerFlowByChunk: chunks.map((c) => msPerFlow(PROCESSES.reduce((sum, name) => sum + (c.ticks[name] ?? 0), 0), Math.max(1, c.samples.length))),
+    totalCpuMsPerFlowByChunk: chunks.map((c) =>
+      msPerFlow(
+        PROCESSES.reduce((sum, name) => sum + (c.ticks[name] ?? 0), 0),
+        Math.max(1, c.samples.length),
+      ),
+    ),
     // Everything else the machine ran meanwhile (other users' work, the other target's idle processes), per flow.
     otherMachineCpuMsPerFlow: msPerFlow(chunks.reduce((sum, c) => sum + c.otherTicks, 0)),
   };
@@ -353,7 +437,9 @@ function ratios(first: Summary, second: Summary) {
     flowsPerSecond: r(first.flowsPerSecond, second.flowsPerSecond),
     p50: r(first.flowMs.p50, second.flowMs.p50),
     p95: r(first.flowMs.p95, second.flowMs.p95),
-    cpuMsPerFlow: Object.fromEntries(Object.keys(first.cpuMsPerFlow).map((k) => [k, r(first.cpuMsPerFlow[k]!, second.cpuMsPerFlow[k] ?? 0)])),
+    cpuMsPerFlow: Object.fromEntries(
+      Object.keys(first.cpuMsPerFlow).map((k) => [k, r(first.cpuMsPerFlow[k]!, second.cpuMsPerFlow[k] ?? 0)]),
+    ),
   };
 }
 
@@ -361,7 +447,9 @@ function ratios(first: Summary, second: Summary) {
 
 async function main(): Promise<void> {
   const loadAtStart = loadavg().map((x) => round(x));
-  log(`load average ${loadAtStart.join(' ')}; ${CLIENTS} clients, ${FLOWS.settle} settle and ${FLOWS.gate} gate flows per target${TWINS ? ', twins' : `, baseline ${BASELINE_REF}`}`);
+  log(
+    `load average ${loadAtStart.join(' ')}; ${CLIENTS} clients, ${FLOWS.settle} settle and ${FLOWS.gate} gate flows per target${TWINS ? ', twins' : `, baseline ${BASELINE_REF}`}`,
+  );
   cleanUpOnSignals(cleanup, log);
   // Children die with us (cleanUpOnSignals kills the service processes); so do the bench's own servers (backend.ts).
   try {
@@ -373,9 +461,19 @@ async function main(): Promise<void> {
     const candidate = await startTarget(TWINS ? 'twin' : 'current', current, backend);
     const targets = [candidate, reference];
     const { ferretdbPid, redisPid } = backend;
-    if (!ferretdbPid || !redisPid) log(`FerretDB pid ${ferretdbPid ?? 'not found'}, Redis pid ${redisPid ?? 'not found'}: their CPU is left out`);
-    const servicePids = [...targets.flatMap((t) => [t.api.pid, t.worker.pid]), ...(ferretdbPid ? [ferretdbPid] : []), ...(redisPid ? [redisPid] : [])];
-    const watchedOf = (t: Target) => ({ api: t.api.pid, worker: t.worker.pid, ...(ferretdbPid ? { ferretdb: ferretdbPid } : {}), ...(redisPid ? { redis: redisPid } : {}) });
+    if (!ferretdbPid || !redisPid)
+      log(`FerretDB pid ${ferretdbPid ?? 'not found'}, Redis pid ${redisPid ?? 'not found'}: their CPU is left out`);
+    const servicePids = [
+      ...targets.flatMap((t) => [t.api.pid, t.worker.pid]),
+      ...(ferretdbPid ? [ferretdbPid] : []),
+      ...(redisPid ? [redisPid] : []),
+    ];
+    const watchedOf = (t: Target) => ({
+      api: t.api.pid,
+      worker: t.worker.pid,
+      ...(ferretdbPid ? { ferretdb: ferretdbPid } : {}),
+      ...(redisPid ? { redis: redisPid } : {}),
+    });
 
     const results: Record<string, unknown> = {};
     const verdict: Record<string, unknown> = {};
@@ -393,13 +491,19 @@ async function main(): Promise<void> {
           const chunk = await runChunk(t, kind, Math.min(chunkSize, FLOWS[kind] - done), watchedOf(t));
           chunks.get(t)!.push(chunk);
           const total = PROCESSES.reduce((sum, name) => sum + (chunk.ticks[name] ?? 0), 0);
-          log(`${kind} chunk ${k + 1} ${t.name}: ${chunk.samples.length} flows in ${round(chunk.wallMs / 1000, 1)} s, ${round(((total / CLOCK_TICKS_PER_SECOND) * 1000) / Math.max(1, chunk.samples.length), 1)} CPU ms per flow`);
+          log(
+            `${kind} chunk ${k + 1} ${t.name}: ${chunk.samples.length} flows in ${round(chunk.wallMs / 1000, 1)} s, ${round(((total / CLOCK_TICKS_PER_SECOND) * 1000) / Math.max(1, chunk.samples.length), 1)} CPU ms per flow`,
+          );
         }
       }
       const ref = summarize(chunks.get(reference)!);
       const cand = summarize(chunks.get(candidate)!);
       const ratio = ratios(ref, cand);
-      results[kind] = { [candidate.name]: cand, [reference.name]: ref, [`${candidate.name}Over${reference.name[0]!.toUpperCase()}${reference.name.slice(1)}`]: ratio };
+      results[kind] = {
+        [candidate.name]: cand,
+        [reference.name]: ref,
+        [`${candidate.name}Over${reference.name[0]!.toUpperCase()}${reference.name.slice(1)}`]: ratio,
+      };
       const totalRatio = ratio.cpuMsPerFlow.total ?? null;
       verdict[kind] = { totalCpuRatio: totalRatio, withinLimit: totalRatio !== null && totalRatio <= LIMIT_RATIO };
     }
@@ -410,15 +514,28 @@ async function main(): Promise<void> {
       node: process.version,
       mode: TWINS ? 'twins: both targets run the current build' : `current checkout against ${BASELINE_REF}`,
       builds: {
-        [candidate.name]: { commit: candidate.build.commit, ...(candidate.build.uncommittedFiles !== undefined ? { uncommittedFilesUnderSrc: candidate.build.uncommittedFiles } : {}) },
-        [reference.name]: { commit: reference.build.commit, ...(reference.build.ref ? { ref: reference.build.ref } : {}), ...(reference.build.uncommittedFiles !== undefined ? { uncommittedFilesUnderSrc: reference.build.uncommittedFiles } : {}) },
+        [candidate.name]: {
+          commit: candidate.build.commit,
+          ...(candidate.build.uncommittedFiles !== undefined
+            ? { uncommittedFilesUnderSrc: candidate.build.uncommittedFiles }
+            : {}),
+        },
+        [reference.name]: {
+          commit: reference.build.commit,
+          ...(reference.build.ref ? { ref: reference.build.ref } : {}),
+          ...(reference.build.uncommittedFiles !== undefined
+            ? { uncommittedFilesUnderSrc: reference.build.uncommittedFiles }
+            : {}),
+        },
       },
       limit: `CPU per flow (total of API, worker, FerretDB and Redis), ${candidate.name} over ${reference.name}, at most ${LIMIT_RATIO}x`,
       verdict,
       setup: {
-        processes: 'each target: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, production node flags, compiled by tsc -p tsconfig.build.json in its own checkout), on a database and Redis prefix of its own; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
+        processes:
+          'each target: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, production node flags, compiled by tsc -p tsconfig.build.json in its own checkout), on a database and Redis prefix of its own; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
         flows: {
-          settle: 'POST /v1/runs (settlement: 1000 USD, holdbackBps 0) -> POST events (one signed metric, accuracy 1) -> POST finalize -> poll GET /v1/runs/:id until finalized -> POST settle -> poll GET /runs/:id/settlement until completed',
+          settle:
+            'POST /v1/runs (settlement: 1000 USD, holdbackBps 0) -> POST events (one signed metric, accuracy 1) -> POST finalize -> poll GET /v1/runs/:id until finalized -> POST settle -> poll GET /runs/:id/settlement until completed',
           gate: 'POST /x402/gate/create (1000 USD, holdbackBps 1000) -> quote -> authorize-payment -> verify, then poll GET /x402/gate/:id until decided when verify answered 202',
           idempotency: 'every POST carries an Idempotency-Key of its own',
           pollEveryMs: POLL_EVERY_MS,
@@ -429,13 +546,20 @@ async function main(): Promise<void> {
         cpu: 'utime + stime from /proc/<pid>/stat before and after each chunk, per process; FerretDB and Redis serve both targets, and their ticks in a chunk go to the target that ran it',
         warmUp: `${WARM_UP_FLOWS} uncounted flows per client, kind and target before the kind is measured`,
         backend: OWN_BACKEND
-          ? 'a FerretDB (SQLite) and a Redis of the bench\'s own (started as scripts/services.sh starts the shared ones, on free loopback ports), serving only the two targets'
+          ? "a FerretDB (SQLite) and a Redis of the bench's own (started as scripts/services.sh starts the shared ones, on free loopback ports), serving only the two targets"
           : 'the shared FerretDB (SQLite) on 127.0.0.1:27027 and Redis on 127.0.0.1:6390, which also serve whatever else runs on this machine (see otherMachineCpuMsPerFlow)',
-        machine: { cpus: cpus().length, loadAverageAtStart: loadAtStart, loadAverageAtEnd: loadavg().map((x) => round(x)) },
+        machine: {
+          cpus: cpus().length,
+          loadAverageAtStart: loadAtStart,
+          loadAverageAtEnd: loadavg().map((x) => round(x)),
+        },
       },
       ...results,
     };
-    const file = join(ROOT, `bench/results/money-side-by-side${TWINS ? '-twins' : ''}${OWN_BACKEND ? '-own-backend' : ''}.json`);
+    const file = join(
+      ROOT,
+      `bench/results/money-side-by-side${TWINS ? '-twins' : ''}${OWN_BACKEND ? '-own-backend' : ''}.json`,
+    );
     writeResults(file, out, log);
   } finally {
     await cleanup();

@@ -57,7 +57,10 @@ export function benchService(name: string, extraEnv: Record<string, string> = {}
 
 /** `tsc -p tsconfig.build.json`: the benchmarks run what production runs. */
 export function buildService(): void {
-  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { cwd: ROOT, stdio: 'inherit' });
+  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
+    cwd: ROOT,
+    stdio: 'inherit',
+  });
 }
 
 export async function freePort(): Promise<number> {
@@ -76,7 +79,10 @@ export const CPU_PROF_DIR = process.env.BENCH_CPU_PROF ? resolve(process.env.BEN
 
 /** Node flags (for startServiceProcesses) that make each process write its profile as `<label>-<name>-…`, if asked. */
 export function cpuProfileFlags(label: string): (name: string) => string[] {
-  return (name) => (CPU_PROF_DIR ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=${label}-${name}-${Date.now()}.cpuprofile`] : []);
+  return (name) =>
+    CPU_PROF_DIR
+      ? ['--cpu-prof', `--cpu-prof-dir=${CPU_PROF_DIR}`, `--cpu-prof-name=${label}-${name}-${Date.now()}.cpuprofile`]
+      : [];
 }
 
 /**
@@ -89,7 +95,11 @@ export function cpuProfileFlags(label: string): (name: string) => string[] {
  * generation from then on, which filled it at about 6 MB/s and brought a full GC every 4 s, each a stall of every call
  * in flight (docs/performance.md, "Paid calls through sessions").
  */
-export const PRODUCTION_NODE_FLAGS = ['--max-semi-space-size=8', '--heap-growing-percent=50', '--no-allocation-site-pretenuring'];
+export const PRODUCTION_NODE_FLAGS = [
+  '--max-semi-space-size=8',
+  '--heap-growing-percent=50',
+  '--no-allocation-site-pretenuring',
+];
 
 /**
  * Starts `node dist/main.js api` and `worker` (with PRODUCTION_NODE_FLAGS); resolves once the API is ready and the
@@ -104,9 +114,27 @@ export async function startServiceProcesses(
   root: string = ROOT,
 ): Promise<{ api: Child; worker: Child; http: HttpClient; port: number }> {
   const port = await freePort();
-  const env = { PATH: process.env.PATH ?? '/usr/bin:/bin', HOME: process.env.HOME ?? '/tmp', ...service.env, PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` };
-  const api = startChild('api', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('api'), 'dist/main.js', 'api'], env, join(service.logDir, `${label}-api.log`), root);
-  const worker = startChild('worker', [...PRODUCTION_NODE_FLAGS, ...nodeArgs('worker'), 'dist/main.js', 'worker'], env, join(service.logDir, `${label}-worker.log`), root);
+  const env = {
+    PATH: process.env.PATH ?? '/usr/bin:/bin',
+    HOME: process.env.HOME ?? '/tmp',
+    ...service.env,
+    PORT: String(port),
+    PUBLIC_BASE_URL: `http://127.0.0.1:${port}`,
+  };
+  const api = startChild(
+    'api',
+    [...PRODUCTION_NODE_FLAGS, ...nodeArgs('api'), 'dist/main.js', 'api'],
+    env,
+    join(service.logDir, `${label}-api.log`),
+    root,
+  );
+  const worker = startChild(
+    'worker',
+    [...PRODUCTION_NODE_FLAGS, ...nodeArgs('worker'), 'dist/main.js', 'worker'],
+    env,
+    join(service.logDir, `${label}-worker.log`),
+    root,
+  );
   await waitHealthy(api, `http://127.0.0.1:${port}/readyz`);
   await new Promise((r) => setTimeout(r, 2_000));
   if (worker.proc.exitCode !== null) throw new Error(`worker exited; see ${worker.logFile}`);
@@ -121,13 +149,23 @@ const app = Fastify({ logger: false });
 app.get('/ok', async () => ({ ok: true }));
 await app.listen({ host: '127.0.0.1', port: ${port} });
 process.on('SIGTERM', () => app.close().then(() => process.exit(0)));`;
-  const child = startChild('bare-fastify', ['--input-type=module', '-e', code], { PATH: process.env.PATH ?? '' }, join(logDir, 'bare-fastify.log'), ROOT);
+  const child = startChild(
+    'bare-fastify',
+    ['--input-type=module', '-e', code],
+    { PATH: process.env.PATH ?? '' },
+    join(logDir, 'bare-fastify.log'),
+    ROOT,
+  );
   await waitHealthy(child, `http://127.0.0.1:${port}/ok`);
   return { child, http: new HttpClient(port) };
 }
 
 /** Drops the benchmark's database and Redis keys (stop the children first); failures are logged, not thrown. */
-export async function dropBenchData(service: BenchService, mongo: MongoClient | null, log: (line: string) => void): Promise<void> {
+export async function dropBenchData(
+  service: BenchService,
+  mongo: MongoClient | null,
+  log: (line: string) => void,
+): Promise<void> {
   const redis = new Redis(REDIS_URL, { lazyConnect: true, maxRetriesPerRequest: 1 });
   try {
     await redis.connect();
@@ -143,7 +181,10 @@ export async function dropBenchData(service: BenchService, mongo: MongoClient | 
   } finally {
     redis.disconnect();
   }
-  await mongo?.db(service.dbName).dropDatabase().catch((err: Error) => log(`could not drop ${service.dbName}: ${err.message}`));
+  await mongo
+    ?.db(service.dbName)
+    .dropDatabase()
+    .catch((err: Error) => log(`could not drop ${service.dbName}: ${err.message}`));
 }
 
 /** On SIGINT or SIGTERM: `cleanup` (stop children, drop data), then exit 130, within 10 s; children die with us. */

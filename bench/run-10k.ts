@@ -24,10 +24,19 @@ async function call(method: string, path: string, token: string, body?: unknown)
 
 try {
   const tenant = (await call('POST', '/ops/tenants', adminKey, { name: 'bench' })).json();
-  const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write'] })).json().token;
+  const token = (
+    await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write'] })
+  ).json().token;
   const pair = generateEd25519KeyPair();
-  const agent = (await call('POST', '/v1/agents', token, { name: 'bench', publicKey: Buffer.from(pair.raw).toString('base64url') })).json();
-  const run = (await call('POST', '/v1/runs', token, { agentId: agent.agentId, terms: { accuracy: { min: 0.9 }, latencyP95: { max: 800 } } })).json();
+  const agent = (
+    await call('POST', '/v1/agents', token, { name: 'bench', publicKey: Buffer.from(pair.raw).toString('base64url') })
+  ).json();
+  const run = (
+    await call('POST', '/v1/runs', token, {
+      agentId: agent.agentId,
+      terms: { accuracy: { min: 0.9 }, latencyP95: { max: 800 } },
+    })
+  ).json();
 
   let head: ChainHead = { seq: 0, chainHash: null };
   let signMs = 0;
@@ -41,7 +50,12 @@ try {
         runId: run.runId,
         type: 'sample',
         at: new Date().toISOString(),
-        payload: { latencyMs: 100 + ((done + i) % 700), correct: (done + i) % 20 !== 0, step: done + i, note: 'tool output digest 0123456789abcdef' },
+        payload: {
+          latencyMs: 100 + ((done + i) % 700),
+          correct: (done + i) % 20 !== 0,
+          step: done + i,
+          note: 'tool output digest 0123456789abcdef',
+        },
       })),
       head,
       pair.privateKey,
@@ -78,7 +92,11 @@ try {
     batchSize: BATCH,
     appendSeconds: +(appendMs / 1000).toFixed(2),
     appendEventsPerSecond: Math.round(EVENTS / (appendMs / 1000)),
-    batchLatencyMs: { p50: +batchMs[Math.floor(batchMs.length * 0.5)]!.toFixed(1), p95: +batchMs[Math.ceil(batchMs.length * 0.95) - 1]!.toFixed(1), max: +batchMs.at(-1)!.toFixed(1) },
+    batchLatencyMs: {
+      p50: +batchMs[Math.floor(batchMs.length * 0.5)]!.toFixed(1),
+      p95: +batchMs[Math.ceil(batchMs.length * 0.95) - 1]!.toFixed(1),
+      max: +batchMs.at(-1)!.toFixed(1),
+    },
     finalizeSeconds: +(finalizeMs / 1000).toFixed(2),
     artifactBytes: Buffer.byteLength(artifact.text),
     artifactFetchMs: Math.round(fetchMs),

@@ -45,7 +45,14 @@ const TOOL_ID = 'tool_search'; // a ref: [A-Za-z0-9:_-]+
 const FUNDS_CENTS = 1_000_000_000;
 const RELEASE_ON_GREEN = {
   mode: 'automatic',
-  rules: { autoReleaseOnGreen: true, greenReleaseRatePct: 100, autoReleaseOnAmber: false, amberReleaseRatePct: 0, autoReleaseOnRed: true, redReleaseRatePct: 0 },
+  rules: {
+    autoReleaseOnGreen: true,
+    greenReleaseRatePct: 100,
+    autoReleaseOnAmber: false,
+    amberReleaseRatePct: 0,
+    autoReleaseOnRed: true,
+    redReleaseRatePct: 0,
+  },
 };
 
 export interface Settld {
@@ -61,23 +68,39 @@ export interface Settld {
 /** Makes the pinned checkout and its dependencies unless a previous run left them ready. */
 function ensureCheckout(log: (line: string) => void): void {
   if (existsSync(`${CHECKOUT}/${READY_MARK}`)) return;
-  if (!existsSync(MIRROR)) throw new Error(`Settld: no mirror at ${MIRROR} to check out ${COMMIT} from (set SETTLD_MIRROR)`);
+  if (!existsSync(MIRROR))
+    throw new Error(`Settld: no mirror at ${MIRROR} to check out ${COMMIT} from (set SETTLD_MIRROR)`);
   const major = Number(process.versions.node.split('.')[0]);
-  if (major !== 20) throw new Error(`Settld ${COMMIT.slice(0, 7)} needs Node 20.x (its preinstall refuses others); this is ${process.version}`);
+  if (major !== 20)
+    throw new Error(
+      `Settld ${COMMIT.slice(0, 7)} needs Node 20.x (its preinstall refuses others); this is ${process.version}`,
+    );
   log(`settld: checking out ${COMMIT.slice(0, 7)} from ${MIRROR} into ${CHECKOUT}`);
   rmSync(CHECKOUT, { recursive: true, force: true });
   mkdirSync(CHECKOUT, { recursive: true });
   try {
-    execFileSync('bash', ['-o', 'pipefail', '-c', `git -C "$1" archive "$2" | tar -x -C "$3"`, 'archive', MIRROR, COMMIT, CHECKOUT], { stdio: ['ignore', 'ignore', 'pipe'] });
+    execFileSync(
+      'bash',
+      ['-o', 'pipefail', '-c', `git -C "$1" archive "$2" | tar -x -C "$3"`, 'archive', MIRROR, COMMIT, CHECKOUT],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
   } catch (err) {
-    throw new Error(`Settld: git archive of ${COMMIT} from ${MIRROR} failed: ${(err as { stderr?: Buffer }).stderr?.toString().trim() ?? err}`);
+    throw new Error(
+      `Settld: git archive of ${COMMIT} from ${MIRROR} failed: ${(err as { stderr?: Buffer }).stderr?.toString().trim() ?? err}`,
+    );
   }
   log(`settld: npm ci --omit=dev in ${CHECKOUT} (its runtime dependencies: pg, the Circle and Coinbase SDKs)`);
   try {
-    execFileSync('npm', ['ci', '--omit=dev', '--no-audit', '--no-fund'], { cwd: CHECKOUT, stdio: ['ignore', 'pipe', 'pipe'], timeout: 600_000 });
+    execFileSync('npm', ['ci', '--omit=dev', '--no-audit', '--no-fund'], {
+      cwd: CHECKOUT,
+      stdio: ['ignore', 'pipe', 'pipe'],
+      timeout: 600_000,
+    });
   } catch (err) {
     const e = err as { stdout?: Buffer; stderr?: Buffer };
-    throw new Error(`Settld: npm ci in ${CHECKOUT} failed:\n${`${e.stdout ?? ''}${e.stderr ?? ''}`.trim().slice(-2000) || err}`);
+    throw new Error(
+      `Settld: npm ci in ${CHECKOUT} failed:\n${`${e.stdout ?? ''}${e.stderr ?? ''}`.trim().slice(-2000) || err}`,
+    );
   }
   writeFileSync(`${CHECKOUT}/${READY_MARK}`, `${COMMIT}\n`);
   log('settld: checkout ready');
@@ -97,10 +120,29 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
   ensureCheckout(log);
   const port = await freePort();
   const opsToken = `tok_ops_${randomBytes(12).toString('hex')}`;
-  const env: NodeJS.ProcessEnv = { ...process.env, PROXY_OPS_TOKEN: opsToken, BIND_HOST: '127.0.0.1', PORT: String(port), STORE: 'memory', NODE_ENV: 'development', LOG_LEVEL: 'info' };
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    PROXY_OPS_TOKEN: opsToken,
+    BIND_HOST: '127.0.0.1',
+    PORT: String(port),
+    STORE: 'memory',
+    NODE_ENV: 'development',
+    LOG_LEVEL: 'info',
+  };
   // Its defaults otherwise: no autotick, no rate limit, one JSON log line a request (to our pipe, kept for errors).
-  for (const name of ['PROXY_BIND_HOST', 'PROXY_DATA_DIR', 'DATABASE_URL', 'PROXY_AUTOTICK_INTERVAL_MS', 'NODE_OPTIONS']) delete env[name];
-  const child = spawn(process.execPath, ['--import', WATCHDOG, 'src/api/server.js'], { cwd: CHECKOUT, env, stdio: ['pipe', 'pipe', 'pipe'] });
+  for (const name of [
+    'PROXY_BIND_HOST',
+    'PROXY_DATA_DIR',
+    'DATABASE_URL',
+    'PROXY_AUTOTICK_INTERVAL_MS',
+    'NODE_OPTIONS',
+  ])
+    delete env[name];
+  const child = spawn(process.execPath, ['--import', WATCHDOG, 'src/api/server.js'], {
+    cwd: CHECKOUT,
+    env,
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
   const output: string[] = [];
   const keep = (chunk: Buffer) => {
     output.push(chunk.toString('utf8'));
@@ -109,7 +151,9 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
   child.stdout!.on('data', keep);
   child.stderr!.on('data', keep);
   let exited: string | null = null;
-  const gone = new Promise<void>((resolve) => child.once('exit', (code, signal) => ((exited = `exit code ${code} signal ${signal}`), resolve())));
+  const gone = new Promise<void>((resolve) =>
+    child.once('exit', (code, signal) => ((exited = `exit code ${code} signal ${signal}`), resolve())),
+  );
   const killOnExit = () => child.kill('SIGKILL');
   process.once('exit', killOnExit);
   const stop = async () => {
@@ -127,10 +171,15 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
   try {
     const deadline = Date.now() + 60_000;
     for (;;) {
-      if (exited !== null) throw new Error(`Settld exited before it was healthy (${exited}):\n${output.join('').slice(-2000)}`);
-      const ok = await http.request('GET', '/healthz').then((r) => r.status === 200, () => false);
+      if (exited !== null)
+        throw new Error(`Settld exited before it was healthy (${exited}):\n${output.join('').slice(-2000)}`);
+      const ok = await http.request('GET', '/healthz').then(
+        (r) => r.status === 200,
+        () => false,
+      );
       if (ok) break;
-      if (Date.now() > deadline) throw new Error(`Settld not healthy on port ${port} within 60 s:\n${output.join('').slice(-2000)}`);
+      if (Date.now() > deadline)
+        throw new Error(`Settld not healthy on port ${port} within 60 s:\n${output.join('').slice(-2000)}`);
       await new Promise((r) => setTimeout(r, 100));
     }
 
@@ -138,12 +187,17 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
     const mintApiKey = async () => {
       const minted = await http.expect(201, 'POST', '/ops/api-keys', {
         headers: { 'x-proxy-ops-token': opsToken, 'x-proxy-tenant-id': TENANT },
-        body: { scopes: ['ops_read', 'ops_write', 'finance_read', 'finance_write', 'audit_read'], description: 'issue 23 baseline' },
+        body: {
+          scopes: ['ops_read', 'ops_write', 'finance_read', 'finance_write', 'audit_read'],
+          description: 'issue 23 baseline',
+        },
       });
       return `${minted.json.keyId}.${minted.json.secret}`;
     };
     const token = auth === 'api-key' ? await mintApiKey() : opsToken;
-    log(`settld: paid calls present ${auth === 'api-key' ? 'a tenant API key (scrypt-checked per request)' : 'the operator token'}`);
+    log(
+      `settld: paid calls present ${auth === 'api-key' ? 'a tenant API key (scrypt-checked per request)' : 'the operator token'}`,
+    );
     const run = randomBytes(6).toString('hex');
     let sequence = 0;
     const post = (path: string, status: number, body: unknown, idempotencyKey: string) =>
@@ -160,7 +214,12 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
       await post(
         '/agents/register',
         201,
-        { agentId, displayName: agentId, owner: { ownerType: 'service', ownerId: 'svc_bench' }, publicKeyPem: publicKey.export({ type: 'spki', format: 'pem' }).toString() },
+        {
+          agentId,
+          displayName: agentId,
+          owner: { ownerType: 'service', ownerId: 'svc_bench' },
+          publicKeyPem: publicKey.export({ type: 'spki', format: 'pem' }).toString(),
+        },
         `register_${run}_${agentId}`,
       );
       registered.add(agentId);
@@ -170,7 +229,12 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
       for (let c = 0; c < clients; c++) {
         if (registered.has(payer(c))) continue;
         await register(payer(c));
-        await post(`/agents/${payer(c)}/wallet/credit`, 201, { amountCents: FUNDS_CENTS, currency: 'USD' }, `credit_${run}_${c}`);
+        await post(
+          `/agents/${payer(c)}/wallet/credit`,
+          201,
+          { amountCents: FUNDS_CENTS, currency: 'USD' },
+          `credit_${run}_${c}`,
+        );
       }
     };
 
@@ -195,14 +259,21 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
         `x402_create_${key}`,
       );
       const gateId = created.json?.gate?.gateId;
-      if (typeof gateId !== 'string' || created.json.gate.status !== 'held') throw new Error(`gate create: no held gate: ${created.text.slice(0, 300)}`);
+      if (typeof gateId !== 'string' || created.json.gate.status !== 'held')
+        throw new Error(`gate create: no held gate: ${created.text.slice(0, 300)}`);
 
-      const quoted = await post('/x402/gate/quote', 200, { gateId, providerId: PAYEE, toolId: TOOL_ID, quoteId: `q_${key}` }, `x402_quote_${key}`);
+      const quoted = await post(
+        '/x402/gate/quote',
+        200,
+        { gateId, providerId: PAYEE, toolId: TOOL_ID, quoteId: `q_${key}` },
+        `x402_quote_${key}`,
+      );
       const quoteId = quoted.json?.quote?.quoteId;
       if (typeof quoteId !== 'string') throw new Error(`gate quote: no quoteId: ${quoted.text.slice(0, 300)}`);
 
       const authorized = await post('/x402/gate/authorize-payment', 200, { gateId, quoteId }, `x402_authz_${key}`);
-      if (typeof authorized.json?.token !== 'string' || !authorized.json.token) throw new Error(`authorize-payment: no token: ${authorized.text.slice(0, 300)}`);
+      if (typeof authorized.json?.token !== 'string' || !authorized.json.token)
+        throw new Error(`authorize-payment: no token: ${authorized.text.slice(0, 300)}`);
 
       const responseSha = randomBytes(32).toString('hex');
       const verified = await post(
@@ -215,13 +286,19 @@ export async function startSettld(log: (line: string) => void, options: SettldOp
           policy: RELEASE_ON_GREEN,
           verificationMethod: { mode: 'deterministic', source: 'http_status_v1', attestor: null },
           verificationCodes: [],
-          evidenceRefs: [`http:request_sha256:${randomBytes(32).toString('hex')}`, `http:response_sha256:${responseSha}`, 'http:status:200'],
+          evidenceRefs: [
+            `http:request_sha256:${randomBytes(32).toString('hex')}`,
+            `http:response_sha256:${responseSha}`,
+            'http:status:200',
+          ],
         },
         `x402_verify_${key}`,
       );
       const settlement = verified.json?.settlement;
       if (settlement?.status !== 'released' || settlement.releasedAmountCents !== PRICE_CENTS) {
-        throw new Error(`verify: expected ${PRICE_CENTS} released, got ${settlement?.status} ${settlement?.releasedAmountCents}: ${verified.text.slice(0, 300)}`);
+        throw new Error(
+          `verify: expected ${PRICE_CENTS} released, got ${settlement?.status} ${settlement?.releasedAmountCents}: ${verified.text.slice(0, 300)}`,
+        );
       }
     };
 

@@ -21,7 +21,14 @@ export interface Caller {
 }
 
 /** One call; its JSON answer if its status is one of `expect`. `headers` are sent as given (say an Idempotency-Key). */
-export const call = async ({ http, token }: Caller, method: string, path: string, body?: unknown, expect = [200, 201], headers?: Record<string, string>) => {
+export const call = async (
+  { http, token }: Caller,
+  method: string,
+  path: string,
+  body?: unknown,
+  expect = [200, 201],
+  headers?: Record<string, string>,
+) => {
   const res = await http.request(method, path, { token, body, ...(headers ? { headers } : {}) });
   if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
   if (!expect.includes(res.status)) throw new Rejected(`${method} ${path} -> ${res.status} ${res.text.slice(0, 300)}`);
@@ -47,14 +54,21 @@ export async function quiesce(pids: number[], limitMs = 30_000): Promise<number>
 /** Nearest-rank p50, p95 and p99 of some latencies (ms, two decimals). */
 export function percentiles(samples: number[]) {
   const sorted = [...samples].sort((a, b) => a - b);
-  const at = (p: number) => Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
+  const at = (p: number) =>
+    Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
   return { n: sorted.length, p50: at(50), p95: at(95), p99: at(99) };
 }
 
 /** An agent registered with a key pair of its own; the private key signs its run events. */
-export async function registerAgent(caller: Caller, name: string): Promise<{ agentId: string; keyId: string; privateKey: KeyObject }> {
+export async function registerAgent(
+  caller: Caller,
+  name: string,
+): Promise<{ agentId: string; keyId: string; privateKey: KeyObject }> {
   const pair = generateEd25519KeyPair();
-  const agent = await call(caller, 'POST', '/v1/agents', { name, publicKey: Buffer.from(pair.raw).toString('base64url') });
+  const agent = await call(caller, 'POST', '/v1/agents', {
+    name,
+    publicKey: Buffer.from(pair.raw).toString('base64url'),
+  });
   return { agentId: agent.agentId as string, keyId: agent.keyId as string, privateKey: pair.privateKey };
 }
 
@@ -62,7 +76,8 @@ export async function registerAgent(caller: Caller, name: string): Promise<{ age
 export function positiveArg(name: string, fallback: number, options: { integer?: boolean } = {}): number {
   const i = process.argv.indexOf(name);
   const value = i >= 0 ? Number(process.argv[i + 1]) : fallback;
-  if (!Number.isFinite(value) || value <= 0 || (options.integer && !Number.isInteger(value))) throw new Error(`${name} must be a positive ${options.integer ? 'integer' : 'number'}`);
+  if (!Number.isFinite(value) || value <= 0 || (options.integer && !Number.isInteger(value)))
+    throw new Error(`${name} must be a positive ${options.integer ? 'integer' : 'number'}`);
   return value;
 }
 

@@ -34,7 +34,10 @@ const workers = startWorkers(config, worker.logger, createProcessors(worker), ['
 
 let counting = false;
 const kinds = new Map<string, number>();
-for (const [side, runtime] of [['api', api], ['worker', worker]] as const) {
+for (const [side, runtime] of [
+  ['api', api],
+  ['worker', worker],
+] as const) {
   runtime.mongo.on('commandStarted', (e: CommandStartedEvent) => {
     if (!counting || e.commandName === 'hello' || e.commandName === 'isMaster' || e.commandName === 'ping') return;
     const label = `${side} ${e.commandName} ${String(e.command[e.commandName])}`;
@@ -45,7 +48,10 @@ for (const [side, runtime] of [['api', api], ['worker', worker]] as const) {
 async function call(method: string, path: string, token: string, body?: unknown, expect = [200, 201]) {
   const res = await fetch(base + path, {
     method,
-    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json', 'idempotency-key': randomUUID() } : {}) },
+    headers: {
+      authorization: `Bearer ${token}`,
+      ...(body ? { 'content-type': 'application/json', 'idempotency-key': randomUUID() } : {}),
+    },
     body: body ? JSON.stringify(body) : undefined,
   });
   const text = await res.text();
@@ -57,10 +63,27 @@ const sha = (s: string) => createHash('sha256').update(s).digest('hex');
 let seq = 0;
 async function flow(token: string, payer: string, payee: string): Promise<void> {
   const n = seq++;
-  const gate = await call('POST', '/x402/gate/create', token, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 });
+  const gate = await call('POST', '/x402/gate/create', token, {
+    payerAgentId: payer,
+    payeeAgentId: payee,
+    amount: 1_000,
+    currency: 'USD',
+    holdbackBps: 1_000,
+    disputeWindowSeconds: 3_600,
+  });
   const q = await call('POST', '/x402/gate/quote', token, { gateId: gate.gateId, requestSha256: sha(`req ${n}`) });
-  await call('POST', '/x402/gate/authorize-payment', token, { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
-  const v = await call('POST', '/x402/gate/verify', token, { gateId: gate.gateId, evidence: { responseSha256: sha(`res ${n}`) }, ...(METERED ? { amount: 370 } : {}) }, [200, 202]);
+  await call('POST', '/x402/gate/authorize-payment', token, {
+    gateId: gate.gateId,
+    quoteId: q.quoteId,
+    requestSha256: q.requestSha256,
+  });
+  const v = await call(
+    'POST',
+    '/x402/gate/verify',
+    token,
+    { gateId: gate.gateId, evidence: { responseSha256: sha(`res ${n}`) }, ...(METERED ? { amount: 370 } : {}) },
+    [200, 202],
+  );
   for (let polls = 0; v.decision === null && polls < 2_000; polls++) {
     if ((await call('GET', `/x402/gate/${gate.gateId}`, token)).decision !== null) break;
     await new Promise((r) => setTimeout(r, 25));
@@ -70,24 +93,46 @@ async function flow(token: string, payer: string, payee: string): Promise<void> 
 const others = { ferretdb: Number(process.env.FERRETDB_PID ?? 0), redis: Number(process.env.REDIS_PID ?? 0) };
 try {
   const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'cpu' });
-  const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'x402:read', 'wallets:write'] })).token;
-  const agent = async (name: string) => (await call('POST', '/v1/agents', token, { name, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
-  const pairs = await Promise.all(Array.from({ length: CLIENTS }, async (_, i) => {
-    const payer = await agent(`payer${i}`);
-    await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, { amount: 1_000_000_000, currency: 'USD' });
-    return { payer, payee: await agent(`payee${i}`) };
-  }));
+  const token = (
+    await call('POST', '/ops/api-keys', adminKey, {
+      tenantId: tenant.tenantId,
+      scopes: ['agents:write', 'x402:write', 'x402:read', 'wallets:write'],
+    })
+  ).token;
+  const agent = async (name: string) =>
+    (
+      await call('POST', '/v1/agents', token, {
+        name,
+        publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url'),
+      })
+    ).agentId as string;
+  const pairs = await Promise.all(
+    Array.from({ length: CLIENTS }, async (_, i) => {
+      const payer = await agent(`payer${i}`);
+      await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, {
+        amount: 1_000_000_000,
+        currency: 'USD',
+      });
+      return { payer, payee: await agent(`payee${i}`) };
+    }),
+  );
   const run = async (flows: number) => {
     let next = 0;
-    await Promise.all(pairs.map(async ({ payer, payee }) => {
-      while (next++ < flows) await flow(token, payer, payee);
-    }));
+    await Promise.all(
+      pairs.map(async ({ payer, payee }) => {
+        while (next++ < flows) await flow(token, payer, payee);
+      }),
+    );
   };
   await run(CLIENTS * 3); // warm-up, uncounted
   await new Promise((r) => setTimeout(r, 500));
   counting = true;
   const self0 = process.cpuUsage();
-  const ticks0 = Object.fromEntries(Object.entries(others).filter(([, pid]) => pid > 0).map(([k, pid]) => [k, cpuTicks(pid)]));
+  const ticks0 = Object.fromEntries(
+    Object.entries(others)
+      .filter(([, pid]) => pid > 0)
+      .map(([k, pid]) => [k, cpuTicks(pid)]),
+  );
   const t0 = performance.now();
   await run(FLOWS);
   const wall = performance.now() - t0;
@@ -96,11 +141,30 @@ try {
   const self = process.cpuUsage(self0);
   const perFlow = (ms: number) => Number((ms / FLOWS).toFixed(2));
   const cpu: Record<string, number> = { thisProcess: perFlow((self.user + self.system) / 1000) };
-  for (const [k, before] of Object.entries(ticks0)) cpu[k] = perFlow(((cpuTicks(others[k as keyof typeof others]) - before) / CLOCK_TICKS_PER_SECOND) * 1000);
-  cpu.total = Number(Object.values(cpu).reduce((a, b) => a + b, 0).toFixed(2));
+  for (const [k, before] of Object.entries(ticks0))
+    cpu[k] = perFlow(((cpuTicks(others[k as keyof typeof others]) - before) / CLOCK_TICKS_PER_SECOND) * 1000);
+  cpu.total = Number(
+    Object.values(cpu)
+      .reduce((a, b) => a + b, 0)
+      .toFixed(2),
+  );
   const commands = [...kinds].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${k} ${(n / FLOWS).toFixed(2)}`);
   const total = [...kinds.values()].reduce((a, b) => a + b, 0) / FLOWS;
-  console.log(JSON.stringify({ flows: FLOWS, clients: CLIENTS, metered: METERED, flowsPerSecond: Number((FLOWS / (wall / 1000)).toFixed(1)), cpuMsPerFlow: cpu, mongoCommandsPerFlow: Number(total.toFixed(2)), commands }, null, 2));
+  console.log(
+    JSON.stringify(
+      {
+        flows: FLOWS,
+        clients: CLIENTS,
+        metered: METERED,
+        flowsPerSecond: Number((FLOWS / (wall / 1000)).toFixed(1)),
+        cpuMsPerFlow: cpu,
+        mongoCommandsPerFlow: Number(total.toFixed(2)),
+        commands,
+      },
+      null,
+      2,
+    ),
+  );
 } finally {
   await workers.close();
   await app.close();

@@ -18,11 +18,32 @@ import { join } from 'node:path';
 import { MongoClient } from 'mongodb';
 import { sharedBackend, startOwnBackend, stopOwnBackend } from './backend.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, stopChild, type Child } from './growth/processes.ts';
-import { benchService, buildService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startServiceProcesses, type BenchService } from './production-service.ts';
-import { call, percentiles, positiveArg, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
+import {
+  benchService,
+  buildService,
+  cleanUpOnSignals,
+  cpuProfileFlags,
+  dropBenchData,
+  MONGO_BASE,
+  ROOT,
+  startServiceProcesses,
+  type BenchService,
+} from './production-service.ts';
+import {
+  call,
+  percentiles,
+  positiveArg,
+  quiesce,
+  Refused,
+  registerAgent,
+  writeResults,
+  type Caller,
+} from './side-by-side.ts';
 
 const FLOWS = positiveArg('--flows', 300, { integer: true });
-const CLIENTS = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '4,16,50').split(',').map(Number);
+const CLIENTS = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '4,16,50')
+  .split(',')
+  .map(Number);
 const OWN_BACKEND = !process.argv.includes('--shared-backend');
 const MODES = ['onePayer', 'manyPayers'] as const;
 type Mode = (typeof MODES)[number];
@@ -75,7 +96,10 @@ async function main(): Promise<void> {
     const admin: Caller = { http, token: service.adminKey };
     const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench-hot-wallet' });
     const scopes = ['agents:write', 'x402:write', 'x402:read', 'wallets:write'];
-    const t: Caller = { http, token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes })).token };
+    const t: Caller = {
+      http,
+      token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes })).token,
+    };
     const most = Math.max(...CLIENTS);
     // Set up a few at a time, a refusal (503 on a busy machine) tried again: setup is not measured.
     const patiently = async <T>(work: () => Promise<T>): Promise<T> => {
@@ -90,30 +114,60 @@ async function main(): Promise<void> {
     };
     const pairs: Array<{ payer: string; payee: string }> = [];
     for (let i = 0; i < most; i += 5) {
-      pairs.push(...(await Promise.all(Array.from({ length: Math.min(5, most - i) }, async (_, k) => {
-        const payer = (await patiently(() => registerAgent(t, `payer${i + k}`))).agentId;
-        const payee = (await patiently(() => registerAgent(t, `payee${i + k}`))).agentId;
-        await patiently(() => call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, { amount: 1_000_000_000, currency: 'USD', reference: 'bench-funds' }, [201]));
-        return { payer, payee };
-      }))));
+      pairs.push(
+        ...(await Promise.all(
+          Array.from({ length: Math.min(5, most - i) }, async (_, k) => {
+            const payer = (await patiently(() => registerAgent(t, `payer${i + k}`))).agentId;
+            const payee = (await patiently(() => registerAgent(t, `payee${i + k}`))).agentId;
+            await patiently(() =>
+              call(
+                admin,
+                'POST',
+                `/ops/wallets/${encodeURIComponent(payer)}/credit`,
+                { amount: 1_000_000_000, currency: 'USD', reference: 'bench-funds' },
+                [201],
+              ),
+            );
+            return { payer, payee };
+          }),
+        )),
+      );
     }
-    const post = (path: string, body: unknown, expect: number[]) => call(t, 'POST', path, body, expect, { 'idempotency-key': randomUUID() });
+    const post = (path: string, body: unknown, expect: number[]) =>
+      call(t, 'POST', path, body, expect, { 'idempotency-key': randomUUID() });
     let seq = 0;
     const flow = async (mode: Mode, client: number) => {
       const payer = pairs[mode === 'onePayer' ? 0 : client]!.payer;
       const payee = pairs[client]!.payee;
       const seed = String(seq++);
-      const { gateId } = await post('/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: 100, currency: 'USD' }, [201]);
+      const { gateId } = await post(
+        '/x402/gate/create',
+        { payerAgentId: payer, payeeAgentId: payee, amount: 100, currency: 'USD' },
+        [201],
+      );
       const { quoteId, requestSha256 } = await post('/x402/gate/quote', { gateId, requestSha256: sha(seed) }, [200]);
       await post('/x402/gate/authorize-payment', { gateId, quoteId, requestSha256 }, [200]);
-      const verified = await post('/x402/gate/verify', { gateId, evidence: { responseSha256: sha(`response ${seed}`) } }, [200, 202]);
+      const verified = await post(
+        '/x402/gate/verify',
+        { gateId, evidence: { responseSha256: sha(`response ${seed}`) } },
+        [200, 202],
+      );
       const started = Date.now();
-      for (let decision = verified.decision; decision === null; decision = (await call(t, 'GET', `/x402/gate/${gateId}`)).decision) {
+      for (
+        let decision = verified.decision;
+        decision === null;
+        decision = (await call(t, 'GET', `/x402/gate/${gateId}`)).decision
+      ) {
         if (Date.now() - started > POLL_LIMIT_MS) throw new Error(`gate ${gateId} undecided after ${POLL_LIMIT_MS} ms`);
         await sleep(POLL_EVERY_MS);
       }
     };
-    const watched = { api: api.pid, worker: worker.pid, ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}), ...(backend.redisPid ? { redis: backend.redisPid } : {}) };
+    const watched = {
+      api: api.pid,
+      worker: worker.pid,
+      ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}),
+      ...(backend.redisPid ? { redis: backend.redisPid } : {}),
+    };
     const pids = Object.values(watched);
     const runChunk = async (mode: Mode, clients: number, flows: number): Promise<Chunk> => {
       const samples: number[] = [];
@@ -121,21 +175,25 @@ async function main(): Promise<void> {
       let next = 0;
       const before = Object.values(watched).map(cpuTicks);
       const started = performance.now();
-      await Promise.all(Array.from({ length: Math.min(clients, flows) }, async (_, client) => {
-        while (next++ < flows) {
-          const flowStarted = performance.now();
-          try {
-            await flow(mode, client);
-          } catch (err) {
-            if (!(err instanceof Refused)) throw err;
-            failed[err.message] = (failed[err.message] ?? 0) + 1;
-            continue;
+      await Promise.all(
+        Array.from({ length: Math.min(clients, flows) }, async (_, client) => {
+          while (next++ < flows) {
+            const flowStarted = performance.now();
+            try {
+              await flow(mode, client);
+            } catch (err) {
+              if (!(err instanceof Refused)) throw err;
+              failed[err.message] = (failed[err.message] ?? 0) + 1;
+              continue;
+            }
+            samples.push(performance.now() - flowStarted);
           }
-          samples.push(performance.now() - flowStarted);
-        }
-      }));
+        }),
+      );
       const wallMs = performance.now() - started;
-      const ticks = Object.fromEntries(Object.entries(watched).map(([name, pid], i) => [name, cpuTicks(pid) - before[i]!]));
+      const ticks = Object.fromEntries(
+        Object.entries(watched).map(([name, pid], i) => [name, cpuTicks(pid) - before[i]!]),
+      );
       return { samples, failed, wallMs, ticks };
     };
     const summarize = (chunks: Chunk[]) => {
@@ -171,7 +229,9 @@ async function main(): Promise<void> {
           const chunk = await runChunk(mode, clients, Math.min(chunkSize, FLOWS - done));
           chunks.get(mode)!.push(chunk);
           const total = Object.values(chunk.ticks).reduce((a, b) => a + b, 0);
-          log(`${clients} clients, ${mode}: ${chunk.samples.length} flows in ${round(chunk.wallMs / 1000, 1)} s, ${round(((total / CLOCK_TICKS_PER_SECOND) * 1000) / Math.max(1, chunk.samples.length), 1)} CPU ms per flow`);
+          log(
+            `${clients} clients, ${mode}: ${chunk.samples.length} flows in ${round(chunk.wallMs / 1000, 1)} s, ${round(((total / CLOCK_TICKS_PER_SECOND) * 1000) / Math.max(1, chunk.samples.length), 1)} CPU ms per flow`,
+          );
         }
       }
       const one = summarize(chunks.get('onePayer')!);
@@ -182,7 +242,9 @@ async function main(): Promise<void> {
         manyPayers: many,
         onePayerOverManyPayers: {
           flowsPerSecond: round(one.flowsPerSecond / many.flowsPerSecond),
-          cpuMsPerFlow: Object.fromEntries(Object.keys(many.cpuMsPerFlow).map((k) => [k, round(one.cpuMsPerFlow[k]! / many.cpuMsPerFlow[k]!)])),
+          cpuMsPerFlow: Object.fromEntries(
+            Object.keys(many.cpuMsPerFlow).map((k) => [k, round(one.cpuMsPerFlow[k]! / many.cpuMsPerFlow[k]!)]),
+          ),
           p99: round(one.flowMs.p99 / many.flowMs.p99),
         },
       };
@@ -192,9 +254,12 @@ async function main(): Promise<void> {
     if (last) {
       const throughput = round(last.one.flowsPerSecond / last.many.flowsPerSecond);
       const cpu = round(last.one.cpuMsPerFlow.total! / last.many.cpuMsPerFlow.total!);
-      if (throughput < TARGET.throughputAtLeast) shortfalls.push(`throughput ${throughput}x of many payers (target >= ${TARGET.throughputAtLeast}x)`);
-      if (cpu > TARGET.cpuAtMost) shortfalls.push(`CPU per flow ${cpu}x of many payers (target <= ${TARGET.cpuAtMost}x)`);
-      if (last.one.flowMs.p99 >= TARGET.p99BelowMs) shortfalls.push(`one payer's flow p99 ${last.one.flowMs.p99} ms (target < ${TARGET.p99BelowMs} ms)`);
+      if (throughput < TARGET.throughputAtLeast)
+        shortfalls.push(`throughput ${throughput}x of many payers (target >= ${TARGET.throughputAtLeast}x)`);
+      if (cpu > TARGET.cpuAtMost)
+        shortfalls.push(`CPU per flow ${cpu}x of many payers (target <= ${TARGET.cpuAtMost}x)`);
+      if (last.one.flowMs.p99 >= TARGET.p99BelowMs)
+        shortfalls.push(`one payer's flow p99 ${last.one.flowMs.p99} ms (target < ${TARGET.p99BelowMs} ms)`);
     }
     const out = {
       benchmark: 'x402-hot-wallet',
@@ -204,11 +269,19 @@ async function main(): Promise<void> {
       verdict: { met: shortfalls.length === 0, ...(shortfalls.length > 0 ? { shortfalls } : {}) },
       setup: {
         flow: 'POST /x402/gate/create (100 USD, no holdback) -> quote -> authorize-payment -> verify, then GET /x402/gate/:id every 25 ms until decided; every POST with an Idempotency-Key of its own',
-        modes: 'onePayer: every client pays from payer 0; manyPayers: client i pays from payer i; client i pays payee i in both',
+        modes:
+          'onePayer: every client pays from payer 0; manyPayers: client i pays from payer i; client i pays payee i in both',
         chunks: `${FLOWS} flows per mode and client count, in chunks alternating between the modes, each starting once API, worker, FerretDB and Redis are idle; ${2} uncounted chunks of 2 flows per client first`,
-        processes: 'node dist/main.js api + worker (NODE_ENV=production, production node flags); CPU from /proc/<pid>/stat per chunk',
-        backend: OWN_BACKEND ? 'a FerretDB (SQLite) and a Redis of the bench\'s own' : 'the shared FerretDB and Redis (their CPU includes whatever else ran)',
-        machine: { cpus: cpus().length, loadAverageAtStart: loadAtStart, loadAverageAtEnd: loadavg().map((x) => round(x)) },
+        processes:
+          'node dist/main.js api + worker (NODE_ENV=production, production node flags); CPU from /proc/<pid>/stat per chunk',
+        backend: OWN_BACKEND
+          ? "a FerretDB (SQLite) and a Redis of the bench's own"
+          : 'the shared FerretDB and Redis (their CPU includes whatever else ran)',
+        machine: {
+          cpus: cpus().length,
+          loadAverageAtStart: loadAtStart,
+          loadAverageAtEnd: loadavg().map((x) => round(x)),
+        },
       },
       ...results,
     };

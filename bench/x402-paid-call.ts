@@ -20,22 +20,36 @@ const { config, base, adminKey } = service;
 let tool: Server | undefined;
 
 async function call(path: string, token: string, body: unknown) {
-  const res = await fetch(base + path, { method: 'POST', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const res = await fetch(base + path, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   if (res.status !== 200 && res.status !== 201) throw new Error(`POST ${path} -> ${res.status}`);
   return res.json();
 }
 
 function percentiles(samples: number[]) {
   const sorted = [...samples].sort((a, b) => a - b);
-  const at = (p: number) => Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
+  const at = (p: number) =>
+    Number(sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)]!.toFixed(2));
   return { n: sorted.length, p50: at(50), p95: at(95), p99: at(99) };
 }
 
 try {
   const tenant = await call('/ops/tenants', adminKey, { name: 'bench' });
-  const payerKey = (await call('/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write'] })).token;
-  const providerKey = (await call('/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['x402:write'] })).token;
-  const agent = async (name: string) => (await call('/v1/agents', payerKey, { name, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
+  const payerKey = (
+    await call('/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write'] })
+  ).token;
+  const providerKey = (await call('/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['x402:write'] }))
+    .token;
+  const agent = async (name: string) =>
+    (
+      await call('/v1/agents', payerKey, {
+        name,
+        publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url'),
+      })
+    ).agentId as string;
   const payee = await agent('tool');
   const payers = await Promise.all(
     Array.from({ length: Math.max(...CONCURRENCY) }, async (_, i) => {
@@ -44,7 +58,14 @@ try {
       return payingFetch({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer, network: config.x402.network });
     }),
   );
-  tool = createPaidTool({ serviceUrl: base, apiKey: providerKey, network: config.x402.network, payeeAgentId: payee, price: '$0.10', holdbackBps: 1_000 }).listen(0, '127.0.0.1');
+  tool = createPaidTool({
+    serviceUrl: base,
+    apiKey: providerKey,
+    network: config.x402.network,
+    payeeAgentId: payee,
+    price: '$0.10',
+    holdbackBps: 1_000,
+  }).listen(0, '127.0.0.1');
   await new Promise((resolve) => tool!.once('listening', resolve));
   const toolUrl = `http://127.0.0.1:${(tool.address() as { port: number }).port}/search`;
 
@@ -63,7 +84,8 @@ try {
           samples.push(performance.now() - started);
           const receipt = res.headers.get('PAYMENT-RESPONSE');
           if (res.status !== 200 || !receipt) throw new Error(`paid call -> ${res.status}`);
-          if ((decodePaymentResponseHeader(receipt).extra as { status?: string } | undefined)?.status !== 'released') whileSettling++;
+          if ((decodePaymentResponseHeader(receipt).extra as { status?: string } | undefined)?.status !== 'released')
+            whileSettling++;
         }
       }),
     );

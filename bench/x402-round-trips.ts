@@ -15,11 +15,19 @@ process.env.MONGO_COMMAND_MONITORING = 'true'; // this diagnostic counts the com
 const host = await startInProcessService(['x402-verify', 'settle']);
 const { runtime, base, adminKey, config } = host;
 
-interface Cmd { label: string; start: number; end: number }
+interface Cmd {
+  label: string;
+  start: number;
+  end: number;
+}
 let cmds = new Map<number, Cmd>();
 runtime.mongo.on('commandStarted', (e: CommandStartedEvent) => {
   if (e.commandName === 'hello' || e.commandName === 'isMaster' || e.commandName === 'ping') return;
-  cmds.set(e.requestId, { label: `${e.commandName} ${String(e.command[e.commandName])}`, start: performance.now(), end: Infinity });
+  cmds.set(e.requestId, {
+    label: `${e.commandName} ${String(e.command[e.commandName])}`,
+    start: performance.now(),
+    end: Infinity,
+  });
 });
 const ended = (e: CommandSucceededEvent | CommandFailedEvent) => {
   const c = cmds.get(e.requestId);
@@ -31,18 +39,34 @@ runtime.mongo.on('commandFailed', ended);
 let redisSeen: string[] = [];
 // redis-cli MONITOR (ioredis's own monitor mode trips over the lines already in flight when it switches).
 const redisUrl = new URL(config.redisUrl);
-const monitor = spawn('redis-cli', ['-h', redisUrl.hostname, '-p', redisUrl.port || '6379', 'monitor'], { stdio: ['ignore', 'pipe', 'ignore'] });
+const monitor = spawn('redis-cli', ['-h', redisUrl.hostname, '-p', redisUrl.port || '6379', 'monitor'], {
+  stdio: ['ignore', 'pipe', 'ignore'],
+});
 createInterface({ input: monitor.stdout! }).on('line', (line) => {
   if (!line.includes(config.redisPrefix)) return;
   const args = [...line.matchAll(/"((?:[^"\\]|\\.)*)"/g)].map((m) => m[1]!);
   const name = (args[0] ?? '?').toLowerCase();
   // Scripts are named by their first key's last segment (the BullMQ operation's main key).
-  redisSeen.push(name === 'evalsha' ? `evalsha(${String(args[3] ?? '').split(':').slice(-1)[0]})` : line.includes('lua]') ? `lua:${name}` : name);
+  redisSeen.push(
+    name === 'evalsha'
+      ? `evalsha(${
+          String(args[3] ?? '')
+            .split(':')
+            .slice(-1)[0]
+        })`
+      : line.includes('lua]')
+        ? `lua:${name}`
+        : name,
+  );
 });
 await new Promise((r) => setTimeout(r, 300));
 
 async function call(method: string, path: string, token: string, body?: unknown, expect = [200, 201]) {
-  const res = await fetch(base + path, { method, headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) }, body: body ? JSON.stringify(body) : undefined });
+  const res = await fetch(base + path, {
+    method,
+    headers: { authorization: `Bearer ${token}`, ...(body ? { 'content-type': 'application/json' } : {}) },
+    body: body ? JSON.stringify(body) : undefined,
+  });
   const text = await res.text();
   if (!expect.includes(res.status)) throw new Error(`${method} ${path} -> ${res.status} ${text.slice(0, 300)}`);
   return JSON.parse(text);
@@ -59,7 +83,16 @@ function waves(list: Cmd[]): number {
   return n;
 }
 
-interface Totals { ms: number[]; mongo: number[]; waves: number[]; redis: number[]; redisRtt: number[]; kinds: Map<string, number>; kms: Map<string, number>; rkinds: Map<string, number> }
+interface Totals {
+  ms: number[];
+  mongo: number[];
+  waves: number[];
+  redis: number[];
+  redisRtt: number[];
+  kinds: Map<string, number>;
+  kms: Map<string, number>;
+  rkinds: Map<string, number>;
+}
 const totals = new Map<string, Totals>();
 async function counted<T>(label: string, work: () => Promise<T>): Promise<T> {
   cmds = new Map();
@@ -69,7 +102,16 @@ async function counted<T>(label: string, work: () => Promise<T>): Promise<T> {
   const ms = performance.now() - t0;
   await new Promise((r) => setTimeout(r, 150)); // let MONITOR lines and trailing job commands arrive
   const list = [...cmds.values()];
-  const t: Totals = totals.get(label) ?? { ms: [], mongo: [], waves: [], redis: [], redisRtt: [], kinds: new Map(), kms: new Map(), rkinds: new Map() };
+  const t: Totals = totals.get(label) ?? {
+    ms: [],
+    mongo: [],
+    waves: [],
+    redis: [],
+    redisRtt: [],
+    kinds: new Map(),
+    kms: new Map(),
+    rkinds: new Map(),
+  };
   t.ms.push(ms);
   t.mongo.push(list.length);
   t.waves.push(waves(list));
@@ -86,28 +128,79 @@ async function counted<T>(label: string, work: () => Promise<T>): Promise<T> {
 
 try {
   const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'rt' });
-  const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'x402:read', 'wallets:write'] })).token;
-  const agent = async (name: string) => (await call('POST', '/v1/agents', token, { name, publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') })).agentId as string;
+  const token = (
+    await call('POST', '/ops/api-keys', adminKey, {
+      tenantId: tenant.tenantId,
+      scopes: ['agents:write', 'x402:write', 'x402:read', 'wallets:write'],
+    })
+  ).token;
+  const agent = async (name: string) =>
+    (
+      await call('POST', '/v1/agents', token, {
+        name,
+        publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url'),
+      })
+    ).agentId as string;
   const payer = await agent('payer');
   const payee = await agent('payee');
-  await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, { amount: 1_000_000_000, currency: 'USD' });
+  await call('POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, adminKey, {
+    amount: 1_000_000_000,
+    currency: 'USD',
+  });
   for (let i = 0; i <= REPEATS; i++) {
     // The first pass warms caches (credentials, wallets, queue events) and is not counted.
     const run = i === 0 ? <T>(_: string, w: () => Promise<T>) => w() : counted;
-    const gate = await run('create', () => call('POST', '/x402/gate/create', token, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 }));
+    const gate = await run('create', () =>
+      call('POST', '/x402/gate/create', token, {
+        payerAgentId: payer,
+        payeeAgentId: payee,
+        amount: 1_000,
+        currency: 'USD',
+        holdbackBps: 1_000,
+        disputeWindowSeconds: 3_600,
+      }),
+    );
     const sha = createHash('sha256').update(`rt ${i}`).digest('hex');
-    const q = await run('quote', () => call('POST', '/x402/gate/quote', token, { gateId: gate.gateId, requestSha256: sha }));
-    await run('authorize-payment', () => call('POST', '/x402/gate/authorize-payment', token, { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: sha }));
-    await run('authorize-payment (repeat)', () => call('POST', '/x402/gate/authorize-payment', token, { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: sha }));
-    const v = await run('verify', () => call('POST', '/x402/gate/verify', token, { gateId: gate.gateId, evidence: { responseSha256: sha } }, [200, 202]));
+    const q = await run('quote', () =>
+      call('POST', '/x402/gate/quote', token, { gateId: gate.gateId, requestSha256: sha }),
+    );
+    await run('authorize-payment', () =>
+      call('POST', '/x402/gate/authorize-payment', token, {
+        gateId: gate.gateId,
+        quoteId: q.quoteId,
+        requestSha256: sha,
+      }),
+    );
+    await run('authorize-payment (repeat)', () =>
+      call('POST', '/x402/gate/authorize-payment', token, {
+        gateId: gate.gateId,
+        quoteId: q.quoteId,
+        requestSha256: sha,
+      }),
+    );
+    const v = await run('verify', () =>
+      call('POST', '/x402/gate/verify', token, { gateId: gate.gateId, evidence: { responseSha256: sha } }, [200, 202]),
+    );
     if (v.decision === null) console.log('verify answered 202');
     await run('GET gate', () => call('GET', `/x402/gate/${gate.gateId}`, token));
   }
   const avg = (xs: number[]) => (xs.reduce((a, b) => a + b, 0) / xs.length).toFixed(1);
   for (const [label, t] of totals) {
-    console.log(`\n${label}: ${avg(t.ms)} ms, mongo ${avg(t.mongo)} commands in ${avg(t.waves)} waves, redis ${avg(t.redis)} commands (${avg(t.redisRtt)} round trips)`);
-    console.log(`  mongo: ${[...t.kinds].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${k} x${(n / REPEATS).toFixed(1)} (${(t.kms.get(k)! / n).toFixed(1)} ms)`).join(', ')}`);
-    console.log(`  redis: ${[...t.rkinds].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${k} x${(n / REPEATS).toFixed(1)}`).join(', ')}`);
+    console.log(
+      `\n${label}: ${avg(t.ms)} ms, mongo ${avg(t.mongo)} commands in ${avg(t.waves)} waves, redis ${avg(t.redis)} commands (${avg(t.redisRtt)} round trips)`,
+    );
+    console.log(
+      `  mongo: ${[...t.kinds]
+        .sort((a, b) => b[1] - a[1])
+        .map(([k, n]) => `${k} x${(n / REPEATS).toFixed(1)} (${(t.kms.get(k)! / n).toFixed(1)} ms)`)
+        .join(', ')}`,
+    );
+    console.log(
+      `  redis: ${[...t.rkinds]
+        .sort((a, b) => b[1] - a[1])
+        .map(([k, n]) => `${k} x${(n / REPEATS).toFixed(1)}`)
+        .join(', ')}`,
+    );
   }
 } finally {
   monitor.kill();

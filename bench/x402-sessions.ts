@@ -26,8 +26,27 @@ import { cpus, loadavg } from 'node:os';
 import { MongoClient } from 'mongodb';
 import { sharedBackend, startOwnBackend, stopOwnBackend, type Backend } from './backend.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { CLOCK_TICKS_PER_SECOND, cpuTicks, startChild, stopChild, waitHealthy, type Child } from './growth/processes.ts';
-import { benchService, buildService, cleanUpOnSignals, cpuProfileFlags, dropBenchData, freePort, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
+import {
+  CLOCK_TICKS_PER_SECOND,
+  cpuTicks,
+  startChild,
+  stopChild,
+  waitHealthy,
+  type Child,
+} from './growth/processes.ts';
+import {
+  benchService,
+  buildService,
+  cleanUpOnSignals,
+  cpuProfileFlags,
+  dropBenchData,
+  freePort,
+  MONGO_BASE,
+  ROOT,
+  startBareFastify,
+  startServiceProcesses,
+  type BenchService,
+} from './production-service.ts';
 import { startSettld, type Settld } from './settld.ts';
 import { call, percentiles, positiveArg, quiesce, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
@@ -55,14 +74,18 @@ function addMeasured(sum: Measured, phase: Measured): void {
 }
 
 /** CPU ticks of each watched process and of this one, around `work`. */
-async function measured<T>(watched: Watched, work: () => Promise<T>): Promise<{ value: T; cpuMs: Record<string, number>; wallMs: number }> {
+async function measured<T>(
+  watched: Watched,
+  work: () => Promise<T>,
+): Promise<{ value: T; cpuMs: Record<string, number>; wallMs: number }> {
   const before = Object.fromEntries(Object.entries(watched).map(([k, pid]) => [k, cpuTicks(pid)]));
   const self = process.cpuUsage();
   const started = performance.now();
   const value = await work();
   const wallMs = performance.now() - started;
   const cpuMs: Record<string, number> = {};
-  for (const [k, pid] of Object.entries(watched)) cpuMs[k] = ((cpuTicks(pid) - before[k]!) * 1000) / CLOCK_TICKS_PER_SECOND;
+  for (const [k, pid] of Object.entries(watched))
+    cpuMs[k] = ((cpuTicks(pid) - before[k]!) * 1000) / CLOCK_TICKS_PER_SECOND;
   const used = process.cpuUsage(self);
   cpuMs.loadGenerator = (used.user + used.system) / 1000;
   return { value, cpuMs, wallMs };
@@ -126,7 +149,12 @@ function stallsOf(slowDueMs: number[]) {
   const windows = new Map<number, number>();
   for (const at of slowDueMs) windows.set(Math.floor(at / 100), (windows.get(Math.floor(at / 100)) ?? 0) + 1);
   const sizes = [...windows.values()].sort((a, b) => b - a);
-  return { slowCalls: slowDueMs.length, windows100ms: windows.size, largestWindow: sizes[0] ?? 0, top5Windows: sizes.slice(0, 5) };
+  return {
+    slowCalls: slowDueMs.length,
+    windows100ms: windows.size,
+    largestWindow: sizes[0] ?? 0,
+    top5Windows: sizes.slice(0, 5),
+  };
 }
 
 /** The raw-driver ceiling: what a durable session charge must at least do, with nothing else (no auth, no checks). */
@@ -149,7 +177,13 @@ app.post('/charge', async (req) => {
 });
 await app.listen({ host: '127.0.0.1', port: ${port} });
 process.on('SIGTERM', () => app.close().then(() => Promise.all([redis.quit(), mongo.close()])).then(() => process.exit(0)));`;
-  const child = startChild('raw-drivers', ['--input-type=module', '-e', code], { PATH: process.env.PATH ?? '' }, join(service.logDir, 'raw-drivers.log'), ROOT);
+  const child = startChild(
+    'raw-drivers',
+    ['--input-type=module', '-e', code],
+    { PATH: process.env.PATH ?? '' },
+    join(service.logDir, 'raw-drivers.log'),
+    ROOT,
+  );
   await waitHealthy(child, `http://127.0.0.1:${port}/ok`);
   return { child, http: new HttpClient(port) };
 }
@@ -172,7 +206,12 @@ async function measureSettld() {
     await closedLoop(CLIENTS, 2, once);
     await quiesce([settld.pid]);
     const run = await measured({ settld: settld.pid }, () => closedLoop(CLIENTS, SECONDS, once));
-    return { calls: run.value.length, callsPerSecond: round(run.value.length / (run.wallMs / 1000), 1), latency: percentiles(run.value), cpuMsPerCall: perOperation(run.cpuMs, run.value.length) };
+    return {
+      calls: run.value.length,
+      callsPerSecond: round(run.value.length / (run.wallMs / 1000), 1),
+      latency: percentiles(run.value),
+      cpuMsPerCall: perOperation(run.cpuMs, run.value.length),
+    };
   } catch (err) {
     log(`settld skipped: ${(err as Error).message}`);
     return { skipped: (err as Error).message.slice(0, 300) };
@@ -187,14 +226,21 @@ async function cleanup(): Promise<void> {
   else if (service) {
     const mongo = new MongoClient(MONGO_BASE, { serverSelectionTimeoutMS: 5_000 });
     await dropBenchData(service, mongo, log);
-    await mongo.db(`${service.dbName}_raw`).dropDatabase().catch(() => undefined);
+    await mongo
+      .db(`${service.dbName}_raw`)
+      .dropDatabase()
+      .catch(() => undefined);
     await mongo.close().catch(() => undefined);
   }
 }
 
 async function main(): Promise<void> {
   cleanUpOnSignals(cleanup, log);
-  log(`load average ${loadavg().map((x) => round(x)).join(' ')}; ${cpus().length} CPUs; ${CLIENTS} clients, ${SECONDS} s per phase, ${GATE_FLOWS} gate flows`);
+  log(
+    `load average ${loadavg()
+      .map((x) => round(x))
+      .join(' ')}; ${cpus().length} CPUs; ${CLIENTS} clients, ${SECONDS} s per phase, ${GATE_FLOWS} gate flows`,
+  );
   buildService();
   const backend = OWN_BACKEND ? await startOwnBackend(log) : sharedBackend();
   service = benchService('sessions');
@@ -202,29 +248,56 @@ async function main(): Promise<void> {
   service.env.REDIS_URL = backend.redisUrl;
   const { api, worker, http } = await startServiceProcesses(service, 'sessions', cpuProfileFlags('sessions'));
   children.push(api, worker);
-  const watched: Watched = { api: api.pid, worker: worker.pid, ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}), ...(backend.redisPid ? { redis: backend.redisPid } : {}) };
+  const watched: Watched = {
+    api: api.pid,
+    worker: worker.pid,
+    ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}),
+    ...(backend.redisPid ? { redis: backend.redisPid } : {}),
+  };
   const admin: Caller = { http, token: service.adminKey };
 
   const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench' });
-  const token = (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write'] })).token as string;
+  const token = (
+    await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write'] })
+  ).token as string;
   const caller: Caller = { http, token };
   const payee = (await registerAgent(caller, 'tool')).agentId;
   const payers = await Promise.all(
     Array.from({ length: Math.max(CLIENTS, GATE_CLIENTS) }, async (_, i) => {
       const payer = (await registerAgent(caller, `payer${i}`)).agentId;
-      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, { amount: 1_000_000_000, currency: 'USD' });
+      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, {
+        amount: 1_000_000_000,
+        currency: 'USD',
+      });
       return payer;
     }),
   );
   const sessions = await Promise.all(
     payers.slice(0, CLIENTS).map(async (payer) => {
-      const s = await call(caller, 'POST', '/x402/sessions', { payerAgentId: payer, payeeAgentIds: [payee], currency: 'USD', budget: 100_000_000, maxPerCall: 100, ttlSeconds: 3_600 }, [201], { 'idempotency-key': randomUUID() });
+      const s = await call(
+        caller,
+        'POST',
+        '/x402/sessions',
+        {
+          payerAgentId: payer,
+          payeeAgentIds: [payee],
+          currency: 'USD',
+          budget: 100_000_000,
+          maxPerCall: 100,
+          ttlSeconds: 3_600,
+        },
+        [201],
+        { 'idempotency-key': randomUUID() },
+      );
       return s.sessionId as string;
     }),
   );
   let failures = 0;
   const charge = async (client: number) => {
-    const res = await http.request('POST', `/x402/sessions/${sessions[client]!}/charges`, { token, body: { paymentId: randomUUID(), payeeAgentId: payee, amount: 3, requestSha256: sha(String(Math.random())) } });
+    const res = await http.request('POST', `/x402/sessions/${sessions[client]!}/charges`, {
+      token,
+      body: { paymentId: randomUUID(), payeeAgentId: payee, amount: 3, requestSha256: sha(String(Math.random())) },
+    });
     if (res.status !== 201) {
       failures++;
       if (failures < 5) log(`charge -> ${res.status} ${res.text.slice(0, 200)}`);
@@ -244,7 +317,9 @@ async function main(): Promise<void> {
 
   const openRate = saturationRate / 2;
   log(`session: open loop at ${round(openRate, 1)}/s`);
-  const open = await measured(watched, () => openLoop(openRate, SECONDS, async (i) => void (await charge(i % CLIENTS))));
+  const open = await measured(watched, () =>
+    openLoop(openRate, SECONDS, async (i) => void (await charge(i % CLIENTS))),
+  );
   await quiesce(pids);
 
   // The gate flows: create, quote, authorize-payment, verify (charging all, or a part when metered); poll while 202.
@@ -252,11 +327,41 @@ async function main(): Promise<void> {
   const gateFlow = async (client: number, metered: boolean) => {
     const started = performance.now();
     const seed = `${seq++} ${randomBytes(4).toString('hex')}`;
-    const { gateId } = await call(caller, 'POST', '/x402/gate/create', { payerAgentId: payers[client]!, payeeAgentId: payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 }, [201], { 'idempotency-key': randomUUID() });
-    const { quoteId, requestSha256 } = await call(caller, 'POST', '/x402/gate/quote', { gateId, requestSha256: sha(seed) }, [200], { 'idempotency-key': randomUUID() });
-    await call(caller, 'POST', '/x402/gate/authorize-payment', { gateId, quoteId, requestSha256 }, [200], { 'idempotency-key': randomUUID() });
-    const verified = await call(caller, 'POST', '/x402/gate/verify', { gateId, evidence: { responseSha256: sha(`response ${seed}`) }, ...(metered ? { amount: 370 } : {}) }, [200, 202], { 'idempotency-key': randomUUID() });
-    for (let decided = verified.decision !== null; !decided; ) {
+    const { gateId } = await call(
+      caller,
+      'POST',
+      '/x402/gate/create',
+      {
+        payerAgentId: payers[client]!,
+        payeeAgentId: payee,
+        amount: 1_000,
+        currency: 'USD',
+        holdbackBps: 1_000,
+        disputeWindowSeconds: 3_600,
+      },
+      [201],
+      { 'idempotency-key': randomUUID() },
+    );
+    const { quoteId, requestSha256 } = await call(
+      caller,
+      'POST',
+      '/x402/gate/quote',
+      { gateId, requestSha256: sha(seed) },
+      [200],
+      { 'idempotency-key': randomUUID() },
+    );
+    await call(caller, 'POST', '/x402/gate/authorize-payment', { gateId, quoteId, requestSha256 }, [200], {
+      'idempotency-key': randomUUID(),
+    });
+    const verified = await call(
+      caller,
+      'POST',
+      '/x402/gate/verify',
+      { gateId, evidence: { responseSha256: sha(`response ${seed}`) }, ...(metered ? { amount: 370 } : {}) },
+      [200, 202],
+      { 'idempotency-key': randomUUID() },
+    );
+    for (let decided = verified.decision !== null; !decided;) {
       await sleep(20);
       decided = (await call(caller, 'GET', `/x402/gate/${gateId}`)).decision !== null;
     }
@@ -286,7 +391,9 @@ async function main(): Promise<void> {
       log(`${kind === 'gate' ? 'gate' : 'metered gate'} flows, round ${r + 1} of ${GATE_ROUNDS}`);
       if (kind === 'gate') addMeasured(gate, await measured(watched, () => flows(false, count)));
       else {
-        const phase = await measured(watched, () => flows(true, count).catch((err: Error) => (log(`metered flows failed: ${err.message}`), null)));
+        const phase = await measured(watched, () =>
+          flows(true, count).catch((err: Error) => (log(`metered flows failed: ${err.message}`), null)),
+        );
         if (phase.value) addMeasured(metered, { ...phase, value: phase.value });
         else meteredFailed = true;
       }
@@ -300,17 +407,39 @@ async function main(): Promise<void> {
   const raw = await startRawDrivers(backend, service);
   children.push(bare.child, raw.child);
   const bareWatched = { fastify: bare.child.pid };
-  const bareRun = await measured(bareWatched, () => closedLoop(CLIENTS, SECONDS, async () => (await bare.http.request('GET', '/ok')).ms));
+  const bareRun = await measured(bareWatched, () =>
+    closedLoop(CLIENTS, SECONDS, async () => (await bare.http.request('GET', '/ok')).ms),
+  );
   await quiesce([bare.child.pid, ...pids]);
-  const rawWatched = { fastify: raw.child.pid, ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}), ...(backend.redisPid ? { redis: backend.redisPid } : {}) };
+  const rawWatched = {
+    fastify: raw.child.pid,
+    ...(backend.ferretdbPid ? { ferretdb: backend.ferretdbPid } : {}),
+    ...(backend.redisPid ? { redis: backend.redisPid } : {}),
+  };
   const rawRun = await measured(rawWatched, () =>
-    closedLoop(CLIENTS, SECONDS, async (client) => (await raw.http.request('POST', '/charge', { body: { session: `s${client}`, paymentId: randomUUID(), amount: 3 } })).ms),
+    closedLoop(
+      CLIENTS,
+      SECONDS,
+      async (client) =>
+        (
+          await raw.http.request('POST', '/charge', {
+            body: { session: `s${client}`, paymentId: randomUUID(), amount: 3 },
+          })
+        ).ms,
+    ),
   );
 
   await quiesce([raw.child.pid, bare.child.pid, ...pids]);
   // The same open loop against the least a durable charge needs: the tail this backend and machine give any server.
   const rawOpen = await measured(rawWatched, () =>
-    openLoop(openRate, SECONDS, async (i) => void (await raw.http.request('POST', '/charge', { body: { session: `s${i % CLIENTS}`, paymentId: randomUUID(), amount: 3 } }))),
+    openLoop(
+      openRate,
+      SECONDS,
+      async (i) =>
+        void (await raw.http.request('POST', '/charge', {
+          body: { session: `s${i % CLIENTS}`, paymentId: randomUUID(), amount: 3 },
+        })),
+    ),
   );
 
   await quiesce([raw.child.pid, bare.child.pid, ...pids]);
@@ -331,19 +460,51 @@ async function main(): Promise<void> {
     backend: OWN_BACKEND ? 'own (bench/backend.ts)' : 'shared (scripts/services.sh)',
     options: { seconds: SECONDS, clients: CLIENTS, gateFlows: GATE_FLOWS, gateClients: GATE_CLIENTS },
     session: {
-      saturation: { calls: saturation.value.length, callsPerSecond: round(saturationRate, 1), latency: percentiles(saturation.value), cpuMsPerCall: sessionCpu },
-      openLoop: { ratePerSecond: round(openRate, 1), calls: open.value.length, latency: openLatency, stalls: open.value.stalls, cpuMsPerCall: perOperation(open.cpuMs, open.value.length) },
+      saturation: {
+        calls: saturation.value.length,
+        callsPerSecond: round(saturationRate, 1),
+        latency: percentiles(saturation.value),
+        cpuMsPerCall: sessionCpu,
+      },
+      openLoop: {
+        ratePerSecond: round(openRate, 1),
+        calls: open.value.length,
+        latency: openLatency,
+        stalls: open.value.stalls,
+        cpuMsPerCall: perOperation(open.cpuMs, open.value.length),
+      },
       failures,
     },
-    gateFlow: { flows: gate.value.length, flowsPerSecond: round(gate.value.length / (gate.wallMs / 1000), 1), latency: percentiles(gate.value), cpuMsPerFlow: gateCpu },
-    meteredFlow: meteredCpu ? { flows: metered.value.length, flowsPerSecond: round(metered.value.length / (metered.wallMs / 1000), 1), latency: percentiles(metered.value), cpuMsPerFlow: meteredCpu } : null,
+    gateFlow: {
+      flows: gate.value.length,
+      flowsPerSecond: round(gate.value.length / (gate.wallMs / 1000), 1),
+      latency: percentiles(gate.value),
+      cpuMsPerFlow: gateCpu,
+    },
+    meteredFlow: meteredCpu
+      ? {
+          flows: metered.value.length,
+          flowsPerSecond: round(metered.value.length / (metered.wallMs / 1000), 1),
+          latency: percentiles(metered.value),
+          cpuMsPerFlow: meteredCpu,
+        }
+      : null,
     ceilings: {
-      bareFastify: { requestsPerSecond: round(bareRun.value.length / (bareRun.wallMs / 1000), 1), latency: percentiles(bareRun.value), cpuMsPerRequest: perOperation(bareRun.cpuMs, bareRun.value.length) },
+      bareFastify: {
+        requestsPerSecond: round(bareRun.value.length / (bareRun.wallMs / 1000), 1),
+        latency: percentiles(bareRun.value),
+        cpuMsPerRequest: perOperation(bareRun.cpuMs, bareRun.value.length),
+      },
       rawDrivers: {
         callsPerSecond: round(rawRate, 1),
         latency: percentiles(rawRun.value),
         cpuMsPerCall: perOperation(rawRun.cpuMs, rawRun.value.length),
-        openLoopAtSessionRate: { ratePerSecond: round(openRate, 1), latency: percentiles(rawOpen.value), stalls: rawOpen.value.stalls, cpuMsPerCall: perOperation(rawOpen.cpuMs, rawOpen.value.length) },
+        openLoopAtSessionRate: {
+          ratePerSecond: round(openRate, 1),
+          latency: percentiles(rawOpen.value),
+          stalls: rawOpen.value.stalls,
+          cpuMsPerCall: perOperation(rawOpen.cpuMs, rawOpen.value.length),
+        },
       },
     },
     settld: settldRun,

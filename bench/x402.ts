@@ -24,7 +24,19 @@ import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
 import { X402Service } from '../src/services/x402.ts';
 import { HttpClient } from './growth/http-client.ts';
-import { benchService, buildService, cleanUpOnSignals, CPU_PROF_DIR, cpuProfileFlags, dropBenchData, MONGO_BASE, ROOT, startBareFastify, startServiceProcesses, type BenchService } from './production-service.ts';
+import {
+  benchService,
+  buildService,
+  cleanUpOnSignals,
+  CPU_PROF_DIR,
+  cpuProfileFlags,
+  dropBenchData,
+  MONGO_BASE,
+  ROOT,
+  startBareFastify,
+  startServiceProcesses,
+  type BenchService,
+} from './production-service.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, pidOfServer, stopChild, type Child } from './growth/processes.ts';
 import { call, percentiles, quiesce, Refused, registerAgent, writeResults, type Caller } from './side-by-side.ts';
 
@@ -40,14 +52,25 @@ const TWINS = process.argv.includes('--twins');
 const SEED_REAL_FLOWS = arg('--seed-flows', 1_000);
 /** What a paid call adds to: every collection that grows with gates (due-work and head caches excepted). */
 const SEEDED_COLLECTIONS = [
-  'x402_gates', 'x402_quotes', 'x402_quote_slots', 'x402_gate_commitments', 'x402_verifications', 'x402_agent_gates',
-  'ledger_entries', 'ledger_postings', 'settlements', 'settlement_facts', 'outbox_events',
+  'x402_gates',
+  'x402_quotes',
+  'x402_quote_slots',
+  'x402_gate_commitments',
+  'x402_verifications',
+  'x402_agent_gates',
+  'ledger_entries',
+  'ledger_postings',
+  'settlements',
+  'settlement_facts',
+  'outbox_events',
 ];
 /** Uncounted whole flows per client pair before anything is measured. */
 const WARM_UP_ROUNDS = 3;
 /** Chunks per step and target (they alternate between the targets with --seed-gates or --twins). */
 const CHUNKS = 6;
-const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50').split(',').map(Number);
+const CONCURRENCY = (process.argv.includes('--clients') ? process.argv[process.argv.indexOf('--clients') + 1]! : '1,50')
+  .split(',')
+  .map(Number);
 
 const log = (line: string) => console.error(`[bench x402 ${new Date().toISOString().slice(11, 19)}] ${line}`);
 
@@ -63,7 +86,14 @@ interface Chunk {
  * service refuses (say a 503 from the request deadline under load) is counted under `failed` by status, not timed,
  * and the later steps of that gate are skipped; anything else stops the benchmark.
  */
-async function runChunk(clients: number, from: number, to: number, work: (i: number) => Promise<unknown>, skip: Set<number>, watched: Record<string, number> = {}): Promise<Chunk> {
+async function runChunk(
+  clients: number,
+  from: number,
+  to: number,
+  work: (i: number) => Promise<unknown>,
+  skip: Set<number>,
+  watched: Record<string, number> = {},
+): Promise<Chunk> {
   const samples: number[] = [];
   const ticksBefore = Object.values(watched).map(cpuTicks);
   // Profiles' sample times are on the same monotonic clock: the window lets a reader cut out one chunk.
@@ -87,8 +117,11 @@ async function runChunk(clients: number, from: number, to: number, work: (i: num
       }
     }),
   );
-  const ticks = Object.fromEntries(Object.entries(watched).map(([name, pid], i) => [name, cpuTicks(pid) - ticksBefore[i]!]));
-  if (CPU_PROF_DIR && Object.keys(watched).length > 0) log(`profile window (monotonic µs): ${windowStartUs}..${process.hrtime.bigint() / 1000n}`);
+  const ticks = Object.fromEntries(
+    Object.entries(watched).map(([name, pid], i) => [name, cpuTicks(pid) - ticksBefore[i]!]),
+  );
+  if (CPU_PROF_DIR && Object.keys(watched).length > 0)
+    log(`profile window (monotonic µs): ${windowStartUs}..${process.hrtime.bigint() / 1000n}`);
   return { samples, failed, ticks };
 }
 
@@ -102,8 +135,17 @@ function summarize(chunks: Chunk[]) {
     for (const [k, v] of Object.entries(c.ticks)) ticks[k] = (ticks[k] ?? 0) + v;
   }
   // Clock ticks, so ±10 ms over the whole step: where the time went, not a precise figure.
-  const cpuMsPerCall = Object.fromEntries(Object.entries(ticks).map(([name, t]) => [name, Number(((t / CLOCK_TICKS_PER_SECOND) * 1000 / Math.max(1, samples.length)).toFixed(2))]));
-  return { ...percentiles(samples), ...(Object.keys(failed).length > 0 ? { failed } : {}), ...(Object.keys(ticks).length > 0 ? { cpuMsPerCall } : {}) };
+  const cpuMsPerCall = Object.fromEntries(
+    Object.entries(ticks).map(([name, t]) => [
+      name,
+      Number((((t / CLOCK_TICKS_PER_SECOND) * 1000) / Math.max(1, samples.length)).toFixed(2)),
+    ]),
+  );
+  return {
+    ...percentiles(samples),
+    ...(Object.keys(failed).length > 0 ? { failed } : {}),
+    ...(Object.keys(ticks).length > 0 ? { cpuMsPerCall } : {}),
+  };
 }
 
 /** second / first for every percentile of every step and ceiling. */
@@ -113,7 +155,9 @@ function ratios(first: Record<string, unknown>, second: Record<string, unknown>)
     const x = a as Record<string, unknown>;
     const y = b as Record<string, unknown>;
     if (typeof x.p50 === 'number' && typeof y.p50 === 'number') {
-      return Object.fromEntries((['p50', 'p95', 'p99'] as const).map((p) => [p, Number(((y[p] as number) / (x[p] as number)).toFixed(2))]));
+      return Object.fromEntries(
+        (['p50', 'p95', 'p99'] as const).map((p) => [p, Number(((y[p] as number) / (x[p] as number)).toFixed(2))]),
+      );
     }
     const out: Record<string, unknown> = {};
     for (const key of Object.keys(x)) {
@@ -165,7 +209,15 @@ async function startTarget(name: Target['name']): Promise<Target> {
   running.add(api).add(worker);
   const admin: Caller = { http, token: service.adminKey };
   const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench' });
-  const tenantKey: Caller = { http, token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes: ['agents:write', 'x402:write', 'wallets:write'] })).token };
+  const tenantKey: Caller = {
+    http,
+    token: (
+      await call(admin, 'POST', '/ops/api-keys', {
+        tenantId: tenant.tenantId,
+        scopes: ['agents:write', 'x402:write', 'wallets:write'],
+      })
+    ).token,
+  };
   const probe = mongo.db(service.dbName).collection<{ _id: string }>('bench_probe');
   await probe.insertOne({ _id: 'probe' });
   // One payer and one payee per client, as independent agents paying for their own calls would be.
@@ -174,7 +226,10 @@ async function startTarget(name: Target['name']): Promise<Target> {
       const agent = async (role: string) => (await registerAgent(tenantKey, `${role}${i}`)).agentId;
       const payer = await agent('payer');
       const payee = await agent('payee');
-      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, { amount: 1_000_000_000, currency: 'USD' });
+      await call(admin, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, {
+        amount: 1_000_000_000,
+        currency: 'USD',
+      });
       return { payer, payee };
     }),
   );
@@ -183,15 +238,22 @@ async function startTarget(name: Target['name']): Promise<Target> {
 
 /** Uncounted whole flows, so that no measured step pays for compiling its code. */
 async function warmUp(target: Target): Promise<void> {
-  await Promise.all(target.pairs.map(async (p, k) => {
-    for (let round = 0; round < WARM_UP_ROUNDS; round++) {
-      const sha = requestSha(2e9 + round * target.pairs.length + k);
-      const { gateId } = await call(target, 'POST', '/x402/gate/create', { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' });
-      const { quoteId } = await call(target, 'POST', '/x402/gate/quote', { gateId, requestSha256: sha });
-      await call(target, 'POST', '/x402/gate/authorize-payment', { gateId, quoteId, requestSha256: sha });
-      await call(target, 'POST', '/x402/gate/verify', { gateId, evidence: { responseSha256: sha } }, [200, 202]);
-    }
-  }));
+  await Promise.all(
+    target.pairs.map(async (p, k) => {
+      for (let round = 0; round < WARM_UP_ROUNDS; round++) {
+        const sha = requestSha(2e9 + round * target.pairs.length + k);
+        const { gateId } = await call(target, 'POST', '/x402/gate/create', {
+          payerAgentId: p.payer,
+          payeeAgentId: p.payee,
+          amount: 1,
+          currency: 'USD',
+        });
+        const { quoteId } = await call(target, 'POST', '/x402/gate/quote', { gateId, requestSha256: sha });
+        await call(target, 'POST', '/x402/gate/authorize-payment', { gateId, quoteId, requestSha256: sha });
+        await call(target, 'POST', '/x402/gate/verify', { gateId, evidence: { responseSha256: sha } }, [200, 202]);
+      }
+    }),
+  );
 }
 
 /**
@@ -211,13 +273,24 @@ async function seed(target: Target): Promise<number> {
     const { pairs, tenantId } = target;
     const real = Math.min(SEED_GATES, SEED_REAL_FLOWS);
     for (let done = 0; done < real; done += pairs.length) {
-      await Promise.all(pairs.slice(0, Math.min(pairs.length, real - done)).map(async (p, k) => {
-        const sha = requestSha(1e9 + done + k);
-        const { gate } = await seeder.gates.createGate(tenantId, { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1, currency: 'USD' });
-        const { quote } = await seeder.quotes.quote(tenantId, { gateId: gate._id, requestSha256: sha });
-        await seeder.authorization.authorizePayment(tenantId, { gateId: gate._id, quoteId: quote._id, requestSha256: sha });
-        await seeder.verification.verify(tenantId, { gateId: gate._id, evidence: { responseSha256: sha } });
-      }));
+      await Promise.all(
+        pairs.slice(0, Math.min(pairs.length, real - done)).map(async (p, k) => {
+          const sha = requestSha(1e9 + done + k);
+          const { gate } = await seeder.gates.createGate(tenantId, {
+            payerAgentId: p.payer,
+            payeeAgentId: p.payee,
+            amount: 1,
+            currency: 'USD',
+          });
+          const { quote } = await seeder.quotes.quote(tenantId, { gateId: gate._id, requestSha256: sha });
+          await seeder.authorization.authorizePayment(tenantId, {
+            gateId: gate._id,
+            quoteId: quote._id,
+            requestSha256: sha,
+          });
+          await seeder.verification.verify(tenantId, { gateId: gate._id, evidence: { responseSha256: sha } });
+        }),
+      );
     }
     await seeder.close();
     // As many clones of every stored gate's records as make SEED_GATES gates in all.
@@ -228,12 +301,19 @@ async function seed(target: Target): Promise<number> {
       const docs = await collection.find({}).toArray();
       for (let copy = 1; copy <= copies; copy++) {
         // settlements are unique by runId (which holds the gate id): the clones get their own.
-        const clones = docs.map((d) => ({ ...d, _id: `${d._id}~seed${copy}`, ...('runId' in d ? { runId: `${String(d.runId)}~seed${copy}` } : {}) }));
-        for (let i = 0; i < clones.length; i += 1_000) await collection.insertMany(clones.slice(i, i + 1_000), { ordered: false });
+        const clones = docs.map((d) => ({
+          ...d,
+          _id: `${d._id}~seed${copy}`,
+          ...('runId' in d ? { runId: `${String(d.runId)}~seed${copy}` } : {}),
+        }));
+        for (let i = 0; i < clones.length; i += 1_000)
+          await collection.insertMany(clones.slice(i, i + 1_000), { ordered: false });
       }
     }
     const seconds = Math.round((Date.now() - started) / 1000);
-    log(`seeded ${real} gates through the service, then ${copies} clones of the records of each of the ${stored} gates stored, in ${seconds} s`);
+    log(
+      `seeded ${real} gates through the service, then ${copies} clones of the records of each of the ${stored} gates stored, in ${seconds} s`,
+    );
     return seconds;
   } finally {
     await runtime.close();
@@ -251,7 +331,10 @@ async function main(): Promise<void> {
     // With --seed-gates, a second service runs beside the first on a database that holds SEED_GATES gates (with
     // --twins, on an empty one), and every step alternates between the two in chunks: the shared machine's speed
     // drifts by more than the 1.3x being checked within minutes, and alternating puts both under the same drift.
-    const targets = [await startTarget('empty'), ...(SEED_GATES > 0 ? [await startTarget('seeded')] : TWINS ? [await startTarget('twin')] : [])];
+    const targets = [
+      await startTarget('empty'),
+      ...(SEED_GATES > 0 ? [await startTarget('seeded')] : TWINS ? [await startTarget('twin')] : []),
+    ];
     const bare = await startBareFastify(targets[0]!.service.logDir);
     running.add(bare.child);
     const ferretdbPid = pidOfServer(27027, [join(ROOT, '.data/ferretdb.pid')]);
@@ -264,8 +347,15 @@ async function main(): Promise<void> {
     // Every process of every target: each chunk starts with all of them idle (the worker fans out webhook events after
     // verify; after seeding, SQLite's checkpoint of what was written runs on for a while).
     const servicePids = [...targets.flatMap((t) => [t.api.pid, t.worker.pid]), ...(ferretdbPid ? [ferretdbPid] : [])];
-    const watchedOf = (t: Target) => ({ api: t.api.pid, worker: t.worker.pid, ...(ferretdbPid ? { ferretdb: ferretdbPid } : {}), ...(redisPid ? { redis: redisPid } : {}) });
-    log(`waited ${Math.round((await quiesce(servicePids, seeded ? 180_000 : 30_000)) / 1000)} s for the service processes and FerretDB to go idle`);
+    const watchedOf = (t: Target) => ({
+      api: t.api.pid,
+      worker: t.worker.pid,
+      ...(ferretdbPid ? { ferretdb: ferretdbPid } : {}),
+      ...(redisPid ? { redis: redisPid } : {}),
+    });
+    log(
+      `waited ${Math.round((await quiesce(servicePids, seeded ? 180_000 : 30_000)) / 1000)} s for the service processes and FerretDB to go idle`,
+    );
 
     const results = new Map<Target, Record<string, unknown>>(targets.map((t) => [t, {}]));
     for (const clients of CONCURRENCY) {
@@ -273,7 +363,17 @@ async function main(): Promise<void> {
       // A chunk keeps every client busy for at least two calls, or it would not measure this concurrency.
       const chunkSize = Math.max(Math.ceil(ops / CHUNKS), clients * 2);
       log(`${clients} client(s), ${ops} paid calls per target, in chunks of ${chunkSize}`);
-      const state = new Map(targets.map((t) => [t, { gates: [] as string[], quotes: [] as Array<{ quoteId: string; requestSha256: string }>, skip: new Set<number>(), undecided: 0 }]));
+      const state = new Map(
+        targets.map((t) => [
+          t,
+          {
+            gates: [] as string[],
+            quotes: [] as Array<{ quoteId: string; requestSha256: string }>,
+            skip: new Set<number>(),
+            undecided: 0,
+          },
+        ]),
+      );
       /** One step: its chunks alternate between the targets, each chunk starting with every process idle. */
       const step = async (work: (t: Target, i: number) => Promise<unknown>, watch = true) => {
         const chunks = new Map<Target, Chunk[]>(targets.map((t) => [t, []]));
@@ -281,7 +381,18 @@ async function main(): Promise<void> {
           // A B, B A, A B, ...: neither target always runs right after the other.
           for (const t of k % 2 === 0 ? targets : [...targets].reverse()) {
             await quiesce(servicePids);
-            chunks.get(t)!.push(await runChunk(clients, from, Math.min(ops, from + chunkSize), (i) => work(t, i), state.get(t)!.skip, watch ? watchedOf(t) : {}));
+            chunks
+              .get(t)!
+              .push(
+                await runChunk(
+                  clients,
+                  from,
+                  Math.min(ops, from + chunkSize),
+                  (i) => work(t, i),
+                  state.get(t)!.skip,
+                  watch ? watchedOf(t) : {},
+                ),
+              );
           }
         }
         return new Map(targets.map((t) => [t, summarize(chunks.get(t)!)]));
@@ -289,7 +400,16 @@ async function main(): Promise<void> {
       const pairOf = (t: Target, i: number) => t.pairs[i % clients]!;
       const create = await step(async (t, i) => {
         const p = pairOf(t, i);
-        state.get(t)!.gates[i] = (await call(t, 'POST', '/x402/gate/create', { payerAgentId: p.payer, payeeAgentId: p.payee, amount: 1_000, currency: 'USD', holdbackBps: 1_000, disputeWindowSeconds: 3_600 })).gateId;
+        state.get(t)!.gates[i] = (
+          await call(t, 'POST', '/x402/gate/create', {
+            payerAgentId: p.payer,
+            payeeAgentId: p.payee,
+            amount: 1_000,
+            currency: 'USD',
+            holdbackBps: 1_000,
+            disputeWindowSeconds: 3_600,
+          })
+        ).gateId;
       });
       const quote = await step(async (t, i) => {
         const s = state.get(t)!;
@@ -297,11 +417,21 @@ async function main(): Promise<void> {
       });
       const authorize = await step((t, i) => {
         const s = state.get(t)!;
-        return call(t, 'POST', '/x402/gate/authorize-payment', { gateId: s.gates[i], quoteId: s.quotes[i]!.quoteId, requestSha256: s.quotes[i]!.requestSha256 });
+        return call(t, 'POST', '/x402/gate/authorize-payment', {
+          gateId: s.gates[i],
+          quoteId: s.quotes[i]!.quoteId,
+          requestSha256: s.quotes[i]!.requestSha256,
+        });
       });
       const verify = await step(async (t, i) => {
         const s = state.get(t)!;
-        const res = await call(t, 'POST', '/x402/gate/verify', { gateId: s.gates[i], evidence: { responseSha256: requestSha(-i) } }, [200, 202]);
+        const res = await call(
+          t,
+          'POST',
+          '/x402/gate/verify',
+          { gateId: s.gates[i], evidence: { responseSha256: requestSha(-i) } },
+          [200, 202],
+        );
         // A 202 may already carry the decision (recorded, its money still moving): undecided is the gate's status.
         if (!['released', 'refunded', 'expired'].includes(res.status)) s.undecided++;
       });
@@ -338,17 +468,31 @@ async function main(): Promise<void> {
       node: process.version,
       seededGates: SEED_GATES,
       setup: {
-        processes: 'service as production runs it: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, compiled by tsc -p tsconfig.build.json), each a child process; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
-        ceilings: 'bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process on the target\'s database (pool of 50, as the service); both at the same concurrency, in the same run, after an uncounted round that opens their connections',
+        processes:
+          'service as production runs it: node dist/main.js api + node dist/main.js worker (NODE_ENV=production, compiled by tsc -p tsconfig.build.json), each a child process; the load client is the bench process (keep-alive HTTP on 127.0.0.1)',
+        ceilings:
+          "bareFastifyRoute: one Fastify route in a child process of its own, called like the API; driverFindOneById: raw driver findOne({_id}) from the bench process on the target's database (pool of 50, as the service); both at the same concurrency, in the same run, after an uncounted round that opens their connections",
         chunks: `each step runs in ${CHUNKS} chunks per target (at least two calls per client each), each starting once every service process is idle (the worker fans out webhook events after verify); with a second target the chunks alternate between the two (A B, B A, ...)`,
         warmUp: `${WARM_UP_ROUNDS} uncounted whole flows per client pair and target before anything is measured`,
-        backend: 'FerretDB 1.24 (SQLite) on 127.0.0.1:27027, Redis on 127.0.0.1:6390, a database and Redis prefix per target (dropped at the end)',
-        seeding: seeded ? `a second service on a database of its own, seeded before the warm-up: whole flows through the service code from the bench process (its worker deciding), then clones of their records, until ${SEED_GATES} gates were stored; ${seedSeconds} s` : null,
-        machine: { cpus: cpus().length, loadAverageAtStart: loadAtStart, loadAverageAtEnd: loadavg().map((x) => Number(x.toFixed(2))) },
+        backend:
+          'FerretDB 1.24 (SQLite) on 127.0.0.1:27027, Redis on 127.0.0.1:6390, a database and Redis prefix per target (dropped at the end)',
+        seeding: seeded
+          ? `a second service on a database of its own, seeded before the warm-up: whole flows through the service code from the bench process (its worker deciding), then clones of their records, until ${SEED_GATES} gates were stored; ${seedSeconds} s`
+          : null,
+        machine: {
+          cpus: cpus().length,
+          loadAverageAtStart: loadAtStart,
+          loadAverageAtEnd: loadavg().map((x) => Number(x.toFixed(2))),
+        },
       },
       latencyMs: empty,
       // The second target (seeded, or an unseeded twin) and each of its figures over the first's.
-      ...(second ? { [`${second.name}LatencyMs`]: results.get(second), [`${second.name}OverEmpty`]: ratios(empty, results.get(second)!) } : {}),
+      ...(second
+        ? {
+            [`${second.name}LatencyMs`]: results.get(second),
+            [`${second.name}OverEmpty`]: ratios(empty, results.get(second)!),
+          }
+        : {}),
     };
     const file = join(ROOT, `bench/results/${second ? `x402-${second.name}` : 'x402'}.json`);
     writeResults(file, out, log);

@@ -6,7 +6,9 @@ const baseUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
 // The admin key sets up a tenant, its API key and money; everything after it is what a tenant does with its own key.
 const admin = createSettlementClient({ baseUrl, apiKey: process.env.SETTLEMENT_ADMIN_KEY });
 const tenant = await admin.createTenant({ body: { name: 'quick-start' } });
-const { token } = await admin.issueApiKey({ body: { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write'] } });
+const { token } = await admin.issueApiKey({
+  body: { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write'] },
+});
 const client = createSettlementClient({ baseUrl, apiKey: token });
 
 // Two agents: a buyer who pays, a worker who does the run and signs its events (each gets its own Ed25519 key).
@@ -40,11 +42,17 @@ console.log(`run ${run.runId}: ${finalized.status}, verdict ${finalized.verdict}
 // Settle: the verdict decides who gets the escrow.
 await client.settleRun({ params: { path: { runId: run.runId } } });
 const settlement = await client.waitForSettlement(run.runId);
-console.log(`settlement ${settlement.settlementId}: ${settlement.status}, released ${settlement.releasedAmount} ${settlement.currency}`);
+console.log(
+  `settlement ${settlement.settlementId}: ${settlement.status}, released ${settlement.releasedAmount} ${settlement.currency}`,
+);
 
 // Verify here, not by asking the service: the artifact's hashes and signatures, and the receipt, against its JWKS.
 const artifact = await client.verifyArtifactLocally(finalized.artifactId!);
 const receipt = await client.verifyReceiptLocally(run.runId);
-console.log(`artifact ${artifact.artifact.artifactId}: ${artifact.verified ? 'verified' : `NOT verified ${artifact.failures.join('; ')}`}`);
-console.log(`receipt ${settlement.receipt?.receiptHash}: ${receipt.verified ? 'verified' : `NOT verified ${receipt.failures.join('; ')}`}`);
+console.log(
+  `artifact ${artifact.artifact.artifactId}: ${artifact.verified ? 'verified' : `NOT verified ${artifact.failures.join('; ')}`}`,
+);
+console.log(
+  `receipt ${settlement.receipt?.receiptHash}: ${receipt.verified ? 'verified' : `NOT verified ${receipt.failures.join('; ')}`}`,
+);
 process.exitCode = artifact.verified && receipt.verified ? 0 : 1;

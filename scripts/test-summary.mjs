@@ -13,7 +13,9 @@ for (const path of paths) {
     continue;
   }
   const report = JSON.parse(readFileSync(path, 'utf8'));
-  const brokenFiles = report.testResults.filter((file) => file.status === 'failed' && file.assertionResults.every((a) => a.status !== 'failed')).length;
+  const brokenFiles = report.testResults.filter(
+    (file) => file.status === 'failed' && file.assertionResults.every((a) => a.status !== 'failed'),
+  ).length;
   passed += report.numPassedTests;
   failed += report.numFailedTests + brokenFiles;
   skipped += report.numPendingTests + report.numTodoTests;

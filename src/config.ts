@@ -1,5 +1,11 @@
 import { hkdfSync } from 'node:crypto';
-import { DEFAULT_LEGACY_NETWORKS_UNTIL, DEFAULT_X402_NETWORK, LEGACY_X402_NETWORK_NAMESPACE, LEGACY_X402_NETWORK_PATTERN, X402_NETWORK_PATTERN } from './domain/x402.ts';
+import {
+  DEFAULT_LEGACY_NETWORKS_UNTIL,
+  DEFAULT_X402_NETWORK,
+  LEGACY_X402_NETWORK_NAMESPACE,
+  LEGACY_X402_NETWORK_PATTERN,
+  X402_NETWORK_PATTERN,
+} from './domain/x402.ts';
 import { clusterNodes, isClusterUrl } from './redis.ts';
 
 // The only place that reads process.env: the environment becomes one typed, validated object at start-up, and a
@@ -146,13 +152,17 @@ function num(env: Env, name: string, fallback: number, min: number, max: number)
   const raw = env[name];
   if (raw === undefined || raw === '') return fallback;
   const value = Number(raw);
-  if (!Number.isFinite(value) || !/^[0-9.eE+-]+$/.test(raw)) throw new ConfigError(name, `must be a number, got "${raw}"`);
+  if (!Number.isFinite(value) || !/^[0-9.eE+-]+$/.test(raw))
+    throw new ConfigError(name, `must be a number, got "${raw}"`);
   if (value < min || value > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${value}`);
   return value;
 }
 
 function list(env: Env, name: string): string[] {
-  return (env[name] ?? '').split(',').map((item) => item.trim()).filter(Boolean);
+  return (env[name] ?? '')
+    .split(',')
+    .map((item) => item.trim())
+    .filter(Boolean);
 }
 
 function bool(env: Env, name: string, fallback: boolean): boolean {
@@ -186,8 +196,16 @@ function origins(env: Env, name: string): string[] {
     } catch {
       throw new ConfigError(name, `must list origins such as https://app.example.com, got "${value}"`);
     }
-    if ((parsed.protocol !== 'http:' && parsed.protocol !== 'https:') || parsed.pathname !== '/' || parsed.search || value.replace(/\/$/, '') !== parsed.origin) {
-      throw new ConfigError(name, `must list origins (scheme://host[:port], no path) such as https://app.example.com, got "${value}"`);
+    if (
+      (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') ||
+      parsed.pathname !== '/' ||
+      parsed.search ||
+      value.replace(/\/$/, '') !== parsed.origin
+    ) {
+      throw new ConfigError(
+        name,
+        `must list origins (scheme://host[:port], no path) such as https://app.example.com, got "${value}"`,
+      );
     }
     return parsed.origin;
   });
@@ -197,7 +215,8 @@ function origins(env: Env, name: string): string[] {
 function redisUrl(env: Env): string {
   const value = str(env, 'REDIS_URL', 'redis://127.0.0.1:6390');
   if (isClusterUrl(value)) {
-    if (!clusterNodes(value)) throw new ConfigError('REDIS_URL', 'must list cluster nodes as redis+cluster://host:port,host:port');
+    if (!clusterNodes(value))
+      throw new ConfigError('REDIS_URL', 'must list cluster nodes as redis+cluster://host:port,host:port');
     return value;
   }
   return url(env, 'REDIS_URL', 'redis://127.0.0.1:6390', ['redis:', 'rediss:', 'redis+cluster:']);
@@ -255,20 +274,34 @@ export function loadConfig(env: Env = process.env): Config {
   const port = int(env, 'PORT', 3000, 0, 65535);
   const x402Network = str(env, 'X402_NETWORK', DEFAULT_X402_NETWORK);
   if (!new RegExp(X402_NETWORK_PATTERN).test(x402Network)) {
-    throw new ConfigError('X402_NETWORK', `must be a CAIP-2 id (namespace of 3-8 characters) such as ${DEFAULT_X402_NETWORK}; an older agent-settlement:<deployment> id belongs in X402_LEGACY_NETWORKS`);
+    throw new ConfigError(
+      'X402_NETWORK',
+      `must be a CAIP-2 id (namespace of 3-8 characters) such as ${DEFAULT_X402_NETWORK}; an older agent-settlement:<deployment> id belongs in X402_LEGACY_NETWORKS`,
+    );
   }
   // By default the deployment's old id (same reference, the old namespace) keeps working for the window.
-  const legacyRaw = str(env, 'X402_LEGACY_NETWORKS', `${LEGACY_X402_NETWORK_NAMESPACE}:${x402Network.slice(x402Network.indexOf(':') + 1)}`);
-  const legacyNetworks = legacyRaw.trim() === 'none' ? [] : list({ X402_LEGACY_NETWORKS: legacyRaw }, 'X402_LEGACY_NETWORKS');
+  const legacyRaw = str(
+    env,
+    'X402_LEGACY_NETWORKS',
+    `${LEGACY_X402_NETWORK_NAMESPACE}:${x402Network.slice(x402Network.indexOf(':') + 1)}`,
+  );
+  const legacyNetworks =
+    legacyRaw.trim() === 'none' ? [] : list({ X402_LEGACY_NETWORKS: legacyRaw }, 'X402_LEGACY_NETWORKS');
   for (const legacy of legacyNetworks) {
     if (!new RegExp(LEGACY_X402_NETWORK_PATTERN).test(legacy) || legacy === x402Network) {
-      throw new ConfigError('X402_LEGACY_NETWORKS', `must list namespace:reference ids other than X402_NETWORK (or be "none"), got "${legacy}"`);
+      throw new ConfigError(
+        'X402_LEGACY_NETWORKS',
+        `must list namespace:reference ids other than X402_NETWORK (or be "none"), got "${legacy}"`,
+      );
     }
   }
   const legacyUntilRaw = str(env, 'X402_LEGACY_NETWORKS_UNTIL', DEFAULT_LEGACY_NETWORKS_UNTIL);
   const legacyNetworksUntil = new Date(legacyUntilRaw);
   if (!/^\d{4}-\d{2}-\d{2}T/.test(legacyUntilRaw) || Number.isNaN(legacyNetworksUntil.getTime())) {
-    throw new ConfigError('X402_LEGACY_NETWORKS_UNTIL', `must be an RFC 3339 time such as ${DEFAULT_LEGACY_NETWORKS_UNTIL}, got "${legacyUntilRaw}"`);
+    throw new ConfigError(
+      'X402_LEGACY_NETWORKS_UNTIL',
+      `must be an RFC 3339 time such as ${DEFAULT_LEGACY_NETWORKS_UNTIL}, got "${legacyUntilRaw}"`,
+    );
   }
   return {
     env: nodeEnv,

@@ -4,7 +4,11 @@ import type { Logger } from 'pino';
  * On SIGTERM or SIGINT, runs the shutdown steps in order (stop accepting, finish in-flight work, close connections)
  * and exits 0; a hard deadline exits 1 so a stuck step cannot keep a process alive for ever.
  */
-export function exitGracefullyOnSignals(logger: Logger, deadlineMs: number, steps: Array<() => Promise<unknown>>): void {
+export function exitGracefullyOnSignals(
+  logger: Logger,
+  deadlineMs: number,
+  steps: Array<() => Promise<unknown>>,
+): void {
   let stopping = false;
   const shutdown = async (signal: string) => {
     if (stopping) return;

@@ -36,7 +36,8 @@ export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Lo
     hooks: {
       logMethod(args, method) {
         const [fields, msg] = args as unknown[];
-        if (msg === LATE_HANDLER_FAILURE && unreachableDependency((fields as { err?: unknown } | null)?.err) !== null) return;
+        if (msg === LATE_HANDLER_FAILURE && unreachableDependency((fields as { err?: unknown } | null)?.err) !== null)
+          return;
         method.apply(this, args);
       },
     },

@@ -1,11 +1,18 @@
-import { MongoBulkWriteError, MongoNetworkError, MongoNotConnectedError, MongoServerSelectionError, MongoTopologyClosedError } from 'mongodb';
+import {
+  MongoBulkWriteError,
+  MongoNetworkError,
+  MongoNotConnectedError,
+  MongoServerSelectionError,
+  MongoTopologyClosedError,
+} from 'mongodb';
 import type { EventEmitter } from 'node:events';
 import type { Logger } from 'pino';
 
 /** The services this process cannot work without. */
 export type Dependency = 'redis' | 'mongodb';
 
-const REDIS_CONNECTION_ERROR = /enableOfflineQueue|Connection is closed|Command timed out|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EPIPE|Stream isn't writeable|Reached the max retries|connect ETIMEDOUT|Socket closed unexpectedly/;
+const REDIS_CONNECTION_ERROR =
+  /enableOfflineQueue|Connection is closed|Command timed out|ECONNREFUSED|ECONNRESET|ETIMEDOUT|EPIPE|Stream isn't writeable|Reached the max retries|connect ETIMEDOUT|Socket closed unexpectedly/;
 
 /** Node's message for a write to a socket whose peer has ended it. */
 const SOCKET_ENDED_BY_PEER = 'This socket has been ended by the other party';
@@ -21,7 +28,8 @@ export function unreachableDependency(err: unknown): Dependency | null {
   if (wrapped instanceof Error) return unreachableDependency(wrapped);
   // A command written to a connection its server has just closed fails in Node's socket, unwrapped by the driver.
   // ioredis checks that its stream is writable before writing, so only the mongodb driver meets this one.
-  if (err instanceof Error && (err as NodeJS.ErrnoException).code === 'EPIPE' && err.message === SOCKET_ENDED_BY_PEER) return 'mongodb';
+  if (err instanceof Error && (err as NodeJS.ErrnoException).code === 'EPIPE' && err.message === SOCKET_ENDED_BY_PEER)
+    return 'mongodb';
   if (
     err instanceof MongoServerSelectionError ||
     err instanceof MongoNetworkError ||
@@ -93,7 +101,10 @@ export class DependencyOutages {
     outage.lostBy.delete(connection);
     if (outage.lostBy.size > 0) return;
     this.open.delete(dependency);
-    this.logger.warn({ dependency, state: 'up', failures: outage.failures, downMs: Date.now() - outage.since }, `${dependency} reachable again`);
+    this.logger.warn(
+      { dependency, state: 'up', failures: outage.failures, downMs: Date.now() - outage.since },
+      `${dependency} reachable again`,
+    );
   }
 
   /**
@@ -110,7 +121,9 @@ export class DependencyOutages {
       outage.failures++;
       return true;
     }
-    this.strayLine(`${dependency} call`, (failuresNotLogged) => this.logger.warn({ dependency, error: messageOf(err), failuresNotLogged }, `${dependency} call failed`));
+    this.strayLine(`${dependency} call`, (failuresNotLogged) =>
+      this.logger.warn({ dependency, error: messageOf(err), failuresNotLogged }, `${dependency} call failed`),
+    );
     return true;
   }
 
@@ -121,7 +134,12 @@ export class DependencyOutages {
    */
   answeredStalled(dependency: Dependency, deadlineMs: number): void {
     if (this.countIfDown(dependency)) return;
-    this.strayLine(`${dependency} stall`, (answersNotLogged) => this.logger.warn({ backend: dependency, deadlineMs, answersNotLogged }, 'request deadline passed while a backend stalls; answering 503'));
+    this.strayLine(`${dependency} stall`, (answersNotLogged) =>
+      this.logger.warn(
+        { backend: dependency, deadlineMs, answersNotLogged },
+        'request deadline passed while a backend stalls; answering 503',
+      ),
+    );
   }
 
   /** Writes `line` unless one of its kind went out within STRAY_LINE_INTERVAL_MS (then counts what it left out). */

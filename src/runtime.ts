@@ -108,7 +108,8 @@ export function watchMongo(mongo: MongoClient, outages: DependencyOutages): void
   mongo.on('serverHeartbeatSucceeded', () => outages.reached('mongodb', mongo));
   mongo.on('topologyDescriptionChanged', (e) => {
     if (e.newDescription.hasDataBearingServers) outages.reached('mongodb', mongo);
-    else if (e.previousDescription.hasDataBearingServers) outages.lost('mongodb', mongo, e.newDescription.error ?? undefined);
+    else if (e.previousDescription.hasDataBearingServers)
+      outages.lost('mongodb', mongo, e.newDescription.error ?? undefined);
   });
 }
 
@@ -151,7 +152,13 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
       sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
       webhookEndpoints: new WebhookEndpointStore(db, redis, config.redisPrefix, config.atRestKey),
-      webhookDeliveries: new WebhookDeliveryStore(db, redis, config.redisPrefix, webhookDue, new WebhookRetentionIndex(redis, config.redisPrefix)),
+      webhookDeliveries: new WebhookDeliveryStore(
+        db,
+        redis,
+        config.redisPrefix,
+        webhookDue,
+        new WebhookRetentionIndex(redis, config.redisPrefix),
+      ),
       webhookDue,
       onboarding: new OnboardingStore(db),
       mcpAgentKeys: new McpAgentKeyStore(db),
@@ -185,13 +192,17 @@ export async function connectRuntime(runtime: Runtime, timeoutMs = 60_000): Prom
   for (let attempt = 1; ; attempt++) {
     try {
       await runtime.mongo.connect();
-      await ensureIndexes(runtime.db, { webhookRetentionDays: runtime.config.webhooks.retentionDays, logger: runtime.logger });
+      await ensureIndexes(runtime.db, {
+        webhookRetentionDays: runtime.config.webhooks.retentionDays,
+        logger: runtime.logger,
+      });
       await runtime.credentials.start();
       return;
     } catch (err) {
       if (Date.now() > deadline) throw err;
       // The first attempts are the common case (the services still starting); then a line every few seconds.
-      if (attempt === 1 || attempt % 10 === 0) runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for MongoDB');
+      if (attempt === 1 || attempt % 10 === 0)
+        runtime.logger.warn({ attempt, err: (err as Error).message }, 'waiting for MongoDB');
       await new Promise((resolve) => setTimeout(resolve, Math.min(attempt * 250, 2_000)));
     }
   }

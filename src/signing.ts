@@ -50,10 +50,14 @@ function publicJwk(material: string) {
 }
 
 export function loadServiceKeys(config: Config): ServiceKeyRing {
-  const activePem = config.signing.activeKey ? readKeyMaterial(config.signing.activeKey) : developmentKey(config.signing.keyFile);
+  const activePem = config.signing.activeKey
+    ? readKeyMaterial(config.signing.activeKey)
+    : developmentKey(config.signing.keyFile);
   const privateKey = parsePrivateKey(activePem);
   const active = publicKeyOf(privateKey);
-  const keys: ServiceKeyRing['jwks']['keys'] = [{ ...rawToJwk(active.raw, active.keyId), use: 'sig', alg: 'EdDSA', status: 'active' }];
+  const keys: ServiceKeyRing['jwks']['keys'] = [
+    { ...rawToJwk(active.raw, active.keyId), use: 'sig', alg: 'EdDSA', status: 'active' },
+  ];
   for (const retired of config.signing.retiredKeys) {
     const key = publicJwk(readKeyMaterial(retired));
     if (keys.some((k) => k.kid === key.keyId)) continue;

@@ -10,7 +10,9 @@ describe('README configuration table', () => {
     const config = readFileSync(new URL('src/config.ts', root), 'utf8');
     const readme = readFileSync(new URL('README.md', root), 'utf8');
     const table = readme.slice(readme.indexOf('## Configuration'), readme.indexOf('## Operating it'));
-    const read = new Set([...config.matchAll(/env\.([A-Z][A-Z0-9_]+)|\(env, '([A-Z][A-Z0-9_]+)'/g)].map((m) => m[1] ?? m[2]!));
+    const read = new Set(
+      [...config.matchAll(/env\.([A-Z][A-Z0-9_]+)|\(env, '([A-Z][A-Z0-9_]+)'/g)].map((m) => m[1] ?? m[2]!),
+    );
     expect(read.size).toBeGreaterThan(30);
     const documented = new Set([...table.matchAll(/`([A-Z][A-Z0-9_]+)`/g)].map((m) => m[1]!));
     expect([...read].filter((name) => !documented.has(name)).sort()).toEqual([]);

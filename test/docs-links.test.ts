@@ -6,7 +6,9 @@ import { describe, expect, it } from 'vitest';
 // The README is the front door and the guides live in docs/ (issue 41): every guide is one link away from the README,
 // and no link between them leads nowhere, neither to a file nor to a heading that a move or a rename took away.
 const root = fileURLToPath(new URL('..', import.meta.url));
-const guides = readdirSync(join(root, 'docs')).filter((name) => name.endsWith('.md')).map((name) => `docs/${name}`);
+const guides = readdirSync(join(root, 'docs'))
+  .filter((name) => name.endsWith('.md'))
+  .map((name) => `docs/${name}`);
 const documents = ['README.md', 'bench/results/HISTORY.md', ...guides];
 
 /** GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens; repeats get -1, -2, ... */
@@ -19,7 +21,11 @@ function anchors(markdown: string): Set<string> {
     if (fenced) continue;
     const heading = /^#{1,6} (.*)$/.exec(line);
     if (heading) {
-      const slug = heading[1]!.trim().toLowerCase().replace(/[^\p{L}\p{N} _-]/gu, '').replace(/ /g, '-');
+      const slug = heading[1]!
+        .trim()
+        .toLowerCase()
+        .replace(/[^\p{L}\p{N} _-]/gu, '')
+        .replace(/ /g, '-');
       const n = seen.get(slug) ?? 0;
       seen.set(slug, n + 1);
       found.add(n === 0 ? slug : `${slug}-${n}`);

@@ -27,12 +27,18 @@ export default async function setup(project: TestProject) {
   if ((!mongoUrl || !redisUrl) && process.env.TEST_USE_DOCKER !== '0' && dockerAnswers()) {
     const { GenericContainer, Wait } = await import('testcontainers');
     if (!mongoUrl) {
-      const mongo = await new GenericContainer('mongo:7').withExposedPorts(27017).withWaitStrategy(Wait.forListeningPorts()).start();
+      const mongo = await new GenericContainer('mongo:7')
+        .withExposedPorts(27017)
+        .withWaitStrategy(Wait.forListeningPorts())
+        .start();
       mongoUrl = `mongodb://${mongo.getHost()}:${mongo.getMappedPort(27017)}/`;
       stops.push(() => mongo.stop());
     }
     if (!redisUrl) {
-      const redis = await new GenericContainer('redis:7').withCommand(['redis-server', '--maxmemory-policy', 'noeviction']).withExposedPorts(6379).start();
+      const redis = await new GenericContainer('redis:7')
+        .withCommand(['redis-server', '--maxmemory-policy', 'noeviction'])
+        .withExposedPorts(6379)
+        .start();
       redisUrl = `redis://${redis.getHost()}:${redis.getMappedPort(6379)}`;
       stops.push(() => redis.stop());
     }
@@ -40,7 +46,11 @@ export default async function setup(project: TestProject) {
   if (!mongoUrl || !redisUrl) {
     execFileSync('bash', [`${root}/scripts/services.sh`, 'up'], {
       stdio: 'inherit',
-      env: { ...process.env, ...(mongoUrl ? { MONGO_URL: mongoUrl } : {}), ...(redisUrl ? { REDIS_URL: redisUrl } : {}) },
+      env: {
+        ...process.env,
+        ...(mongoUrl ? { MONGO_URL: mongoUrl } : {}),
+        ...(redisUrl ? { REDIS_URL: redisUrl } : {}),
+      },
     });
     mongoUrl ??= `mongodb://127.0.0.1:${process.env.LOCAL_MONGO_PORT ?? 27027}/`;
     redisUrl ??= `redis://127.0.0.1:${process.env.LOCAL_REDIS_PORT ?? 6390}`;

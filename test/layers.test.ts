@@ -25,24 +25,35 @@ describe('layers', () => {
   it('no route imports another route, and nothing outside http/app.ts imports a route', () => {
     const offenders = [...files('src'), ...files('test')]
       .filter((f) => f !== 'src/http/app.ts')
-      .flatMap((f) => imports(f).filter((i) => i.startsWith('src/http/routes/')).map((i) => `${f} -> ${i}`));
+      .flatMap((f) =>
+        imports(f)
+          .filter((i) => i.startsWith('src/http/routes/'))
+          .map((i) => `${f} -> ${i}`),
+      );
     expect(offenders).toEqual([]);
   });
 
   it('services, stores, queues and workers never reach up into http', () => {
-    const offenders = ['src/services', 'src/store', 'src/queues', 'src/workers']
-      .flatMap(files)
-      .flatMap((f) => imports(f).filter((i) => i.startsWith('src/http/')).map((i) => `${f} -> ${i}`));
+    const offenders = ['src/services', 'src/store', 'src/queues', 'src/workers'].flatMap(files).flatMap((f) =>
+      imports(f)
+        .filter((i) => i.startsWith('src/http/'))
+        .map((i) => `${f} -> ${i}`),
+    );
     expect(offenders).toEqual([]);
   });
 
   it('the runtime and the stores never reach up into services', () => {
-    const offenders = ['src/runtime.ts', ...files('src/store')].flatMap((f) => imports(f).filter((i) => i.startsWith('src/services/')).map((i) => `${f} -> ${i}`));
+    const offenders = ['src/runtime.ts', ...files('src/store')].flatMap((f) =>
+      imports(f)
+        .filter((i) => i.startsWith('src/services/'))
+        .map((i) => `${f} -> ${i}`),
+    );
     expect(offenders).toEqual([]);
   });
 
   it('services read and write MongoDB only through store methods (no collection call of their own)', () => {
-    const collectionCall = /\.(findOne|find|insertOne|insertMany|updateOne|updateMany|deleteOne|deleteMany|replaceOne|countDocuments|aggregate|bulkWrite)\(\s*\{/;
+    const collectionCall =
+      /\.(findOne|find|insertOne|insertMany|updateOne|updateMany|deleteOne|deleteMany|replaceOne|countDocuments|aggregate|bulkWrite)\(\s*\{/;
     const offenders = files('src/services').flatMap((f) =>
       readFileSync(join(root, f), 'utf8')
         .split('\n')
@@ -70,18 +81,28 @@ describe('layers', () => {
   });
 
   it('domain imports nothing outside itself', () => {
-    const offenders = files('src/domain').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/')).map((i) => `${f} -> ${i}`));
+    const offenders = files('src/domain').flatMap((f) =>
+      imports(f)
+        .filter((i) => !i.startsWith('src/domain/'))
+        .map((i) => `${f} -> ${i}`),
+    );
     expect(offenders).toEqual([]);
   });
 
   it('the x402 scheme packages (run in other processes) import only pure domain modules and each other', () => {
-    const offenders = files('src/x402').flatMap((f) => imports(f).filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/x402/')).map((i) => `${f} -> ${i}`));
+    const offenders = files('src/x402').flatMap((f) =>
+      imports(f)
+        .filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/x402/'))
+        .map((i) => `${f} -> ${i}`),
+    );
     expect(offenders).toEqual([]);
   });
 
-  it('the client (agent-settlement/client, run in users\' processes) imports only pure domain modules, the webhook verifier and itself', () => {
+  it("the client (agent-settlement/client, run in users' processes) imports only pure domain modules, the webhook verifier and itself", () => {
     const offenders = files('src/client').flatMap((f) =>
-      imports(f).filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/client/') && i !== 'src/webhooks/verify.ts').map((i) => `${f} -> ${i}`),
+      imports(f)
+        .filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/client/') && i !== 'src/webhooks/verify.ts')
+        .map((i) => `${f} -> ${i}`),
     );
     expect(offenders).toEqual([]);
   });

@@ -9,9 +9,25 @@ const nodeFlags = (commandLine: string) => commandLine.split(/[\s",[\]]+/).filte
 
 describe('node flags of the production start', () => {
   it.each([
-    ['Dockerfile ENTRYPOINT', () => read('Dockerfile').split('\n').find((line) => line.startsWith('ENTRYPOINT'))!],
-    ['npm run start:prod', () => (JSON.parse(read('package.json')) as { scripts: Record<string, string> }).scripts['start:prod']!],
-    ['npm start (scripts/start.sh)', () => read('scripts/start.sh').split('\n').find((line) => line.startsWith('exec node'))!.split('#')[0]!],
+    [
+      'Dockerfile ENTRYPOINT',
+      () =>
+        read('Dockerfile')
+          .split('\n')
+          .find((line) => line.startsWith('ENTRYPOINT'))!,
+    ],
+    [
+      'npm run start:prod',
+      () => (JSON.parse(read('package.json')) as { scripts: Record<string, string> }).scripts['start:prod']!,
+    ],
+    [
+      'npm start (scripts/start.sh)',
+      () =>
+        read('scripts/start.sh')
+          .split('\n')
+          .find((line) => line.startsWith('exec node'))!
+          .split('#')[0]!,
+    ],
   ])('%s runs node with the flags the benchmarks measured', (_where, commandLine) => {
     expect(nodeFlags(commandLine())).toEqual(PRODUCTION_NODE_FLAGS);
   });

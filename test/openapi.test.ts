@@ -24,8 +24,19 @@ describe('openapi/openapi.json', () => {
     const result = await new Validator().validate(doc);
     expect(result.errors ?? []).toEqual([]);
     expect(result.valid).toBe(true);
-    const publicPaths = new Set(['/', '/docs', '/healthz', '/readyz', '/metrics', '/v1/verify/{id}', '/.well-known/jwks.json', '/x402/facilitator/supported']);
-    for (const [path, item] of Object.entries<Record<string, { 'x-required-scope'?: string; security?: unknown[] }>>(doc.paths)) {
+    const publicPaths = new Set([
+      '/',
+      '/docs',
+      '/healthz',
+      '/readyz',
+      '/metrics',
+      '/v1/verify/{id}',
+      '/.well-known/jwks.json',
+      '/x402/facilitator/supported',
+    ]);
+    for (const [path, item] of Object.entries<Record<string, { 'x-required-scope'?: string; security?: unknown[] }>>(
+      doc.paths,
+    )) {
       for (const operation of Object.values(item)) {
         if (!publicPaths.has(path)) expect(operation['x-required-scope'], path).toBeTypeOf('string');
         else expect(operation.security, path).toEqual([]);
@@ -35,12 +46,19 @@ describe('openapi/openapi.json', () => {
 
   it('passes `redocly lint` (recommended rules, redocly.yaml) with no error and no warning', async () => {
     const root = fileURLToPath(new URL('..', import.meta.url));
-    const lint = await promisify(execFile)(`${root}node_modules/.bin/redocly`, ['lint', OPENAPI_PATH, '--config', `${root}redocly.yaml`, '--format=json'], {
-      cwd: root,
-      env: { ...process.env, REDOCLY_TELEMETRY: 'off', REDOCLY_SUPPRESS_UPDATE_NOTICE: 'true' },
-      maxBuffer: 16 * 1024 * 1024,
-    }).catch((err: { stdout?: string }) => ({ stdout: err.stdout ?? '' })); // exits 1 on errors; the report says which
-    const report = JSON.parse(lint.stdout) as { totals: { errors: number; warnings: number }; problems: Array<{ ruleId: string; message: string; location: Array<{ pointer: string }> }> };
+    const lint = await promisify(execFile)(
+      `${root}node_modules/.bin/redocly`,
+      ['lint', OPENAPI_PATH, '--config', `${root}redocly.yaml`, '--format=json'],
+      {
+        cwd: root,
+        env: { ...process.env, REDOCLY_TELEMETRY: 'off', REDOCLY_SUPPRESS_UPDATE_NOTICE: 'true' },
+        maxBuffer: 16 * 1024 * 1024,
+      },
+    ).catch((err: { stdout?: string }) => ({ stdout: err.stdout ?? '' })); // exits 1 on errors; the report says which
+    const report = JSON.parse(lint.stdout) as {
+      totals: { errors: number; warnings: number };
+      problems: Array<{ ruleId: string; message: string; location: Array<{ pointer: string }> }>;
+    };
     const problems = report.problems.map((p) => `${p.ruleId} ${p.location[0]?.pointer}: ${p.message}`);
     expect(problems).toEqual([]);
     expect(report.totals).toMatchObject({ errors: 0, warnings: 0 });
@@ -60,7 +78,8 @@ describe('openapi/openapi.json', () => {
         const where = `${method.toUpperCase()} ${path}`;
         expect(operation.operationId, where).toMatch(/^[a-z][a-zA-Z0-9]*$/);
         ids.push(operation.operationId!);
-        if (operation.requestBody) expect(operation.requestBody.content['application/json']?.example, where).toBeDefined();
+        if (operation.requestBody)
+          expect(operation.requestBody.content['application/json']?.example, where).toBeDefined();
         for (const [status, response] of Object.entries(operation.responses)) {
           if (response.content?.['application/json']?.schema?.$ref !== '#/components/schemas/ErrorBody') continue;
           const codes = operation['x-error-codes']?.[status];
@@ -73,7 +92,8 @@ describe('openapi/openapi.json', () => {
     expect(doc.servers.length).toBeGreaterThan(0);
     const tagged = new Set(doc.tags.map((t: { name: string; description?: string }) => t.description && t.name));
     for (const item of Object.values<Record<string, { tags: string[] }>>(doc.paths)) {
-      for (const operation of Object.values(item)) for (const tag of operation.tags) expect(tagged.has(tag), tag).toBe(true);
+      for (const operation of Object.values(item))
+        for (const tag of operation.tags) expect(tagged.has(tag), tag).toBe(true);
     }
   });
 });

@@ -33,7 +33,10 @@ describe('DependencyOutages', () => {
     expect(outages.isDown('redis')).toBe(true); // the worker's connection is still away
     outages.reached('redis', worker);
     outages.reached('redis', worker); // a repeat changes nothing
-    expect(lines.map((l) => [l.dependency, l.state])).toEqual([['redis', 'down'], ['redis', 'up']]);
+    expect(lines.map((l) => [l.dependency, l.state])).toEqual([
+      ['redis', 'down'],
+      ['redis', 'up'],
+    ]);
     expect(lines[0]).toMatchObject({ msg: 'redis unreachable', error: 'Error: connect ECONNREFUSED 127.0.0.1:6390' });
     expect(lines[1]).toMatchObject({ msg: 'redis reachable again', failures: 53, downMs: expect.any(Number) });
   });
@@ -52,7 +55,10 @@ describe('DependencyOutages', () => {
     const { lines, outages } = recorder();
     for (let i = 0; i < 30; i++) outages.answeredStalled('mongodb', 800);
     outages.absorb(new MongoNetworkError('connection timed out')); // a line of its own kind
-    expect(lines.map((l) => l.msg)).toEqual(['request deadline passed while a backend stalls; answering 503', 'mongodb call failed']);
+    expect(lines.map((l) => l.msg)).toEqual([
+      'request deadline passed while a backend stalls; answering 503',
+      'mongodb call failed',
+    ]);
     expect(lines[0]).toMatchObject({ backend: 'mongodb', deadlineMs: 800, answersNotLogged: 0 });
     outages.lost('redis', {}, new Error('connect ECONNREFUSED'));
     outages.answeredStalled('redis', 800);
@@ -74,13 +80,23 @@ describe('DependencyOutages', () => {
     });
     await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve));
     const { port } = proxy.address() as { port: number };
-    const client = new MongoClient(`mongodb://127.0.0.1:${port}/outage_wrap`, { serverSelectionTimeoutMS: 2_000, heartbeatFrequencyMS: 60_000 });
+    const client = new MongoClient(`mongodb://127.0.0.1:${port}/outage_wrap`, {
+      serverSelectionTimeoutMS: 2_000,
+      heartbeatFrequencyMS: 60_000,
+    });
     try {
       await client.db().command({ ping: 1 });
       const cut = new Promise<void>((resolve) => proxy.close(() => resolve()));
       for (const s of sockets) s.destroy();
       await cut;
-      const err = await client.db().collection('claims').insertMany([{ _id: 'a' }, { _id: 'b' }] as never[], { ordered: false }).then(() => null, (e: unknown) => e);
+      const err = await client
+        .db()
+        .collection('claims')
+        .insertMany([{ _id: 'a' }, { _id: 'b' }] as never[], { ordered: false })
+        .then(
+          () => null,
+          (e: unknown) => e,
+        );
       expect((err as Error).name).toBe('MongoBulkWriteError');
       expect(unreachableDependency(err)).toBe('mongodb');
       expect(toErrorBody(err, 'req_1')).toMatchObject({ status: 503, body: { code: 'UNAVAILABLE' } });

@@ -23,7 +23,14 @@ function freePort(): Promise<number> {
 it('PORT, REDIS_PORT and MONGO_PORT move the whole service in one command', { timeout: 180_000 }, async () => {
   const [port, redisPort, mongoPort] = [await freePort(), await freePort(), await freePort()];
   const dataDir = mkdtempSync(join(tmpdir(), 'start-ports-'));
-  const env: NodeJS.ProcessEnv = { ...process.env, PORT: String(port), REDIS_PORT: String(redisPort), MONGO_PORT: String(mongoPort), SERVICES_DATA_DIR: dataDir, SERVICE_ADMIN_KEY: randomBytes(32).toString('base64url') };
+  const env: NodeJS.ProcessEnv = {
+    ...process.env,
+    PORT: String(port),
+    REDIS_PORT: String(redisPort),
+    MONGO_PORT: String(mongoPort),
+    SERVICES_DATA_DIR: dataDir,
+    SERVICE_ADMIN_KEY: randomBytes(32).toString('base64url'),
+  };
   // Nothing of the environment this suite runs in (CI sets LOCAL_*_PORT for its own servers) may choose for it.
   for (const name of ['REDIS_URL', 'MONGO_URL', 'MONGO_DB', 'LOCAL_REDIS_PORT', 'LOCAL_MONGO_PORT']) delete env[name];
   const child = spawn('bash', ['scripts/start.sh'], { env, stdio: ['ignore', 'pipe', 'pipe'], detached: true });
@@ -48,7 +55,9 @@ it('PORT, REDIS_PORT and MONGO_PORT move the whole service in one command', { ti
       // already gone
     }
     await new Promise((r) => setTimeout(r, 500));
-    spawnSync('bash', ['scripts/services.sh', 'down'], { env: { ...env, LOCAL_REDIS_PORT: String(redisPort), LOCAL_MONGO_PORT: String(mongoPort) } });
+    spawnSync('bash', ['scripts/services.sh', 'down'], {
+      env: { ...env, LOCAL_REDIS_PORT: String(redisPort), LOCAL_MONGO_PORT: String(mongoPort) },
+    });
     rmSync(dataDir, { recursive: true, force: true });
   }
 });

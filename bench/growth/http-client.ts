@@ -29,7 +29,8 @@ export class HttpClient {
     } catch (err) {
       // A kept-alive socket the server closed just as it was reused: the request never reached the server (Node's
       // documented case for one retry).
-      if ((err as { reusedSocket?: boolean }).reusedSocket && (err as NodeJS.ErrnoException).code === 'ECONNRESET') return this.once(method, path, options);
+      if ((err as { reusedSocket?: boolean }).reusedSocket && (err as NodeJS.ErrnoException).code === 'ECONNRESET')
+        return this.once(method, path, options);
       throw err;
     }
   }
@@ -44,12 +45,21 @@ export class HttpClient {
     }
     const started = performance.now();
     return new Promise((resolve, reject) => {
-      const req = http.request({ host: '127.0.0.1', port: this.port, method, path, headers, agent, timeout: this.timeoutMs }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, text: Buffer.concat(chunks).toString('utf8'), ms: performance.now() - started }));
-        res.on('error', reject);
-      });
+      const req = http.request(
+        { host: '127.0.0.1', port: this.port, method, path, headers, agent, timeout: this.timeoutMs },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('end', () =>
+            resolve({
+              status: res.statusCode ?? 0,
+              text: Buffer.concat(chunks).toString('utf8'),
+              ms: performance.now() - started,
+            }),
+          );
+          res.on('error', reject);
+        },
+      );
       req.on('timeout', () => req.destroy(new Error(`${method} ${path} timed out after ${this.timeoutMs} ms`)));
       req.on('error', (err) => reject(Object.assign(err, { reusedSocket: req.reusedSocket })));
       req.end(payload);
@@ -57,9 +67,15 @@ export class HttpClient {
   }
 
   /** Like request, but anything other than the expected status is an error that names the call. */
-  async expect(status: number, method: string, path: string, options: RequestOptions = {}): Promise<Reply & { json: any }> {
+  async expect(
+    status: number,
+    method: string,
+    path: string,
+    options: RequestOptions = {},
+  ): Promise<Reply & { json: any }> {
     const reply = await this.request(method, path, options);
-    if (reply.status !== status) throw new Error(`${method} ${path} -> ${reply.status} (expected ${status}): ${reply.text.slice(0, 300)}`);
+    if (reply.status !== status)
+      throw new Error(`${method} ${path} -> ${reply.status} (expected ${status}): ${reply.text.slice(0, 300)}`);
     return { ...reply, json: reply.text ? JSON.parse(reply.text) : null };
   }
 }

@@ -133,6 +133,9 @@ export function machineJiffies(): { busy: number; total: number } {
 }
 
 /** Percent of all cores busy between two readings of machineJiffies. */
-export function machineBusyPercent(before: { busy: number; total: number }, after: { busy: number; total: number }): number {
+export function machineBusyPercent(
+  before: { busy: number; total: number },
+  after: { busy: number; total: number },
+): number {
   return Number((((after.busy - before.busy) / Math.max(1, after.total - before.total)) * 100).toFixed(1));
 }

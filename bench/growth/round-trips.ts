@@ -30,7 +30,9 @@ const runtime = createRuntime(config, createLogger(config, 'bench-rt')); // comm
 await connectRuntime(runtime);
 const app = await buildApp(runtime, { logger: false, bullBoard: false });
 let seen: string[] = [];
-runtime.mongo.on('commandStarted', (e: CommandStartedEvent) => seen.push(`${e.commandName} ${String(e.command[e.commandName])}`));
+runtime.mongo.on('commandStarted', (e: CommandStartedEvent) =>
+  seen.push(`${e.commandName} ${String(e.command[e.commandName])}`),
+);
 
 async function counted(label: string, work: () => Promise<unknown>): Promise<void> {
   seen = [];
@@ -39,23 +41,51 @@ async function counted(label: string, work: () => Promise<unknown>): Promise<voi
   const ms = performance.now() - t0;
   const byKind = new Map<string, number>();
   for (const s of seen) byKind.set(s, (byKind.get(s) ?? 0) + 1);
-  console.log(`${label}: ${seen.length} commands in ${ms.toFixed(0)} ms  ${[...byKind].map(([k, n]) => `${k} x${n}`).join(', ')}`);
+  console.log(
+    `${label}: ${seen.length} commands in ${ms.toFixed(0)} ms  ${[...byKind].map(([k, n]) => `${k} x${n}`).join(', ')}`,
+  );
 }
 
 async function call(method: 'GET' | 'POST', url: string, token: string, payload?: unknown) {
-  const res = await app.inject({ method, url, headers: { authorization: `Bearer ${token}` }, ...(payload === undefined ? {} : { payload: payload as object }) });
+  const res = await app.inject({
+    method,
+    url,
+    headers: { authorization: `Bearer ${token}` },
+    ...(payload === undefined ? {} : { payload: payload as object }),
+  });
   if (res.statusCode >= 300) throw new Error(`${method} ${url} -> ${res.statusCode} ${res.body.slice(0, 200)}`);
   return res.json();
 }
 
 try {
   const tenant = await call('POST', '/ops/tenants', adminKey, { name: 'rt' });
-  const token = (await call('POST', '/ops/api-keys', adminKey, { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write', 'runs:read'] })).token;
+  const token = (
+    await call('POST', '/ops/api-keys', adminKey, {
+      tenantId: tenant.tenantId,
+      scopes: ['agents:write', 'runs:write', 'runs:read'],
+    })
+  ).token;
   const pair = generateEd25519KeyPair();
-  const agent = await call('POST', '/v1/agents', token, { name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') });
-  const newRun = async () => (await call('POST', '/v1/runs', token, { agentId: agent.agentId, terms: { accuracy: { min: 0.9 } } })).runId as string;
+  const agent = await call('POST', '/v1/agents', token, {
+    name: 'a',
+    publicKey: Buffer.from(pair.raw).toString('base64url'),
+  });
+  const newRun = async () =>
+    (await call('POST', '/v1/runs', token, { agentId: agent.agentId, terms: { accuracy: { min: 0.9 } } }))
+      .runId as string;
   const sign = (runId: string, head: ChainHead, n: number) =>
-    signEvents(Array.from({ length: n }, (_, i) => ({ id: newId('evt'), runId, type: 'sample', at: new Date().toISOString(), payload: { latencyMs: 100 + i, correct: true, step: head.seq + i } })), head, pair.privateKey, agent.keyId);
+    signEvents(
+      Array.from({ length: n }, (_, i) => ({
+        id: newId('evt'),
+        runId,
+        type: 'sample',
+        at: new Date().toISOString(),
+        payload: { latencyMs: 100 + i, correct: true, step: head.seq + i },
+      })),
+      head,
+      pair.privateKey,
+      agent.keyId,
+    );
 
   await newRun(); // warm the credential cache
   let runId = '';
@@ -64,7 +94,9 @@ try {
   let head: ChainHead = EMPTY_HEAD;
   for (let i = 0; i < 3; i++) {
     const [event] = sign(runId, head, 1);
-    await counted(`POST events, 1 event (append #${i + 1})`, () => call('POST', `/v1/runs/${runId}/events`, token, { event }));
+    await counted(`POST events, 1 event (append #${i + 1})`, () =>
+      call('POST', `/v1/runs/${runId}/events`, token, { event }),
+    );
     head = { seq: event!.seq, chainHash: event!.chainHash };
   }
   await counted('GET /v1/runs/:id (3 events)', () => call('GET', `/v1/runs/${runId}`, token));
@@ -73,7 +105,8 @@ try {
   for (let done = 0; done < EVENTS; done += 100) {
     const events = sign(bigRun, head, Math.min(100, EVENTS - done));
     const append = () => call('POST', `/v1/runs/${bigRun}/events`, token, { events });
-    if (done === 0 || done + 100 >= EVENTS) await counted(`POST events, 100 events (batch at seq ${head.seq + 1})`, append);
+    if (done === 0 || done + 100 >= EVENTS)
+      await counted(`POST events, 100 events (batch at seq ${head.seq + 1})`, append);
     else await append();
     head = { seq: events.at(-1)!.seq, chainHash: events.at(-1)!.chainHash };
   }

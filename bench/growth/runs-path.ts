@@ -94,7 +94,9 @@ async function counted(label: string, work: () => Promise<unknown>): Promise<voi
   await work();
   const ms = performance.now() - t0;
   await new Promise((r) => setTimeout(r, 100)); // MONITOR lines arrive a little later
-  out(`${label}: ${mongoSeen.length} mongo commands in ${waves} waves (summed command time ${mongoMs.toFixed(1)} ms), ${redisSeen.length} redis, ${ms.toFixed(1)} ms\n    mongo: ${tally(mongoSeen)}\n    redis: ${tally(redisSeen)}`);
+  out(
+    `${label}: ${mongoSeen.length} mongo commands in ${waves} waves (summed command time ${mongoMs.toFixed(1)} ms), ${redisSeen.length} redis, ${ms.toFixed(1)} ms\n    mongo: ${tally(mongoSeen)}\n    redis: ${tally(redisSeen)}`,
+  );
 }
 
 // CPU profile of one window.
@@ -113,8 +115,12 @@ async function profiled<T>(label: string, work: () => Promise<T>, ops = 1): Prom
   const result = await work();
   const selfUs = process.cpuUsage(self0);
   const ferretMs = ferretPid ? ((cpuTicks(ferretPid) - ferret0) / CLOCK_TICKS_PER_SECOND) * 1000 : NaN;
-  out(`  cpu ${label}: this process ${((selfUs.user + selfUs.system) / 1000 / ops).toFixed(2)} ms/op, FerretDB ${(ferretMs / ops).toFixed(2)} ms/op (${ops} ops)`);
-  const { profile } = (await session.post('Profiler.stop')) as unknown as { profile: { nodes: ProfileNode[]; samples: number[]; timeDeltas: number[] } };
+  out(
+    `  cpu ${label}: this process ${((selfUs.user + selfUs.system) / 1000 / ops).toFixed(2)} ms/op, FerretDB ${(ferretMs / ops).toFixed(2)} ms/op (${ops} ops)`,
+  );
+  const { profile } = (await session.post('Profiler.stop')) as unknown as {
+    profile: { nodes: ProfileNode[]; samples: number[]; timeDeltas: number[] };
+  };
   if (PROF_DIR) {
     mkdirSync(PROF_DIR, { recursive: true });
     writeFileSync(join(PROF_DIR, `${label.replace(/\W+/g, '-')}.cpuprofile`), JSON.stringify(profile));
@@ -131,25 +137,73 @@ async function profiled<T>(label: string, work: () => Promise<T>, ops = 1): Prom
     if (functionName === '(idle)' || (functionName === 'dispatch' && !url)) return; // dispatch: the profiler's own stop
     busy += us;
     const where = url.replace(/^file:\/\/.*?\/(node_modules|src|bench)\//, '$1/');
-    byFn.set(`${functionName || '(anon)'} ${where}:${lineNumber + 1}`, (byFn.get(`${functionName || '(anon)'} ${where}:${lineNumber + 1}`) ?? 0) + us);
-    const mod = where.startsWith('node_modules/') ? where.split('/').slice(0, where.split('/')[1]!.startsWith('@') ? 3 : 2).join('/') : where.startsWith('node:') ? where.replace(/^node:(internal\/)?/, 'node:').split('/')[0]! : where || functionName;
+    byFn.set(
+      `${functionName || '(anon)'} ${where}:${lineNumber + 1}`,
+      (byFn.get(`${functionName || '(anon)'} ${where}:${lineNumber + 1}`) ?? 0) + us,
+    );
+    const mod = where.startsWith('node_modules/')
+      ? where
+          .split('/')
+          .slice(0, where.split('/')[1]!.startsWith('@') ? 3 : 2)
+          .join('/')
+      : where.startsWith('node:')
+        ? where.replace(/^node:(internal\/)?/, 'node:').split('/')[0]!
+        : where || functionName;
     byModule.set(mod, (byModule.get(mod) ?? 0) + us);
   });
-  const top = (m: Map<string, number>, n: number) => [...m].sort((a, b) => b[1] - a[1]).slice(0, n).map(([k, us]) => `      ${(us / 1e3).toFixed(0).padStart(6)} ms ${((us / busy) * 100).toFixed(1).padStart(5)}%  ${k}`).join('\n');
-  out(`  profile ${label}: ${(total / 1e6).toFixed(2)} s window, ${(busy / 1e6).toFixed(2)} s busy (${((busy / total) * 100).toFixed(0)}%)\n    by function:\n${top(byFn, TOP)}\n    by module:\n${top(byModule, 12)}`);
+  const top = (m: Map<string, number>, n: number) =>
+    [...m]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, n)
+      .map(
+        ([k, us]) =>
+          `      ${(us / 1e3).toFixed(0).padStart(6)} ms ${((us / busy) * 100).toFixed(1).padStart(5)}%  ${k}`,
+      )
+      .join('\n');
+  out(
+    `  profile ${label}: ${(total / 1e6).toFixed(2)} s window, ${(busy / 1e6).toFixed(2)} s busy (${((busy / total) * 100).toFixed(0)}%)\n    by function:\n${top(byFn, TOP)}\n    by module:\n${top(byModule, 12)}`,
+  );
   return result;
 }
 
-const pct = (xs: number[], p: number) => [...xs].sort((a, b) => a - b)[Math.max(0, Math.ceil((p / 100) * xs.length) - 1)]!;
+const pct = (xs: number[], p: number) =>
+  [...xs].sort((a, b) => a - b)[Math.max(0, Math.ceil((p / 100) * xs.length) - 1)]!;
 
 try {
   const tenant = (await http.expect(201, 'POST', '/ops/tenants', { token: adminKey, body: { name: 'rp' } })).json;
-  const token = (await http.expect(201, 'POST', '/ops/api-keys', { token: adminKey, body: { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write', 'runs:read'] } })).json.token as string;
+  const token = (
+    await http.expect(201, 'POST', '/ops/api-keys', {
+      token: adminKey,
+      body: { tenantId: tenant.tenantId, scopes: ['agents:write', 'runs:write', 'runs:read'] },
+    })
+  ).json.token as string;
   const pair = generateEd25519KeyPair();
-  const agent = (await http.expect(201, 'POST', '/v1/agents', { token, body: { name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') } })).json;
-  const newRun = async () => (await http.expect(201, 'POST', '/v1/runs', { token, body: { agentId: agent.agentId, terms: { accuracy: { min: 0.9 } } } })).json.runId as string;
+  const agent = (
+    await http.expect(201, 'POST', '/v1/agents', {
+      token,
+      body: { name: 'a', publicKey: Buffer.from(pair.raw).toString('base64url') },
+    })
+  ).json;
+  const newRun = async () =>
+    (
+      await http.expect(201, 'POST', '/v1/runs', {
+        token,
+        body: { agentId: agent.agentId, terms: { accuracy: { min: 0.9 } } },
+      })
+    ).json.runId as string;
   const sign = (runId: string, head: ChainHead, n: number) =>
-    signEvents(Array.from({ length: n }, (_, i) => ({ id: newId('evt'), runId, type: 'sample', at: new Date().toISOString(), payload: { latencyMs: 100 + i, correct: true, step: head.seq + i, note: 'tool output digest 0123456789abcdef' } })), head, pair.privateKey, agent.keyId);
+    signEvents(
+      Array.from({ length: n }, (_, i) => ({
+        id: newId('evt'),
+        runId,
+        type: 'sample',
+        at: new Date().toISOString(),
+        payload: { latencyMs: 100 + i, correct: true, step: head.seq + i, note: 'tool output digest 0123456789abcdef' },
+      })),
+      head,
+      pair.privateKey,
+      agent.keyId,
+    );
   const chain = (runId: string, batches: number, size: number) => {
     const outB: EventEnvelope[][] = [];
     let head: ChainHead = EMPTY_HEAD;
@@ -167,15 +221,27 @@ try {
   await counted('POST /v1/runs', () => newRun());
   await counted('GET /v1/runs/:id (no events)', () => http.expect(200, 'GET', `/v1/runs/${runId}`, { token }));
   const [e1, e2, e3] = sign(runId, EMPTY_HEAD, 3);
-  await counted('POST events, 1 event (first append: agent not cached)', () => http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e1 } }));
-  await counted('POST events, 1 event', () => http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e2 } }));
-  await counted('POST events, 1 event resent (no-op)', () => http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e2 } }));
-  await counted('POST events, 1 event', () => http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e3 } }));
+  await counted('POST events, 1 event (first append: agent not cached)', () =>
+    http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e1 } }),
+  );
+  await counted('POST events, 1 event', () =>
+    http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e2 } }),
+  );
+  await counted('POST events, 1 event resent (no-op)', () =>
+    http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e2 } }),
+  );
+  await counted('POST events, 1 event', () =>
+    http.expect(201, 'POST', `/v1/runs/${runId}/events`, { token, body: { event: e3 } }),
+  );
   await counted('GET /v1/runs/:id (3 events)', () => http.expect(200, 'GET', `/v1/runs/${runId}`, { token }));
   const batchRun = await newRun();
   const [b1, b2] = chain(batchRun, 2, 100);
-  await counted('POST events, 100 events', () => http.expect(201, 'POST', `/v1/runs/${batchRun}/events`, { token, body: { events: b1 } }));
-  await counted('POST events, 100 events', () => http.expect(201, 'POST', `/v1/runs/${batchRun}/events`, { token, body: { events: b2 } }));
+  await counted('POST events, 100 events', () =>
+    http.expect(201, 'POST', `/v1/runs/${batchRun}/events`, { token, body: { events: b1 } }),
+  );
+  await counted('POST events, 100 events', () =>
+    http.expect(201, 'POST', `/v1/runs/${batchRun}/events`, { token, body: { events: b2 } }),
+  );
 
   // --- latency windows
   const runs = await Promise.all(Array.from({ length: 40 }, () => newRun()));
@@ -187,31 +253,73 @@ try {
       await raw.findOne({ _id: runs[(k * 7 + i) % runs.length]! });
       return performance.now() - t0;
     });
-    const r = await profiled(`GET run c${c}`, () => concurrently(c, n, async (k, i) => (await http.expect(200, 'GET', `/v1/runs/${runs[(k * 7 + i) % runs.length]}`, { token })).ms), n * c);
-    out(`GET run c${c}: p50 ${pct(r.latencies, 50).toFixed(2)} ms (raw findOne p50 ${pct(rawR.latencies, 50).toFixed(2)}, diff ${(pct(r.latencies, 50) - pct(rawR.latencies, 50)).toFixed(2)}), ${summarize(r.latencies, r.wallMs).opsPerSecond}/s`);
+    const r = await profiled(
+      `GET run c${c}`,
+      () =>
+        concurrently(
+          c,
+          n,
+          async (k, i) => (await http.expect(200, 'GET', `/v1/runs/${runs[(k * 7 + i) % runs.length]}`, { token })).ms,
+        ),
+      n * c,
+    );
+    out(
+      `GET run c${c}: p50 ${pct(r.latencies, 50).toFixed(2)} ms (raw findOne p50 ${pct(rawR.latencies, 50).toFixed(2)}, diff ${(pct(r.latencies, 50) - pct(rawR.latencies, 50)).toFixed(2)}), ${summarize(r.latencies, r.wallMs).opsPerSecond}/s`,
+    );
   }
   for (const c of [1, 16]) {
     const n = c === 1 ? 200 : 30;
     const own = await Promise.all(Array.from({ length: c }, () => newRun()));
     const evs = own.map((id) => sign(id, EMPTY_HEAD, n));
-    const r = await profiled(`single append c${c}`, () => concurrently(c, n, async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${own[k]}/events`, { token, body: { event: evs[k]![i] } })).ms), n * c);
-    out(`single append c${c}: p50 ${pct(r.latencies, 50).toFixed(2)} ms, ${(r.latencies.length / (r.wallMs / 1000)).toFixed(0)} events/s`);
+    const r = await profiled(
+      `single append c${c}`,
+      () =>
+        concurrently(
+          c,
+          n,
+          async (k, i) =>
+            (await http.expect(201, 'POST', `/v1/runs/${own[k]}/events`, { token, body: { event: evs[k]![i] } })).ms,
+        ),
+      n * c,
+    );
+    out(
+      `single append c${c}: p50 ${pct(r.latencies, 50).toFixed(2)} ms, ${(r.latencies.length / (r.wallMs / 1000)).toFixed(0)} events/s`,
+    );
   }
   {
     const c = 16;
     const n = 5;
     const own = await Promise.all(Array.from({ length: c }, () => newRun()));
     const bs = own.map((id) => chain(id, n, 100));
-    const r = await profiled(`batch append c${c}`, () => concurrently(c, n, async (k, i) => (await http.expect(201, 'POST', `/v1/runs/${own[k]}/events`, { token, body: { events: bs[k]![i] } })).ms), n * c);
-    out(`batch append c${c}: p50 ${pct(r.latencies, 50).toFixed(2)} ms, ${((r.latencies.length * 100) / (r.wallMs / 1000)).toFixed(0)} events/s`);
+    const r = await profiled(
+      `batch append c${c}`,
+      () =>
+        concurrently(
+          c,
+          n,
+          async (k, i) =>
+            (await http.expect(201, 'POST', `/v1/runs/${own[k]}/events`, { token, body: { events: bs[k]![i] } })).ms,
+        ),
+      n * c,
+    );
+    out(
+      `batch append c${c}: p50 ${pct(r.latencies, 50).toFixed(2)} ms, ${((r.latencies.length * 100) / (r.wallMs / 1000)).toFixed(0)} events/s`,
+    );
   }
 
   // --- finalize and cold verify of a big run
   const bigRun = await newRun();
-  for (const batch of chain(bigRun, Math.ceil(EVENTS / 100), 100)) await http.expect(201, 'POST', `/v1/runs/${bigRun}/events`, { token, body: { events: batch } });
-  await counted('POST /v1/runs/:id/finalize (API side)', () => http.expect(202, 'POST', `/v1/runs/${bigRun}/finalize`, { token }));
-  await profiled(`finalize job ${EVENTS}`, () => counted(`finalize job (worker side), ${EVENTS} events`, () => finalizeRun(runtime, tenant.tenantId, bigRun)));
-  await profiled(`verify cold ${EVENTS}`, () => counted(`GET /v1/verify/:runId cold, ${EVENTS} events`, () => http.expect(200, 'GET', `/v1/verify/${bigRun}`)));
+  for (const batch of chain(bigRun, Math.ceil(EVENTS / 100), 100))
+    await http.expect(201, 'POST', `/v1/runs/${bigRun}/events`, { token, body: { events: batch } });
+  await counted('POST /v1/runs/:id/finalize (API side)', () =>
+    http.expect(202, 'POST', `/v1/runs/${bigRun}/finalize`, { token }),
+  );
+  await profiled(`finalize job ${EVENTS}`, () =>
+    counted(`finalize job (worker side), ${EVENTS} events`, () => finalizeRun(runtime, tenant.tenantId, bigRun)),
+  );
+  await profiled(`verify cold ${EVENTS}`, () =>
+    counted(`GET /v1/verify/:runId cold, ${EVENTS} events`, () => http.expect(200, 'GET', `/v1/verify/${bigRun}`)),
+  );
   await counted('GET /v1/verify/:runId warm', () => http.expect(200, 'GET', `/v1/verify/${bigRun}`));
   await counted(`GET /v1/artifacts/:id, ${EVENTS} events`, async () => {
     const run = (await http.expect(200, 'GET', `/v1/runs/${bigRun}`, { token })).json;

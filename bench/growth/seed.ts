@@ -5,7 +5,14 @@ import type { KeyObject } from 'node:crypto';
 import { buildArtifact } from '../../src/domain/artifact.ts';
 import { canonicalize } from '../../src/domain/canonical-json.ts';
 import { generateEd25519KeyPair, newId, signHexDigest } from '../../src/domain/crypto.ts';
-import { computeChainHash, computePayloadHash, EMPTY_HEAD, signEvents, type ChainHead, type EventEnvelope } from '../../src/domain/event-chain.ts';
+import {
+  computeChainHash,
+  computePayloadHash,
+  EMPTY_HEAD,
+  signEvents,
+  type ChainHead,
+  type EventEnvelope,
+} from '../../src/domain/event-chain.ts';
 import { signReceipt } from '../../src/domain/receipt.ts';
 import type { Terms } from '../../src/domain/terms.ts';
 import type { Runtime } from '../../src/runtime.ts';
@@ -89,7 +96,12 @@ function chain(runId: string, count: number, agent: SeedAgent, startedAt: number
     runId,
     type: 'sample',
     at: new Date(startedAt + i * 1_000).toISOString(),
-    payload: { latencyMs: 100 + ((i * 37) % 700), correct: i % 20 !== 0, step: i, note: 'tool output digest 0123456789abcdef' },
+    payload: {
+      latencyMs: 100 + ((i * 37) % 700),
+      correct: i % 20 !== 0,
+      step: i,
+      note: 'tool output digest 0123456789abcdef',
+    },
   }));
   if (real) return signEvents(items, EMPTY_HEAD, agent.privateKey, agent.keyId);
   const out: EventEnvelope[] = [];
@@ -98,13 +110,24 @@ function chain(runId: string, count: number, agent: SeedAgent, startedAt: number
     const unsigned = { v: 1 as const, seq: prev.seq + 1, ...item };
     const payloadHash = computePayloadHash(unsigned);
     const chainHash = computeChainHash(1, prev.chainHash, payloadHash);
-    out.push({ ...unsigned, prevChainHash: prev.chainHash, payloadHash, chainHash, signerKeyId: agent.keyId, signature: agent.templateSignature });
+    out.push({
+      ...unsigned,
+      prevChainHash: prev.chainHash,
+      payloadHash,
+      chainHash,
+      signerKeyId: agent.keyId,
+      signature: agent.templateSignature,
+    });
     prev = { seq: unsigned.seq, chainHash };
   }
   return out;
 }
 
-export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line: string) => void): Promise<SeedReport> {
+export async function seedDatabase(
+  rt: Runtime,
+  options: SeedOptions,
+  log: (line: string) => void,
+): Promise<SeedReport> {
   const started = performance.now();
   const { runs: runStore, settlements } = rt.stores;
   const tenant = await createTenant(rt, { name: 'seeded' });
@@ -113,7 +136,13 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
     const pair = generateEd25519KeyPair();
     const publicKey = Buffer.from(pair.raw).toString('base64url');
     const { agent, key } = await registerAgent(rt, tenant._id, { name: `agent-${i}`, publicKey });
-    agents.push({ agentId: agent._id, keyId: key.keyId, privateKey: pair.privateKey, publicKey, templateSignature: signHexDigest(pair.privateKey, 'ab'.repeat(32)) });
+    agents.push({
+      agentId: agent._id,
+      keyId: key.keyId,
+      privateKey: pair.privateKey,
+      publicKey,
+      templateSignature: signHexDigest(pair.privateKey, 'ab'.repeat(32)),
+    });
   }
   const payer = agents[0]!;
   const random = prng(42);
@@ -150,7 +179,15 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       const receivedAt = new Date(createdAt.getTime() + 1_000);
       for (let first = 0; first < events.length; first += BATCH) {
         const slice = events.slice(first, first + BATCH);
-        batches.push({ _id: `${runId}:${slice[0]!.seq}`, tenantId: tenant._id, runId, firstSeq: slice[0]!.seq, lastSeq: slice.at(-1)!.seq, ...storedBatchEvents(slice), receivedAt });
+        batches.push({
+          _id: `${runId}:${slice[0]!.seq}`,
+          tenantId: tenant._id,
+          runId,
+          firstSeq: slice[0]!.seq,
+          lastSeq: slice.at(-1)!.seq,
+          ...storedBatchEvents(slice),
+          receivedAt,
+        });
       }
       const head: ChainHead = events.length ? { seq: events.length, chainHash: events.at(-1)!.chainHash } : EMPTY_HEAD;
       heads.push({ _id: runId, ...head, sealed: finalize });
@@ -159,7 +196,9 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
         tenantId: tenant._id,
         agentId: agent.agentId,
         terms: TERMS,
-        settlement: finalize ? { payerAgentId: payer.agentId, amount: 1_000, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 3_600 } : null,
+        settlement: finalize
+          ? { payerAgentId: payer.agentId, amount: 1_000, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 3_600 }
+          : null,
         status: 'in_progress',
         verdict: null,
         artifactId: null,
@@ -171,21 +210,72 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
       };
       if (finalize) {
         const sealedAt = new Date(receivedAt.getTime() + 1_000);
-        batches.push({ _id: `${runId}:${head.seq + 1}`, tenantId: tenant._id, runId, firstSeq: head.seq + 1, lastSeq: head.seq, eventsJson: '[]', lastChainHash: null, seal: { finalHead: head, sealedAt }, receivedAt: sealedAt });
+        batches.push({
+          _id: `${runId}:${head.seq + 1}`,
+          tenantId: tenant._id,
+          runId,
+          firstSeq: head.seq + 1,
+          lastSeq: head.seq,
+          eventsJson: '[]',
+          lastChainHash: null,
+          seal: { finalHead: head, sealedAt },
+          receivedAt: sealedAt,
+        });
         const artifact = buildArtifact(
-          { runId, agentId: agent.agentId, agentKeys: [{ keyId: agent.keyId, publicKey: agent.publicKey }], terms: TERMS, events, finalizedAt: sealedAt.toISOString() },
+          {
+            runId,
+            agentId: agent.agentId,
+            agentKeys: [{ keyId: agent.keyId, publicKey: agent.publicKey }],
+            terms: TERMS,
+            events,
+            finalizedAt: sealedAt.toISOString(),
+          },
           rt.keys.active,
         );
         const { items: _items, ...eventsHeader } = artifact.events;
         const finalizedAt = new Date(sealedAt.getTime() + 500);
-        artifacts.push({ _id: artifact.artifactId, tenantId: tenant._id, runId, agentId: agent.agentId, artifactHash: artifact.artifactHash, headerJson: canonicalize({ ...artifact, events: eventsHeader }), eventCount: artifact.events.count, createdAt: finalizedAt });
-        Object.assign(run, { status: 'finalized', verdict: artifact.evaluation.verdict, artifactId: artifact.artifactId, finalizeRequestedAt: sealedAt, finalHead: head, finalizedAt });
+        artifacts.push({
+          _id: artifact.artifactId,
+          tenantId: tenant._id,
+          runId,
+          agentId: agent.agentId,
+          artifactHash: artifact.artifactHash,
+          headerJson: canonicalize({ ...artifact, events: eventsHeader }),
+          eventCount: artifact.events.count,
+          createdAt: finalizedAt,
+        });
+        Object.assign(run, {
+          status: 'finalized',
+          verdict: artifact.evaluation.verdict,
+          artifactId: artifact.artifactId,
+          finalizeRequestedAt: sealedAt,
+          finalHead: head,
+          finalizedAt,
+        });
         const settlementId = settlementIdFor(runId);
         const pass = artifact.evaluation.verdict === 'pass';
         const decidedAt = new Date(finalizedAt.getTime() + 1_000).toISOString();
-        const terms = { runId, payerWalletId: payer.agentId, payeeWalletId: agent.agentId, amount: 1_000, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 3_600 };
+        const terms = {
+          runId,
+          payerWalletId: payer.agentId,
+          payeeWalletId: agent.agentId,
+          amount: 1_000,
+          currency: 'USD',
+          holdbackBps: 0,
+          disputeWindowSeconds: 3_600,
+        };
         const receipt = signReceipt(
-          { schema: 'SettlementReceipt.v1', settlementId, ...terms, releasedNow: pass ? 1_000 : 0, holdback: 0, verdict: pass ? 'pass' : 'fail', artifactId: artifact.artifactId, artifactHash: artifact.artifactHash, decidedAt },
+          {
+            schema: 'SettlementReceipt.v1',
+            settlementId,
+            ...terms,
+            releasedNow: pass ? 1_000 : 0,
+            holdback: 0,
+            verdict: pass ? 'pass' : 'fail',
+            artifactId: artifact.artifactId,
+            artifactHash: artifact.artifactHash,
+            decidedAt,
+          },
           rt.keys.active,
         );
         const disputeWindowEndsAt = new Date(Date.parse(decidedAt) + 3_600_000).toISOString();
@@ -199,7 +289,15 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
           _id: `${settlementId}:decision`,
           settlementId,
           kind: 'decision',
-          data: { verdict: pass ? 'pass' : 'fail', reason: pass ? null : 'TERMS_NOT_MET', releaseNow: pass ? 1_000 : 0, holdback: 0, decidedAt, disputeWindowEndsAt, receipt },
+          data: {
+            verdict: pass ? 'pass' : 'fail',
+            reason: pass ? null : 'TERMS_NOT_MET',
+            releaseNow: pass ? 1_000 : 0,
+            holdback: 0,
+            decidedAt,
+            disputeWindowEndsAt,
+            receipt,
+          },
           at: new Date(decidedAt),
         });
         report.finalizedRuns++;
@@ -215,7 +313,8 @@ export async function seedDatabase(rt: Runtime, options: SeedOptions, log: (line
 
   const insertChunk = async (docs: ReturnType<typeof buildChunk>) => {
     const unordered = { ordered: false } as const;
-    const many = <T>(insert: (d: T[], o: typeof unordered) => Promise<unknown>, d: T[]) => (d.length ? insert(d, unordered) : Promise.resolve());
+    const many = <T>(insert: (d: T[], o: typeof unordered) => Promise<unknown>, d: T[]) =>
+      d.length ? insert(d, unordered) : Promise.resolve();
     await Promise.all([
       many((d, o) => runStore.runs.insertMany(d, o), docs.runs),
       many((d, o) => runStore.batches.insertMany(d, o), docs.batches),

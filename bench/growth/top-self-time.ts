@@ -35,5 +35,7 @@ profile.samples.forEach((id, i) => {
 const busyUs = totalUs - (selfUs.get('(idle)') ?? 0);
 console.log(`${file}: ${(totalUs / 1e6).toFixed(1)} s profiled, ${(busyUs / 1e6).toFixed(1)} s not idle`);
 for (const [key, us] of [...selfUs].sort((a, b) => b[1] - a[1]).slice(0, Number(countArg ?? 25))) {
-  console.log(`${(us / 1e3).toFixed(0).padStart(8)} ms  ${((us / busyUs) * 100).toFixed(1).padStart(5)}% of busy  ${key}`);
+  console.log(
+    `${(us / 1e3).toFixed(0).padStart(8)} ms  ${((us / busyUs) * 100).toFixed(1).padStart(5)}% of busy  ${key}`,
+  );
 }

@@ -15,7 +15,10 @@ export class WebhookReceiver {
         const at = performance.now();
         res.writeHead(204).end();
         try {
-          const event = JSON.parse(Buffer.concat(chunks).toString('utf8')) as { type?: string; data?: { runId?: string } };
+          const event = JSON.parse(Buffer.concat(chunks).toString('utf8')) as {
+            type?: string;
+            data?: { runId?: string };
+          };
           if (event.type && event.data?.runId) this.record(`${event.type}:${event.data.runId}`, at);
         } catch {
           // not an event; nothing to record

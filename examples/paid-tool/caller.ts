@@ -18,14 +18,26 @@ export interface PayingFetchOptions {
 }
 
 export function payingFetch(o: PayingFetchOptions) {
-  const client = new x402Client().register(o.network, new EscrowGateClientScheme({ serviceUrl: o.serviceUrl, apiKey: o.apiKey, payerAgentId: o.payerAgentId }));
+  const client = new x402Client().register(
+    o.network,
+    new EscrowGateClientScheme({ serviceUrl: o.serviceUrl, apiKey: o.apiKey, payerAgentId: o.payerAgentId }),
+  );
   if (o.maxAmountPerPayment) client.setSpendControls({ maxAmountPerPayment: o.maxAmountPerPayment });
   return wrapFetchWithPayment(o.fetch ?? globalThis.fetch, client);
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const env = (name: string) => process.env[name] ?? (() => { throw new Error(`${name} is required`); })();
-  const paidFetch = payingFetch({ serviceUrl: env('SERVICE_URL'), apiKey: env('PAYER_API_KEY'), payerAgentId: env('PAYER_AGENT_ID'), network: env('X402_NETWORK') as Network });
+  const env = (name: string) =>
+    process.env[name] ??
+    (() => {
+      throw new Error(`${name} is required`);
+    })();
+  const paidFetch = payingFetch({
+    serviceUrl: env('SERVICE_URL'),
+    apiKey: env('PAYER_API_KEY'),
+    payerAgentId: env('PAYER_AGENT_ID'),
+    network: env('X402_NETWORK') as Network,
+  });
   const res = await paidFetch(env('TOOL_URL'));
   const receipt = res.headers.get('PAYMENT-RESPONSE');
   console.log(res.status, await res.json(), receipt ? decodePaymentResponseHeader(receipt) : null);

@@ -32,16 +32,34 @@ export function createPaidTool(o: PaidToolOptions) {
   const holdbackBps = o.holdbackBps ?? 0;
   const fixed = new x402ResourceServer(facilitator).register(o.network, new EscrowGateServerScheme({ holdbackBps }));
   // A metered scheme marks its requirements' price as a maximum (extra.metered): the payer locks the maximum.
-  const metered = new x402ResourceServer(facilitator).register(o.network, new EscrowGateServerScheme({ holdbackBps, metered: true }));
+  const metered = new x402ResourceServer(facilitator).register(
+    o.network,
+    new EscrowGateServerScheme({ holdbackBps, metered: true }),
+  );
   const search = o.search ?? ((query: string) => ({ query, results: [`${query}: first hit`] }));
   const maxWords = o.maxWords ?? 50;
   const centsPerWord = o.centsPerWord ?? 1;
   const summarize = o.summarize ?? ((words: number) => TEXT.split(' ').slice(0, words));
-  const accepts = (price: string | { amount: string; asset: string }) => ({ scheme: 'escrow-gate', network: o.network, payTo: o.payeeAgentId, price });
+  const accepts = (price: string | { amount: string; asset: string }) => ({
+    scheme: 'escrow-gate',
+    network: o.network,
+    payTo: o.payeeAgentId,
+    price,
+  });
 
   const app = express();
   app.use(paymentMiddleware({ 'GET /search': { accepts: accepts(o.price ?? '$0.10'), description: 'search' } }, fixed));
-  app.use(paymentMiddleware({ 'GET /summarize': { accepts: accepts({ amount: String(maxWords * centsPerWord), asset: 'USD' }), description: `summary, ${centsPerWord} cent(s) a word, at most ${maxWords} words` } }, metered));
+  app.use(
+    paymentMiddleware(
+      {
+        'GET /summarize': {
+          accepts: accepts({ amount: String(maxWords * centsPerWord), asset: 'USD' }),
+          description: `summary, ${centsPerWord} cent(s) a word, at most ${maxWords} words`,
+        },
+      },
+      metered,
+    ),
+  );
   app.get('/search', (req, res) => {
     res.json(search(String(req.query.q ?? '')));
   });
@@ -57,8 +75,19 @@ export function createPaidTool(o: PaidToolOptions) {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const env = (name: string) => process.env[name] ?? (() => { throw new Error(`${name} is required`); })();
-  const app = createPaidTool({ serviceUrl: env('SERVICE_URL'), apiKey: env('PROVIDER_API_KEY'), network: env('X402_NETWORK') as Network, payeeAgentId: env('PAYEE_AGENT_ID') });
+  const env = (name: string) =>
+    process.env[name] ??
+    (() => {
+      throw new Error(`${name} is required`);
+    })();
+  const app = createPaidTool({
+    serviceUrl: env('SERVICE_URL'),
+    apiKey: env('PROVIDER_API_KEY'),
+    network: env('X402_NETWORK') as Network,
+    payeeAgentId: env('PAYEE_AGENT_ID'),
+  });
   const port = Number(process.env.PORT ?? 4020);
-  app.listen(port, '127.0.0.1', () => console.log(`paid tool on http://127.0.0.1:${port}/search and /summarize?words=N`));
+  app.listen(port, '127.0.0.1', () =>
+    console.log(`paid tool on http://127.0.0.1:${port}/search and /summarize?words=N`),
+  );
 }

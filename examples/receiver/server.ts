@@ -29,7 +29,8 @@ export interface WebhookHooks {
   x402: Hook;
 }
 
-const log = (event: WebhookEvent<Data>, advice: string) => console.log(JSON.stringify({ id: event.id, type: event.type, data: event.data, advice }));
+const log = (event: WebhookEvent<Data>, advice: string) =>
+  console.log(JSON.stringify({ id: event.id, type: event.type, data: event.data, advice }));
 
 export const recommendedHooks: WebhookHooks = {
   // HOOK run.finalized {runId, …}: the run has a verdict (pass | fail) and a signed artifact. Do not act on the
@@ -104,7 +105,10 @@ export interface HandlerOptions {
   processed?: ProcessedIds;
 }
 
-export type WebhookHandler = (rawBody: Buffer, headers: IncomingHttpHeaders) => Promise<{ status: number; processed: boolean }>;
+export type WebhookHandler = (
+  rawBody: Buffer,
+  headers: IncomingHttpHeaders,
+) => Promise<{ status: number; processed: boolean }>;
 
 export function createWebhookHandler(options: HandlerOptions): WebhookHandler {
   const hooks = options.hooks ?? recommendedHooks;
@@ -123,7 +127,10 @@ export function createWebhookHandler(options: HandlerOptions): WebhookHandler {
     const running = inFlight.get(event.id);
     if (running) {
       // The same event arrived twice at once: answer with the outcome of the first copy.
-      const ok = await running.then(() => true, () => false);
+      const ok = await running.then(
+        () => true,
+        () => false,
+      );
       return { status: ok ? 204 : 500, processed: false };
     }
     const work = (async () => {
@@ -171,15 +178,25 @@ export function createReceiverServer(handler: WebhookHandler, path = '/webhooks'
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  const secrets = (process.env.WEBHOOK_SECRET ?? '').split(',').map((s) => s.trim()).filter(Boolean);
+  const secrets = (process.env.WEBHOOK_SECRET ?? '')
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
   if (secrets.length === 0) {
-    console.error('set WEBHOOK_SECRET (the whsec_… shown when the endpoint was created; comma-separate two while rotating)');
+    console.error(
+      'set WEBHOOK_SECRET (the whsec_… shown when the endpoint was created; comma-separate two while rotating)',
+    );
     process.exit(2);
   }
   const stateFile = process.env.RECEIVER_STATE_FILE;
-  const handler = createWebhookHandler({ secrets, processed: stateFile ? new FileProcessedIds(stateFile) : new MemoryProcessedIds() });
+  const handler = createWebhookHandler({
+    secrets,
+    processed: stateFile ? new FileProcessedIds(stateFile) : new MemoryProcessedIds(),
+  });
   const port = Number(process.env.PORT ?? 4000);
   createReceiverServer(handler).listen(port, '127.0.0.1', () => {
-    console.log(`webhook receiver on http://127.0.0.1:${port}/webhooks (${stateFile ? `ids in ${stateFile}` : 'ids in memory'})`);
+    console.log(
+      `webhook receiver on http://127.0.0.1:${port}/webhooks (${stateFile ? `ids in ${stateFile}` : 'ids in memory'})`,
+    );
   });
 }

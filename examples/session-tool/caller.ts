@@ -20,14 +20,30 @@ export interface SessionFetchOptions {
 
 /** A paying fetch and close(), which closes the sessions it opened (their unspent budget goes back). */
 export function sessionPayingFetch(o: SessionFetchOptions) {
-  const scheme = new EscrowSessionClientScheme({ serviceUrl: o.serviceUrl, apiKey: o.apiKey, payerAgentId: o.payerAgentId, budget: o.budget, ...(o.fetch ? { fetch: o.fetch } : {}) });
+  const scheme = new EscrowSessionClientScheme({
+    serviceUrl: o.serviceUrl,
+    apiKey: o.apiKey,
+    payerAgentId: o.payerAgentId,
+    budget: o.budget,
+    ...(o.fetch ? { fetch: o.fetch } : {}),
+  });
   const client = new x402Client().register(o.network, scheme);
   return { fetch: wrapFetchWithPayment(o.fetch ?? globalThis.fetch, client), close: () => scheme.close() };
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const env = (name: string) => process.env[name] ?? (() => { throw new Error(`${name} is required`); })();
-  const paying = sessionPayingFetch({ serviceUrl: env('SERVICE_URL'), apiKey: env('PAYER_API_KEY'), payerAgentId: env('PAYER_AGENT_ID'), network: env('X402_NETWORK') as Network, budget: 100 });
+  const env = (name: string) =>
+    process.env[name] ??
+    (() => {
+      throw new Error(`${name} is required`);
+    })();
+  const paying = sessionPayingFetch({
+    serviceUrl: env('SERVICE_URL'),
+    apiKey: env('PAYER_API_KEY'),
+    payerAgentId: env('PAYER_AGENT_ID'),
+    network: env('X402_NETWORK') as Network,
+    budget: 100,
+  });
   for (const path of ['/search?q=x402', '/search?q=sessions', '/rows?n=3', '/rows?n=0']) {
     const res = await paying.fetch(env('TOOL_URL') + path);
     const receipt = res.headers.get('PAYMENT-RESPONSE');

@@ -25,14 +25,25 @@ export interface SessionToolOptions {
 export function createSessionTool(o: SessionToolOptions) {
   const rowPrice = o.rowPrice ?? 2;
   const maxRows = o.maxRows ?? 10;
-  const server = new x402ResourceServer(escrowGateFacilitator({ serviceUrl: o.serviceUrl, apiKey: o.apiKey })).register(o.network, new EscrowSessionServerScheme());
-  const accepts = (price: string | { amount: string; asset: string }) => ({ scheme: 'escrow-session', network: o.network, payTo: o.payeeAgentId, price });
+  const server = new x402ResourceServer(escrowGateFacilitator({ serviceUrl: o.serviceUrl, apiKey: o.apiKey })).register(
+    o.network,
+    new EscrowSessionServerScheme(),
+  );
+  const accepts = (price: string | { amount: string; asset: string }) => ({
+    scheme: 'escrow-session',
+    network: o.network,
+    payTo: o.payeeAgentId,
+    price,
+  });
   const app = express();
   app.use(
     paymentMiddleware(
       {
         'GET /search': { accepts: accepts(o.searchPrice ?? '$0.05'), description: 'search' },
-        'GET /rows': { accepts: accepts({ amount: String(rowPrice * maxRows), asset: 'USD' }), description: `up to ${maxRows} rows at ${rowPrice} each` },
+        'GET /rows': {
+          accepts: accepts({ amount: String(rowPrice * maxRows), asset: 'USD' }),
+          description: `up to ${maxRows} rows at ${rowPrice} each`,
+        },
       },
       server,
     ),
@@ -50,8 +61,17 @@ export function createSessionTool(o: SessionToolOptions) {
 }
 
 if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const env = (name: string) => process.env[name] ?? (() => { throw new Error(`${name} is required`); })();
-  const app = createSessionTool({ serviceUrl: env('SERVICE_URL'), apiKey: env('PROVIDER_API_KEY'), network: env('X402_NETWORK') as Network, payeeAgentId: env('PAYEE_AGENT_ID') });
+  const env = (name: string) =>
+    process.env[name] ??
+    (() => {
+      throw new Error(`${name} is required`);
+    })();
+  const app = createSessionTool({
+    serviceUrl: env('SERVICE_URL'),
+    apiKey: env('PROVIDER_API_KEY'),
+    network: env('X402_NETWORK') as Network,
+    payeeAgentId: env('PAYEE_AGENT_ID'),
+  });
   const port = Number(process.env.PORT ?? 4021);
   app.listen(port, '127.0.0.1', () => console.log(`session tool on http://127.0.0.1:${port}/search and /rows?n=3`));
 }

@@ -5,7 +5,12 @@ import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { ARTIFACT_CHECKS, verifyArtifact } from '../domain/artifact.ts';
 import type { ArtifactCheck, ArtifactVerification } from '../domain/artifact.ts';
-import { STATEMENT_CHECKS, verifyStatement, type StatementCheck, type StatementVerification } from '../domain/x402-sessions.ts';
+import {
+  STATEMENT_CHECKS,
+  verifyStatement,
+  type StatementCheck,
+  type StatementVerification,
+} from '../domain/x402-sessions.ts';
 
 export const EXIT_OK = 0;
 export const EXIT_FAILED = 1;
@@ -102,8 +107,11 @@ async function loadJwks(source: string): Promise<unknown> {
 
 /** Artifact strings end up on a terminal: show control characters escaped, never raw. */
 function safe(value: unknown): string {
-  const s = typeof value === 'string' ? value : JSON.stringify(value) ?? String(value);
-  return s.replace(/[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  const s = typeof value === 'string' ? value : (JSON.stringify(value) ?? String(value));
+  return s.replace(
+    /[\u0000-\u001f\u007f-\u009f\u2028\u2029]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+  );
 }
 
 const PASSED: Record<ArtifactCheck, string> = {
@@ -134,7 +142,7 @@ const STATEMENT_PASSED: Record<StatementCheck, string> = {
   statementHash: 'recomputed hash matches statementHash',
   serviceSignature: 'service signature verifies with the JWKS key',
   charges: 'the listed charges are the ones the statement commits to',
-  totals: 'total, refund and every payee\'s share add up',
+  totals: "total, refund and every payee's share add up",
 };
 
 function isStatement(doc: unknown): boolean {

@@ -6,7 +6,13 @@ import { verifyReceipt, type ReceiptVerification } from '../domain/receipt.ts';
 import { apiErrorFrom } from './errors.ts';
 import type { paths } from './generated/openapi.ts';
 import { operationRoutes } from './generated/operations.ts';
-import { RunEventSigner, generateAgentKeyPair, type AgentKeyPair, type EventEnvelope, type EventInput } from './signer.ts';
+import {
+  RunEventSigner,
+  generateAgentKeyPair,
+  type AgentKeyPair,
+  type EventEnvelope,
+  type EventInput,
+} from './signer.ts';
 import { IDEMPOTENCY_HEADER, retryingFetch, type FetchLike, type RetryOptions } from './transport.ts';
 
 export interface SettlementClientOptions {
@@ -32,7 +38,9 @@ export interface CallOptions {
 }
 export type OperationCall<K extends OperationId> = NonNullable<OperationInit<K>> & CallOptions;
 /** What the operation answers on success (its 2xx JSON body). */
-export type OperationResult<K extends OperationId> = NonNullable<FetchResponse<PathItem<K>[Method<K>] & Record<string | number, unknown>, OperationCall<K>, 'application/json'>['data']>;
+export type OperationResult<K extends OperationId> = NonNullable<
+  FetchResponse<PathItem<K>[Method<K>] & Record<string | number, unknown>, OperationCall<K>, 'application/json'>['data']
+>;
 
 /** One method per operation: `client.createRun({ body })`, `client.getRun({ params: { path: { runId } } })`. */
 export type OperationMethods = {
@@ -60,11 +68,25 @@ export interface SettlementClientHelpers {
   /** The underlying openapi-fetch client (same auth, idempotency and retries): `http.GET('/v1/runs/{runId}', …)`. */
   readonly http: Client<paths>;
   /** Makes an Ed25519 key pair for a new agent and registers the agent with its public key. */
-  createAgent(agent?: { agentId?: string; namespace?: string; name?: string; displayName?: string; metadata?: Record<string, unknown> }): Promise<RegisteredAgent>;
+  createAgent(agent?: {
+    agentId?: string;
+    namespace?: string;
+    name?: string;
+    displayName?: string;
+    metadata?: Record<string, unknown>;
+  }): Promise<RegisteredAgent>;
   /** A signer for a run's events; `head` defaults to the run's current head (read from the service). */
-  eventSigner(runId: string, agent: Pick<AgentKeyPair, 'keyId' | 'privateKey'>, head?: RunEventSigner['head']): Promise<RunEventSigner>;
+  eventSigner(
+    runId: string,
+    agent: Pick<AgentKeyPair, 'keyId' | 'privateKey'>,
+    head?: RunEventSigner['head'],
+  ): Promise<RunEventSigner>;
   /** Signs the events with `signer` and appends them as one batch (all or nothing); the signer's head moves only if they were accepted. */
-  appendEvents(signer: RunEventSigner, events: readonly EventInput[], call?: CallOptions): Promise<OperationResult<'appendRunEvents'> & { events: EventEnvelope[] }>;
+  appendEvents(
+    signer: RunEventSigner,
+    events: readonly EventInput[],
+    call?: CallOptions,
+  ): Promise<OperationResult<'appendRunEvents'> & { events: EventEnvelope[] }>;
   /** Polls the run until it is finalized (the finalize worker built its artifact and verdict). */
   waitForFinalized(runId: string, options?: WaitOptions): Promise<Run>;
   /** Polls the run's settlement until the settle worker has decided it (no longer `pending`). */
@@ -80,7 +102,12 @@ export type SettlementClient = OperationMethods & SettlementClientHelpers;
 const POLL_START_MS = 100;
 const POLL_MAX_MS = 2_000;
 
-async function poll<T>(what: string, read: () => Promise<T>, done: (value: T) => boolean, timeoutMs = 60_000): Promise<T> {
+async function poll<T>(
+  what: string,
+  read: () => Promise<T>,
+  done: (value: T) => boolean,
+  timeoutMs = 60_000,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (let wait = POLL_START_MS; ; wait = Math.min(POLL_MAX_MS, wait * 2)) {
     const value = await read();
@@ -99,12 +126,19 @@ export function createSettlementClient(options: SettlementClientOptions): Settle
     headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
   });
 
-  async function call(operationId: OperationId, init: (CallOptions & { headers?: Record<string, string> }) | undefined): Promise<unknown> {
+  async function call(
+    operationId: OperationId,
+    init: (CallOptions & { headers?: Record<string, string> }) | undefined,
+  ): Promise<unknown> {
     const { method, path } = operationRoutes[operationId];
     const { idempotencyKey, ...rest } = init ?? {};
     const headers = { ...rest.headers, ...(idempotencyKey ? { [IDEMPOTENCY_HEADER]: idempotencyKey } : {}) };
     // The generated types check `init` at the call site (OperationMethods); here every operation goes one way.
-    const request = http.request as (m: string, p: string, i: object) => Promise<{ data?: unknown; error?: unknown; response: Response }>;
+    const request = http.request as (
+      m: string,
+      p: string,
+      i: object,
+    ) => Promise<{ data?: unknown; error?: unknown; response: Response }>;
     const { data, error, response } = await request(method, path, { ...rest, headers });
     if (!response.ok) throw apiErrorFrom(response.status, error, response.headers.get('retry-after'));
     return data;
@@ -119,7 +153,9 @@ export function createSettlementClient(options: SettlementClientOptions): Settle
     http,
     async createAgent(agent = {}) {
       const keys = generateAgentKeyPair();
-      const registered = await client.registerAgent({ body: { ...agent, publicKey: keys.publicKey } as OperationCall<'registerAgent'>['body'] });
+      const registered = await client.registerAgent({
+        body: { ...agent, publicKey: keys.publicKey } as OperationCall<'registerAgent'>['body'],
+      });
       return { ...keys, agentId: registered.agentId };
     },
     async eventSigner(runId, agent, head) {
@@ -130,7 +166,11 @@ export function createSettlementClient(options: SettlementClientOptions): Settle
       const signed = signer.sign(events);
       try {
         const body = signed.length === 1 ? { event: signed[0]! } : { events: signed };
-        const accepted = await client.appendRunEvents({ params: { path: { runId: signer.runId } }, body, ...callOptions });
+        const accepted = await client.appendRunEvents({
+          params: { path: { runId: signer.runId } },
+          body,
+          ...callOptions,
+        });
         return { ...accepted, events: signed };
       } catch (err) {
         signer.rewind(before);
@@ -138,13 +178,26 @@ export function createSettlementClient(options: SettlementClientOptions): Settle
       }
     },
     waitForFinalized(runId, wait) {
-      return poll(`run ${runId} finalized`, () => client.getRun({ params: { path: { runId } } }), (run) => run.status === 'finalized', wait?.timeoutMs);
+      return poll(
+        `run ${runId} finalized`,
+        () => client.getRun({ params: { path: { runId } } }),
+        (run) => run.status === 'finalized',
+        wait?.timeoutMs,
+      );
     },
     waitForSettlement(runId, wait) {
-      return poll(`settlement of run ${runId}`, () => client.getRunSettlement({ params: { path: { runId } } }), (s) => s.status !== 'pending', wait?.timeoutMs);
+      return poll(
+        `settlement of run ${runId}`,
+        () => client.getRunSettlement({ params: { path: { runId } } }),
+        (s) => s.status !== 'pending',
+        wait?.timeoutMs,
+      );
     },
     async verifyArtifactLocally(artifactId) {
-      const [artifact, jwks] = await Promise.all([client.getArtifact({ params: { path: { artifactId } } }), client.getJwks()]);
+      const [artifact, jwks] = await Promise.all([
+        client.getArtifact({ params: { path: { artifactId } } }),
+        client.getJwks(),
+      ]);
       return { ...verifyArtifact(artifact, jwks), artifact };
     },
     async verifyReceiptLocally(runId) {

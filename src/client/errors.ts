@@ -44,7 +44,10 @@ export function apiErrorFrom(status: number, body: unknown, retryAfter: string |
     ? body
     : isErrorBody(nested)
       ? nested
-      : { code: `HTTP_${status}`, message: typeof body === 'string' && body ? body.slice(0, 200) : 'the service answered without an error body' };
+      : {
+          code: `HTTP_${status}`,
+          message: typeof body === 'string' && body ? body.slice(0, 200) : 'the service answered without an error body',
+        };
   const ms = parseRetryAfter(retryAfter);
   return new SettlementApiError(status, parsed, ms === null ? undefined : ms / 1000);
 }

@@ -39,5 +39,12 @@ export { retryingFetch, type FetchLike, type RetryOptions } from './transport.ts
 // Offline verification: the checks the service itself runs, here for anyone holding the document and the JWKS.
 export { verifyArtifact, type ArtifactVerification } from '../domain/artifact.ts';
 export { verifyReceipt, type ReceiptVerification } from '../domain/receipt.ts';
-export { verifyWebhook, WebhookVerificationError, type VerifyWebhookOptions, type WebhookEvent, type WebhookHeaders, type WebhookSecret } from '../webhooks/verify.ts';
+export {
+  verifyWebhook,
+  WebhookVerificationError,
+  type VerifyWebhookOptions,
+  type WebhookEvent,
+  type WebhookHeaders,
+  type WebhookSecret,
+} from '../webhooks/verify.ts';
 export type { components, operations, paths } from './generated/openapi.ts';

@@ -2,7 +2,14 @@
 // functions the service verifies with, so a caller never handles canonical JSON, hashes or signatures.
 import type { KeyObject } from 'node:crypto';
 import type { JsonValue } from '../domain/canonical-json.ts';
-import { base64urlEncode, generateEd25519KeyPair, newId, parsePrivateKey, privateKeyToPem, publicKeyOf } from '../domain/crypto.ts';
+import {
+  base64urlEncode,
+  generateEd25519KeyPair,
+  newId,
+  parsePrivateKey,
+  privateKeyToPem,
+  publicKeyOf,
+} from '../domain/crypto.ts';
 import { EMPTY_HEAD, signEvents, type ChainHead, type EventEnvelope } from '../domain/event-chain.ts';
 
 export type { ChainHead, EventEnvelope, JsonValue };

@@ -16,7 +16,14 @@ export interface RetryOptions {
    */
   maxDelayMs?: number;
   /** Told before each retry: what went wrong and how long the client waits. */
-  onRetry?: (retry: { attempt: number; delayMs: number; method: string; url: string; status?: number; error?: unknown }) => void;
+  onRetry?: (retry: {
+    attempt: number;
+    delayMs: number;
+    method: string;
+    url: string;
+    status?: number;
+    error?: unknown;
+  }) => void;
 }
 
 const DEFAULTS = { maxAttempts: 4, baseDelayMs: 250, maxDelayMs: 10_000 };
@@ -31,7 +38,10 @@ const RETRYABLE_STATUS = new Set([429, 503]);
 /** A 409 IDEMPOTENCY_IN_PROGRESS: the first attempt with this key is still running (say, it timed out on our side). */
 async function isInProgress(response: Response): Promise<boolean> {
   if (response.status !== 409) return false;
-  const body = (await response.clone().json().catch(() => null)) as { code?: unknown } | null;
+  const body = (await response
+    .clone()
+    .json()
+    .catch(() => null)) as { code?: unknown } | null;
   return body?.code === 'IDEMPOTENCY_IN_PROGRESS';
 }
 
@@ -65,7 +75,14 @@ export function retryingFetch(base: FetchLike, options: RetryOptions | false = {
     const replayable = IDEMPOTENT.has(method) || headers.has(IDEMPOTENCY_HEADER);
     // Read once: every attempt sends the same bytes.
     const body = method === 'GET' || method === 'HEAD' ? undefined : await request.arrayBuffer();
-    const attemptRequest = () => new Request(request.url, { method, headers, body: body?.byteLength ? body : undefined, signal: request.signal, redirect: request.redirect });
+    const attemptRequest = () =>
+      new Request(request.url, {
+        method,
+        headers,
+        body: body?.byteLength ? body : undefined,
+        signal: request.signal,
+        redirect: request.redirect,
+      });
 
     for (let attempt = 1; ; attempt++) {
       const backoff = Math.random() * Math.min(maxDelayMs, baseDelayMs * 2 ** (attempt - 1));
@@ -78,7 +95,8 @@ export function retryingFetch(base: FetchLike, options: RetryOptions | false = {
         await sleep(backoff, request.signal);
         continue;
       }
-      if (attempt >= maxAttempts || !(RETRYABLE_STATUS.has(response.status) || (await isInProgress(response)))) return response;
+      if (attempt >= maxAttempts || !(RETRYABLE_STATUS.has(response.status) || (await isInProgress(response))))
+        return response;
       const askedMs = parseRetryAfter(response.headers.get('retry-after'));
       if (askedMs !== null && askedMs > maxDelayMs) return response;
       // After the wait the service asked for, a little jitter so that callers told the same second do not return together.

@@ -122,7 +122,9 @@ export function buildArtifactBody(input: BuildArtifactInput): RunArtifactBody {
   const chain = verifyChain(items, keys, input.runId, input.signatureVerified);
   if (!chain.ok) {
     const f = chain.firstFailure;
-    throw new ArtifactBuildError(`events do not verify: ${f ? `event ${f.index} ${f.reason}: ${f.message}` : 'unknown'}`);
+    throw new ArtifactBuildError(
+      `events do not verify: ${f ? `event ${f.index} ${f.reason}: ${f.message}` : 'unknown'}`,
+    );
   }
 
   const { metrics, evaluation } = evaluateRun(items, terms);
@@ -166,7 +168,10 @@ export function signArtifactHash(hashHex: string, privateKey: KeyObject, keyId: 
 }
 
 /** Build, hash and sign in one go (what the finalize worker stores). Same input + same key -> identical artifact. */
-export function buildArtifact(input: BuildArtifactInput, signer: { privateKey: KeyObject; keyId: string }): RunArtifact {
+export function buildArtifact(
+  input: BuildArtifactInput,
+  signer: { privateKey: KeyObject; keyId: string },
+): RunArtifact {
   const body = buildArtifactBody(input);
   const artifactHash = hashArtifact(body);
   // Contract field order, for readable JSON; the hash does not depend on it.
@@ -190,7 +195,12 @@ export function buildArtifact(input: BuildArtifactInput, signer: { privateKey: K
 // Verification (pure; the CLI and GET /v1/verify both use it)
 
 export type ArtifactCheck = 'artifactHash' | 'serviceSignature' | 'eventSignatures' | 'chain';
-export const ARTIFACT_CHECKS: readonly ArtifactCheck[] = ['artifactHash', 'serviceSignature', 'eventSignatures', 'chain'];
+export const ARTIFACT_CHECKS: readonly ArtifactCheck[] = [
+  'artifactHash',
+  'serviceSignature',
+  'eventSignatures',
+  'chain',
+];
 
 export interface ArtifactVerification {
   verified: boolean;
@@ -247,11 +257,15 @@ export function verifyServiceSignature(sig: unknown, hexDigest: string, jwks: un
   } catch (err) {
     return [`JWKS key ${sig.keyId} is unusable: ${(err as Error).message}`];
   }
-  if (isRecord(jwk) && jwk.use !== undefined && jwk.use !== 'sig') return [`JWKS key ${sig.keyId} is not a signing key`];
+  if (isRecord(jwk) && jwk.use !== undefined && jwk.use !== 'sig')
+    return [`JWKS key ${sig.keyId} is not a signing key`];
   return verifyHexDigest(key, hexDigest, sig.value) ? [] : [`signature does not verify with JWKS key ${sig.keyId}`];
 }
 
-function checkEvents(a: Record<string, unknown>, signatureVerified?: SignatureVerified): { eventSignatures: string[]; chain: string[] } {
+function checkEvents(
+  a: Record<string, unknown>,
+  signatureVerified?: SignatureVerified,
+): { eventSignatures: string[]; chain: string[] } {
   const sigs: string[] = [];
   const chain: string[] = [];
   const ev = a.events;
@@ -276,7 +290,9 @@ function checkEvents(a: Record<string, unknown>, signatureVerified?: SignatureVe
         if (parsed.keyId !== k.keyId) sigs.push(`agentKeys[${i}] keyId ${k.keyId} does not match its public key`);
         else keys.set(k.keyId, parsed.keyObject);
       } catch (err) {
-        sigs.push(`agentKeys[${i}] is not an Ed25519 public key: ${err instanceof KeyFormatError ? err.message : 'unreadable'}`);
+        sigs.push(
+          `agentKeys[${i}] is not an Ed25519 public key: ${err instanceof KeyFormatError ? err.message : 'unreadable'}`,
+        );
       }
     }
   }
@@ -290,7 +306,9 @@ function checkEvents(a: Record<string, unknown>, signatureVerified?: SignatureVe
   if (ev.count !== ev.items.length) chain.push(`events.count ${String(ev.count)} != ${ev.items.length} items`);
   const head = ev.head;
   if (!isRecord(head) || head.seq !== result.head.seq || head.chainHash !== result.head.chainHash) {
-    chain.push(`events.head does not match the last event {seq: ${result.head.seq}, chainHash: ${String(result.head.chainHash)}}`);
+    chain.push(
+      `events.head does not match the last event {seq: ${result.head.seq}, chainHash: ${String(result.head.chainHash)}}`,
+    );
   }
   return { eventSignatures: sigs, chain };
 }
@@ -301,7 +319,11 @@ function checkEvents(a: Record<string, unknown>, signatureVerified?: SignatureVe
  * against artifact.agentKeys, and the chain links, count and head. Checks are independent; never throws.
  * `signatureVerified` (the service only, for events it attested at append) skips those events' Ed25519 checks.
  */
-export function verifyArtifact(artifact: unknown, jwks: unknown, options: { signatureVerified?: SignatureVerified } = {}): ArtifactVerification {
+export function verifyArtifact(
+  artifact: unknown,
+  jwks: unknown,
+  options: { signatureVerified?: SignatureVerified } = {},
+): ArtifactVerification {
   let found: Record<ArtifactCheck, string[]>;
   if (!isRecord(artifact)) {
     const msg = ['artifact is not a JSON object'];

@@ -17,12 +17,20 @@ function mac(secret: Buffer, signed: string): Buffer {
   return createHmac('sha256', secret).update(signed).digest();
 }
 
-export function signBuyerSession(secret: Buffer, tenantId: string, ttlSeconds: number, now = new Date()): { value: string; session: BuyerSession } {
+export function signBuyerSession(
+  secret: Buffer,
+  tenantId: string,
+  ttlSeconds: number,
+  now = new Date(),
+): { value: string; session: BuyerSession } {
   const exp = Math.floor(now.getTime() / 1000) + ttlSeconds;
   const sessionId = `bss_${randomBytes(12).toString('base64url')}`;
   const payload = Buffer.from(JSON.stringify({ tenantId, sessionId, exp })).toString('base64url');
   const signed = `${VERSION}.${payload}`;
-  return { value: `${signed}.${mac(secret, signed).toString('base64url')}`, session: { tenantId, sessionId, expiresAt: new Date(exp * 1000) } };
+  return {
+    value: `${signed}.${mac(secret, signed).toString('base64url')}`,
+    session: { tenantId, sessionId, expiresAt: new Date(exp * 1000) },
+  };
 }
 
 /** The session a cookie value carries, or null when it is malformed, forged or expired. */
@@ -50,7 +58,11 @@ export function cookieValue(header: string | undefined, name: string): string | 
   if (!header) return null;
   for (const pair of header.split(';')) {
     const eq = pair.indexOf('=');
-    if (eq > 0 && pair.slice(0, eq).trim() === name) return pair.slice(eq + 1).trim().replace(/^"(.*)"$/, '$1');
+    if (eq > 0 && pair.slice(0, eq).trim() === name)
+      return pair
+        .slice(eq + 1)
+        .trim()
+        .replace(/^"(.*)"$/, '$1');
   }
   return null;
 }

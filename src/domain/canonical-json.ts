@@ -5,11 +5,7 @@
 export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 
 export type CanonicalJsonErrorReason =
-  | 'NON_FINITE_NUMBER'
-  | 'LONE_SURROGATE'
-  | 'UNSUPPORTED_TYPE'
-  | 'CIRCULAR'
-  | 'TOO_DEEP';
+  'NON_FINITE_NUMBER' | 'LONE_SURROGATE' | 'UNSUPPORTED_TYPE' | 'CIRCULAR' | 'TOO_DEEP';
 
 /** Thrown when a value has no RFC 8785 representation. `path` points at the offending value (JSONPath-like). */
 export class CanonicalJsonError extends Error {

@@ -10,7 +10,8 @@ import { errors } from './errors.ts';
  */
 export const MAX_CLIENT_JSON_DEPTH = 128;
 const ARTIFACT_WRAPPING_DEPTH = 8;
-if (MAX_CLIENT_JSON_DEPTH + ARTIFACT_WRAPPING_DEPTH >= MAX_DEPTH) throw new Error('client JSON limit leaves no room for the artifact');
+if (MAX_CLIENT_JSON_DEPTH + ARTIFACT_WRAPPING_DEPTH >= MAX_DEPTH)
+  throw new Error('client JSON limit leaves no room for the artifact');
 
 /** Nesting depth of a parsed JSON value (a scalar is 0, `[]` and `{}` are 1), without recursion. */
 export function jsonDepth(value: unknown): number {
@@ -38,6 +39,8 @@ export function fromStoredJson<T = unknown>(text: string): T {
 /** Refuses (400 VALIDATION_FAILED, naming `path`) client JSON nested deeper than the limit. */
 export function assertClientJsonDepth(value: unknown, path: string): void {
   if (jsonDepth(value) > MAX_CLIENT_JSON_DEPTH) {
-    throw errors.validation(`${path} is nested deeper than ${MAX_CLIENT_JSON_DEPTH} levels`, { errors: [{ path, message: `nesting deeper than ${MAX_CLIENT_JSON_DEPTH}` }] });
+    throw errors.validation(`${path} is nested deeper than ${MAX_CLIENT_JSON_DEPTH} levels`, {
+      errors: [{ path, message: `nesting deeper than ${MAX_CLIENT_JSON_DEPTH}` }],
+    });
   }
 }

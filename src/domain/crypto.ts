@@ -116,7 +116,10 @@ export function keyIdFor(rawPublicKey: Uint8Array): string {
 /** Import 32 raw bytes as an Ed25519 public KeyObject. */
 export function publicKeyFromRaw(raw: Uint8Array): KeyObject {
   if (raw.byteLength !== ED25519_PUBLIC_KEY_BYTES) {
-    throw new KeyFormatError('MALFORMED', `an Ed25519 public key has ${ED25519_PUBLIC_KEY_BYTES} bytes, got ${raw.byteLength}`);
+    throw new KeyFormatError(
+      'MALFORMED',
+      `an Ed25519 public key has ${ED25519_PUBLIC_KEY_BYTES} bytes, got ${raw.byteLength}`,
+    );
   }
   try {
     return createPublicKey({ key: Buffer.concat([SPKI_PREFIX, raw]), format: 'der', type: 'spki' });
@@ -268,7 +271,10 @@ export function jwkToRaw(jwk: unknown): Buffer {
 
 /** Ed25519 signature (64 bytes) of `data`. */
 export function signBytes(privateKey: KeyObject, data: Uint8Array): Buffer {
-  const secretKey = sodium && privateKey.type === 'private' && privateKey.asymmetricKeyType === 'ed25519' ? cachedSecretKey(privateKey) : null;
+  const secretKey =
+    sodium && privateKey.type === 'private' && privateKey.asymmetricKeyType === 'ed25519'
+      ? cachedSecretKey(privateKey)
+      : null;
   if (!secretKey) return nodeSign(null, data, privateKey);
   const signature = Buffer.alloc(ED25519_SIGNATURE_BYTES);
   sodium!.crypto_sign_detached(signature, data, secretKey);
@@ -416,7 +422,12 @@ export function encryptAtRest(key: Buffer, plaintext: string, context: string): 
   const cipher = createCipheriv('aes-256-gcm', key, iv);
   cipher.setAAD(Buffer.from(context, 'utf8'));
   const ciphertext = Buffer.concat([cipher.update(plaintext, 'utf8'), cipher.final()]);
-  return [ENC_VERSION, iv.toString('base64url'), cipher.getAuthTag().toString('base64url'), ciphertext.toString('base64url')].join('.');
+  return [
+    ENC_VERSION,
+    iv.toString('base64url'),
+    cipher.getAuthTag().toString('base64url'),
+    ciphertext.toString('base64url'),
+  ].join('.');
 }
 
 /** Throws when the ciphertext was altered, belongs to another context, or the key is wrong. */

@@ -19,7 +19,8 @@ export class ServiceError extends Error {
 
 export const errors = {
   validation: (message: string, details?: ErrorDetails) => new ServiceError(400, 'VALIDATION_FAILED', message, details),
-  unprocessable: (message: string, details?: ErrorDetails) => new ServiceError(422, 'VALIDATION_FAILED', message, details),
+  unprocessable: (message: string, details?: ErrorDetails) =>
+    new ServiceError(422, 'VALIDATION_FAILED', message, details),
   unauthenticated: (message = 'missing or invalid credential') => new ServiceError(401, 'UNAUTHENTICATED', message),
   forbidden: (scope: string) =>
     new ServiceError(403, 'FORBIDDEN', `this credential lacks the scope ${scope}`, { requiredScope: scope }),

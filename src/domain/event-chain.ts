@@ -51,7 +51,9 @@ export const ENVELOPE_FIELDS = [
 ] as const;
 
 /** `sha256hex(JCS({v,id,runId,seq,type,at,payload}))`. Throws CanonicalJsonError for a non-JSON payload. */
-export function computePayloadHash(e: Pick<UnsignedEvent, 'v' | 'id' | 'runId' | 'seq' | 'type' | 'at' | 'payload'>): string {
+export function computePayloadHash(
+  e: Pick<UnsignedEvent, 'v' | 'id' | 'runId' | 'seq' | 'type' | 'at' | 'payload'>,
+): string {
   return sha256Hex(
     canonicalize({ v: e.v, id: e.id, runId: e.runId, seq: e.seq, type: e.type, at: e.at, payload: e.payload }),
   );
@@ -325,7 +327,12 @@ export interface ChainVerification {
  * payloadHash, chainHash, signer and signature; `chain` = seq 1..n in order and every prevChainHash linking to the
  * previous event's chainHash (null for the first).
  */
-export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?: string, signatureVerified?: SignatureVerified): ChainVerification {
+export function verifyChain(
+  events: readonly unknown[],
+  keys: KeyLookup,
+  runId?: string,
+  signatureVerified?: SignatureVerified,
+): ChainVerification {
   let sigFailure: ChainFailure | null = null;
   let chainFailure: ChainFailure | null = null;
   let prev: ChainHead = EMPTY_HEAD;
@@ -335,7 +342,13 @@ export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?:
     if (shape) {
       sigFailure ??= { check: 'eventSignatures', index, eventId, ...shape };
       // A malformed event cannot be placed in the chain either.
-      chainFailure ??= { check: 'chain', index, eventId, reason: 'EVENT_MALFORMED', message: 'malformed event breaks the chain' };
+      chainFailure ??= {
+        check: 'chain',
+        index,
+        eventId,
+        reason: 'EVENT_MALFORMED',
+        message: 'malformed event breaks the chain',
+      };
       break;
     }
     const e = raw as EventEnvelope;
@@ -372,13 +385,22 @@ export function verifyChain(events: readonly unknown[], keys: KeyLookup, runId?:
  * Payloads are bound through chainHash, which the full-chain check recomputes. The artifact does not change and
  * anyone can still verify it offline from the artifact and the JWKS.
  */
-export function batchAttestation(key: Uint8Array, runId: string, events: ReadonlyArray<Pick<EventEnvelope, 'seq' | 'id' | 'signerKeyId' | 'chainHash' | 'signature'>>): string {
+export function batchAttestation(
+  key: Uint8Array,
+  runId: string,
+  events: ReadonlyArray<Pick<EventEnvelope, 'seq' | 'id' | 'signerKeyId' | 'chainHash' | 'signature'>>,
+): string {
   const mac = createHmac('sha256', key).update(`run-batch-v1\n${runId}\n`);
   for (const e of events) mac.update(`${e.seq}\n${e.id}\n${e.signerKeyId}\n${e.chainHash}\n${e.signature}\n`);
   return mac.digest('base64url');
 }
 
-export function attestationHolds(key: Uint8Array, runId: string, events: Parameters<typeof batchAttestation>[2], attestation: string): boolean {
+export function attestationHolds(
+  key: Uint8Array,
+  runId: string,
+  events: Parameters<typeof batchAttestation>[2],
+  attestation: string,
+): boolean {
   const expected = Buffer.from(batchAttestation(key, runId, events));
   const given = Buffer.from(attestation);
   return expected.length === given.length && timingSafeEqual(expected, given);

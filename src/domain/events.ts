@@ -33,7 +33,12 @@ export interface SettlementSubject {
   sessionId: string | null;
 }
 
-export function settlementSubject(settlement: { runId: string; gateId?: string | null; sessionId?: string | null; gateRunId?: string | null }): SettlementSubject {
+export function settlementSubject(settlement: {
+  runId: string;
+  gateId?: string | null;
+  sessionId?: string | null;
+  gateRunId?: string | null;
+}): SettlementSubject {
   const gateId = settlement.gateId ?? null;
   const sessionId = settlement.sessionId ?? null;
   if (gateId) return { runId: settlement.gateRunId ?? null, gateId, sessionId };

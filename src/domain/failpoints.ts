@@ -9,7 +9,10 @@ function refuseInProduction(): void {
   if (process.env.NODE_ENV === 'production') throw new Error('failpoints are for tests; refused in production');
 }
 
-for (const name of (process.env.FAILPOINTS ?? '').split(',').map((n) => n.trim()).filter(Boolean)) {
+for (const name of (process.env.FAILPOINTS ?? '')
+  .split(',')
+  .map((n) => n.trim())
+  .filter(Boolean)) {
   refuseInProduction();
   armed.set(name, () => process.kill(process.pid, 'SIGKILL'));
 }
@@ -21,7 +24,13 @@ export function failpoint(name: string): void {
 }
 
 /** Arms a crash point in this process; `times` limits how often it fires (then it disarms itself). */
-export function armFailpoint(name: string, action: () => void = () => { throw new FailpointCrash(name); }, times = 1): void {
+export function armFailpoint(
+  name: string,
+  action: () => void = () => {
+    throw new FailpointCrash(name);
+  },
+  times = 1,
+): void {
   refuseInProduction();
   let left = times;
   armed.set(name, () => {

@@ -21,7 +21,11 @@ export function holdbackOf(amount: number, holdbackBps: number): { holdback: num
 }
 
 /** How a frozen amount divides when a dispute is resolved. */
-export function disputeSplit(frozen: number, outcome: 'payee' | 'payer' | 'split', payerShareBps = 0): { toPayer: number; toPayee: number } {
+export function disputeSplit(
+  frozen: number,
+  outcome: 'payee' | 'payer' | 'split',
+  payerShareBps = 0,
+): { toPayer: number; toPayee: number } {
   const bps = outcome === 'payer' ? 10_000 : outcome === 'payee' ? 0 : payerShareBps;
   const toPayer = bpsShare(frozen, bps);
   return { toPayer, toPayee: frozen - toPayer };

@@ -40,7 +40,11 @@ export interface McpHttpConfig {
 }
 
 export function mcpHttpConfig(baseUrl: string, apiKey: string): McpHttpConfig {
-  return { type: 'http', url: `${baseUrl.replace(/\/$/, '')}${MCP_HTTP_PATH}`, headers: { Authorization: `Bearer ${apiKey}` } };
+  return {
+    type: 'http',
+    url: `${baseUrl.replace(/\/$/, '')}${MCP_HTTP_PATH}`,
+    headers: { Authorization: `Bearer ${apiKey}` },
+  };
 }
 
 /** The `{"mcpServers": {...}}` document Claude Desktop, Claude Code (.mcp.json) and Cursor (.cursor/mcp.json) read. */
@@ -57,7 +61,9 @@ function tomlString(value: string): string {
 }
 
 function tomlInlineTable(record: Record<string, string>): string {
-  return `{ ${Object.entries(record).map(([k, v]) => `${k} = ${tomlString(v)}`).join(', ')} }`;
+  return `{ ${Object.entries(record)
+    .map(([k, v]) => `${k} = ${tomlString(v)}`)
+    .join(', ')} }`;
 }
 
 function tomlArray(items: string[]): string {
@@ -70,7 +76,13 @@ function tomlArray(items: string[]): string {
  * stdio servers only from its file, and the claude snippet serves Claude Code too; OpenClaw and OpenHands' config.toml
  * are given stdio, their documented form).
  */
-export const RUNTIME_TRANSPORT: Record<RuntimeTarget, 'stdio' | 'http'> = { codex: 'http', claude: 'stdio', cursor: 'http', openclaw: 'stdio', openhands: 'stdio' };
+export const RUNTIME_TRANSPORT: Record<RuntimeTarget, 'stdio' | 'http'> = {
+  codex: 'http',
+  claude: 'stdio',
+  cursor: 'http',
+  openclaw: 'stdio',
+  openhands: 'stdio',
+};
 
 export interface RuntimeSnippet {
   target: RuntimeTarget;
@@ -92,16 +104,39 @@ export function runtimeSnippet(target: RuntimeTarget, launch: McpLaunch, http: M
         transport,
         format: 'toml',
         file: '~/.codex/config.toml',
-        content: [`[mcp_servers.${MCP_SERVER_NAME}]`, `url = ${tomlString(http.url)}`, `http_headers = ${tomlInlineTable(http.headers)}`, ''].join('\n'),
+        content: [
+          `[mcp_servers.${MCP_SERVER_NAME}]`,
+          `url = ${tomlString(http.url)}`,
+          `http_headers = ${tomlInlineTable(http.headers)}`,
+          '',
+        ].join('\n'),
       };
     case 'claude':
-      return { target, transport, format: 'json', file: 'claude_desktop_config.json (Claude Desktop) or .mcp.json (Claude Code)', content: mcpServersJson(launch) };
+      return {
+        target,
+        transport,
+        format: 'json',
+        file: 'claude_desktop_config.json (Claude Desktop) or .mcp.json (Claude Code)',
+        content: mcpServersJson(launch),
+      };
     case 'cursor':
       // Cursor's mcp.json: a server with a url (and headers) is a remote one.
-      return { target, transport, format: 'json', file: '.cursor/mcp.json (project) or ~/.cursor/mcp.json (global)', content: `${JSON.stringify({ mcpServers: { [MCP_SERVER_NAME]: { url: http.url, headers: http.headers } } }, null, 2)}\n` };
+      return {
+        target,
+        transport,
+        format: 'json',
+        file: '.cursor/mcp.json (project) or ~/.cursor/mcp.json (global)',
+        content: `${JSON.stringify({ mcpServers: { [MCP_SERVER_NAME]: { url: http.url, headers: http.headers } } }, null, 2)}\n`,
+      };
     case 'openclaw':
       // OpenClaw keeps MCP server definitions under mcp.servers in its gateway configuration.
-      return { target, transport, format: 'json', file: '~/.openclaw/openclaw.json', content: `${JSON.stringify({ mcp: { servers: { [MCP_SERVER_NAME]: launch } } }, null, 2)}\n` };
+      return {
+        target,
+        transport,
+        format: 'json',
+        file: '~/.openclaw/openclaw.json',
+        content: `${JSON.stringify({ mcp: { servers: { [MCP_SERVER_NAME]: launch } } }, null, 2)}\n`,
+      };
     case 'openhands':
       // OpenHands reads stdio servers from the [mcp] section of config.toml (the UI's Settings > MCP writes the same).
       return {

@@ -27,15 +27,20 @@ function parse(url: string): URL | null {
  * non-browser client) is judged by its Host alone; a browser always sends Origin on a cross-site POST, so a page
  * of another site, or a name rebound to this machine, is refused by one or the other.
  */
-export function refusedOrigin(policy: OriginPolicy, headers: { host?: string | undefined; origin?: string | undefined }): OriginRefusal | null {
+export function refusedOrigin(
+  policy: OriginPolicy,
+  headers: { host?: string | undefined; origin?: string | undefined },
+): OriginRefusal | null {
   const base = new URL(policy.publicBaseUrl);
   const loopback = (u: URL) => policy.allowLoopback && LOOPBACK_HOSTNAMES.has(u.hostname.toLowerCase());
 
   // Host names this service: PUBLIC_BASE_URL's host, or loopback. Read as the authority of a URL of the base's
   // scheme, so `api.example.com:443` is `api.example.com` behind https.
   const host = headers.host ? parse(`${base.protocol}//${headers.host}`) : null;
-  if (!host || host.pathname !== '/' || host.username || host.password || host.search || host.hash) return { header: 'host', reason: 'the Host header is missing or not a host' };
-  if (!loopback(host) && host.host !== base.host) return { header: 'host', reason: `the Host ${host.host} is not this service's` };
+  if (!host || host.pathname !== '/' || host.username || host.password || host.search || host.hash)
+    return { header: 'host', reason: 'the Host header is missing or not a host' };
+  if (!loopback(host) && host.host !== base.host)
+    return { header: 'host', reason: `the Host ${host.host} is not this service's` };
 
   if (headers.origin === undefined) return null;
   const origin = parse(headers.origin);

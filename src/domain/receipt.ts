@@ -59,7 +59,18 @@ export function receiptMoney(
 ): ReceiptMoney {
   const { settlementId, payerWalletId, payeeWalletId, amount, currency } = settlement;
   const { releasedNow, holdback, verdict, decidedAt } = money;
-  return { schema: 'SettlementReceipt.v1', settlementId, payerWalletId, payeeWalletId, amount, releasedNow, holdback, currency, verdict, decidedAt };
+  return {
+    schema: 'SettlementReceipt.v1',
+    settlementId,
+    payerWalletId,
+    payeeWalletId,
+    amount,
+    releasedNow,
+    holdback,
+    currency,
+    verdict,
+    decidedAt,
+  };
 }
 
 export interface SignedReceipt {
@@ -70,7 +81,11 @@ export interface SignedReceipt {
 
 export function signReceipt(body: ReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedReceipt {
   const receiptHash = sha256Hex(canonicalize(body));
-  return { body, receiptHash, signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, receiptHash) } };
+  return {
+    body,
+    receiptHash,
+    signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, receiptHash) },
+  };
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -91,7 +106,11 @@ export interface ReceiptVerification {
  * receiptHash = sha256hex(JCS(body)), the service signature over it with the JWKS key it names, and, given the run's
  * artifact, that the receipt commits to that artifact (same run, same artifactHash). Never throws.
  */
-export function verifyReceipt(receipt: unknown, jwks: unknown, options: { artifact?: { runId?: unknown; artifactHash?: unknown } } = {}): ReceiptVerification {
+export function verifyReceipt(
+  receipt: unknown,
+  jwks: unknown,
+  options: { artifact?: { runId?: unknown; artifactHash?: unknown } } = {},
+): ReceiptVerification {
   const found: Record<ReceiptCheck, string[]> = { receiptHash: [], serviceSignature: [], artifact: [] };
   const r = receipt as Partial<SignedReceipt> | null;
   if (typeof r !== 'object' || r === null || typeof r.body !== 'object' || r.body === null) {
@@ -115,11 +134,19 @@ export function verifyReceipt(receipt: unknown, jwks: unknown, options: { artifa
     const artifact = options.artifact;
     if (artifact) {
       const body = r.body as Partial<SettlementReceiptBody>;
-      if (body.runId !== artifact.runId) found.artifact.push(`receipt is for run ${String(body.runId)}, the artifact for ${String(artifact.runId)}`);
-      if (body.artifactHash !== artifact.artifactHash) found.artifact.push(`receipt commits to artifactHash ${String(body.artifactHash)}, not ${String(artifact.artifactHash)}`);
+      if (body.runId !== artifact.runId)
+        found.artifact.push(`receipt is for run ${String(body.runId)}, the artifact for ${String(artifact.runId)}`);
+      if (body.artifactHash !== artifact.artifactHash)
+        found.artifact.push(
+          `receipt commits to artifactHash ${String(body.artifactHash)}, not ${String(artifact.artifactHash)}`,
+        );
     }
   }
-  const checks = { receiptHash: found.receiptHash.length === 0, serviceSignature: found.serviceSignature.length === 0, artifact: found.artifact.length === 0 };
+  const checks = {
+    receiptHash: found.receiptHash.length === 0,
+    serviceSignature: found.serviceSignature.length === 0,
+    artifact: found.artifact.length === 0,
+  };
   const failures = (Object.keys(found) as ReceiptCheck[]).flatMap((c) => found[c].map((m) => `${c}: ${m}`));
   return { verified: failures.length === 0, checks, failures };
 }

@@ -36,7 +36,14 @@ export interface DecisionFact {
 /** Who got the holdback's fate first: its release at the window's end, or a dispute inside the window. */
 export type HoldbackFact =
   | { fate: 'release'; at: string }
-  | { fate: 'dispute'; disputeId: string; reason: string; evidenceJson: string | null; frozenAmount: number; at: string };
+  | {
+      fate: 'dispute';
+      disputeId: string;
+      reason: string;
+      evidenceJson: string | null;
+      frozenAmount: number;
+      at: string;
+    };
 
 export interface RulingFact {
   outcome: 'payee' | 'payer' | 'split';
@@ -91,7 +98,9 @@ export function capturedOf(amount: number, d: Pick<DecisionFact, 'verdict' | 'ca
 function assertCapture(settlementId: string, amount: number, d: Pick<DecisionFact, 'verdict' | 'captured'>): number {
   const captured = capturedOf(amount, d);
   assertMoney(
-    (d.captured === undefined || (d.verdict === 'pass' && Number.isSafeInteger(d.captured))) && captured >= 0 && captured <= amount,
+    (d.captured === undefined || (d.verdict === 'pass' && Number.isSafeInteger(d.captured))) &&
+      captured >= 0 &&
+      captured <= amount,
     `settlement ${settlementId}: a ${d.verdict} cannot capture ${String(d.captured)} of ${amount}`,
   );
   return captured;
@@ -101,7 +110,11 @@ function assertCapture(settlementId: string, amount: number, d: Pick<DecisionFac
  * What every decision must hold, fresh or read back: a pass splits what it captured (at most the amount) into release
  * now and holdback, a fail captures and releases nothing (a MoneyInvariantError otherwise, before any money moves).
  */
-export function assertDecisionSplit(settlementId: string, amount: number, d: Pick<DecisionFact, 'verdict' | 'releaseNow' | 'holdback' | 'captured'>): void {
+export function assertDecisionSplit(
+  settlementId: string,
+  amount: number,
+  d: Pick<DecisionFact, 'verdict' | 'releaseNow' | 'holdback' | 'captured'>,
+): void {
   const captured = assertCapture(settlementId, amount, d);
   assertMoney(
     d.releaseNow >= 0 && d.holdback >= 0 && d.releaseNow + d.holdback === captured,
@@ -125,7 +138,8 @@ export function decideSettlement(
 ): DecisionFact {
   const metered = verdict === 'pass' && terms.captured !== undefined ? { captured: terms.captured } : {};
   const captured = assertCapture(terms.settlementId, terms.amount, { verdict, ...metered });
-  const { holdback, releaseNow } = verdict === 'pass' ? holdbackOf(captured, terms.holdbackBps) : { holdback: 0, releaseNow: 0 };
+  const { holdback, releaseNow } =
+    verdict === 'pass' ? holdbackOf(captured, terms.holdbackBps) : { holdback: 0, releaseNow: 0 };
   assertDecisionSplit(terms.settlementId, terms.amount, { verdict, releaseNow, holdback, ...metered });
   const at = decidedAt.toISOString();
   return {
@@ -166,21 +180,58 @@ export const entryIds = {
   held: (settlementId: string, outcome: 'release' | 'refund') => `settle:${settlementId}:held-${outcome}`,
 };
 
-export function deriveSettlement(terms: SettlementTerms, facts: SettlementFacts, applied: ReadonlySet<string>, now: Date): SettlementView {
+export function deriveSettlement(
+  terms: SettlementTerms,
+  facts: SettlementFacts,
+  applied: ReadonlySet<string>,
+  now: Date,
+): SettlementView {
   const d = facts.decision;
   if (!d) {
-    return { status: 'pending', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false };
+    return {
+      status: 'pending',
+      holdbackState: 'none',
+      holdback: 0,
+      releasedAmount: 0,
+      refundedAmount: 0,
+      disputeWindowEndsAt: null,
+      final: false,
+    };
   }
   const windowEnds = d.disputeWindowEndsAt;
   if (d.verdict === 'fail') {
     const ruling = facts.heldRuling;
     const done = ruling ? applied.has(entryIds.held(terms.settlementId, ruling.outcome)) : false;
     if (!ruling || !done) {
-      return { status: 'held', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: 0, disputeWindowEndsAt: null, final: false };
+      return {
+        status: 'held',
+        holdbackState: 'none',
+        holdback: 0,
+        releasedAmount: 0,
+        refundedAmount: 0,
+        disputeWindowEndsAt: null,
+        final: false,
+      };
     }
     return ruling.outcome === 'release'
-      ? { status: 'completed', holdbackState: 'none', holdback: 0, releasedAmount: terms.amount, refundedAmount: 0, disputeWindowEndsAt: null, final: true }
-      : { status: 'refunded', holdbackState: 'none', holdback: 0, releasedAmount: 0, refundedAmount: terms.amount, disputeWindowEndsAt: null, final: true };
+      ? {
+          status: 'completed',
+          holdbackState: 'none',
+          holdback: 0,
+          releasedAmount: terms.amount,
+          refundedAmount: 0,
+          disputeWindowEndsAt: null,
+          final: true,
+        }
+      : {
+          status: 'refunded',
+          holdbackState: 'none',
+          holdback: 0,
+          releasedAmount: 0,
+          refundedAmount: terms.amount,
+          disputeWindowEndsAt: null,
+          final: true,
+        };
   }
 
   const base = { holdback: d.holdback, disputeWindowEndsAt: windowEnds };
@@ -193,31 +244,81 @@ export function deriveSettlement(terms: SettlementTerms, facts: SettlementFacts,
   }
   // Nothing charged: the whole amount went back, and there is nothing to dispute.
   if (captured === 0) {
-    return { ...base, status: 'refunded', holdbackState: 'none', releasedAmount: 0, refundedAmount: uncaptured, final: true };
+    return {
+      ...base,
+      status: 'refunded',
+      holdbackState: 'none',
+      releasedAmount: 0,
+      refundedAmount: uncaptured,
+      final: true,
+    };
   }
   const releasedNow = d.releaseNow;
   const hb = facts.holdback;
   if (hb?.fate === 'dispute') {
     const ruling = facts.ruling;
     if (!ruling) {
-      return { ...base, status: 'disputed', holdbackState: hb.frozenAmount > 0 ? 'frozen' : 'none', releasedAmount: releasedNow, refundedAmount: uncaptured, final: false };
+      return {
+        ...base,
+        status: 'disputed',
+        holdbackState: hb.frozenAmount > 0 ? 'frozen' : 'none',
+        releasedAmount: releasedNow,
+        refundedAmount: uncaptured,
+        final: false,
+      };
     }
     const payerDone = ruling.toPayer === 0 || applied.has(entryIds.disputeToPayer(hb.disputeId));
     const payeeDone = ruling.toPayee === 0 || applied.has(entryIds.disputeToPayee(hb.disputeId));
     if (!payerDone || !payeeDone) {
-      return { ...base, status: 'disputed', holdbackState: 'resolving', releasedAmount: releasedNow, refundedAmount: uncaptured, final: false };
+      return {
+        ...base,
+        status: 'disputed',
+        holdbackState: 'resolving',
+        releasedAmount: releasedNow,
+        refundedAmount: uncaptured,
+        final: false,
+      };
     }
-    const status = ruling.outcome === 'payee' ? 'completed' : ruling.outcome === 'payer' ? 'refunded' : 'partially_refunded';
+    const status =
+      ruling.outcome === 'payee' ? 'completed' : ruling.outcome === 'payer' ? 'refunded' : 'partially_refunded';
     const holdbackState = ruling.outcome === 'payee' ? 'released' : ruling.outcome === 'payer' ? 'refunded' : 'split';
-    return { ...base, status, holdbackState: hb.frozenAmount > 0 ? holdbackState : 'none', releasedAmount: releasedNow + ruling.toPayee, refundedAmount: uncaptured + ruling.toPayer, final: true };
+    return {
+      ...base,
+      status,
+      holdbackState: hb.frozenAmount > 0 ? holdbackState : 'none',
+      releasedAmount: releasedNow + ruling.toPayee,
+      refundedAmount: uncaptured + ruling.toPayer,
+      final: true,
+    };
   }
   if (d.holdback === 0) {
     const windowOver = now.getTime() >= Date.parse(windowEnds);
-    return { ...base, status: 'completed', holdbackState: 'none', releasedAmount: releasedNow, refundedAmount: uncaptured, final: windowOver };
+    return {
+      ...base,
+      status: 'completed',
+      holdbackState: 'none',
+      releasedAmount: releasedNow,
+      refundedAmount: uncaptured,
+      final: windowOver,
+    };
   }
   if (hb?.fate === 'release') {
     const done = applied.has(entryIds.holdback(terms.settlementId));
-    return { ...base, status: 'completed', holdbackState: done ? 'released' : 'releasing', releasedAmount: releasedNow + (done ? d.holdback : 0), refundedAmount: uncaptured, final: done };
+    return {
+      ...base,
+      status: 'completed',
+      holdbackState: done ? 'released' : 'releasing',
+      releasedAmount: releasedNow + (done ? d.holdback : 0),
+      refundedAmount: uncaptured,
+      final: done,
+    };
   }
-  return { ...base, status: 'completed', holdbackState: 'held', releasedAmount: releasedNow, refundedAmount: uncaptured, final: false };
+  return {
+    ...base,
+    status: 'completed',
+    holdbackState: 'held',
+    releasedAmount: releasedNow,
+    refundedAmount: uncaptured,
+    final: false,
+  };
 }

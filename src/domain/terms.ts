@@ -98,11 +98,7 @@ export function nearestRankPercentile(values: readonly number[], percent: number
 
 /** Metrics the contract derives from `sample` events when no `metric` event reports them. */
 const DERIVED: Record<string, (samples: readonly Record<string, JsonValue>[]) => number | null> = {
-  latencyP95: (samples) =>
-    nearestRankPercentile(
-      samples.map((s) => s.latencyMs).filter(isFiniteNumber),
-      95,
-    ),
+  latencyP95: (samples) => nearestRankPercentile(samples.map((s) => s.latencyMs).filter(isFiniteNumber), 95),
   accuracy: (samples) => {
     const judged = samples.map((s) => s.correct).filter((c): c is boolean => typeof c === 'boolean');
     return judged.length === 0 ? null : judged.filter((c) => c).length / judged.length;
@@ -157,7 +153,10 @@ export function evaluateTerms(terms: Terms, metrics: Readonly<Metrics>): Evaluat
 }
 
 /** collectMetrics + evaluateTerms over a run's events. */
-export function evaluateRun(events: readonly MetricSource[], terms: Terms = {}): { metrics: Metrics; evaluation: Evaluation } {
+export function evaluateRun(
+  events: readonly MetricSource[],
+  terms: Terms = {},
+): { metrics: Metrics; evaluation: Evaluation } {
   const metrics = collectMetrics(events, terms);
   return { metrics, evaluation: evaluateTerms(terms, metrics) };
 }

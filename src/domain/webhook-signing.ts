@@ -24,7 +24,9 @@ export function secretKeyBytes(secret: string): Buffer {
 
 /** `v1,<base64 HMAC-SHA256(secret bytes, "{id}.{timestamp}.{body}")>` */
 export function signatureFor(secret: string, msgId: string, timestampSeconds: number, body: string): string {
-  const mac = createHmac('sha256', secretKeyBytes(secret)).update(`${msgId}.${timestampSeconds}.${body}`).digest('base64');
+  const mac = createHmac('sha256', secretKeyBytes(secret))
+    .update(`${msgId}.${timestampSeconds}.${body}`)
+    .digest('base64');
   return `v1,${mac}`;
 }
 
@@ -32,8 +34,20 @@ export function signatureFor(secret: string, msgId: string, timestampSeconds: nu
  * The body every delivery of an event carries (and the pull feed hands out), rebuilt from the stored event byte for
  * byte the same on every attempt.
  */
-export function eventBody(event: { _id: string; type: string; createdAt: Date; test?: boolean; data: Record<string, unknown> }): string {
-  return JSON.stringify({ id: event._id, type: event.type, createdAt: event.createdAt.toISOString(), test: event.test === true, data: event.data });
+export function eventBody(event: {
+  _id: string;
+  type: string;
+  createdAt: Date;
+  test?: boolean;
+  data: Record<string, unknown>;
+}): string {
+  return JSON.stringify({
+    id: event._id,
+    type: event.type,
+    createdAt: event.createdAt.toISOString(),
+    test: event.test === true,
+    data: event.data,
+  });
 }
 
 export type SignedHeaders = {
@@ -66,7 +80,16 @@ const MINUTE = 60 * SECOND;
 const HOUR = 60 * MINUTE;
 
 /** Delay before attempt n+1 (index n): 8 attempts in all, the first at once. */
-export const RETRY_SCHEDULE_MS = [0, 5 * SECOND, 5 * MINUTE, 30 * MINUTE, 2 * HOUR, 5 * HOUR, 10 * HOUR, 10 * HOUR] as const;
+export const RETRY_SCHEDULE_MS = [
+  0,
+  5 * SECOND,
+  5 * MINUTE,
+  30 * MINUTE,
+  2 * HOUR,
+  5 * HOUR,
+  10 * HOUR,
+  10 * HOUR,
+] as const;
 export const MAX_ATTEMPTS = RETRY_SCHEDULE_MS.length;
 /** An endpoint whose deliveries have all failed for this long (times the retry scale) is disabled. */
 export const DISABLE_AFTER_FAILING_MS = 5 * 24 * HOUR;
@@ -81,7 +104,12 @@ export const MAX_RETRY_AFTER_MS = 24 * HOUR;
  * same scale as the schedule so that a test running the schedule at 1/1000 speed is not stalled by a receiver that
  * says "Retry-After: 120". At scale 1 (production) it is honoured exactly.
  */
-export function retryDelayMs(attemptIndex: number, scale: number, retryAfterMs: number | null = null, random: () => number = Math.random): number {
+export function retryDelayMs(
+  attemptIndex: number,
+  scale: number,
+  retryAfterMs: number | null = null,
+  random: () => number = Math.random,
+): number {
   const base = RETRY_SCHEDULE_MS[Math.min(Math.max(attemptIndex, 0), MAX_ATTEMPTS - 1)]!;
   const jittered = base * scale * (1 + (random() * 2 - 1) * RETRY_JITTER);
   const floor = retryAfterMs === null ? 0 : Math.min(retryAfterMs, MAX_RETRY_AFTER_MS) * scale;
@@ -129,10 +157,23 @@ const v6 = (ranges: Array<[string, number]>) => {
 // Order matters: the first matching class wins (metadata before link-local, for instance).
 const V4_CLASSES: Array<[AddressClass, BlockList]> = [
   // AWS/GCP/Azure/OpenStack instance metadata, and Azure's wire server.
-  ['metadata', v4([['169.254.169.254', 32], ['168.63.129.16', 32]])],
+  [
+    'metadata',
+    v4([
+      ['169.254.169.254', 32],
+      ['168.63.129.16', 32],
+    ]),
+  ],
   ['unspecified', v4([['0.0.0.0', 8]])],
   ['loopback', v4([['127.0.0.0', 8]])],
-  ['private', v4([['10.0.0.0', 8], ['172.16.0.0', 12], ['192.168.0.0', 16]])],
+  [
+    'private',
+    v4([
+      ['10.0.0.0', 8],
+      ['172.16.0.0', 12],
+      ['192.168.0.0', 16],
+    ]),
+  ],
   ['link-local', v4([['169.254.0.0', 16]])],
   ['cgnat', v4([['100.64.0.0', 10]])],
   ['multicast', v4([['224.0.0.0', 4]])],
@@ -157,7 +198,14 @@ const V6_CLASSES: Array<[AddressClass, BlockList]> = [
   ['unique-local', v6([['fc00::', 7]])],
   ['private', v6([['fec0::', 10]])], // deprecated site-local
   ['multicast', v6([['ff00::', 8]])],
-  ['reserved', v6([['2001:db8::', 32], ['100::', 64], ['::', 96]])], // documentation, discard, IPv4-compatible
+  [
+    'reserved',
+    v6([
+      ['2001:db8::', 32],
+      ['100::', 64],
+      ['::', 96],
+    ]),
+  ], // documentation, discard, IPv4-compatible
 ];
 
 function expandV6(address: string): number[] | null {
@@ -199,7 +247,8 @@ export function classifyAddress(address: string): AddressClass {
     // IPv4 embedded in IPv6 reaches an IPv4 host: classify that host. ::ffff:a.b.c.d (mapped), 64:ff9b::/96 (NAT64),
     // 2002::/16 (6to4).
     if (g.slice(0, 5).every((x) => x === 0) && g[5] === 0xffff) return classifyAddress(v4FromHextets(g[6]!, g[7]!));
-    if (g[0] === 0x64 && g[1] === 0xff9b && g.slice(2, 6).every((x) => x === 0)) return classifyAddress(v4FromHextets(g[6]!, g[7]!));
+    if (g[0] === 0x64 && g[1] === 0xff9b && g.slice(2, 6).every((x) => x === 0))
+      return classifyAddress(v4FromHextets(g[6]!, g[7]!));
     if (g[0] === 0x2002) return classifyAddress(v4FromHextets(g[1]!, g[2]!));
     const normalized = g.map((x) => x.toString(16)).join(':');
     for (const [cls, list] of V6_CLASSES) if (list.check(normalized, 'ipv6')) return cls;
@@ -212,7 +261,10 @@ export function classifyAddress(address: string): AddressClass {
  * Whether a delivery may connect to this address. Cloud metadata addresses are refused even when private addresses
  * are allowed: a development setting must never open the instance's credentials to a webhook URL.
  */
-export function isAddressAllowed(address: string, allowPrivate: boolean): { allowed: true } | { allowed: false; class: AddressClass } {
+export function isAddressAllowed(
+  address: string,
+  allowPrivate: boolean,
+): { allowed: true } | { allowed: false; class: AddressClass } {
   const cls = classifyAddress(address);
   if (cls === 'public') return { allowed: true };
   if (allowPrivate && cls !== 'metadata' && cls !== 'invalid') return { allowed: true };

@@ -48,8 +48,21 @@ export interface SettleAnswer {
 }
 
 /** A settle answer that did not pay, in the protocol's terms and in its words. */
-export function unpaidAnswer(network: string, reason: string, message: string, rest: { payer?: string; transaction?: string } = {}): SettleAnswer {
-  return { success: false, status: settleAnswerWord(false, reason), errorReason: reason, errorMessage: message, ...(rest.payer ? { payer: rest.payer } : {}), transaction: rest.transaction ?? '', network };
+export function unpaidAnswer(
+  network: string,
+  reason: string,
+  message: string,
+  rest: { payer?: string; transaction?: string } = {},
+): SettleAnswer {
+  return {
+    success: false,
+    status: settleAnswerWord(false, reason),
+    errorReason: reason,
+    errorMessage: message,
+    ...(rest.payer ? { payer: rest.payer } : {}),
+    transaction: rest.transaction ?? '',
+    network,
+  };
 }
 
 export type { PaymentStatus };
@@ -69,7 +82,20 @@ export interface PaymentStatusAnswer {
 }
 
 /** A status answer with its words, the settlement time and amount read from the settle answer. */
-export function paymentStatusAnswer(paymentId: string, status: PaymentStatus, settleBy: string | null, settlement: SettleAnswer | null): PaymentStatusAnswer {
+export function paymentStatusAnswer(
+  paymentId: string,
+  status: PaymentStatus,
+  settleBy: string | null,
+  settlement: SettleAnswer | null,
+): PaymentStatusAnswer {
   const settled = status === 'settled' && settlement?.success ? settlement : null;
-  return { paymentId, status, settlementStatus: paymentStatusWord(status), settledAt: settled?.settledAt ?? null, settledAmount: settled?.amount ?? null, settleBy, settlement };
+  return {
+    paymentId,
+    status,
+    settlementStatus: paymentStatusWord(status),
+    settledAt: settled?.settledAt ?? null,
+    settledAmount: settled?.amount ?? null,
+    settleBy,
+    settlement,
+  };
 }

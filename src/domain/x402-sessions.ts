@@ -90,7 +90,10 @@ function sign<T>(body: T, signer: { keyId: string; privateKey: KeyObject }): { h
   return { hash, signature: { alg: 'Ed25519', keyId: signer.keyId, value: signHexDigest(signer.privateKey, hash) } };
 }
 
-export function signChargeReceipt(body: ChargeReceiptBody, signer: { keyId: string; privateKey: KeyObject }): SignedChargeReceipt {
+export function signChargeReceipt(
+  body: ChargeReceiptBody,
+  signer: { keyId: string; privateKey: KeyObject },
+): SignedChargeReceipt {
   const { hash, signature } = sign(body, signer);
   return { body, receiptHash: hash, signature };
 }
@@ -117,16 +120,28 @@ export function statementTotals(
   let total = 0;
   for (const c of charges) {
     // Zero is a metered call that cost nothing: listed, paid nothing.
-    assertMoney(Number.isSafeInteger(c.amount) && c.amount >= 0 && c.amount <= session.maxPerCall, `session ${session._id}: charge ${c.seq} of ${c.amount} breaks the per-call maximum`);
-    assertMoney(perPayee.has(c.payeeAgentId), `session ${session._id}: charge ${c.seq} pays ${c.payeeAgentId}, not one of its payees`);
+    assertMoney(
+      Number.isSafeInteger(c.amount) && c.amount >= 0 && c.amount <= session.maxPerCall,
+      `session ${session._id}: charge ${c.seq} of ${c.amount} breaks the per-call maximum`,
+    );
+    assertMoney(
+      perPayee.has(c.payeeAgentId),
+      `session ${session._id}: charge ${c.seq} pays ${c.payeeAgentId}, not one of its payees`,
+    );
     perPayee.set(c.payeeAgentId, perPayee.get(c.payeeAgentId)! + c.amount);
     total += c.amount;
   }
-  assertMoney(total <= session.budget, `session ${session._id}: charges of ${total} exceed its budget of ${session.budget}`);
+  assertMoney(
+    total <= session.budget,
+    `session ${session._id}: charges of ${total} exceed its budget of ${session.budget}`,
+  );
   return { totalCharged: total, refunded: session.budget - total, perPayee };
 }
 
-export function signStatement(body: SessionStatementBody, signer: { keyId: string; privateKey: KeyObject }): SignedStatement {
+export function signStatement(
+  body: SessionStatementBody,
+  signer: { keyId: string; privateKey: KeyObject },
+): SignedStatement {
   const { hash, signature } = sign(body, signer);
   return { body, statementHash: hash, signature };
 }
@@ -147,30 +162,49 @@ export interface StatementVerification {
  */
 export function verifyStatement(doc: unknown, jwks: unknown): StatementVerification {
   const record = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
-  const reasons: Record<StatementCheck, string[]> = { statementHash: [], serviceSignature: [], charges: [], totals: [] };
+  const reasons: Record<StatementCheck, string[]> = {
+    statementHash: [],
+    serviceSignature: [],
+    charges: [],
+    totals: [],
+  };
   const body = record(doc) ? doc.body : undefined;
   if (!record(doc) || !record(body) || body.schema !== 'SessionStatement.v1') {
-    for (const c of STATEMENT_CHECKS) reasons[c].push('not a SessionStatement.v1 document ({statementHash, signature, body, charges})');
+    for (const c of STATEMENT_CHECKS)
+      reasons[c].push('not a SessionStatement.v1 document ({statementHash, signature, body, charges})');
   } else {
     const hash = sha256Hex(canonicalize(body));
     if (doc.statementHash !== hash) reasons.statementHash.push(`statementHash is not sha256hex(JCS(body)) (${hash})`);
     reasons.serviceSignature.push(...verifyServiceSignature(doc.signature, hash, jwks));
     const charges = Array.isArray(doc.charges) ? (doc.charges as Array<Record<string, unknown>>) : null;
     if (!charges) reasons.charges.push('charges is missing');
-    else if (body.chargesSha256 !== sha256Hex(canonicalize(charges))) reasons.charges.push('the listed charges are not the ones chargesSha256 commits to');
-    else if (body.chargeCount !== charges.length) reasons.charges.push(`chargeCount ${String(body.chargeCount)} but ${charges.length} charges listed`);
+    else if (body.chargesSha256 !== sha256Hex(canonicalize(charges)))
+      reasons.charges.push('the listed charges are not the ones chargesSha256 commits to');
+    else if (body.chargeCount !== charges.length)
+      reasons.charges.push(`chargeCount ${String(body.chargeCount)} but ${charges.length} charges listed`);
     if (charges) {
       const amounts = charges.map((c) => c.amount);
-      if (!amounts.every((a) => Number.isSafeInteger(a) && (a as number) >= 0)) reasons.totals.push('a charge amount is not a whole number of minor units');
+      if (!amounts.every((a) => Number.isSafeInteger(a) && (a as number) >= 0))
+        reasons.totals.push('a charge amount is not a whole number of minor units');
       const total = amounts.reduce<number>((sum, a) => sum + (Number(a) || 0), 0);
-      if (body.totalCharged !== total) reasons.totals.push(`totalCharged ${String(body.totalCharged)} is not the charges' sum ${total}`);
-      if (body.refunded !== Number(body.budget) - total) reasons.totals.push(`refunded ${String(body.refunded)} is not budget - total (${Number(body.budget) - total})`);
+      if (body.totalCharged !== total)
+        reasons.totals.push(`totalCharged ${String(body.totalCharged)} is not the charges' sum ${total}`);
+      if (body.refunded !== Number(body.budget) - total)
+        reasons.totals.push(`refunded ${String(body.refunded)} is not budget - total (${Number(body.budget) - total})`);
       for (const p of Array.isArray(body.payees) ? (body.payees as Array<Record<string, unknown>>) : []) {
-        const share = charges.filter((c) => c.payeeAgentId === p.payeeAgentId).reduce<number>((sum, c) => sum + (Number(c.amount) || 0), 0);
-        if (p.charged !== share) reasons.totals.push(`payee ${String(p.payeeAgentId)} charged ${String(p.charged)}, its charges sum to ${share}`);
+        const share = charges
+          .filter((c) => c.payeeAgentId === p.payeeAgentId)
+          .reduce<number>((sum, c) => sum + (Number(c.amount) || 0), 0);
+        if (p.charged !== share)
+          reasons.totals.push(
+            `payee ${String(p.payeeAgentId)} charged ${String(p.charged)}, its charges sum to ${share}`,
+          );
       }
     }
   }
-  const checks = Object.fromEntries(STATEMENT_CHECKS.map((c) => [c, reasons[c].length === 0])) as Record<StatementCheck, boolean>;
+  const checks = Object.fromEntries(STATEMENT_CHECKS.map((c) => [c, reasons[c].length === 0])) as Record<
+    StatementCheck,
+    boolean
+  >;
   return { verified: STATEMENT_CHECKS.every((c) => checks[c]), checks, reasons };
 }

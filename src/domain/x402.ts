@@ -72,7 +72,8 @@ export const TOKEN_AUDIENCE = {
   escalationOverride: 'x402:escalation-override',
 } as const;
 
-export type GateStatus = 'unfunded' | 'held' | 'authorized' | 'settling' | 'released' | 'refunded' | 'cancelled' | 'expired';
+export type GateStatus =
+  'unfunded' | 'held' | 'authorized' | 'settling' | 'released' | 'refunded' | 'cancelled' | 'expired';
 
 /** PaymentRequirements of x402 v2 (field names as in @x402/core's types). */
 export interface PaymentRequirementsV2 {
@@ -106,7 +107,11 @@ export function quoteSha256(q: QuoteTerms): string {
   return sha256Hex(canonicalize({ ...q }));
 }
 
-export function paymentRequirements(q: QuoteTerms, network: `${string}:${string}`, ttlSeconds: number): PaymentRequirementsV2 {
+export function paymentRequirements(
+  q: QuoteTerms,
+  network: `${string}:${string}`,
+  ttlSeconds: number,
+): PaymentRequirementsV2 {
   return {
     scheme: X402_SCHEME,
     network,
@@ -119,7 +124,10 @@ export function paymentRequirements(q: QuoteTerms, network: `${string}:${string}
 }
 
 /** Base64 of the PaymentRequired JSON, usable verbatim as a provider's PAYMENT-REQUIRED header. */
-export function paymentRequiredHeader(requirements: PaymentRequirementsV2, resource: PaymentRequiredV2['resource']): string {
+export function paymentRequiredHeader(
+  requirements: PaymentRequirementsV2,
+  resource: PaymentRequiredV2['resource'],
+): string {
   const body: PaymentRequiredV2 = { x402Version: X402_VERSION, resource, accepts: [requirements] };
   return Buffer.from(JSON.stringify(body), 'utf8').toString('base64');
 }
@@ -138,8 +146,13 @@ export interface WalletPolicy {
 export const DEFAULT_ESCALATION_TIMEOUT_SECONDS = 900;
 
 /** When an escalation raised at `createdAt` under `policy` is denied by itself. */
-export function escalationDeadline(createdAt: Date, policy: Pick<WalletPolicy, 'escalationTimeoutSeconds'> | null): Date {
-  return new Date(createdAt.getTime() + (policy?.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS) * 1000);
+export function escalationDeadline(
+  createdAt: Date,
+  policy: Pick<WalletPolicy, 'escalationTimeoutSeconds'> | null,
+): Date {
+  return new Date(
+    createdAt.getTime() + (policy?.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS) * 1000,
+  );
 }
 
 export interface PolicyCall {
@@ -149,7 +162,8 @@ export interface PolicyCall {
   toolId: string | null;
 }
 
-export type PolicyRule = 'policy' | 'sponsorWallet' | 'currency' | 'perCallLimit' | 'dailyLimit' | 'allowedPayeeAgentIds' | 'allowedToolIds';
+export type PolicyRule =
+  'policy' | 'sponsorWallet' | 'currency' | 'perCallLimit' | 'dailyLimit' | 'allowedPayeeAgentIds' | 'allowedToolIds';
 
 export interface PolicyBreach {
   rule: PolicyRule;
@@ -168,13 +182,24 @@ export function evaluateStaticPolicy(policy: WalletPolicy, call: PolicyCall): Po
     return { rule: 'currency', message: `the policy covers ${policy.currency}, the call is in ${call.currency}` };
   }
   if (policy.perCallLimit !== null && call.amount > policy.perCallLimit) {
-    return { rule: 'perCallLimit', message: `${call.amount} exceeds the per-call limit of ${policy.perCallLimit}`, limit: policy.perCallLimit, amount: call.amount };
+    return {
+      rule: 'perCallLimit',
+      message: `${call.amount} exceeds the per-call limit of ${policy.perCallLimit}`,
+      limit: policy.perCallLimit,
+      amount: call.amount,
+    };
   }
   if (policy.allowedPayeeAgentIds !== null && !policy.allowedPayeeAgentIds.includes(call.payeeAgentId)) {
     return { rule: 'allowedPayeeAgentIds', message: `payee ${call.payeeAgentId} is not allowed by the policy` };
   }
   if (policy.allowedToolIds !== null && (call.toolId === null || !policy.allowedToolIds.includes(call.toolId))) {
-    return { rule: 'allowedToolIds', message: call.toolId === null ? 'the gate names no tool and the policy allows only listed tools' : `tool ${call.toolId} is not allowed by the policy` };
+    return {
+      rule: 'allowedToolIds',
+      message:
+        call.toolId === null
+          ? 'the gate names no tool and the policy allows only listed tools'
+          : `tool ${call.toolId} is not allowed by the policy`,
+    };
   }
   return null;
 }
@@ -182,7 +207,13 @@ export function evaluateStaticPolicy(policy: WalletPolicy, call: PolicyCall): Po
 /** The daily rule, given what is already authorized today: the new total may reach the limit, not pass it. */
 export function evaluateDailyLimit(policy: WalletPolicy, spentToday: number, amount: number): PolicyBreach | null {
   if (policy.dailyLimit === null || spentToday + amount <= policy.dailyLimit) return null;
-  return { rule: 'dailyLimit', message: `${amount} on top of ${spentToday} authorized today exceeds the daily limit of ${policy.dailyLimit}`, limit: policy.dailyLimit, amount, spentToday };
+  return {
+    rule: 'dailyLimit',
+    message: `${amount} on top of ${spentToday} authorized today exceeds the daily limit of ${policy.dailyLimit}`,
+    limit: policy.dailyLimit,
+    amount,
+    spentToday,
+  };
 }
 
 /** The UTC day a spend counts against, e.g. "2025-01-31". */
@@ -238,7 +269,11 @@ export function verifyVerdict(authorized: boolean, status: VerificationOutcome):
 export function refundReason(authorized: boolean, status: VerificationOutcome): string | null {
   if (verifyVerdict(authorized, status) === 'pass') return null;
   if (!authorized) return 'NOT_AUTHORIZED';
-  return status === 'expired' ? 'AUTHORIZATION_EXPIRED' : status === 'wound_down' ? 'AGENT_WOUND_DOWN' : 'VERIFICATION_FAILED';
+  return status === 'expired'
+    ? 'AUTHORIZATION_EXPIRED'
+    : status === 'wound_down'
+      ? 'AGENT_WOUND_DOWN'
+      : 'VERIFICATION_FAILED';
 }
 
 /** Deadlines of a gate's reserve (config X402_GATE_TTL_SECONDS and X402_AUTHORIZATION_GRACE_SECONDS). */
@@ -284,7 +319,9 @@ export function x402RequestSha256(binding: X402RequestBinding): string {
 export function requestBindingOf(extra: Record<string, unknown> | undefined): X402RequestBinding | null {
   const method = extra?.method;
   const resource = extra?.resource;
-  return typeof method === 'string' && method !== '' && typeof resource === 'string' && resource !== '' ? { method, resource } : null;
+  return typeof method === 'string' && method !== '' && typeof resource === 'string' && resource !== ''
+    ? { method, resource }
+    : null;
 }
 
 /** USD in minor units (cents): the asset "$1.23"-style prices name, and a default asset for x402 spend controls. */

@@ -2,7 +2,13 @@ import { isUtf8 } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
 import { errors } from '../domain/errors.ts';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import Fastify, {
+  LogController,
+  type FastifyBaseLogger,
+  type FastifyInstance,
+  type FastifyReply,
+  type FastifyRequest,
+} from 'fastify';
 import type { Runtime } from '../runtime.ts';
 import authPlugin from './plugins/auth.ts';
 import originPlugin from './plugins/origin.ts';
@@ -97,10 +103,20 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
       if ((request.raw.url?.length ?? 0) > MAX_URL_LENGTH) {
-        return sendError(request, reply, new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`));
+        return sendError(
+          request,
+          reply,
+          new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`),
+        );
       }
       if (err.code === 'FST_ERR_BAD_URL') {
-        return sendError(request, reply, new ServiceError(400, 'VALIDATION_FAILED', 'the URL is not valid percent-encoding', { errors: [{ path: 'url', message: 'malformed percent-encoding' }] }));
+        return sendError(
+          request,
+          reply,
+          new ServiceError(400, 'VALIDATION_FAILED', 'the URL is not valid percent-encoding', {
+            errors: [{ path: 'url', message: 'malformed percent-encoding' }],
+          }),
+        );
       }
       if (err.code === 'FST_ERR_MAX_PARAM_LENGTH') {
         return sendError(request, reply, new ServiceError(404, 'NOT_FOUND', 'no such resource'));
@@ -110,7 +126,14 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     // Requests Node's parser refuses (headers over 16 KiB, a broken request line) never reach Fastify's handlers.
     clientErrorHandler: (err, socket) => {
       if ((err as NodeJS.ErrnoException).code === 'ECONNRESET' || socket.destroyed) return;
-      if (socket.writable) socket.write(clientErrorAnswer(err as unknown as Error & { code?: string; rawPacket?: Buffer }, newRequestId(), MAX_URL_LENGTH));
+      if (socket.writable)
+        socket.write(
+          clientErrorAnswer(
+            err as unknown as Error & { code?: string; rawPacket?: Buffer },
+            newRequestId(),
+            MAX_URL_LENGTH,
+          ),
+        );
       socket.destroy();
     },
     trustProxy: false,
@@ -132,7 +155,11 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     return parseJson(request, text, (err, value) => {
       // The default parser refuses `__proto__` and `constructor.prototype` keys (no later assignment can then reach a
       // prototype) with the same error as broken JSON; valid JSON refused so is a rule, not a syntax error.
-      if (err && isJson(text)) return done(errors.unprocessable('bodies may not carry a "__proto__" key or a "constructor.prototype"'), undefined);
+      if (err && isJson(text))
+        return done(
+          errors.unprocessable('bodies may not carry a "__proto__" key or a "constructor.prototype"'),
+          undefined,
+        );
       return done(err, value);
     });
   });
@@ -141,7 +168,11 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id);
     if (request.raw.url && request.raw.url.length > MAX_URL_LENGTH) {
-      return sendError(request, reply, new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`));
+      return sendError(
+        request,
+        reply,
+        new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`),
+      );
     }
   });
 

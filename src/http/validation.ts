@@ -23,12 +23,25 @@ function strictlyConvertible(schema: TSchema | undefined, value: unknown): boole
 export const strictValidatorCompiler: FastifySchemaCompiler<TSchema> = (route) => {
   const validate = TypeBoxValidatorCompiler(route);
   if (route.httpPart === 'body') return validate;
-  const properties = ((route.schema as { properties?: Record<string, TSchema> }).properties ?? {}) as Record<string, TSchema>;
+  const properties = ((route.schema as { properties?: Record<string, TSchema> }).properties ?? {}) as Record<
+    string,
+    TSchema
+  >;
   return (value) => {
     if (value && typeof value === 'object') {
       for (const [name, given] of Object.entries(value as Record<string, unknown>)) {
         if (!strictlyConvertible(properties[name], given)) {
-          return { error: [{ keyword: 'type', instancePath: `/${name}`, schemaPath: `#/properties/${name}/type`, params: {}, message: `must be ${String((properties[name] as { type?: unknown }).type)}` }] };
+          return {
+            error: [
+              {
+                keyword: 'type',
+                instancePath: `/${name}`,
+                schemaPath: `#/properties/${name}/type`,
+                params: {},
+                message: `must be ${String((properties[name] as { type?: unknown }).type)}`,
+              },
+            ],
+          };
         }
       }
     }

@@ -64,7 +64,11 @@ export class ApiClient {
       });
       text = await res.text();
     } catch (err) {
-      throw new ApiError(null, 'SERVICE_UNREACHABLE', `cannot reach the service at ${this.base.origin}: ${networkReason(err, this.timeoutMs)}`);
+      throw new ApiError(
+        null,
+        'SERVICE_UNREACHABLE',
+        `cannot reach the service at ${this.base.origin}: ${networkReason(err, this.timeoutMs)}`,
+      );
     }
     let body: unknown;
     try {
@@ -73,7 +77,11 @@ export class ApiClient {
       body = undefined;
     }
     if (!isObject(body)) {
-      throw new ApiError(res.status, 'UNEXPECTED_RESPONSE', `${method} /${url.pathname.replace(/^\//, '')} answered HTTP ${res.status} without a JSON object`);
+      throw new ApiError(
+        res.status,
+        'UNEXPECTED_RESPONSE',
+        `${method} /${url.pathname.replace(/^\//, '')} answered HTTP ${res.status} without a JSON object`,
+      );
     }
     return { status: res.status, body };
   }

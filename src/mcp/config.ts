@@ -38,9 +38,11 @@ export function mcpConfigFrom(env: Record<string, string | undefined>): McpConfi
     throw new McpConfigError('SERVICE_BASE_URL', `must use http or https, got ${parsed.protocol}`);
   }
   const tenantId = required(env, 'SERVICE_TENANT_ID');
-  if (!TENANT_ID.test(tenantId)) throw new McpConfigError('SERVICE_TENANT_ID', 'must be 1-128 characters of [A-Za-z0-9._-]');
+  if (!TENANT_ID.test(tenantId))
+    throw new McpConfigError('SERVICE_TENANT_ID', 'must be 1-128 characters of [A-Za-z0-9._-]');
   const apiKey = required(env, 'SERVICE_API_KEY');
   // The value itself never appears in the message: it is a credential.
-  if (!API_KEY.test(apiKey)) throw new McpConfigError('SERVICE_API_KEY', 'must be a tenant API key of the form sk_<keyId>.<secret>');
+  if (!API_KEY.test(apiKey))
+    throw new McpConfigError('SERVICE_API_KEY', 'must be a tenant API key of the form sk_<keyId>.<secret>');
   return { baseUrl, tenantId, apiKey };
 }

@@ -34,28 +34,48 @@ function serviceKeyStore(rt: Runtime, tenantId: string): (requested: string | un
     },
     async load(agentId) {
       const kept = await mcpAgentKey(rt, tenantId, agentId);
-      if (!kept) throw new KeyFileError('AGENT_KEY_NOT_FOUND', `no private key for agent ${agentId} in the service; register the agent with register_agent through /mcp first`);
+      if (!kept)
+        throw new KeyFileError(
+          'AGENT_KEY_NOT_FOUND',
+          `no private key for agent ${agentId} in the service; register the agent with register_agent through /mcp first`,
+        );
       const privateKey = parsePrivateKey(kept.privateKeyPem);
-      if (publicKeyOf(privateKey).keyId !== kept.keyId) throw new KeyFileError('KEY_FILE_INVALID', `the kept key of agent ${agentId} does not match its keyId ${kept.keyId}`);
+      if (publicKeyOf(privateKey).keyId !== kept.keyId)
+        throw new KeyFileError(
+          'KEY_FILE_INVALID',
+          `the kept key of agent ${agentId} does not match its keyId ${kept.keyId}`,
+        );
       return { keyId: kept.keyId, privateKey };
     },
   };
   return (requested) => {
     if (requested !== undefined) {
-      throw new KeyFileError('KEY_FILE_NOT_SUPPORTED', 'keyFile is for the stdio server (agent-settlement mcp); through /mcp the service keeps agents\' keys itself');
+      throw new KeyFileError(
+        'KEY_FILE_NOT_SUPPORTED',
+        "keyFile is for the stdio server (agent-settlement mcp); through /mcp the service keeps agents' keys itself",
+      );
     }
     return store;
   };
 }
 
 /** Answers one MCP POST (a JSON-RPC message or batch) with a JSON response, then drops the server. */
-export async function answerMcpRequest(rt: Runtime, caller: McpCaller, request: Request, parsedBody: unknown, apiFetch: FetchLike): Promise<Response> {
+export async function answerMcpRequest(
+  rt: Runtime,
+  caller: McpCaller,
+  request: Request,
+  parsedBody: unknown,
+  apiFetch: FetchLike,
+): Promise<Response> {
   const server = buildMcpServer(
     { baseUrl: rt.config.publicBaseUrl, tenantId: caller.tenantId, apiKey: caller.apiKey },
     (line) => rt.logger.warn({ tenantId: caller.tenantId }, line),
     { fetch: apiFetch, agentKeys: serviceKeyStore(rt, caller.tenantId) },
   );
-  const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+  const transport = new WebStandardStreamableHTTPServerTransport({
+    sessionIdGenerator: undefined,
+    enableJsonResponse: true,
+  });
   try {
     await server.connect(transport);
     return await transport.handleRequest(request, { parsedBody });

@@ -9,7 +9,8 @@ import { parsePrivateKey, privateKeyToPem, publicKeyOf } from '../domain/crypto.
 
 const FORMAT_VERSION = 1;
 
-export type KeyFileErrorCode = 'KEY_FILE_INVALID' | 'KEY_FILE_INSECURE' | 'KEY_FILE_UNAVAILABLE' | 'KEY_FILE_NOT_SUPPORTED' | 'AGENT_KEY_NOT_FOUND';
+export type KeyFileErrorCode =
+  'KEY_FILE_INVALID' | 'KEY_FILE_INSECURE' | 'KEY_FILE_UNAVAILABLE' | 'KEY_FILE_NOT_SUPPORTED' | 'AGENT_KEY_NOT_FOUND';
 
 /** Messages name the path and the problem, never the file's content. */
 export class KeyFileError extends Error {
@@ -85,12 +86,16 @@ export class KeyFile implements AgentKeyStore {
     try {
       const info = await stat(this.path);
       if (process.platform !== 'win32' && (info.mode & 0o077) !== 0) {
-        throw new KeyFileError('KEY_FILE_INSECURE', `key file ${this.path} is accessible by other users; run chmod 600 on it`);
+        throw new KeyFileError(
+          'KEY_FILE_INSECURE',
+          `key file ${this.path} is accessible by other users; run chmod 600 on it`,
+        );
       }
       text = await readFile(this.path, 'utf8');
     } catch (err) {
       if (err instanceof KeyFileError) throw err;
-      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return { version: FORMAT_VERSION, tenantId: this.tenantId, agents: {} };
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT')
+        return { version: FORMAT_VERSION, tenantId: this.tenantId, agents: {} };
       throw new KeyFileError('KEY_FILE_UNAVAILABLE', `cannot read key file ${this.path}: ${fsReason(err)}`);
     }
     let parsed: unknown;
@@ -102,10 +107,16 @@ export class KeyFile implements AgentKeyStore {
     }
     const contents = parsed as Partial<KeyFileContents> | null;
     if (contents?.version !== FORMAT_VERSION || typeof contents.agents !== 'object' || contents.agents === null) {
-      throw new KeyFileError('KEY_FILE_INVALID', `key file ${this.path} is not a version ${FORMAT_VERSION} agent key file`);
+      throw new KeyFileError(
+        'KEY_FILE_INVALID',
+        `key file ${this.path} is not a version ${FORMAT_VERSION} agent key file`,
+      );
     }
     if (contents.tenantId !== this.tenantId) {
-      throw new KeyFileError('KEY_FILE_INVALID', `key file ${this.path} belongs to tenant ${String(contents.tenantId)}, not ${this.tenantId}`);
+      throw new KeyFileError(
+        'KEY_FILE_INVALID',
+        `key file ${this.path} belongs to tenant ${String(contents.tenantId)}, not ${this.tenantId}`,
+      );
     }
     return contents as KeyFileContents;
   }
@@ -119,7 +130,10 @@ export class KeyFile implements AgentKeyStore {
     try {
       await mkdir(dirname(this.path), { recursive: true, mode: 0o700 });
     } catch (err) {
-      throw new KeyFileError('KEY_FILE_UNAVAILABLE', `cannot create the directory of key file ${this.path}: ${fsReason(err)}`);
+      throw new KeyFileError(
+        'KEY_FILE_UNAVAILABLE',
+        `cannot create the directory of key file ${this.path}: ${fsReason(err)}`,
+      );
     }
   }
 
@@ -127,7 +141,11 @@ export class KeyFile implements AgentKeyStore {
   async save(agentId: string, privateKey: KeyObject, keyId: string): Promise<void> {
     const write = async () => {
       const contents = await this.read();
-      contents.agents[agentId] = { keyId, privateKey: privateKeyToPem(privateKey), createdAt: new Date().toISOString() };
+      contents.agents[agentId] = {
+        keyId,
+        privateKey: privateKeyToPem(privateKey),
+        createdAt: new Date().toISOString(),
+      };
       await mkdir(dirname(this.path), { recursive: true, mode: 0o700 });
       const temp = `${this.path}.${randomBytes(6).toString('hex')}.tmp`;
       try {
@@ -148,16 +166,25 @@ export class KeyFile implements AgentKeyStore {
     const { agents } = await this.read();
     const stored = Object.hasOwn(agents, agentId) ? agents[agentId] : undefined;
     if (!isStoredKey(stored)) {
-      throw new KeyFileError('AGENT_KEY_NOT_FOUND', `no private key for agent ${agentId} in key file ${this.path}; register the agent with register_agent first`);
+      throw new KeyFileError(
+        'AGENT_KEY_NOT_FOUND',
+        `no private key for agent ${agentId} in key file ${this.path}; register the agent with register_agent first`,
+      );
     }
     let privateKey: KeyObject;
     try {
       privateKey = parsePrivateKey(stored.privateKey);
     } catch {
-      throw new KeyFileError('KEY_FILE_INVALID', `the key of agent ${agentId} in ${this.path} is not an Ed25519 private key`);
+      throw new KeyFileError(
+        'KEY_FILE_INVALID',
+        `the key of agent ${agentId} in ${this.path} is not an Ed25519 private key`,
+      );
     }
     if (publicKeyOf(privateKey).keyId !== stored.keyId) {
-      throw new KeyFileError('KEY_FILE_INVALID', `the key of agent ${agentId} in ${this.path} does not match its keyId ${stored.keyId}`);
+      throw new KeyFileError(
+        'KEY_FILE_INVALID',
+        `the key of agent ${agentId} in ${this.path} does not match its keyId ${stored.keyId}`,
+      );
     }
     return { keyId: stored.keyId, privateKey };
   }

@@ -6,7 +6,9 @@ export const IdempotencyKey = z
   .string()
   .regex(/^[A-Za-z0-9._:-]{1,255}$/)
   .optional()
-  .describe('sent as the Idempotency-Key header: repeating the call with the same key and input replays the first answer');
+  .describe(
+    'sent as the Idempotency-Key header: repeating the call with the same key and input replays the first answer',
+  );
 export const KeyFilePath = z
   .string()
   .min(1)
@@ -14,14 +16,34 @@ export const KeyFilePath = z
   .describe('path of the local agent key file; default ~/.agent-settlement/keys/<tenantId>.json');
 
 export const AgentId = z.string().min(1).max(256).describe('<namespace>:agent:<id>');
-export const Amount = z.number().int().min(1).max(Number.MAX_SAFE_INTEGER).describe('integer minor units (cents for USD)');
-export const Currency = z.string().regex(/^[A-Z][A-Z0-9]{2,11}$/).describe('e.g. USD, USDC');
-export const Sha256Hex = z.string().regex(/^[0-9a-f]{64}$/).describe('lowercase hex SHA-256');
-const HoldbackBps = z.number().int().min(0).max(10_000).optional().describe('share kept in escrow until the dispute window ends, in basis points (default 0)');
+export const Amount = z
+  .number()
+  .int()
+  .min(1)
+  .max(Number.MAX_SAFE_INTEGER)
+  .describe('integer minor units (cents for USD)');
+export const Currency = z
+  .string()
+  .regex(/^[A-Z][A-Z0-9]{2,11}$/)
+  .describe('e.g. USD, USDC');
+export const Sha256Hex = z
+  .string()
+  .regex(/^[0-9a-f]{64}$/)
+  .describe('lowercase hex SHA-256');
+const HoldbackBps = z
+  .number()
+  .int()
+  .min(0)
+  .max(10_000)
+  .optional()
+  .describe('share kept in escrow until the dispute window ends, in basis points (default 0)');
 const DisputeWindowSeconds = z.number().int().min(0).max(2_592_000).optional().describe('default 86400');
 
 export const Terms = z
-  .record(z.string().regex(/^[A-Za-z][A-Za-z0-9_]{0,63}$/), z.union([z.strictObject({ min: z.number() }), z.strictObject({ max: z.number() })]))
+  .record(
+    z.string().regex(/^[A-Za-z][A-Za-z0-9_]{0,63}$/),
+    z.union([z.strictObject({ min: z.number() }), z.strictObject({ max: z.number() })]),
+  )
   .describe('metric name -> {min} | {max}, e.g. {"accuracy":{"min":0.9},"latencyP95":{"max":800}}');
 
 export const SettlementTerms = z.strictObject({
@@ -40,14 +62,26 @@ export const GateCreateInput = {
   holdbackBps: HoldbackBps,
   disputeWindowSeconds: DisputeWindowSeconds,
   toolId: z.string().min(1).max(256).optional(),
-  sponsorWalletId: z.string().min(1).max(256).optional().describe('a sponsor wallet whose policy must authorize the payment'),
+  sponsorWalletId: z
+    .string()
+    .min(1)
+    .max(256)
+    .optional()
+    .describe('a sponsor wallet whose policy must authorize the payment'),
   idempotencyKey: IdempotencyKey,
 };
 
 export const EventInput = z.strictObject({
-  type: z.string().regex(/^[A-Za-z][A-Za-z0-9_.:-]{0,63}$/).describe('metric {name, value} | sample {latencyMs?, correct?} | any other type kept as evidence'),
+  type: z
+    .string()
+    .regex(/^[A-Za-z][A-Za-z0-9_.:-]{0,63}$/)
+    .describe('metric {name, value} | sample {latencyMs?, correct?} | any other type kept as evidence'),
   payload: z.unknown().describe('any JSON value'),
-  id: z.string().regex(/^evt_[A-Za-z0-9_-]{1,128}$/).optional().describe('evt_…; generated when absent'),
+  id: z
+    .string()
+    .regex(/^evt_[A-Za-z0-9_-]{1,128}$/)
+    .optional()
+    .describe('evt_…; generated when absent'),
 });
 
 const Head = z.object({ seq: z.number().int(), chainHash: z.string().nullable() });
@@ -145,5 +179,8 @@ export function toolOutput<S extends z.ZodRawShape>(shape: S) {
     .looseObject(shape)
     .partial()
     .extend({ error: ToolError.optional() })
-    .refine((value) => value.error !== undefined || success.safeParse(value).success, 'a result carries every field of the tool, or an error');
+    .refine(
+      (value) => value.error !== undefined || success.safeParse(value).success,
+      'a result carries every field of the tool, or an error',
+    );
 }

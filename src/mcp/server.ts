@@ -46,11 +46,13 @@ const path = (...parts: string[]) => parts.map((p) => encodeURIComponent(p)).joi
 function redactor(apiKey: string): <T>(value: T) => T {
   const secret = apiKey.slice(apiKey.indexOf('.') + 1);
   const pem = /-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----/g;
-  const scrub = (text: string) => text.replaceAll(apiKey, '[redacted]').replaceAll(secret, '[redacted]').replace(pem, '[redacted]');
+  const scrub = (text: string) =>
+    text.replaceAll(apiKey, '[redacted]').replaceAll(secret, '[redacted]').replace(pem, '[redacted]');
   const walk = (value: unknown): unknown => {
     if (typeof value === 'string') return scrub(value);
     if (Array.isArray(value)) return value.map(walk);
-    if (typeof value === 'object' && value !== null) return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, walk(v)]));
+    if (typeof value === 'object' && value !== null)
+      return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, walk(v)]));
     return value;
   };
   return <T>(value: T) => walk(value) as T;
@@ -78,7 +80,11 @@ function localKeyFiles(tenantId: string): (requested: string | undefined) => Age
   };
 }
 
-export function buildMcpServer(config: McpConfig, log: (line: string) => void = () => undefined, options: McpServerOptions = {}): McpServer {
+export function buildMcpServer(
+  config: McpConfig,
+  log: (line: string) => void = () => undefined,
+  options: McpServerOptions = {},
+): McpServer {
   const api = new ApiClient(config.baseUrl, config.apiKey, undefined, options.fetch);
   const redact = redactor(config.apiKey);
   const keyFile = options.agentKeys ?? localKeyFiles(config.tenantId);
@@ -108,7 +114,11 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
     const safe = redact(error);
     const status = safe.status === undefined ? '' : ` (HTTP ${safe.status})`;
     const details = safe.details === undefined ? '' : `\ndetails: ${JSON.stringify(safe.details)}`;
-    return { isError: true, content: [{ type: 'text', text: `${safe.code}${status}: ${safe.message}${details}` }], structuredContent: { error: safe } };
+    return {
+      isError: true,
+      content: [{ type: 'text', text: `${safe.code}${status}: ${safe.message}${details}` }],
+      structuredContent: { error: safe },
+    };
   }
 
   function tool<I extends z.ZodRawShape, O extends z.ZodRawShape>(
@@ -119,11 +129,16 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
     handler: (args: z.infer<z.ZodObject<I>>) => Promise<ToolOutcome>,
   ): void {
     // The SDK types the callback from the concrete shape; for a generic shape TypeScript cannot relate the two.
-    server.registerTool(name, { description, inputSchema: input, outputSchema: toolOutput(output) }, (async (args: z.infer<z.ZodObject<I>>): Promise<CallToolResult> => {
+    server.registerTool(name, { description, inputSchema: input, outputSchema: toolOutput(output) }, (async (
+      args: z.infer<z.ZodObject<I>>,
+    ): Promise<CallToolResult> => {
       try {
         const { summary, data } = await handler(args);
         const structured = redact(data);
-        return { content: [{ type: 'text', text: `${redact(summary)}\n${JSON.stringify(structured)}` }], structuredContent: structured };
+        return {
+          content: [{ type: 'text', text: `${redact(summary)}\n${JSON.stringify(structured)}` }],
+          structuredContent: structured,
+        };
       } catch (err) {
         return failure(name, err);
       }
@@ -132,18 +147,27 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
 
   const runIdInput = { runId: z.string().min(1).max(128) };
 
-  tool('whoami', 'Check the credentials: the tenant, key id and scopes of the API key, and the service health.', {}, Outputs.whoami, async () => {
-    const [identity, readiness] = await Promise.all([api.call('GET', '/v1/whoami'), api.send('GET', '/readyz')]);
-    const { tenantId, keyId, scopes } = identity.body as { tenantId: string; keyId: string; scopes: string[] };
-    if (tenantId !== config.tenantId) {
-      throw new ToolFailure('TENANT_MISMATCH', `SERVICE_API_KEY belongs to tenant ${tenantId}, but SERVICE_TENANT_ID is ${config.tenantId}`);
-    }
-    const health = readiness.body;
-    return {
-      summary: `tenant ${tenantId}, key ${keyId}, scopes ${scopes.join(' ') || '(none)'}; service ${String(health.status)}`,
-      data: { tenantId, keyId, scopes, serviceBaseUrl: config.baseUrl, health },
-    };
-  });
+  tool(
+    'whoami',
+    'Check the credentials: the tenant, key id and scopes of the API key, and the service health.',
+    {},
+    Outputs.whoami,
+    async () => {
+      const [identity, readiness] = await Promise.all([api.call('GET', '/v1/whoami'), api.send('GET', '/readyz')]);
+      const { tenantId, keyId, scopes } = identity.body as { tenantId: string; keyId: string; scopes: string[] };
+      if (tenantId !== config.tenantId) {
+        throw new ToolFailure(
+          'TENANT_MISMATCH',
+          `SERVICE_API_KEY belongs to tenant ${tenantId}, but SERVICE_TENANT_ID is ${config.tenantId}`,
+        );
+      }
+      const health = readiness.body;
+      return {
+        summary: `tenant ${tenantId}, key ${keyId}, scopes ${scopes.join(' ') || '(none)'}; service ${String(health.status)}`,
+        data: { tenantId, keyId, scopes, serviceBaseUrl: config.baseUrl, health },
+      };
+    },
+  );
 
   tool(
     'register_agent',
@@ -163,22 +187,42 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
       const pair = generateEd25519KeyPair();
       const { keyFile: _path, ...fields } = args;
       const res = await api.call('POST', '/v1/agents', { body: { ...fields, publicKey: base64urlEncode(pair.raw) } });
-      const { agentId, keyId, status, createdAt } = res.body as { agentId: string; keyId: string; status: string; createdAt: string };
-      if (keyId !== pair.keyId) throw new ToolFailure('KEY_ID_MISMATCH', `the service derived key id ${keyId} for a key whose id is ${pair.keyId}`);
+      const { agentId, keyId, status, createdAt } = res.body as {
+        agentId: string;
+        keyId: string;
+        status: string;
+        createdAt: string;
+      };
+      if (keyId !== pair.keyId)
+        throw new ToolFailure(
+          'KEY_ID_MISMATCH',
+          `the service derived key id ${keyId} for a key whose id is ${pair.keyId}`,
+        );
       try {
         await file.save(agentId, pair.privateKey, keyId);
       } catch (err) {
         const reason = err instanceof Error ? err.message : String(err);
-        throw new ToolFailure('KEY_FILE_UNAVAILABLE', `agent ${agentId} is registered but its key could not be stored (${reason}); add a new key to it`);
+        throw new ToolFailure(
+          'KEY_FILE_UNAVAILABLE',
+          `agent ${agentId} is registered but its key could not be stored (${reason}); add a new key to it`,
+        );
       }
-      return { summary: `registered ${agentId} with key ${keyId}; private key in ${file.location}`, data: { agentId, keyId, status, createdAt, keyFile: file.location } };
+      return {
+        summary: `registered ${agentId} with key ${keyId}; private key in ${file.location}`,
+        data: { agentId, keyId, status, createdAt, keyFile: file.location },
+      };
     },
   );
 
   tool(
     'create_run',
-    'Start a run of an agent under terms; with settlement terms, the amount is locked in the payer agent\'s escrow.',
-    { agentId: AgentId, terms: Terms.optional(), settlement: SettlementTerms.optional(), idempotencyKey: IdempotencyKey },
+    "Start a run of an agent under terms; with settlement terms, the amount is locked in the payer agent's escrow.",
+    {
+      agentId: AgentId,
+      terms: Terms.optional(),
+      settlement: SettlementTerms.optional(),
+      idempotencyKey: IdempotencyKey,
+    },
     Outputs.run,
     async ({ idempotencyKey, ...body }) => {
       const res = await api.call('POST', '/v1/runs', { body, idempotencyKey });
@@ -188,7 +232,7 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
 
   tool(
     'append_events',
-    'Sign events with the run agent\'s local key, chain them after the run head, and append them as one batch.',
+    "Sign events with the run agent's local key, chain them after the run head, and append them as one batch.",
     {
       ...runIdInput,
       events: z.array(EventInput).min(1).max(100),
@@ -196,11 +240,20 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
     },
     Outputs.appended,
     async ({ runId, events, keyFile: requested }) => {
-      const run = (await api.call('GET', `/v1/runs/${path(runId)}`)).body as { agentId: string; head: { seq: number; chainHash: string | null } };
+      const run = (await api.call('GET', `/v1/runs/${path(runId)}`)).body as {
+        agentId: string;
+        head: { seq: number; chainHash: string | null };
+      };
       const signer = await keyFile(requested).load(run.agentId);
       const at = new Date().toISOString();
       const envelopes = signEvents(
-        events.map((e) => ({ id: e.id ?? newId('evt'), runId, type: e.type, at, payload: (e.payload ?? null) as JsonValue })),
+        events.map((e) => ({
+          id: e.id ?? newId('evt'),
+          runId,
+          type: e.type,
+          at,
+          payload: (e.payload ?? null) as JsonValue,
+        })),
         run.head,
         signer.privateKey,
         signer.keyId,
@@ -208,7 +261,10 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
       // Without an idempotency key: a retry signs anew (new time, new head), so it could never replay the first answer.
       const res = await api.call('POST', `/v1/runs/${path(runId)}/events`, { body: { events: envelopes } });
       const head = res.body.head as { seq: number };
-      return { summary: `${String(res.body.accepted)} events appended to ${runId}; head is seq ${head.seq}`, data: { ...res.body, eventIds: envelopes.map((e) => e.id) } };
+      return {
+        summary: `${String(res.body.accepted)} events appended to ${runId}; head is seq ${head.seq}`,
+        data: { ...res.body, eventIds: envelopes.map((e) => e.id) },
+      };
     },
   );
 
@@ -223,55 +279,103 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
     },
   );
 
-  tool('get_run', 'A run with its status, verdict, artifact id, chain head and settlement terms.', runIdInput, Outputs.run, async ({ runId }) => {
-    const res = await api.call('GET', `/v1/runs/${path(runId)}`);
-    const verdict = res.body.verdict === null ? '' : `, verdict ${String(res.body.verdict)}`;
-    return { summary: `run ${runId} is ${String(res.body.status)}${verdict}`, data: res.body };
-  });
+  tool(
+    'get_run',
+    'A run with its status, verdict, artifact id, chain head and settlement terms.',
+    runIdInput,
+    Outputs.run,
+    async ({ runId }) => {
+      const res = await api.call('GET', `/v1/runs/${path(runId)}`);
+      const verdict = res.body.verdict === null ? '' : `, verdict ${String(res.body.verdict)}`;
+      return { summary: `run ${runId} is ${String(res.body.status)}${verdict}`, data: res.body };
+    },
+  );
 
-  tool('get_verification', 'Verification of a finalized run: artifact hash, service signature, event signatures and chain.', runIdInput, Outputs.verification, async ({ runId }) => {
-    const res = await api.call('GET', `/runs/${path(runId)}/verification`);
-    return { summary: `run ${runId} ${res.body.verified === true ? 'verified' : 'NOT verified'}`, data: res.body };
-  });
+  tool(
+    'get_verification',
+    'Verification of a finalized run: artifact hash, service signature, event signatures and chain.',
+    runIdInput,
+    Outputs.verification,
+    async ({ runId }) => {
+      const res = await api.call('GET', `/runs/${path(runId)}/verification`);
+      return { summary: `run ${runId} ${res.body.verified === true ? 'verified' : 'NOT verified'}`, data: res.body };
+    },
+  );
 
   tool(
     'settle_run',
     'Settle a finalized run: a worker releases the escrow on pass or holds it on fail (poll get_settlement).',
-    { ...runIdInput, settlement: SettlementTerms.optional().describe('only when the run was created without settlement terms'), idempotencyKey: IdempotencyKey },
+    {
+      ...runIdInput,
+      settlement: SettlementTerms.optional().describe('only when the run was created without settlement terms'),
+      idempotencyKey: IdempotencyKey,
+    },
     Outputs.settleAccepted,
     async ({ runId, settlement, idempotencyKey }) => {
-      const res = await api.call('POST', `/v1/runs/${path(runId)}/settle`, { body: settlement ? { settlement } : {}, idempotencyKey });
-      return { summary: `settlement ${String(res.body.settlementId)} of ${runId} is ${String(res.body.status)}`, data: res.body };
+      const res = await api.call('POST', `/v1/runs/${path(runId)}/settle`, {
+        body: settlement ? { settlement } : {},
+        idempotencyKey,
+      });
+      return {
+        summary: `settlement ${String(res.body.settlementId)} of ${runId} is ${String(res.body.status)}`,
+        data: res.body,
+      };
     },
   );
 
-  tool('get_settlement', 'The settlement of a run: status, amounts released and refunded, holdback, decision and receipt.', runIdInput, Outputs.settlement, async ({ runId }) => {
-    const res = await api.call('GET', `/runs/${path(runId)}/settlement`);
-    return { summary: `settlement of ${runId} is ${String(res.body.status)}`, data: res.body };
-  });
+  tool(
+    'get_settlement',
+    'The settlement of a run: status, amounts released and refunded, holdback, decision and receipt.',
+    runIdInput,
+    Outputs.settlement,
+    async ({ runId }) => {
+      const res = await api.call('GET', `/runs/${path(runId)}/settlement`);
+      return { summary: `settlement of ${runId} is ${String(res.body.status)}`, data: res.body };
+    },
+  );
 
-  tool('wallet_balance', 'Available and escrowed balances of a wallet (an agent id or a sponsor wallet id), per currency.', { walletId: z.string().min(1).max(256) }, Outputs.wallet, async ({ walletId }) => {
-    const res = await api.call('GET', `/v1/wallets/${path(walletId)}`);
-    const balances = Object.entries(res.body.balances as Record<string, { available: number; escrow: number }>)
-      .map(([currency, b]) => `${currency} available ${b.available}, escrow ${b.escrow}`)
-      .join('; ');
-    return { summary: `wallet ${walletId}: ${balances || 'no balances'}`, data: res.body };
-  });
+  tool(
+    'wallet_balance',
+    'Available and escrowed balances of a wallet (an agent id or a sponsor wallet id), per currency.',
+    { walletId: z.string().min(1).max(256) },
+    Outputs.wallet,
+    async ({ walletId }) => {
+      const res = await api.call('GET', `/v1/wallets/${path(walletId)}`);
+      const balances = Object.entries(res.body.balances as Record<string, { available: number; escrow: number }>)
+        .map(([currency, b]) => `${currency} available ${b.available}, escrow ${b.escrow}`)
+        .join('; ');
+      return { summary: `wallet ${walletId}: ${balances || 'no balances'}`, data: res.body };
+    },
+  );
 
   // x402 gate (contract section 8): create -> quote -> authorize payment -> (provider serves) -> verify.
-  tool('gate_create', 'Open an x402 payment gate between a payer and a payee agent; locks the amount in the payer escrow.', GateCreateInput, Outputs.gate, async ({ idempotencyKey, ...body }) => {
-    const res = await api.call('POST', '/x402/gate/create', { body, idempotencyKey });
-    return { summary: `gate ${String(res.body.gateId)} is ${String(res.body.status)}`, data: res.body };
-  });
+  tool(
+    'gate_create',
+    'Open an x402 payment gate between a payer and a payee agent; locks the amount in the payer escrow.',
+    GateCreateInput,
+    Outputs.gate,
+    async ({ idempotencyKey, ...body }) => {
+      const res = await api.call('POST', '/x402/gate/create', { body, idempotencyKey });
+      return { summary: `gate ${String(res.body.gateId)} is ${String(res.body.status)}`, data: res.body };
+    },
+  );
 
   tool(
     'gate_quote',
     'Quote a gate for one request: x402 v2 payment requirements and a PAYMENT-REQUIRED header value.',
-    { gateId: z.string().min(1), requestSha256: Sha256Hex, ttlSeconds: z.number().int().min(1).max(3600).optional().describe('default 300'), idempotencyKey: IdempotencyKey },
+    {
+      gateId: z.string().min(1),
+      requestSha256: Sha256Hex,
+      ttlSeconds: z.number().int().min(1).max(3600).optional().describe('default 300'),
+      idempotencyKey: IdempotencyKey,
+    },
     Outputs.quote,
     async ({ idempotencyKey, ...body }) => {
       const res = await api.call('POST', '/x402/gate/quote', { body, idempotencyKey });
-      return { summary: `quote ${String(res.body.quoteId)} for gate ${body.gateId} expires ${String(res.body.expiresAt)}`, data: res.body };
+      return {
+        summary: `quote ${String(res.body.quoteId)} for gate ${body.gateId} expires ${String(res.body.expiresAt)}`,
+        data: res.body,
+      };
     },
   );
 
@@ -289,32 +393,51 @@ export function buildMcpServer(config: McpConfig, log: (line: string) => void = 
     Outputs.authorization,
     async ({ idempotencyKey, ...body }) => {
       const res = await api.call('POST', '/x402/gate/authorize-payment', { body, idempotencyKey });
-      return { summary: `payment for gate ${body.gateId} authorized (${String(res.body.authorizationRef)}), token expires ${String(res.body.expiresAt)}`, data: res.body };
+      return {
+        summary: `payment for gate ${body.gateId} authorized (${String(res.body.authorizationRef)}), token expires ${String(res.body.expiresAt)}`,
+        data: res.body,
+      };
     },
   );
 
   tool(
     'gate_verify',
-    'Submit the provider\'s response evidence; the service releases or refunds the payment (completed false: poll gate_get).',
+    "Submit the provider's response evidence; the service releases or refunds the payment (completed false: poll gate_get).",
     {
       gateId: z.string().min(1),
       evidence: z.strictObject({ responseSha256: Sha256Hex, providerSignature: z.string().optional() }),
       verificationStatus: z.string().optional(),
-      amount: z.number().int().min(0).optional().describe('metered: what the call cost (minor units, at most the gate amount; default all of it); the rest goes back to the payer'),
+      amount: z
+        .number()
+        .int()
+        .min(0)
+        .optional()
+        .describe(
+          'metered: what the call cost (minor units, at most the gate amount; default all of it); the rest goes back to the payer',
+        ),
       idempotencyKey: IdempotencyKey,
     },
     Outputs.gateVerification,
     async ({ idempotencyKey, ...body }) => {
       const res = await api.call('POST', '/x402/gate/verify', { body, idempotencyKey });
       const completed = res.status === 200;
-      return { summary: `gate ${body.gateId}: ${completed ? 'decided' : 'decision pending'}`, data: { ...res.body, completed, httpStatus: res.status } };
+      return {
+        summary: `gate ${body.gateId}: ${completed ? 'decided' : 'decision pending'}`,
+        data: { ...res.body, completed, httpStatus: res.status },
+      };
     },
   );
 
-  tool('gate_get', 'An x402 gate with its live quote, authorization, decision and receipt.', { gateId: z.string().min(1) }, Outputs.gate, async ({ gateId }) => {
-    const res = await api.call('GET', `/x402/gate/${path(gateId)}`);
-    return { summary: `gate ${gateId} is ${String(res.body.status)}`, data: res.body };
-  });
+  tool(
+    'gate_get',
+    'An x402 gate with its live quote, authorization, decision and receipt.',
+    { gateId: z.string().min(1) },
+    Outputs.gate,
+    async ({ gateId }) => {
+      const res = await api.call('GET', `/x402/gate/${path(gateId)}`);
+      return { summary: `gate ${gateId} is ${String(res.body.status)}`, data: res.body };
+    },
+  );
 
   return server;
 }

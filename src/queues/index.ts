@@ -6,7 +6,11 @@ import { errors, ServiceError } from '../domain/errors.ts';
 /** `webhook-dispatch` job that fans an outbox event out into one delivery per subscribed endpoint. */
 export const WebhookFanOutPayload = Type.Object({ tenantId: Type.String(), eventId: Type.String() });
 /** `webhook-dispatch` job (name `recover`) that sends an endpoint's failed deliveries since a time again. */
-export const WebhookRecoverPayload = Type.Object({ kind: Type.Literal('recover'), tenantId: Type.String(), recoveryId: Type.String() });
+export const WebhookRecoverPayload = Type.Object({
+  kind: Type.Literal('recover'),
+  tenantId: Type.String(),
+  recoveryId: Type.String(),
+});
 /** `webhook-dispatch` job (name `deliver`) for one attempt of one delivery; `rev` is the delivery revision it acts on. */
 export const WebhookDeliverPayload = Type.Object({
   kind: Type.Literal('deliver'),
@@ -70,7 +74,10 @@ export class Producers {
   ) {
     const prefix = bullPrefix(redisPrefix, cluster);
     this.queues = Object.fromEntries(
-      QUEUE_NAMES.map((name) => [name, new Queue(name, { connection, prefix, defaultJobOptions: DEFAULT_JOB_OPTIONS })]),
+      QUEUE_NAMES.map((name) => [
+        name,
+        new Queue(name, { connection, prefix, defaultJobOptions: DEFAULT_JOB_OPTIONS }),
+      ]),
     ) as Record<QueueName, Queue>;
   }
 
@@ -79,7 +86,12 @@ export class Producers {
    * on a queue, and the caller retries with the same idempotency key. `name` defaults to the queue's own name (the
    * webhook queue also carries `deliver` jobs).
    */
-  async enqueue<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, options: JobsOptions & { name?: string } = {}): Promise<void> {
+  async enqueue<Q extends QueueName>(
+    queue: Q,
+    payload: QueuePayload<Q>,
+    jobId: string,
+    options: JobsOptions & { name?: string } = {},
+  ): Promise<void> {
     if (!Value.Check(QueuePayloads[queue], payload)) {
       throw new Error(`invalid ${queue} job payload`);
     }
@@ -88,7 +100,13 @@ export class Producers {
   }
 
   /** Enqueues a job to run after `delayMs` (the same deadline applies). */
-  schedule<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, delayMs: number, name?: string): Promise<void> {
+  schedule<Q extends QueueName>(
+    queue: Q,
+    payload: QueuePayload<Q>,
+    jobId: string,
+    delayMs: number,
+    name?: string,
+  ): Promise<void> {
     return this.enqueue(queue, payload, jobId, { delay: Math.max(0, Math.round(delayMs)), ...(name ? { name } : {}) });
   }
 
@@ -102,7 +120,12 @@ export class Producers {
    * sweepers' interval still bounds how often that happens. A job delayed before its first attempt (a holdback timer,
    * a webhook's scheduled attempt) keeps its time.
    */
-  async ensure<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string, name?: string): Promise<'enqueued' | 'retried' | 'promoted' | 'live'> {
+  async ensure<Q extends QueueName>(
+    queue: Q,
+    payload: QueuePayload<Q>,
+    jobId: string,
+    name?: string,
+  ): Promise<'enqueued' | 'retried' | 'promoted' | 'live'> {
     const existing = await this.withDeadline(this.queues[queue].getJob(jobId));
     if (existing) {
       const state = await this.withDeadline(existing.getState());
@@ -112,7 +135,12 @@ export class Producers {
       }
       if (state === 'delayed' && existing.attemptsMade > 0) {
         // It may have left the delayed set since getState (its backoff ran out): then it is running anyway.
-        const promoted = await this.withDeadline(existing.promote().then(() => true, () => false));
+        const promoted = await this.withDeadline(
+          existing.promote().then(
+            () => true,
+            () => false,
+          ),
+        );
         return promoted ? 'promoted' : 'live';
       }
       if (state !== 'completed' && state !== 'unknown') return 'live';
@@ -128,11 +156,20 @@ export class Producers {
       return await Promise.race([
         work,
         new Promise<never>((_, reject) => {
-          timer = setTimeout(() => reject(errors.unavailable('the job queue is unavailable; retry shortly')), ENQUEUE_TIMEOUT_MS);
+          timer = setTimeout(
+            () => reject(errors.unavailable('the job queue is unavailable; retry shortly')),
+            ENQUEUE_TIMEOUT_MS,
+          );
         }),
       ]);
     } catch (err) {
-      this.onUnavailable(err instanceof ServiceError ? `no answer within ${ENQUEUE_TIMEOUT_MS} ms` : err instanceof Error ? err.message : String(err));
+      this.onUnavailable(
+        err instanceof ServiceError
+          ? `no answer within ${ENQUEUE_TIMEOUT_MS} ms`
+          : err instanceof Error
+            ? err.message
+            : String(err),
+      );
       throw err instanceof ServiceError ? err : errors.unavailable('the job queue is unavailable; retry shortly');
     } finally {
       clearTimeout(timer);
@@ -141,7 +178,13 @@ export class Producers {
 
   async depths(): Promise<Record<QueueName, Record<string, number>>> {
     const entries = await Promise.all(
-      QUEUE_NAMES.map(async (name) => [name, await this.queues[name].getJobCounts('waiting', 'active', 'delayed', 'failed', 'completed', 'prioritized')] as const),
+      QUEUE_NAMES.map(
+        async (name) =>
+          [
+            name,
+            await this.queues[name].getJobCounts('waiting', 'active', 'delayed', 'failed', 'completed', 'prioritized'),
+          ] as const,
+      ),
     );
     return Object.fromEntries(entries) as Record<QueueName, Record<string, number>>;
   }

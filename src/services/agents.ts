@@ -18,10 +18,18 @@ export interface RegisterAgentInput {
 export function agentKeyFrom(publicKey: string, now: Date): AgentKeyDoc {
   try {
     const parsed = parsePublicKey(publicKey);
-    return { keyId: parsed.keyId, publicKey: Buffer.from(parsed.raw).toString('base64url'), status: 'active', createdAt: now, revokedAt: null };
+    return {
+      keyId: parsed.keyId,
+      publicKey: Buffer.from(parsed.raw).toString('base64url'),
+      status: 'active',
+      createdAt: now,
+      revokedAt: null,
+    };
   } catch (err) {
     if (err instanceof KeyFormatError) {
-      throw errors.unprocessable(`publicKey: ${err.message}`, { errors: [{ path: 'body.publicKey', message: err.message }] });
+      throw errors.unprocessable(`publicKey: ${err.message}`, {
+        errors: [{ path: 'body.publicKey', message: err.message }],
+      });
     }
     throw err;
   }
@@ -37,18 +45,32 @@ function agentIdFor(tenantId: string, namespace: string | undefined, name: strin
 }
 
 /** Registers an agent identity with its first key; its metadata is kept as the client sent it (canonical JSON). */
-export async function registerAgent(rt: Runtime, tenantId: string, input: RegisterAgentInput): Promise<{ agent: AgentDoc; key: AgentKeyDoc }> {
+export async function registerAgent(
+  rt: Runtime,
+  tenantId: string,
+  input: RegisterAgentInput,
+): Promise<{ agent: AgentDoc; key: AgentKeyDoc }> {
   if (input.agentId && (input.namespace || input.name)) {
-    throw errors.unprocessable('give agentId, or namespace and name, not both', { errors: [{ path: 'body.agentId', message: 'conflicts with namespace/name' }] });
+    throw errors.unprocessable('give agentId, or namespace and name, not both', {
+      errors: [{ path: 'body.agentId', message: 'conflicts with namespace/name' }],
+    });
   }
   if (input.metadata !== undefined) assertClientJsonDepth(input.metadata, 'body.metadata');
   const now = new Date();
   const key = agentKeyFrom(input.publicKey, now);
   const agentId = input.agentId ?? agentIdFor(tenantId, input.namespace, input.name);
   if (namespaceOf(agentId) === SHARED_NAMESPACE && !(input.agentId === undefined && input.name === undefined)) {
-    throw errors.unprocessable(`the namespace "${SHARED_NAMESPACE}" holds only names the service generates; choose a namespace of your own, or leave the name out`, {
-      errors: [{ path: input.agentId ? 'body.agentId' : 'body.namespace', message: `chosen name in the shared namespace "${SHARED_NAMESPACE}"` }],
-    });
+    throw errors.unprocessable(
+      `the namespace "${SHARED_NAMESPACE}" holds only names the service generates; choose a namespace of your own, or leave the name out`,
+      {
+        errors: [
+          {
+            path: input.agentId ? 'body.agentId' : 'body.namespace',
+            message: `chosen name in the shared namespace "${SHARED_NAMESPACE}"`,
+          },
+        ],
+      },
+    );
   }
   // Listed before it is stored (see store/list-index.ts); a refused duplicate's entry matches no agent and is skipped.
   await rt.stores.lists.add({ kind: 'agents', id: agentId, tenantId, at: now, agentIds: [agentId] });
@@ -69,7 +91,12 @@ export async function getAgent(rt: Runtime, tenantId: string, agentId: string): 
   return agent;
 }
 
-export async function addAgentKey(rt: Runtime, tenantId: string, agentId: string, publicKey: string): Promise<AgentKeyDoc> {
+export async function addAgentKey(
+  rt: Runtime,
+  tenantId: string,
+  agentId: string,
+  publicKey: string,
+): Promise<AgentKeyDoc> {
   const key = agentKeyFrom(publicKey, new Date());
   await rt.stores.agents.addKey(tenantId, agentId, key);
   await rt.credentials.invalidate('agent', agentId);
@@ -77,7 +104,12 @@ export async function addAgentKey(rt: Runtime, tenantId: string, agentId: string
 }
 
 /** Revokes an agent key: events it signs are refused from now on, on every process. */
-export async function revokeAgentKey(rt: Runtime, tenantId: string, agentId: string, keyId: string): Promise<AgentKeyDoc> {
+export async function revokeAgentKey(
+  rt: Runtime,
+  tenantId: string,
+  agentId: string,
+  keyId: string,
+): Promise<AgentKeyDoc> {
   const key = await rt.stores.agents.revokeKey(tenantId, agentId, keyId);
   await rt.credentials.invalidate('agent', agentId);
   return key;

@@ -20,7 +20,11 @@ export interface ConsoleSession {
 }
 
 /** Signs in with a key: the new session's cookie value (shown to the browser only) and the session. */
-export async function signInToConsole(runtime: Runtime, credential: string, now = new Date()): Promise<{ sessionToken: string; session: ConsoleSession }> {
+export async function signInToConsole(
+  runtime: Runtime,
+  credential: string,
+  now = new Date(),
+): Promise<{ sessionToken: string; session: ConsoleSession }> {
   let signer: ConsoleSigner;
   let scopes: string[];
   if (secretMatcher(runtime.config.adminKey)(credential)) {
@@ -46,7 +50,11 @@ export async function signInToConsole(runtime: Runtime, credential: string, now 
 }
 
 /** The live session a cookie value names, or null: unknown, expired, or signed in with a key no longer live. */
-export async function consoleSession(runtime: Runtime, sessionToken: string, now = new Date()): Promise<ConsoleSession | null> {
+export async function consoleSession(
+  runtime: Runtime,
+  sessionToken: string,
+  now = new Date(),
+): Promise<ConsoleSession | null> {
   if (!/^[A-Za-z0-9_-]{43}$/.test(sessionToken)) return null;
   const doc = await runtime.stores.consoleSessions.get(sessionToken);
   if (!doc || new Date(doc.expiresAt).getTime() <= now.getTime()) return null;

@@ -14,7 +14,12 @@ import { applyRuling, read } from './settlement.ts';
  * The payer disputes a completed settlement inside its window: the holdback is frozen. The dispute and the
  * holdback's release at the window's end claim the same fact, so whichever is recorded first decides.
  */
-export async function openDispute(rt: Runtime, tenantId: string, runId: string, input: { reason: string; evidence?: unknown }) {
+export async function openDispute(
+  rt: Runtime,
+  tenantId: string,
+  runId: string,
+  input: { reason: string; evidence?: unknown },
+) {
   const { runs, settlements } = rt.stores;
   const run = await runs.get(tenantId, runId);
   const s = run && (await settlements.byRun(run._id));
@@ -29,24 +34,43 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   const evidenceJson = input.evidence === undefined ? null : toStoredJson(input.evidence);
   const { view, facts } = await read(rt, s);
   const now = Date.now();
-  if (view.status !== 'completed' || facts.holdback) throw errors.transitionIllegal(`a ${view.status} settlement cannot be disputed`, view.status);
-  if (!view.disputeWindowEndsAt || Date.parse(view.disputeWindowEndsAt) <= now) throw errors.transitionIllegal('the dispute window has ended', view.status);
+  if (view.status !== 'completed' || facts.holdback)
+    throw errors.transitionIllegal(`a ${view.status} settlement cannot be disputed`, view.status);
+  if (!view.disputeWindowEndsAt || Date.parse(view.disputeWindowEndsAt) <= now)
+    throw errors.transitionIllegal('the dispute window has ended', view.status);
   const disputeId = newId('dsp');
   const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
   await settlements.referDispute(disputeId, s);
   // Due before the dispute exists: a crash before its announcement leaves it for a pass to announce (a settlement
   // with nothing held has no due record of its own by then; the pass sets the next one).
   await settlements.due.mark(s._id, s.tenantId, new Date(now + rt.config.sweeper.staleAfterMs));
-  const { won, fact } = await settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: input.reason, evidenceJson, frozenAmount, at: new Date(now).toISOString() });
+  const { won, fact } = await settlements.claim(s._id, 'holdback', {
+    fate: 'dispute',
+    disputeId,
+    reason: input.reason,
+    evidenceJson,
+    frozenAmount,
+    at: new Date(now).toISOString(),
+  });
   if (!won) {
-    throw errors.transitionIllegal(fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended', fact.fate === 'dispute' ? 'disputed' : 'completed');
+    throw errors.transitionIllegal(
+      fact.fate === 'dispute' ? 'the settlement is already disputed' : 'the dispute window has ended',
+      fact.fate === 'dispute' ? 'disputed' : 'completed',
+    );
   }
   failpoint('dispute.opened');
   // Named as advanceSettlement names it (the same event id: whichever emits first, the data is the same).
   const subject = settlementSubject(s);
   // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
   const marks = { test: s.test === true };
-  await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId, ...subject, settlementId: s._id }, `dispute.opened:${disputeId}`, marks);
+  await emitEvent(
+    rt,
+    s.tenantId,
+    'dispute.opened',
+    { disputeId, ...subject, settlementId: s._id },
+    `dispute.opened:${disputeId}`,
+    marks,
+  );
   return { disputeId, status: 'open' as const, settlementId: s._id, runId: s.runId, frozenAmount };
 }
 
@@ -59,7 +83,9 @@ export async function resolveDispute(
   const { settlements } = rt.stores;
   const { outcome, payerShareBps } = ruling;
   if ((outcome === 'split') !== (payerShareBps !== undefined)) {
-    throw errors.unprocessable('payerShareBps goes with outcome "split", and only with it', { errors: [{ path: 'body.payerShareBps', message: 'required for split, not allowed otherwise' }] });
+    throw errors.unprocessable('payerShareBps goes with outcome "split", and only with it', {
+      errors: [{ path: 'body.payerShareBps', message: 'required for split, not allowed otherwise' }],
+    });
   }
   const s = await settlements.byDispute(disputeId);
   if (!s) throw errors.notFound('dispute');
@@ -68,10 +94,17 @@ export async function resolveDispute(
   const { toPayer, toPayee } = disputeSplit(facts.holdback.frozenAmount, outcome, payerShareBps);
   const sameRuling = (r: RulingFact) => r.outcome === outcome && r.payerShareBps === (payerShareBps ?? null);
   // The same ruling again (a retry after a crash or a lost answer) finishes applying it; another one is refused.
-  if (facts.ruling && !sameRuling(facts.ruling)) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
+  if (facts.ruling && !sameRuling(facts.ruling))
+    throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
   if (!facts.ruling) {
     await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
-    const { fact } = await settlements.claim(s._id, 'ruling', { outcome, payerShareBps: payerShareBps ?? null, toPayer, toPayee, at: new Date().toISOString() });
+    const { fact } = await settlements.claim(s._id, 'ruling', {
+      outcome,
+      payerShareBps: payerShareBps ?? null,
+      toPayer,
+      toPayee,
+      at: new Date().toISOString(),
+    });
     if (!sameRuling(fact)) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
   }
   failpoint('dispute.ruled');

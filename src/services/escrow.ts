@@ -32,8 +32,10 @@ export function settlementTerms(input: SettlementTermsInput): RunSettlementTerms
  * Run ids never contain ':', so these ids cannot collide.
  */
 export const escrowEntryIds = {
-  lock: (runId: string, generation = 1) => (generation === 1 ? `escrow:${runId}:lock` : `escrow:${runId}:lock:${generation}`),
-  unlock: (runId: string, generation = 1) => (generation === 1 ? `escrow:${runId}:unlock` : `escrow:${runId}:unlock:${generation}`),
+  lock: (runId: string, generation = 1) =>
+    generation === 1 ? `escrow:${runId}:lock` : `escrow:${runId}:lock:${generation}`,
+  unlock: (runId: string, generation = 1) =>
+    generation === 1 ? `escrow:${runId}:unlock` : `escrow:${runId}:unlock:${generation}`,
 };
 
 /** More generations than this means something returns reserves as fast as they are made: stop loudly. */
@@ -62,7 +64,13 @@ function generationOf(lock: LedgerEntryDoc): number {
   return Number(lock.ref.generation ?? 1);
 }
 
-function runLockEntry(tenantId: string, runId: string, payerWalletId: string, terms: Pick<RunSettlementTerms, 'amount' | 'currency'>, generation: number) {
+function runLockEntry(
+  tenantId: string,
+  runId: string,
+  payerWalletId: string,
+  terms: Pick<RunSettlementTerms, 'amount' | 'currency'>,
+  generation: number,
+) {
   return {
     _id: escrowEntryIds.lock(runId, generation),
     tenantId,
@@ -84,10 +92,19 @@ function lockHolds(lock: LedgerEntryDoc, payerWalletId: string, amount: number, 
  * client's retry then locks a new one. The payer must be an agent of the caller's tenant: one tenant can never
  * commit another's money.
  */
-export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: string, payeeAgentId: string, terms: RunSettlementTerms, attach: () => Promise<T>): Promise<T> {
+export async function withRunEscrow<T>(
+  rt: Runtime,
+  tenantId: string,
+  runId: string,
+  payeeAgentId: string,
+  terms: RunSettlementTerms,
+  attach: () => Promise<T>,
+): Promise<T> {
   const { agents, ledger, reserves } = rt.stores;
   if (terms.payerAgentId === payeeAgentId) {
-    throw errors.unprocessable('the payer must be another agent than the one doing the work', { errors: [{ path: 'body.settlement.payerAgentId', message: 'equals the run agent' }] });
+    throw errors.unprocessable('the payer must be another agent than the one doing the work', {
+      errors: [{ path: 'body.settlement.payerAgentId', message: 'equals the run agent' }],
+    });
   }
   const payer = await agents.get(tenantId, terms.payerAgentId);
   if (!payer) throw errors.notFound('payer agent');
@@ -104,7 +121,9 @@ export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: str
       if (!(err instanceof ServiceError && err.code === 'TRANSITION_ILLEGAL')) throw err;
       // One reserve per run: a lock made under other terms is not this one, unless it was returned meanwhile.
       if ((await reserves.fateOf(lockId))?.fate === 'returned') continue;
-      throw errors.conflict('TRANSITION_ILLEGAL', 'escrow for this run is already locked under other terms', { status: 'locked' });
+      throw errors.conflict('TRANSITION_ILLEGAL', 'escrow for this run is already locked under other terms', {
+        status: 'locked',
+      });
     }
     // A lock recorded before this call (a retry) may have been returned meanwhile: then lock under the next one.
     if (candidate.createdAt.getTime() < started && (await reserves.fateOf(lockId))?.fate === 'returned') continue;
@@ -123,7 +142,10 @@ export async function withRunEscrow<T>(rt: Runtime, tenantId: string, runId: str
  * and a reserve returned first is replaced by a new lock from the payer's available funds (a shortfall is a
  * loud 402 that leaves the settlement pending, never a payment out of someone else's escrow). Answers the lock id.
  */
-export async function captureRunReserve(rt: Runtime, s: { _id: string; tenantId: string; runId: string; payerWalletId: string; amount: number; currency: string }): Promise<string> {
+export async function captureRunReserve(
+  rt: Runtime,
+  s: { _id: string; tenantId: string; runId: string; payerWalletId: string; amount: number; currency: string },
+): Promise<string> {
   const { ledger, reserves } = rt.stores;
   for (let generation = 1; generation <= MAX_RESERVE_GENERATIONS; generation++) {
     const lockId = escrowEntryIds.lock(s.runId, generation);
@@ -131,9 +153,14 @@ export async function captureRunReserve(rt: Runtime, s: { _id: string; tenantId:
     if (fate.fate === 'returned') continue;
     if (fate.by !== s._id) throw new Error(`reserve ${lockId} was captured by ${fate.by}, not by ${s._id}`);
     // Ours. Normally locked long ago; if its lock never finished (or never began), it is ours alone to make.
-    const lock = existing?.state === 'applied' ? existing : await ledger.apply(runLockEntry(s.tenantId, s.runId, s.payerWalletId, s, generation));
+    const lock =
+      existing?.state === 'applied'
+        ? existing
+        : await ledger.apply(runLockEntry(s.tenantId, s.runId, s.payerWalletId, s, generation));
     if (!lockHolds(lock, s.payerWalletId, s.amount, s.currency)) {
-      throw new MoneyInvariantError(`reserve ${lockId} holds ${lock.legs[1]!.delta} ${lock.currency} of ${lock.legs[1]!.walletId}, not the settlement's ${s.amount} ${s.currency}`);
+      throw new MoneyInvariantError(
+        `reserve ${lockId} holds ${lock.legs[1]!.delta} ${lock.currency} of ${lock.legs[1]!.walletId}, not the settlement's ${s.amount} ${s.currency}`,
+      );
     }
     await ledger.lockSettled(lockId); // nothing left for the reserve sweeper to decide
     return lockId;
@@ -169,11 +196,27 @@ export async function reconcileRunReserve(rt: Runtime, lock: LedgerEntryDoc): Pr
       tenantId: lock.tenantId,
       kind: 'escrow_unlock',
       currency: lock.currency,
-      legs: [{ ...toEscrow, delta: -toEscrow.delta }, { ...fromAvailable, delta: -fromAvailable.delta }],
+      legs: [
+        { ...toEscrow, delta: -toEscrow.delta },
+        { ...fromAvailable, delta: -fromAvailable.delta },
+      ],
       ref: { runId, generation: String(generation) },
     });
     failpoint('run.reserve.returned');
-    await emitEvent(rt, lock.tenantId, 'escrow.returned', { ...settlementSubject({ runId }), payerWalletId: fromAvailable.walletId, amount: toEscrow.delta, currency: lock.currency, reason: fate.by, entryId: unlock.entryId }, `escrow.returned:${lock.entryId}`);
+    await emitEvent(
+      rt,
+      lock.tenantId,
+      'escrow.returned',
+      {
+        ...settlementSubject({ runId }),
+        payerWalletId: fromAvailable.walletId,
+        amount: toEscrow.delta,
+        currency: lock.currency,
+        reason: fate.by,
+        entryId: unlock.entryId,
+      },
+      `escrow.returned:${lock.entryId}`,
+    );
     returned = true;
   }
   await ledger.markReconciled(lock.entryId);

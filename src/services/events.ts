@@ -14,10 +14,26 @@ import type { OutboxEventDoc } from '../store/outbox.ts';
  * time after its index position (WebhookEndpointStore.create): so an endpoint this look misses took its creation time
  * after the look began, and would not have been sent the event anyway (unless in the very same millisecond).
  */
-export async function emitEvent(rt: Runtime, tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, options: { test?: boolean } = {}): Promise<OutboxEventDoc> {
+export async function emitEvent(
+  rt: Runtime,
+  tenantId: string,
+  type: EventType,
+  data: Record<string, unknown>,
+  cause: string,
+  options: { test?: boolean } = {},
+): Promise<OutboxEventDoc> {
   const createdAt = new Date();
   const fanOut = await rt.stores.webhookEndpoints.anyRegistered(tenantId);
-  const event = await rt.stores.outbox.record(tenantId, type, data, cause, { test: options.test === true, fanOut, createdAt });
-  if (fanOut) await rt.producers.enqueue('webhook-dispatch', { tenantId, eventId: event._id }, jobIdFor('webhook-dispatch', event._id));
+  const event = await rt.stores.outbox.record(tenantId, type, data, cause, {
+    test: options.test === true,
+    fanOut,
+    createdAt,
+  });
+  if (fanOut)
+    await rt.producers.enqueue(
+      'webhook-dispatch',
+      { tenantId, eventId: event._id },
+      jobIdFor('webhook-dispatch', event._id),
+    );
   return event;
 }

@@ -51,7 +51,12 @@ class StepFailed extends Error {
 
 interface Caller {
   /** `acceptCodes`: error codes this step counts as done (an earlier run of the attempt already did it). */
-  call(step: string, method: 'GET' | 'POST', path: string, options?: { body?: unknown; idempotencyKey?: string; acceptCodes?: string[] }): Promise<{ status: number; body: Record<string, any> }>;
+  call(
+    step: string,
+    method: 'GET' | 'POST',
+    path: string,
+    options?: { body?: unknown; idempotencyKey?: string; acceptCodes?: string[] },
+  ): Promise<{ status: number; body: Record<string, any> }>;
 }
 
 function caller(baseUrl: string, bearer: string): Caller {
@@ -63,14 +68,23 @@ function caller(baseUrl: string, bearer: string): Caller {
       let res: Response;
       let body: Record<string, any>;
       try {
-        res = await fetch(`${baseUrl}${path}`, { method, headers, body: options.body === undefined ? null : JSON.stringify(options.body), signal: AbortSignal.timeout(CALL_TIMEOUT_MS) });
+        res = await fetch(`${baseUrl}${path}`, {
+          method,
+          headers,
+          body: options.body === undefined ? null : JSON.stringify(options.body),
+          signal: AbortSignal.timeout(CALL_TIMEOUT_MS),
+        });
         body = (await res.json().catch(() => ({}))) as Record<string, any>;
       } catch (err) {
         // The reason names no header: the bearer is a credential.
         const cause = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).name;
         throw new StepFailed(step, null, 'SERVICE_UNREACHABLE', `${method} ${path} got no answer (${cause})`);
       }
-      if ((res.status >= 200 && res.status < 300) || (typeof body.code === 'string' && options.acceptCodes?.includes(body.code))) return { status: res.status, body };
+      if (
+        (res.status >= 200 && res.status < 300) ||
+        (typeof body.code === 'string' && options.acceptCodes?.includes(body.code))
+      )
+        return { status: res.status, body };
       const retryAfter = Number(res.headers.get('retry-after'));
       throw new StepFailed(
         step,
@@ -85,17 +99,31 @@ function caller(baseUrl: string, bearer: string): Caller {
 
 /** Key material derived from the service's session secret: the same attempt always gets the same, nobody else can. */
 function derive(rt: Runtime, purpose: string, attemptId: string): Buffer {
-  return createHmac('sha256', rt.config.onboarding.sessionSecret).update(`first-paid-call\n${purpose}\n${attemptId}`).digest();
+  return createHmac('sha256', rt.config.onboarding.sessionSecret)
+    .update(`first-paid-call\n${purpose}\n${attemptId}`)
+    .digest();
 }
 
 /** The attempt's own tenant key: id and secret derive from the attempt, so a resumed attempt presents the same one. */
-async function attemptCredential(rt: Runtime, tenantId: string, attemptId: string, createdAt: Date): Promise<{ keyId: string; token: string }> {
+async function attemptCredential(
+  rt: Runtime,
+  tenantId: string,
+  attemptId: string,
+  createdAt: Date,
+): Promise<{ keyId: string; token: string }> {
   const keyId = `ak_fpc${derive(rt, 'key-id', attemptId).toString('hex').slice(0, 24)}`;
   const secret = derive(rt, 'key-secret', attemptId).toString('base64url');
   const existing = await rt.stores.apiKeys.get(keyId);
   if (!existing) {
     try {
-      await rt.stores.apiKeys.issue({ id: keyId, secret, tenantId, scopes: PAID_CALL_SCOPES, description: `first paid call ${attemptId}`, expiresAt: new Date(createdAt.getTime() + ATTEMPT_CREDENTIAL_TTL_MS) });
+      await rt.stores.apiKeys.issue({
+        id: keyId,
+        secret,
+        tenantId,
+        scopes: PAID_CALL_SCOPES,
+        description: `first paid call ${attemptId}`,
+        expiresAt: new Date(createdAt.getTime() + ATTEMPT_CREDENTIAL_TTL_MS),
+      });
     } catch (err) {
       if (!isDuplicateKey(err)) throw err; // issued concurrently by another run of this attempt
     }
@@ -135,7 +163,11 @@ export async function runFirstPaidCall(
   if (known && known.tenantId !== tenantId) throw errors.notFound('first paid call attempt');
   if (!known && input.sponsorWalletId) await requireSponsorWallet(rt, tenantId, input.sponsorWalletId);
   // Starts the attempt, or returns it (finishing its history slot if a crash interrupted that).
-  const attempt = await store.startAttempt({ attemptId: input.attemptId, tenantId, sponsorWalletId: input.sponsorWalletId ?? null });
+  const attempt = await store.startAttempt({
+    attemptId: input.attemptId,
+    tenantId,
+    sponsorWalletId: input.sponsorWalletId ?? null,
+  });
   const finished = await store.result(attempt._id);
   if (finished) return resultView(finished);
   if (Date.now() - attempt.createdAt.getTime() > ATTEMPT_CREDENTIAL_TTL_MS) {
@@ -156,7 +188,14 @@ export async function runFirstPaidCall(
     try {
       value = await work();
     } catch (err) {
-      steps.push({ step: name, ok: false, ms: Math.round(performance.now() - t0), ...(err instanceof StepFailed ? { code: err.code, ...(err.status !== null ? { status: err.status } : {}) } : {}) });
+      steps.push({
+        step: name,
+        ok: false,
+        ms: Math.round(performance.now() - t0),
+        ...(err instanceof StepFailed
+          ? { code: err.code, ...(err.status !== null ? { status: err.status } : {}) }
+          : {}),
+      });
       throw err;
     }
     steps.push({ step: name, ok: true, ms: Math.round(performance.now() - t0) });
@@ -168,9 +207,15 @@ export async function runFirstPaidCall(
     const register = (role: 'payer' | 'payee') =>
       step(`register-${role}`, async () => {
         const agentId = `${tenantNamespace(tenantId)}:agent:${attemptId}-${role}`;
-        const publicKey = publicKeyOf(parsePrivateKey(derive(rt, `agent-${role}`, attemptId).toString('base64url'))).raw.toString('base64url');
+        const publicKey = publicKeyOf(
+          parsePrivateKey(derive(rt, `agent-${role}`, attemptId).toString('base64url')),
+        ).raw.toString('base64url');
         // The agent id is the attempt's own, so AGENT_EXISTS means an earlier run of this attempt registered it.
-        await api.call(`register-${role}`, 'POST', '/v1/agents', { body: { agentId, publicKey, displayName: `first paid call ${role}` }, idempotencyKey: idem(`register-${role}`), acceptCodes: ['AGENT_EXISTS'] });
+        await api.call(`register-${role}`, 'POST', '/v1/agents', {
+          body: { agentId, publicKey, displayName: `first paid call ${role}` },
+          idempotencyKey: idem(`register-${role}`),
+          acceptCodes: ['AGENT_EXISTS'],
+        });
         return agentId;
       });
     const payerAgentId = await register('payer');
@@ -179,35 +224,67 @@ export async function runFirstPaidCall(
     let fundingEntryId: string | null = null;
     if (!sponsorWalletId) {
       fundingEntryId = await step('fund', async () => {
-        const res = await ops.call('fund', 'POST', `/ops/wallets/${encodeURIComponent(payerAgentId)}/credit`, { body: { amount: AMOUNT, currency: CURRENCY, reference: `${attemptId}-fund` }, idempotencyKey: idem('fund') });
+        const res = await ops.call('fund', 'POST', `/ops/wallets/${encodeURIComponent(payerAgentId)}/credit`, {
+          body: { amount: AMOUNT, currency: CURRENCY, reference: `${attemptId}-fund` },
+          idempotencyKey: idem('fund'),
+        });
         return String(res.body.entryId);
       });
     }
 
     const gate = await step('gate-create', async () => {
       // Test traffic: its events reach only webhook endpoints that subscribe to test events, marked `"test": true`.
-      const body = { payerAgentId, payeeAgentId, amount: AMOUNT, currency: CURRENCY, holdbackBps: 0, toolId: TOOL_ID, test: true, ...(sponsorWalletId ? { sponsorWalletId } : {}) };
-      return (await api.call('gate-create', 'POST', '/x402/gate/create', { body, idempotencyKey: idem('gate-create') })).body;
+      const body = {
+        payerAgentId,
+        payeeAgentId,
+        amount: AMOUNT,
+        currency: CURRENCY,
+        holdbackBps: 0,
+        toolId: TOOL_ID,
+        test: true,
+        ...(sponsorWalletId ? { sponsorWalletId } : {}),
+      };
+      return (await api.call('gate-create', 'POST', '/x402/gate/create', { body, idempotencyKey: idem('gate-create') }))
+        .body;
     });
     const gateId = String(gate.gateId);
 
     // The paid request, bound to the payment by its hash.
     const request = { tool: TOOL_ID, attemptId, input: { question: 'ping' } };
     const requestSha256 = sha256Hex(canonicalize(request));
-    const quote = await step('quote', async () => (await api.call('quote', 'POST', '/x402/gate/quote', { body: { gateId, requestSha256, ttlSeconds: 300 }, idempotencyKey: idem('quote') })).body);
+    const quote = await step(
+      'quote',
+      async () =>
+        (
+          await api.call('quote', 'POST', '/x402/gate/quote', {
+            body: { gateId, requestSha256, ttlSeconds: 300 },
+            idempotencyKey: idem('quote'),
+          })
+        ).body,
+    );
     const quoteId = String(quote.quoteId);
 
     let walletDecisionToken: string | undefined;
     if (sponsorWalletId) {
       walletDecisionToken = await step('wallet-authorize', async () => {
-        const res = await api.call('wallet-authorize', 'POST', `/x402/wallets/${encodeURIComponent(sponsorWalletId)}/authorize`, { body: { gateId, quoteId, requestSha256 }, idempotencyKey: idem('wallet-authorize') });
+        const res = await api.call(
+          'wallet-authorize',
+          'POST',
+          `/x402/wallets/${encodeURIComponent(sponsorWalletId)}/authorize`,
+          { body: { gateId, quoteId, requestSha256 }, idempotencyKey: idem('wallet-authorize') },
+        );
         return String(res.body.walletDecisionToken);
       });
     }
 
     const authorization = await step('authorize-payment', async () => {
       const body = { gateId, quoteId, requestSha256, ...(walletDecisionToken ? { walletDecisionToken } : {}) };
-      return (await api.call('authorize-payment', 'POST', '/x402/gate/authorize-payment', { body, idempotencyKey: idem('authorize-payment') })).body;
+      return (
+        await api.call('authorize-payment', 'POST', '/x402/gate/authorize-payment', {
+          body,
+          idempotencyKey: idem('authorize-payment'),
+        })
+      ).body;
     });
 
     // The provider: checks the payment token against the service's published keys (issued by this service, addressed
@@ -216,7 +293,11 @@ export async function runFirstPaidCall(
       const jwks = (await api.call('provider-serve', 'GET', '/.well-known/jwks.json')).body as JSONWebKeySet;
       let accepted = false;
       try {
-        const { payload } = await jwtVerify(String(authorization.token), createLocalJWKSet(jwks), { issuer: base, audience: payeeAgentId, algorithms: ['EdDSA'] });
+        const { payload } = await jwtVerify(String(authorization.token), createLocalJWKSet(jwks), {
+          issuer: base,
+          audience: payeeAgentId,
+          algorithms: ['EdDSA'],
+        });
         accepted =
           payload.gateId === gateId &&
           payload.quoteId === quoteId &&
@@ -232,7 +313,11 @@ export async function runFirstPaidCall(
     });
 
     const verified = await step('verify', async () => {
-      const body = { gateId, evidence: { responseSha256: served.responseSha256 }, verificationStatus: served.accepted ? 'verified' : 'failed' };
+      const body = {
+        gateId,
+        evidence: { responseSha256: served.responseSha256 },
+        verificationStatus: served.accepted ? 'verified' : 'failed',
+      };
       return (await api.call('verify', 'POST', '/x402/gate/verify', { body, idempotencyKey: idem('verify') })).body;
     });
 
@@ -282,12 +367,17 @@ export async function runFirstPaidCall(
     // same Idempotency-Key and the attempt resumes at that step. Saying 502 would send them looking for a defect.
     if (err.status === 429 || err.status === 503) {
       const code = err.status === 429 ? 'RATE_LIMITED' : 'UNAVAILABLE';
-      throw new ServiceError(err.status, code, `the first paid call must wait at ${err.step}: ${err.message}; retry with the same Idempotency-Key to resume`, {
-        step: err.step,
-        attemptId,
-        retryAfterSeconds: err.retryAfterSeconds ?? 1,
-        steps,
-      });
+      throw new ServiceError(
+        err.status,
+        code,
+        `the first paid call must wait at ${err.step}: ${err.message}; retry with the same Idempotency-Key to resume`,
+        {
+          step: err.step,
+          attemptId,
+          retryAfterSeconds: err.retryAfterSeconds ?? 1,
+          steps,
+        },
+      );
     }
     throw new ServiceError(502, 'SETTLD_API_CALL_FAILED', `the first paid call failed at ${err.step}: ${err.message}`, {
       step: err.step,
@@ -300,7 +390,14 @@ export async function runFirstPaidCall(
 }
 
 function resultView(doc: PaidCallResultDoc): FirstPaidCallResult {
-  return { attemptId: doc._id, result: doc.result, ids: doc.ids, steps: doc.steps, checks: doc.checks, finishedAt: doc.finishedAt };
+  return {
+    attemptId: doc._id,
+    result: doc.result,
+    ids: doc.ids,
+    steps: doc.steps,
+    checks: doc.checks,
+    finishedAt: doc.finishedAt,
+  };
 }
 
 export async function firstPaidCallHistory(rt: Runtime, tenantId: string, limit: number, before: number | null) {

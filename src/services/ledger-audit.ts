@@ -45,7 +45,14 @@ export interface LedgerAuditReport {
   complete: boolean;
   violations: AuditViolation[];
   currencies: Record<string, CurrencyTotals>;
-  checked: { wallets: number; accounts: number; accountsBehind: number; postingsRead: number; openReserves: number; inFlightEntries: number };
+  checked: {
+    wallets: number;
+    accounts: number;
+    accountsBehind: number;
+    postingsRead: number;
+    openReserves: number;
+    inFlightEntries: number;
+  };
   incremental: boolean;
   tookMs: number;
   at: string;
@@ -77,14 +84,42 @@ const GATE_DEADLINE_SLACK_MS = 86_400_000;
 /** How often, at most, the periodic audit runs (all processes together). Wanted as config: LEDGER_AUDIT_INTERVAL_MS. */
 export const AUDIT_EVERY_MS = 10 * 60_000;
 
-const SETTLEMENT_KINDS = new Set(['settlement_release', 'holdback_release', 'dispute_refund', 'dispute_release', 'held_release', 'held_refund']);
+const SETTLEMENT_KINDS = new Set([
+  'settlement_release',
+  'holdback_release',
+  'dispute_refund',
+  'dispute_release',
+  'held_release',
+  'held_refund',
+]);
 const LOCK_KINDS = new Set(['escrow_lock', 'x402_escrow_lock', 'x402_session_lock']);
 
-const violationsGauge = new Gauge({ name: 'ledger_audit_violations', help: 'Violations the last ledger audit of this process found, by kind', labelNames: ['kind'] as const, registers: [processMetrics] });
-const lastRunGauge = new Gauge({ name: 'ledger_audit_last_run_timestamp_seconds', help: 'When this process last finished a ledger audit', registers: [processMetrics] });
-const completeGauge = new Gauge({ name: 'ledger_audit_complete', help: '1 when the last ledger audit read every account to its end', registers: [processMetrics] });
-const durationGauge = new Gauge({ name: 'ledger_audit_duration_seconds', help: 'How long the last ledger audit took', registers: [processMetrics] });
-const postingsGauge = new Gauge({ name: 'ledger_audit_postings_read', help: 'Postings the last ledger audit read', registers: [processMetrics] });
+const violationsGauge = new Gauge({
+  name: 'ledger_audit_violations',
+  help: 'Violations the last ledger audit of this process found, by kind',
+  labelNames: ['kind'] as const,
+  registers: [processMetrics],
+});
+const lastRunGauge = new Gauge({
+  name: 'ledger_audit_last_run_timestamp_seconds',
+  help: 'When this process last finished a ledger audit',
+  registers: [processMetrics],
+});
+const completeGauge = new Gauge({
+  name: 'ledger_audit_complete',
+  help: '1 when the last ledger audit read every account to its end',
+  registers: [processMetrics],
+});
+const durationGauge = new Gauge({
+  name: 'ledger_audit_duration_seconds',
+  help: 'How long the last ledger audit took',
+  registers: [processMetrics],
+});
+const postingsGauge = new Gauge({
+  name: 'ledger_audit_postings_read',
+  help: 'Postings the last ledger audit read',
+  registers: [processMetrics],
+});
 
 type Subject = NonNullable<AuditReserveDoc['subject']>;
 
@@ -98,55 +133,76 @@ async function ownerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; sub
   return sessionId ? { owner: sessionId, subject: { kind: 'session', id: sessionId } } : found;
 }
 
-async function settlementOwnerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; subject: Subject | null } | null> {
+async function settlementOwnerOf(
+  rt: Runtime,
+  p: PostingDoc,
+): Promise<{ owner: string; subject: Subject | null } | null> {
   if (p.kind === 'x402_session_lock' || p.kind === 'x402_session_refund') {
     const sessionId = sessionOfEntry(p.entryId);
     return sessionId ? { owner: sessionId, subject: { kind: 'session', id: sessionId } } : null;
   }
   if (p.kind === 'escrow_lock' || p.kind === 'escrow_unlock') {
     const m = /^escrow:([^:]+):(lock|unlock)(?::(\d+))?$/.exec(p.entryId);
-    if (m && escrowEntryIds[m[2] as 'lock' | 'unlock'](m[1]!, m[3] ? Number(m[3]) : 1) === p.entryId) return { owner: settlementIdFor(m[1]!), subject: { kind: 'run', id: m[1]! } };
+    if (m && escrowEntryIds[m[2] as 'lock' | 'unlock'](m[1]!, m[3] ? Number(m[3]) : 1) === p.entryId)
+      return { owner: settlementIdFor(m[1]!), subject: { kind: 'run', id: m[1]! } };
     return null;
   }
   if (p.kind === 'x402_escrow_lock' || p.kind === 'x402_escrow_unlock') {
     const m = /^x402:(.+):(lock|unlock)$/.exec(p.entryId);
-    if (m && x402EntryIds[m[2] as 'lock' | 'unlock'](m[1]!) === p.entryId) return { owner: gateSettlementId(m[1]!), subject: { kind: 'gate', id: m[1]! } };
+    if (m && x402EntryIds[m[2] as 'lock' | 'unlock'](m[1]!) === p.entryId)
+      return { owner: gateSettlementId(m[1]!), subject: { kind: 'gate', id: m[1]! } };
     return null;
   }
   if (!SETTLEMENT_KINDS.has(p.kind)) return null;
   // A settlement's own steps name it in their id; checked against the ids it would make, else read from the entry.
   const m = /^settle:([^:]+):/.exec(p.entryId);
-  if (m && [entryIds.release(m[1]!), entryIds.holdback(m[1]!), entryIds.held(m[1]!, 'release'), entryIds.held(m[1]!, 'refund')].includes(p.entryId)) return { owner: m[1]!, subject: null };
+  if (
+    m &&
+    [
+      entryIds.release(m[1]!),
+      entryIds.holdback(m[1]!),
+      entryIds.held(m[1]!, 'release'),
+      entryIds.held(m[1]!, 'refund'),
+    ].includes(p.entryId)
+  )
+    return { owner: m[1]!, subject: null };
   const entry = await rt.stores.ledgerAudit.entryAttempt(attemptId(p.entryId, p.attempt));
   return entry?.ref.settlementId ? { owner: entry.ref.settlementId, subject: null } : null;
 }
 
 /** What is wrong with this posting as the next position of the chain, if anything. */
 function chainProblem(p: PostingDoc, account: string, seq: number, balance: number): string | null {
-  if (p.account !== account || p.seq !== seq + 1) return `position ${seq + 1} of ${account} holds ${p.account}#${p.seq}`;
-  if (!Number.isSafeInteger(p.delta) || !Number.isSafeInteger(p.balanceAfter)) return `${p._id}: amounts are not safe integers`;
-  if (p.refused ? p.delta !== 0 || p.balanceAfter !== balance : p.balanceAfter !== balance + p.delta) return `${p._id}: balance ${balance} + ${p.delta} is not ${p.balanceAfter}`;
+  if (p.account !== account || p.seq !== seq + 1)
+    return `position ${seq + 1} of ${account} holds ${p.account}#${p.seq}`;
+  if (!Number.isSafeInteger(p.delta) || !Number.isSafeInteger(p.balanceAfter))
+    return `${p._id}: amounts are not safe integers`;
+  if (p.refused ? p.delta !== 0 || p.balanceAfter !== balance : p.balanceAfter !== balance + p.delta)
+    return `${p._id}: balance ${balance} + ${p.delta} is not ${p.balanceAfter}`;
   if (p.balanceAfter < 0) return `${p._id}: balance ${p.balanceAfter} is negative`;
   return null;
 }
 
 function isComplete(e: AuditEntryDoc): boolean {
-  return e.duplicates.length === 0 && e.legs.some((l) => l.leg === 0) && e.legs.reduce((sum, l) => sum + l.delta, 0) === 0;
+  return (
+    e.duplicates.length === 0 && e.legs.some((l) => l.leg === 0) && e.legs.reduce((sum, l) => sum + l.delta, 0) === 0
+  );
 }
 
 /** Runs `work` on every item, `limit` at a time; on a failure takes no more and throws once all running ones ended. */
 async function eachLimited<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
   let next = 0;
   let failure: { err: unknown } | null = null;
-  await Promise.all(Array.from({ length: Math.min(limit, items.length) }, async () => {
-    while (!failure && next < items.length) {
-      try {
-        await work(items[next++]!);
-      } catch (err) {
-        failure ??= { err };
+  await Promise.all(
+    Array.from({ length: Math.min(limit, items.length) }, async () => {
+      while (!failure && next < items.length) {
+        try {
+          await work(items[next++]!);
+        } catch (err) {
+          failure ??= { err };
+        }
       }
-    }
-  }));
+    }),
+  );
   if (failure) throw (failure as { err: unknown }).err;
 }
 
@@ -161,10 +217,18 @@ export async function auditLedger(rt: Runtime, options: AuditOptions = {}): Prom
   }
   // Two passes at once would both fold the same postings into the reserves: refuse instead of answering an older
   // report, which would say "clean" about money moved since.
-  if (!token) throw errors.conflict('AUDIT_IN_PROGRESS', 'another ledger audit is running; retry shortly', { retryAfterSeconds: 5 });
+  if (!token)
+    throw errors.conflict('AUDIT_IN_PROGRESS', 'another ledger audit is running; retry shortly', {
+      retryAfterSeconds: 5,
+    });
   let lost = false;
   const renewal = setInterval(() => {
-    store.renew(token, LOCK_TTL_MS).then((held) => { if (!held) lost = true; }, () => undefined);
+    store.renew(token, LOCK_TTL_MS).then(
+      (held) => {
+        if (!held) lost = true;
+      },
+      () => undefined,
+    );
   }, LOCK_RENEW_MS);
   try {
     const report = await runPass(rt, options, () => lost);
@@ -190,7 +254,10 @@ async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boole
   return pass.report(totals);
 }
 
-type Totals = Map<string, { credits: bigint; available: bigint; escrow: bigint; openReserves: bigint; inFlight: bigint }>;
+type Totals = Map<
+  string,
+  { credits: bigint; available: bigint; escrow: bigint; openReserves: bigint; inFlight: bigint }
+>;
 type Account = { walletId: string; currency: string; bucket: Bucket };
 
 /** One audit pass, its sections in the order runPass calls them; its state is what they share. */
@@ -251,7 +318,8 @@ class AuditPass {
     this.storedEntries = new Set(this.entries.keys());
     this.walletIds = await store.walletIds();
     await eachLimited(this.walletIds, READ_CONCURRENCY, async (walletId) => {
-      for (const currency of await store.currenciesOf(walletId)) this.accounts.push({ walletId, currency, bucket: 'available' }, { walletId, currency, bucket: 'escrow' });
+      for (const currency of await store.currenciesOf(walletId))
+        this.accounts.push({ walletId, currency, bucket: 'available' }, { walletId, currency, bucket: 'escrow' });
     });
   }
 
@@ -260,14 +328,23 @@ class AuditPass {
   }
 
   /** Folds a posting into the entry it is a leg of and, in escrow, into the reserve it belongs to. */
-  private async fold(p: PostingDoc, account: Account & { id: string }, credits: { value: number }, touched: Set<AuditReserveDoc>): Promise<void> {
+  private async fold(
+    p: PostingDoc,
+    account: Account & { id: string },
+    credits: { value: number },
+    touched: Set<AuditReserveDoc>,
+  ): Promise<void> {
     const { entries, reserves } = this;
     if (p.refused) return; // a refused debit moved nothing
     if (p.kind === 'credit') credits.value += p.delta;
     else {
       const id = attemptId(p.entryId, p.attempt);
       let e = entries.get(id);
-      if (!e) entries.set(id, (e = { _id: id, entryId: p.entryId, currency: p.currency, legs: [], duplicates: [], firstAt: p.at }));
+      if (!e)
+        entries.set(
+          id,
+          (e = { _id: id, entryId: p.entryId, currency: p.currency, legs: [], duplicates: [], firstAt: p.at }),
+        );
       const same = e.legs.find((l) => l.leg === p.leg);
       if (!same) e.legs.push({ leg: p.leg, delta: p.delta, account: account.id, seq: p.seq, posting: p._id });
       else if (same.posting !== p._id && !e.duplicates.includes(p._id)) e.duplicates.push(p._id);
@@ -277,12 +354,34 @@ class AuditPass {
     const { currency, walletId } = account;
     const owner = await ownerOf(this.rt, p);
     if (!owner) {
-      this.add({ kind: 'escrow_unattributed', currency, walletId, detail: `${p._id} (${p.kind}, entry ${p.entryId}) belongs to no reserve`, amount: p.delta });
+      this.add({
+        kind: 'escrow_unattributed',
+        currency,
+        walletId,
+        detail: `${p._id} (${p.kind}, entry ${p.entryId}) belongs to no reserve`,
+        amount: p.delta,
+      });
       return;
     }
     const id = `${owner.owner}@${account.id}`;
     let r = reserves.get(id);
-    if (!r) reserves.set(id, (r = { _id: id, owner: owner.owner, subject: owner.subject, account: account.id, walletId, currency, amount: 0, throughSeq: 0, openedAt: p.at, lockedAt: null, negative: null }));
+    if (!r)
+      reserves.set(
+        id,
+        (r = {
+          _id: id,
+          owner: owner.owner,
+          subject: owner.subject,
+          account: account.id,
+          walletId,
+          currency,
+          amount: 0,
+          throughSeq: 0,
+          openedAt: p.at,
+          lockedAt: null,
+          negative: null,
+        }),
+      );
     if (p.seq <= r.throughSeq) return; // folded in before a crash
     r.amount += p.delta;
     r.throughSeq = p.seq;
@@ -312,7 +411,13 @@ class AuditPass {
       const docs = await store.postingsAt(account, seq + 1, batch);
       for (const [i, p] of docs.entries()) {
         if (!p) {
-          if (docs.slice(i + 1).some((d) => d !== null)) this.add({ kind: 'chain_broken', currency, walletId, detail: `${account} has a gap at position ${seq + 1}` });
+          if (docs.slice(i + 1).some((d) => d !== null))
+            this.add({
+              kind: 'chain_broken',
+              currency,
+              walletId,
+              detail: `${account} has a gap at position ${seq + 1}`,
+            });
           this.caughtUp.add(account);
           break walk;
         }
@@ -326,13 +431,31 @@ class AuditPass {
         await this.fold(p, where, credits, touched);
         seq = p.seq;
         balance = p.balanceAfter;
-        if (compareAt && compareAt.seq === seq && (compareAt.balance !== balance || compareAt.credits !== credits.value)) {
-          this.add({ kind: 'checkpoint_mismatch', currency, walletId, detail: `${account} at ${seq}: checkpoint says balance ${compareAt.balance} credits ${compareAt.credits}, the chain ${balance} and ${credits.value}` });
+        if (
+          compareAt &&
+          compareAt.seq === seq &&
+          (compareAt.balance !== balance || compareAt.credits !== credits.value)
+        ) {
+          this.add({
+            kind: 'checkpoint_mismatch',
+            currency,
+            walletId,
+            detail: `${account} at ${seq}: checkpoint says balance ${compareAt.balance} credits ${compareAt.credits}, the chain ${balance} and ${credits.value}`,
+          });
         }
       }
       batch = Math.min(batch * 2, MAX_CHAIN_BATCH);
     }
-    const checkpoint: AuditAccountDoc = { _id: account, walletId, currency, bucket, seq, balance, credits: credits.value, at: new Date() };
+    const checkpoint: AuditAccountDoc = {
+      _id: account,
+      walletId,
+      currency,
+      bucket,
+      seq,
+      balance,
+      credits: credits.value,
+      at: new Date(),
+    };
     this.checkpoints.set(account, checkpoint);
     if (full || (from && from.seq === seq)) return;
     // The reserves the checkpoint covers are written first: a crash before it replays postings they skip. A reserve
@@ -362,10 +485,15 @@ class AuditPass {
     const { store, reserves, entries, checkpoints } = this;
     if (!this.full) {
       const passed = (account: string, seq: number) => (checkpoints.get(account)?.seq ?? 0) >= seq;
-      const closed = [...reserves.values()].filter((r) => r.amount === 0 && !r.negative && passed(r.account, r.throughSeq) && this.storedReserves.has(r._id));
+      const closed = [...reserves.values()].filter(
+        (r) => r.amount === 0 && !r.negative && passed(r.account, r.throughSeq) && this.storedReserves.has(r._id),
+      );
       const completed = [...entries.values()].filter((e) => isComplete(e));
       await store.saveEntries([...entries.values()].filter((e) => !isComplete(e)));
-      await Promise.all([store.deleteReserves(closed.map((r) => r._id)), store.deleteEntries(completed.map((e) => e._id))]);
+      await Promise.all([
+        store.deleteReserves(closed.map((r) => r._id)),
+        store.deleteEntries(completed.map((e) => e._id)),
+      ]);
       for (const r of closed) reserves.delete(r._id);
       for (const e of completed) entries.delete(e._id);
     }
@@ -385,7 +513,14 @@ class AuditPass {
       reservedIn.set(r.account, (reservedIn.get(r.account) ?? 0n) + BigInt(r.amount));
       totalsOf(r.currency).openReserves += BigInt(r.amount);
       if (r.negative || r.amount < 0) {
-        this.add({ kind: 'reserve_negative', currency: r.currency, walletId: r.walletId, owner: r.owner, detail: `reserve of ${r.owner} in ${r.account} went to ${r.negative?.amount ?? r.amount} at position ${r.negative?.seq ?? r.throughSeq}: paid out more than was locked for it`, amount: r.negative?.amount ?? r.amount });
+        this.add({
+          kind: 'reserve_negative',
+          currency: r.currency,
+          walletId: r.walletId,
+          owner: r.owner,
+          detail: `reserve of ${r.owner} in ${r.account} went to ${r.negative?.amount ?? r.amount} at position ${r.negative?.seq ?? r.throughSeq}: paid out more than was locked for it`,
+          amount: r.negative?.amount ?? r.amount,
+        });
       }
     }
     for (const a of this.checkpoints.values()) {
@@ -396,13 +531,27 @@ class AuditPass {
       // checkpoint the time budget stopped short).
       if (a.bucket === 'escrow' && this.caughtUp.has(a._id)) {
         const reserved = reservedIn.get(a._id) ?? 0n;
-        if (reserved !== BigInt(a.balance)) this.add({ kind: 'escrow_mismatch', currency: a.currency, walletId: a.walletId, detail: `${a._id} holds ${a.balance} at position ${a.seq}, its open reserves ${reserved}`, amount: Number(BigInt(a.balance) - reserved) });
+        if (reserved !== BigInt(a.balance))
+          this.add({
+            kind: 'escrow_mismatch',
+            currency: a.currency,
+            walletId: a.walletId,
+            detail: `${a._id} holds ${a.balance} at position ${a.seq}, its open reserves ${reserved}`,
+            amount: Number(BigInt(a.balance) - reserved),
+          });
       }
     }
-    for (const e of this.partialEntries()) totalsOf(e.currency).inFlight += BigInt(e.legs.reduce((sum, l) => sum + l.delta, 0));
+    for (const e of this.partialEntries())
+      totalsOf(e.currency).inFlight += BigInt(e.legs.reduce((sum, l) => sum + l.delta, 0));
     for (const [currency, t] of totals) {
       const off = t.available + t.escrow - t.credits - t.inFlight;
-      if (off !== 0n) this.add({ kind: 'sum_mismatch', currency, detail: `balances ${t.available + t.escrow} != credits ${t.credits} + legs in flight ${t.inFlight}`, amount: Number(off) });
+      if (off !== 0n)
+        this.add({
+          kind: 'sum_mismatch',
+          currency,
+          detail: `balances ${t.available + t.escrow} != credits ${t.credits} + legs in flight ${t.inFlight}`,
+          amount: Number(off),
+        });
     }
     return totals;
   }
@@ -428,22 +577,37 @@ class AuditPass {
       else if (state === undefined) continue;
       else if (!overdueEntries.has(started.entryId)) {
         overdueEntries.add(started.entryId);
-        this.add({ kind: 'entry_overdue', detail: `ledger entry ${started.entryId} started ${new Date(started.startedAt).toISOString()} and is not finished` });
+        this.add({
+          kind: 'entry_overdue',
+          detail: `ledger entry ${started.entryId} started ${new Date(started.startedAt).toISOString()} and is not finished`,
+        });
       }
     }
     await eachLimited(this.partialEntries(), READ_CONCURRENCY, async (e) => {
       if (e.duplicates.length > 0) {
-        this.add({ kind: 'leg_posted_twice', currency: e.currency, detail: `entry ${e._id}: a leg is posted again at ${e.duplicates.join(', ')}` });
+        this.add({
+          kind: 'leg_posted_twice',
+          currency: e.currency,
+          detail: `entry ${e._id}: a leg is posted again at ${e.duplicates.join(', ')}`,
+        });
         return;
       }
       if (e.firstAt.getTime() >= now - sweepMs || overdueEntries.has(e.entryId)) return;
       const attempt = await this.store.entryAttempt(e._id);
       if (attempt?.state === 'pending') {
         overdueEntries.add(e.entryId);
-        this.add({ kind: 'entry_overdue', currency: e.currency, detail: `ledger entry ${e._id} has legs ${e.legs.map((l) => l.leg).join(',')} posted since ${e.firstAt.toISOString()} and is not finished` });
+        this.add({
+          kind: 'entry_overdue',
+          currency: e.currency,
+          detail: `ledger entry ${e._id} has legs ${e.legs.map((l) => l.leg).join(',')} posted since ${e.firstAt.toISOString()} and is not finished`,
+        });
       } else if (this.complete) {
         // Every account was read to its end, so what was not seen was never posted.
-        this.add({ kind: 'entry_unbalanced', currency: e.currency, detail: `ledger entry ${e._id} (${attempt?.state ?? 'not recorded'}) has legs ${e.legs.map((l) => `${l.leg}:${l.delta}`).join(' ')} posted, which do not balance` });
+        this.add({
+          kind: 'entry_unbalanced',
+          currency: e.currency,
+          detail: `ledger entry ${e._id} (${attempt?.state ?? 'not recorded'}) has legs ${e.legs.map((l) => `${l.leg}:${l.delta}`).join(' ')} posted, which do not balance`,
+        });
       }
     });
   }
@@ -453,7 +617,8 @@ class AuditPass {
     const open = [...this.reserves.values()].filter((r) => r.amount > 0 && this.caughtUp.has(r.account));
     await eachLimited(open, READ_CONCURRENCY, async (r) => {
       const problem = await reserveProblem(this.rt, r, this.now, this.startedAt, this.sweepMs);
-      if (problem) this.add({ currency: r.currency, walletId: r.walletId, owner: r.owner, amount: r.amount, ...problem });
+      if (problem)
+        this.add({ currency: r.currency, walletId: r.walletId, owner: r.owner, amount: r.amount, ...problem });
     });
     return open;
   }
@@ -478,7 +643,12 @@ class AuditPass {
   report(totals: Totals): LedgerAuditReport {
     const currencies: Record<string, CurrencyTotals> = {};
     for (const [currency, t] of [...totals].sort(([a], [b]) => a.localeCompare(b))) {
-      currencies[currency] = { credits: Number(t.credits), available: Number(t.available), escrow: Number(t.escrow), openReserves: Number(t.openReserves) };
+      currencies[currency] = {
+        credits: Number(t.credits),
+        available: Number(t.available),
+        escrow: Number(t.escrow),
+        openReserves: Number(t.openReserves),
+      };
     }
     const { complete, violations } = this;
     return {
@@ -508,7 +678,12 @@ const MAX_LEG_SEARCH = 512;
  * Rebuilds the legs of entries in question (incomplete ones, and these started ones) from the ledger: a leg missing
  * from the cache is looked for from its floor up to its account's checkpoint, where it would have been counted.
  */
-async function recoverEntryLegs(rt: Runtime, entries: Map<string, AuditEntryDoc>, checkpoints: Map<string, AuditAccountDoc>, startedAttempts: Array<LedgerEntryDoc | null>): Promise<void> {
+async function recoverEntryLegs(
+  rt: Runtime,
+  entries: Map<string, AuditEntryDoc>,
+  checkpoints: Map<string, AuditAccountDoc>,
+  startedAttempts: Array<LedgerEntryDoc | null>,
+): Promise<void> {
   const store = rt.stores.ledgerAudit;
   const inQuestion = [...entries.values()].filter((e) => !isComplete(e) && e.duplicates.length === 0).map((e) => e._id);
   await eachLimited([...new Set(inQuestion)], READ_CONCURRENCY, async (id) => {
@@ -520,15 +695,29 @@ async function recoverEntryLegs(rt: Runtime, entries: Map<string, AuditEntryDoc>
   });
 }
 
-async function recoverLegsOf(rt: Runtime, entries: Map<string, AuditEntryDoc>, checkpoints: Map<string, AuditAccountDoc>, attempt: LedgerEntryDoc): Promise<void> {
+async function recoverLegsOf(
+  rt: Runtime,
+  entries: Map<string, AuditEntryDoc>,
+  checkpoints: Map<string, AuditAccountDoc>,
+  attempt: LedgerEntryDoc,
+): Promise<void> {
   if (attempt.kind === 'credit') return;
-  const e = entries.get(attempt._id) ?? { _id: attempt._id, entryId: attempt.entryId, currency: attempt.currency, legs: [], duplicates: [], firstAt: attempt.createdAt };
+  const e = entries.get(attempt._id) ?? {
+    _id: attempt._id,
+    entryId: attempt.entryId,
+    currency: attempt.currency,
+    legs: [],
+    duplicates: [],
+    firstAt: attempt.createdAt,
+  };
   for (const [leg, spec] of attempt.legs.entries()) {
     if (e.legs.some((l) => l.leg === leg)) continue;
     const account = accountOf(spec.walletId, attempt.currency, spec.bucket);
     const upTo = Math.min(checkpoints.get(account)?.seq ?? 0, (attempt.floors[leg] ?? 0) + MAX_LEG_SEARCH);
     for (let from = (attempt.floors[leg] ?? 0) + 1; from <= upTo; from += 32) {
-      const found = (await rt.stores.ledgerAudit.postingsAt(account, from, Math.min(32, upTo - from + 1))).find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);
+      const found = (await rt.stores.ledgerAudit.postingsAt(account, from, Math.min(32, upTo - from + 1))).find(
+        (p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg,
+      );
       if (found) {
         if (!found.refused) e.legs.push({ leg, delta: found.delta, account, seq: found.seq, posting: found._id });
         break;
@@ -550,24 +739,45 @@ async function finishedBefore(rt: Runtime, s: SettlementDoc, facts: SettlementFa
 }
 
 /** What is wrong with an open reserve given its owner's facts (read by `_id`), if anything. */
-async function reserveProblem(rt: Runtime, r: AuditReserveDoc, now: number, passStartedAt: number, sweepMs: number): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
+async function reserveProblem(
+  rt: Runtime,
+  r: AuditReserveDoc,
+  now: number,
+  passStartedAt: number,
+  sweepMs: number,
+): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
   const { settlements, runs, x402 } = rt.stores;
   const olderThanASweep = (at: Date | null) => at !== null && at.getTime() < now - sweepMs;
   const s = await settlements.get(r.owner);
-  const subject: Subject | null = r.subject ?? (s ? (s.gateId ? { kind: 'gate', id: s.gateId } : { kind: 'run', id: s.runId }) : null);
-  if (!subject) return { kind: 'reserve_owner_missing', detail: `reserve ${r._id} has neither a lock nor a settlement` };
+  const subject: Subject | null =
+    r.subject ?? (s ? (s.gateId ? { kind: 'gate', id: s.gateId } : { kind: 'run', id: s.runId }) : null);
+  if (!subject)
+    return { kind: 'reserve_owner_missing', detail: `reserve ${r._id} has neither a lock nor a settlement` };
   let deadline: number;
-  if (subject.kind === 'session') return sessionReserveProblem(rt, r, subject.id, olderThanASweep, now, passStartedAt, sweepMs);
+  if (subject.kind === 'session')
+    return sessionReserveProblem(rt, r, subject.id, olderThanASweep, now, passStartedAt, sweepMs);
   if (subject.kind === 'run') {
     const run = await runs.getAny(subject.id);
-    if (!run) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} does not exist` } : null;
-    if (!run.settlement) return olderThanASweep(r.lockedAt ?? r.openedAt) ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} never took the terms its reserve was locked for` } : null;
+    if (!run)
+      return olderThanASweep(r.openedAt)
+        ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} does not exist` }
+        : null;
+    if (!run.settlement)
+      return olderThanASweep(r.lockedAt ?? r.openedAt)
+        ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} never took the terms its reserve was locked for` }
+        : null;
     deadline = (r.lockedAt ?? r.openedAt).getTime() + rt.config.reserves.runDeadlineSeconds * 1000;
   } else {
     const [gate, commitment] = await Promise.all([x402.storedGate(subject.id), x402.commitmentOf(subject.id)]);
-    if (!gate) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `gate ${subject.id} does not exist` } : null;
+    if (!gate)
+      return olderThanASweep(r.openedAt)
+        ? { kind: 'reserve_owner_missing', detail: `gate ${subject.id} does not exist` }
+        : null;
     if ((commitment?.kind === 'cancellation' || commitment?.kind === 'expired') && olderThanASweep(commitment.at)) {
-      return { kind: 'reserve_owner_cancelled', detail: `gate ${subject.id} was ${commitment.kind === 'expired' ? 'expired' : 'cancelled'} at ${commitment.at.toISOString()} and still holds its reserve` };
+      return {
+        kind: 'reserve_owner_cancelled',
+        detail: `gate ${subject.id} was ${commitment.kind === 'expired' ? 'expired' : 'cancelled'} at ${commitment.at.toISOString()} and still holds its reserve`,
+      };
     }
     deadline = gate.createdAt.getTime() + rt.config.x402.gateTtlSeconds * 1000 + GATE_DEADLINE_SLACK_MS;
   }
@@ -575,11 +785,19 @@ async function reserveProblem(rt: Runtime, r: AuditReserveDoc, now: number, pass
     const facts = await settlements.factsOf(s._id);
     if (facts.decision) {
       // Captured: what remains is the settlement's to move (a settlement that cannot is reported as stuck).
-      if (await finishedBefore(rt, s, facts, passStartedAt)) return { kind: 'reserve_owner_finished', detail: `settlement ${s._id} of ${subject.kind} ${subject.id} is final yet its reserve holds ${r.amount}` };
+      if (await finishedBefore(rt, s, facts, passStartedAt))
+        return {
+          kind: 'reserve_owner_finished',
+          detail: `settlement ${s._id} of ${subject.kind} ${subject.id} is final yet its reserve holds ${r.amount}`,
+        };
       return null;
     }
   }
-  if (now > deadline + sweepMs) return { kind: 'reserve_overdue', detail: `the reserve of ${subject.kind} ${subject.id} was due back at ${new Date(deadline).toISOString()}` };
+  if (now > deadline + sweepMs)
+    return {
+      kind: 'reserve_overdue',
+      detail: `the reserve of ${subject.kind} ${subject.id} was due back at ${new Date(deadline).toISOString()}`,
+    };
   return null;
 }
 
@@ -598,20 +816,35 @@ async function sessionReserveProblem(
 ): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
   const { x402Sessions, settlements } = rt.stores;
   const [session, close] = await Promise.all([x402Sessions.storedSession(sessionId), x402Sessions.closeOf(sessionId)]);
-  if (!session) return olderThanASweep(r.openedAt) ? { kind: 'reserve_owner_missing', detail: `session ${sessionId} does not exist` } : null;
+  if (!session)
+    return olderThanASweep(r.openedAt)
+      ? { kind: 'reserve_owner_missing', detail: `session ${sessionId} does not exist` }
+      : null;
   if (!close) {
     const deadline = session.expiresAt.getTime() + GATE_DEADLINE_SLACK_MS;
-    return now > deadline + sweepMs ? { kind: 'reserve_overdue', detail: `the budget of session ${sessionId} was due back at ${session.expiresAt.toISOString()}` } : null;
+    return now > deadline + sweepMs
+      ? {
+          kind: 'reserve_overdue',
+          detail: `the budget of session ${sessionId} was due back at ${session.expiresAt.toISOString()}`,
+        }
+      : null;
   }
   if (!olderThanASweep(close.at)) return null;
-  const refundDone = close.statement.body.refunded === 0 || (await rt.stores.ledger.firstAttemptApplied(sessionEntryIds.refund(sessionId)));
+  const refundDone =
+    close.statement.body.refunded === 0 ||
+    (await rt.stores.ledger.firstAttemptApplied(sessionEntryIds.refund(sessionId)));
   for (const payee of close.statement.body.payees) {
     if (!payee.settlementId) continue;
     const s = await settlements.get(payee.settlementId);
     const facts = s && (await settlements.factsOf(s._id));
     if (!s || !facts?.decision || !(await finishedBefore(rt, s, facts, passStartedAt))) return null; // still moving (a stuck one is reported as such)
   }
-  return refundDone ? { kind: 'reserve_owner_finished', detail: `session ${sessionId} is closed and settled yet its reserve holds ${r.amount}` } : null;
+  return refundDone
+    ? {
+        kind: 'reserve_owner_finished',
+        detail: `session ${sessionId} is closed and settled yet its reserve holds ${r.amount}`,
+      }
+    : null;
 }
 
 /** Seqs the audit reads past a session's last known one: a cheap look that finds what a rollback of Redis left. */
@@ -622,9 +855,16 @@ const SESSION_PROBE = 4;
  * and the budget was not yet put right (the session's next call or its close does); a charge recorded past its
  * statement's last seq is a receipt the close did not pay.
  */
-async function sessionChargesProblem(rt: Runtime, sessionId: string): Promise<Pick<AuditViolation, 'kind' | 'detail' | 'amount' | 'currency'> | null> {
+async function sessionChargesProblem(
+  rt: Runtime,
+  sessionId: string,
+): Promise<Pick<AuditViolation, 'kind' | 'detail' | 'amount' | 'currency'> | null> {
   const store = rt.stores.x402Sessions;
-  const [session, close, budget] = await Promise.all([store.get(sessionId), store.closeOf(sessionId), store.budgetState(sessionId)]);
+  const [session, close, budget] = await Promise.all([
+    store.get(sessionId),
+    store.closeOf(sessionId),
+    store.budgetState(sessionId),
+  ]);
   if (!session) return null;
   const lastSeq = close ? statementLastSeq(close.statement.body) : budget?.seq;
   if (lastSeq === undefined) return null; // an open session whose budget Redis lost entirely: rebuilt at its next call
@@ -632,18 +872,36 @@ async function sessionChargesProblem(rt: Runtime, sessionId: string): Promise<Pi
   if (beyond.length === 0) return null;
   const amount = beyond.reduce((sum, c) => sum + c!.amount, 0);
   const seqs = beyond.map((c) => c!.seq).join(', ');
-  if (close) return { kind: 'session_charge_unpaid', currency: session.currency, amount, detail: `session ${sessionId} recorded charges ${seqs} that its statement (through seq ${lastSeq}) does not pay` };
+  if (close)
+    return {
+      kind: 'session_charge_unpaid',
+      currency: session.currency,
+      amount,
+      detail: `session ${sessionId} recorded charges ${seqs} that its statement (through seq ${lastSeq}) does not pay`,
+    };
   // Calls go on while the audit looks: a charge debited and recorded since the budget was read is not behind it.
   const now = await store.budgetState(sessionId);
   if (!now || now.seq >= Math.max(...beyond.map((c) => c!.seq))) return null;
-  return { kind: 'session_budget_behind', currency: session.currency, amount, detail: `session ${sessionId}'s budget in Redis is at seq ${lastSeq}, behind recorded charges ${seqs} (Redis lost writes)` };
+  return {
+    kind: 'session_budget_behind',
+    currency: session.currency,
+    amount,
+    detail: `session ${sessionId}'s budget in Redis is at seq ${lastSeq}, behind recorded charges ${seqs} (Redis lost writes)`,
+  };
 }
 
 async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolation[]> {
   const { settlements, sweepParked } = rt.stores;
   const found = new Map<string, AuditViolation>();
-  for (const record of await settlements.due.overdue(new Date(now - SETTLEMENT_STUCK_AFTER_MS), MAX_STUCK_SETTLEMENTS)) {
-    found.set(record._id, { kind: 'settlement_stuck', owner: record._id, detail: `settlement ${record._id} has had a step due since ${record.dueAt.toISOString()}` });
+  for (const record of await settlements.due.overdue(
+    new Date(now - SETTLEMENT_STUCK_AFTER_MS),
+    MAX_STUCK_SETTLEMENTS,
+  )) {
+    found.set(record._id, {
+      kind: 'settlement_stuck',
+      owner: record._id,
+      detail: `settlement ${record._id} has had a step due since ${record.dueAt.toISOString()}`,
+    });
   }
   for (const { id, parkedAt } of await sweepParked.list('settlements', MAX_STUCK_SETTLEMENTS)) {
     if (found.has(id)) continue;
@@ -652,7 +910,11 @@ async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolatio
       await sweepParked.unpark('settlements', id);
       continue;
     }
-    found.set(id, { kind: 'settlement_stuck', owner: id, detail: `settlement ${id} was parked by its sweeper at ${new Date(parkedAt).toISOString()} after failing again and again` });
+    found.set(id, {
+      kind: 'settlement_stuck',
+      owner: id,
+      detail: `settlement ${id} was parked by its sweeper at ${new Date(parkedAt).toISOString()} after failing again and again`,
+    });
   }
   return [...found.values()];
 }
@@ -679,12 +941,26 @@ export async function periodicLedgerAudit(rt: Runtime): Promise<LedgerAuditRepor
     report = await auditLedger(rt);
   } catch (err) {
     // Never fails the sweep it runs in; the next claim tries again.
-    if ((err as { code?: string }).code !== 'AUDIT_IN_PROGRESS') rt.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'ledger audit failed');
+    if ((err as { code?: string }).code !== 'AUDIT_IN_PROGRESS')
+      rt.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'ledger audit failed');
     return null;
   }
-  const summary = { violations: report.violations.length, complete: report.complete, checked: report.checked, tookMs: report.tookMs };
-  if (report.violations.length > 0) rt.logger.error({ ...summary, first: report.violations.slice(0, 20) }, 'ledger audit found money invariant violations');
-  else rt.logger.info(summary, report.complete ? 'ledger audit clean' : 'ledger audit read part of its backlog; it goes on next sweep');
+  const summary = {
+    violations: report.violations.length,
+    complete: report.complete,
+    checked: report.checked,
+    tookMs: report.tookMs,
+  };
+  if (report.violations.length > 0)
+    rt.logger.error(
+      { ...summary, first: report.violations.slice(0, 20) },
+      'ledger audit found money invariant violations',
+    );
+  else
+    rt.logger.info(
+      summary,
+      report.complete ? 'ledger audit clean' : 'ledger audit read part of its backlog; it goes on next sweep',
+    );
   if (!report.complete) await store.claimPeriodicAgainIn(rt.config.sweeper.intervalMs / 2);
   return report;
 }

@@ -60,7 +60,12 @@ interface Loaded<T> {
   status: string;
 }
 
-type Loader<K extends ListKind> = (rt: Runtime, x402: X402Service, tenantId: string, id: string) => Promise<Loaded<ListStates[K]> | null>;
+type Loader<K extends ListKind> = (
+  rt: Runtime,
+  x402: X402Service,
+  tenantId: string,
+  id: string,
+) => Promise<Loaded<ListStates[K]> | null>;
 
 /** null for "not there" (another tenant's reads alike): an index entry without its object is skipped. */
 async function orNull<T>(read: Promise<T>): Promise<T | null> {
@@ -127,7 +132,8 @@ function parseTime(value: string | undefined, path: string): Date | undefined {
 /** Checks the query's rules no schema states; throws 422 in the contract's shape (other paged lists use it too). */
 export function checkListQuery(q: Pick<ListQuery, 'limit' | 'createdAfter' | 'createdBefore' | 'cursor'>) {
   const limit = q.limit ?? DEFAULT_LIMIT;
-  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT) throw invalid('querystring.limit', `must be an integer from 1 to ${MAX_LIMIT}`);
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_LIMIT)
+    throw invalid('querystring.limit', `must be an integer from 1 to ${MAX_LIMIT}`);
   const createdAfter = parseTime(q.createdAfter, 'querystring.createdAfter');
   const createdBefore = parseTime(q.createdBefore, 'querystring.createdBefore');
   if (createdAfter && createdBefore && createdAfter.getTime() >= createdBefore.getTime()) {
@@ -142,13 +148,19 @@ export function checkListQuery(q: Pick<ListQuery, 'limit' | 'createdAfter' | 'cr
  * One page of a list, newest first. The cursor is the last row handed out (a time and an id), so items created
  * while a client pages appear before its first page, never as duplicates or gaps inside the pages it reads.
  */
-export async function listPage<K extends ListKind>(rt: Runtime, x402: X402Service, kind: K, q: ListQuery): Promise<ListPage<ListStates[K]>> {
+export async function listPage<K extends ListKind>(
+  rt: Runtime,
+  x402: X402Service,
+  kind: K,
+  q: ListQuery,
+): Promise<ListPage<ListStates[K]>> {
   const { limit, createdAfter, createdBefore, before } = checkListQuery(q);
   const index = rt.stores.lists;
   let scope: ListScope = q.tenantId === null ? 'all' : { tenantId: q.tenantId };
   if (q.agentId !== undefined) {
     // An agent of another tenant has nothing in this tenant's lists (and saying so would reveal it exists).
-    if (q.tenantId !== null && !(await rt.stores.agents.belongsTo(q.tenantId, q.agentId))) return { items: [], nextCursor: null };
+    if (q.tenantId !== null && !(await rt.stores.agents.belongsTo(q.tenantId, q.agentId)))
+      return { items: [], nextCursor: null };
     scope = { agentId: q.agentId };
   }
   const load = loaders[kind] as Loader<K>;
@@ -159,7 +171,11 @@ export async function listPage<K extends ListKind>(rt: Runtime, x402: X402Servic
   while (items.length < limit && scanned < SCAN_BUDGET) {
     const want = Math.min(q.status ? Math.max(limit - items.length, 50) : limit - items.length, SCAN_BUDGET - scanned);
     const rows = await index.page(kind, scope, { before: position, createdAfter, createdBefore }, want);
-    const loaded = await Promise.all(rows.map((row) => (q.tenantId !== null && row.tenantId !== q.tenantId ? null : load(rt, x402, row.tenantId, row.id))));
+    const loaded = await Promise.all(
+      rows.map((row) =>
+        q.tenantId !== null && row.tenantId !== q.tenantId ? null : load(rt, x402, row.tenantId, row.id),
+      ),
+    );
     let consumed = 0;
     for (const [i, row] of rows.entries()) {
       scanned++;
@@ -180,7 +196,12 @@ export async function listPage<K extends ListKind>(rt: Runtime, x402: X402Servic
     }
   }
   // A full page says whether anything follows, so the last page's cursor is null rather than one more empty page.
-  if (!exhausted && position && (await index.page(kind, scope, { before: position, createdAfter, createdBefore }, 1)).length === 0) exhausted = true;
+  if (
+    !exhausted &&
+    position &&
+    (await index.page(kind, scope, { before: position, createdAfter, createdBefore }, 1)).length === 0
+  )
+    exhausted = true;
   return { items, nextCursor: exhausted || !position ? null : encodeCursor(position) };
 }
 

@@ -74,13 +74,20 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
   };
 
   let step: SmokeStep = 'initialize';
-  const seen: Pick<SmokeTestOutcome, 'serverInfo' | 'toolNames' | 'call'> = { serverInfo: null, toolNames: [], call: null };
+  const seen: Pick<SmokeTestOutcome, 'serverInfo' | 'toolNames' | 'call'> = {
+    serverInfo: null,
+    toolNames: [],
+    call: null,
+  };
   const session = async () => {
     try {
       await client.connect(transport);
     } catch (err) {
       // The process could not start, or ended before it answered: that is the spawn failing, not the handshake.
-      if (stdio && (exited || (err as NodeJS.ErrnoException).code === 'ENOENT')) throw new StepFailure('spawn', 'the MCP server did not start or exited at once', { error: (err as Error).message });
+      if (stdio && (exited || (err as NodeJS.ErrnoException).code === 'ENOENT'))
+        throw new StepFailure('spawn', 'the MCP server did not start or exited at once', {
+          error: (err as Error).message,
+        });
       throw new StepFailure('initialize', 'the MCP handshake failed', { error: (err as Error).message });
     }
     const info = client.getServerVersion();
@@ -88,7 +95,8 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
     step = 'tools/list';
     const { tools } = await client.listTools();
     seen.toolNames = tools.map((t) => t.name);
-    if (!seen.toolNames.includes(input.tool)) throw new StepFailure('tools/list', `the server does not offer the tool ${input.tool}`);
+    if (!seen.toolNames.includes(input.tool))
+      throw new StepFailure('tools/list', `the server does not offer the tool ${input.tool}`);
     step = 'tools/call';
     const result = (await client.callTool({ name: input.tool, arguments: {} })) as CallToolResult;
     seen.call = { tool: input.tool, isError: result.isError === true, result: result.structuredContent ?? null };
@@ -104,11 +112,17 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
     await Promise.race([
       session(),
       new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new StepFailure('timeout', `no complete answer within ${input.timeoutMs} ms`, { during: step })), input.timeoutMs);
+        timer = setTimeout(
+          () => reject(new StepFailure('timeout', `no complete answer within ${input.timeoutMs} ms`, { during: step })),
+          input.timeoutMs,
+        );
       }),
     ]);
   } catch (err) {
-    failure = err instanceof StepFailure ? err : new StepFailure(step, `the ${step} request failed`, { error: (err as Error).message });
+    failure =
+      err instanceof StepFailure
+        ? err
+        : new StepFailure(step, `the ${step} request failed`, { error: (err as Error).message });
   } finally {
     clearTimeout(timer);
   }
@@ -117,7 +131,9 @@ export async function probeMcpServer(input: ProbeInput): Promise<{ outcome: Smok
   await client.close().catch(() => undefined); // closes stdin, then SIGTERM, then SIGKILL, waiting for the exit
   if (pid !== null && isAlive(pid)) process.kill(pid, 'SIGKILL');
 
-  const details = failure ? JSON.parse(redact(JSON.stringify({ ...failure.details, ...(stderr ? { stderr } : {}) }))) : {};
+  const details = failure
+    ? JSON.parse(redact(JSON.stringify({ ...failure.details, ...(stderr ? { stderr } : {}) })))
+    : {};
   return {
     pid,
     outcome: {

@@ -5,7 +5,19 @@ import { fileURLToPath } from 'node:url';
 import { signBuyerSession, type BuyerSession } from '../domain/buyer-session.ts';
 import { decryptAtRest, encryptAtRest, newId } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
-import { mcpHttpConfig, mcpLaunch, mcpServersJson, RUNTIME_SCOPES, RUNTIME_TRANSPORT, runtimeSnippet, type McpEnv, type McpHttpConfig, type McpLaunch, type RuntimeSnippet, type RuntimeTarget } from '../domain/onboarding.ts';
+import {
+  mcpHttpConfig,
+  mcpLaunch,
+  mcpServersJson,
+  RUNTIME_SCOPES,
+  RUNTIME_TRANSPORT,
+  runtimeSnippet,
+  type McpEnv,
+  type McpHttpConfig,
+  type McpLaunch,
+  type RuntimeSnippet,
+  type RuntimeTarget,
+} from '../domain/onboarding.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { SmokeTestDoc } from '../store/onboarding.ts';
@@ -31,7 +43,10 @@ async function requireTenant(rt: Runtime, tenantId: string): Promise<void> {
 }
 
 /** A signed, expiring session bound to one tenant; the caller sets it as the `ml_buyer_session` cookie. */
-export async function issueBuyerSession(rt: Runtime, tenantId: string): Promise<{ value: string; session: BuyerSession }> {
+export async function issueBuyerSession(
+  rt: Runtime,
+  tenantId: string,
+): Promise<{ value: string; session: BuyerSession }> {
   await requireTenant(rt, tenantId);
   return signBuyerSession(rt.config.onboarding.sessionSecret, tenantId, rt.config.onboarding.buyerSessionTtlSeconds);
 }
@@ -49,10 +64,22 @@ export interface RuntimeBootstrap {
 const CONFORMANCE_KEY_TTL_MS = 3_600_000;
 
 /** Issues a runtime key (shown once, in mcp.env; expiring at `expiresAt` if given) and the MCP configuration that carries it. */
-export async function bootstrapRuntime(rt: Runtime, tenantId: string, options: { expiresAt?: Date; description?: string } = {}): Promise<RuntimeBootstrap> {
+export async function bootstrapRuntime(
+  rt: Runtime,
+  tenantId: string,
+  options: { expiresAt?: Date; description?: string } = {},
+): Promise<RuntimeBootstrap> {
   await requireTenant(rt, tenantId);
-  const { key, token } = await issueApiKey(rt, { tenantId, scopes: RUNTIME_SCOPES, description: options.description ?? 'agent runtime (runtime bootstrap)', expiresAt: options.expiresAt ?? null });
-  const launch = mcpLaunch({ SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token }, launchFrom(rt));
+  const { key, token } = await issueApiKey(rt, {
+    tenantId,
+    scopes: RUNTIME_SCOPES,
+    description: options.description ?? 'agent runtime (runtime bootstrap)',
+    expiresAt: options.expiresAt ?? null,
+  });
+  const launch = mcpLaunch(
+    { SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token },
+    launchFrom(rt),
+  );
   return {
     tenantId,
     apiKey: { keyId: key._id, scopes: key.scopes, expiresAt: key.expiresAt?.toISOString() ?? null },
@@ -81,30 +108,42 @@ export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): 
     origin = '';
   }
   if (origin !== new URL(rt.config.publicBaseUrl).origin) {
-    throw errors.unprocessable("env.SERVICE_BASE_URL must point at this service's base URL", { errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${rt.config.publicBaseUrl}` }] });
+    throw errors.unprocessable("env.SERVICE_BASE_URL must point at this service's base URL", {
+      errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${rt.config.publicBaseUrl}` }],
+    });
   }
   // A wrong tenant or key is the caller's mistake (422), found before any server starts; 502 is left for a runtime
   // that was given good settings and still failed.
   if (env.SERVICE_TENANT_ID !== tenantId) {
-    throw errors.unprocessable('env.SERVICE_TENANT_ID must be the tenant of the path', { errors: [{ path: 'body.env.SERVICE_TENANT_ID', message: 'differs from the path tenantId' }] });
+    throw errors.unprocessable('env.SERVICE_TENANT_ID must be the tenant of the path', {
+      errors: [{ path: 'body.env.SERVICE_TENANT_ID', message: 'differs from the path tenantId' }],
+    });
   }
   const runtimeKey = await rt.credentials.authenticate(rt.stores.apiKeys, env.SERVICE_API_KEY);
   if (runtimeKey?.tenantId !== tenantId) {
-    throw errors.unprocessable("env.SERVICE_API_KEY must be a live API key of this tenant", { errors: [{ path: 'body.env.SERVICE_API_KEY', message: 'not a live key of this tenant' }] });
+    throw errors.unprocessable('env.SERVICE_API_KEY must be a live API key of this tenant', {
+      errors: [{ path: 'body.env.SERVICE_API_KEY', message: 'not a live key of this tenant' }],
+    });
   }
   const smokeTestId = newId('smk');
   const key = sealedEnvKey(rt, smokeTestId);
   const waitMs = rt.config.onboarding.smokeTestTimeoutMs + SMOKE_WAIT_MARGIN_MS;
   await rt.redis.set(key, encryptAtRest(rt.config.atRestKey, JSON.stringify(env), key), 'PX', waitMs);
   try {
-    await rt.producers.enqueue('smoke-test', { tenantId, smokeTestId }, jobIdFor('smoke-test', smokeTestId), { attempts: 2 });
+    await rt.producers.enqueue('smoke-test', { tenantId, smokeTestId }, jobIdFor('smoke-test', smokeTestId), {
+      attempts: 2,
+    });
     const deadline = Date.now() + waitMs;
     while (Date.now() < deadline) {
       const done = await rt.stores.onboarding.smokeTest(smokeTestId);
       if (done) return done;
       await new Promise((resolve) => setTimeout(resolve, SMOKE_POLL_MS));
     }
-    throw new ServiceError(502, 'MCP_SMOKE_TEST_FAILED', 'no worker finished the smoke test in time', { step: 'timeout', smokeTestId, waitedMs: waitMs });
+    throw new ServiceError(502, 'MCP_SMOKE_TEST_FAILED', 'no worker finished the smoke test in time', {
+      step: 'timeout',
+      smokeTestId,
+      waitedMs: waitMs,
+    });
   } finally {
     await rt.redis.del(key).catch(() => undefined); // the worker deletes it too; whoever is first
   }
@@ -114,11 +153,16 @@ export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): 
 export async function smokeTest(rt: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
   const doc = await runSmokeTest(rt, tenantId, env);
   if (!doc.outcome.passed) {
-    throw new ServiceError(502, 'MCP_SMOKE_TEST_FAILED', `the MCP smoke test failed at ${doc.outcome.failedStep}: ${doc.outcome.error?.message ?? 'unknown'}`, {
-      step: doc.outcome.failedStep,
-      smokeTestId: doc._id,
-      ...(doc.outcome.error?.details ?? {}),
-    });
+    throw new ServiceError(
+      502,
+      'MCP_SMOKE_TEST_FAILED',
+      `the MCP smoke test failed at ${doc.outcome.failedStep}: ${doc.outcome.error?.message ?? 'unknown'}`,
+      {
+        step: doc.outcome.failedStep,
+        smokeTestId: doc._id,
+        ...(doc.outcome.error?.details ?? {}),
+      },
+    );
   }
   return doc;
 }
@@ -128,16 +172,36 @@ export async function smokeTest(rt: Runtime, tenantId: string, env: McpEnv): Pro
  * returns the first record). The env is deleted once the outcome is recorded, not before: a job that fails
  * unexpectedly is retried and needs it again (else it expires, and the waiting request deletes it when it ends).
  */
-export async function smokeTestJob(rt: Runtime, payload: { tenantId: string; smokeTestId: string }): Promise<SmokeTestDoc> {
+export async function smokeTestJob(
+  rt: Runtime,
+  payload: { tenantId: string; smokeTestId: string },
+): Promise<SmokeTestDoc> {
   const store = rt.stores.onboarding;
   const recorded = await store.smokeTest(payload.smokeTestId);
   if (recorded) return recorded;
   const key = sealedEnvKey(rt, payload.smokeTestId);
   const sealed = await rt.redis.get(key);
   const record = (outcome: SmokeTestDoc['outcome'], pid: number | null) =>
-    store.recordSmokeTest({ _id: payload.smokeTestId, tenantId: payload.tenantId, outcome, pid, createdAt: new Date() });
+    store.recordSmokeTest({
+      _id: payload.smokeTestId,
+      tenantId: payload.tenantId,
+      outcome,
+      pid,
+      createdAt: new Date(),
+    });
   if (sealed === null) {
-    return record({ passed: false, failedStep: 'spawn', serverInfo: null, toolNames: [], call: null, error: { message: 'the smoke test expired before a worker took it', details: {} }, durationMs: 0 }, null);
+    return record(
+      {
+        passed: false,
+        failedStep: 'spawn',
+        serverInfo: null,
+        toolNames: [],
+        call: null,
+        error: { message: 'the smoke test expired before a worker took it', details: {} },
+        durationMs: 0,
+      },
+      null,
+    );
   }
   const env = JSON.parse(decryptAtRest(rt.config.atRestKey, sealed, key)) as McpEnv;
   // The very command the runtime bootstrap hands out for this env.
@@ -176,15 +240,26 @@ export interface ConformanceMatrix {
  * connecting to it here with the SDK's Streamable HTTP client. A runtime is ready when its own configuration
  * started and listed its tools and the first paid call passed; the matrix is ready when every requested one is.
  */
-export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: RuntimeTarget[]): Promise<ConformanceMatrix> {
-  const bootstrap = await bootstrapRuntime(rt, tenantId, { expiresAt: new Date(Date.now() + CONFORMANCE_KEY_TTL_MS), description: 'conformance matrix (expires by itself)' });
+export async function conformanceMatrix(
+  rt: Runtime,
+  tenantId: string,
+  targets: RuntimeTarget[],
+): Promise<ConformanceMatrix> {
+  const bootstrap = await bootstrapRuntime(rt, tenantId, {
+    expiresAt: new Date(Date.now() + CONFORMANCE_KEY_TTL_MS),
+    description: 'conformance matrix (expires by itself)',
+  });
   let smoke: ConformanceMatrix['checks']['smokeTest'];
   try {
     const doc = await runSmokeTest(rt, tenantId, bootstrap.mcp.env);
     smoke = { status: doc.outcome.passed ? 'passed' : 'failed', smokeTestId: doc._id, step: doc.outcome.failedStep };
   } catch (err) {
     if (!(err instanceof ServiceError) || err.status !== 502) throw err;
-    smoke = { status: 'failed', smokeTestId: String(err.details?.smokeTestId ?? '') || null, step: String(err.details?.step ?? 'timeout') };
+    smoke = {
+      status: 'failed',
+      smokeTestId: String(err.details?.smokeTestId ?? '') || null,
+      step: String(err.details?.step ?? 'timeout'),
+    };
   }
   const probe = await probeMcpServer({
     server: { url: bootstrap.mcpHttp.url, headers: { ...bootstrap.mcpHttp.headers } },
@@ -192,7 +267,11 @@ export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: 
     tool: SMOKE_TOOL,
     secrets: [bootstrap.mcp.env.SERVICE_API_KEY],
   });
-  const http: ConformanceMatrix['checks']['mcpHttp'] = { status: probe.outcome.passed ? 'passed' : 'failed', step: probe.outcome.failedStep, toolCount: probe.outcome.toolNames.length };
+  const http: ConformanceMatrix['checks']['mcpHttp'] = {
+    status: probe.outcome.passed ? 'passed' : 'failed',
+    step: probe.outcome.failedStep,
+    toolCount: probe.outcome.toolNames.length,
+  };
   const attemptId = paidCallAttemptId(tenantId, null);
   let paid: ConformanceMatrix['checks']['firstPaidCall'];
   try {
@@ -203,7 +282,10 @@ export async function conformanceMatrix(rt: Runtime, tenantId: string, targets: 
     paid = { status: 'failed', attemptId, step: String(err.details?.step ?? ''), result: null };
   }
   const configReady = { stdio: smoke.status === 'passed', http: http.status === 'passed' };
-  const snippets = targets.map((target) => ({ ...runtimeSnippet(target, bootstrap.mcp, bootstrap.mcpHttp), ready: paid.status === 'passed' && configReady[RUNTIME_TRANSPORT[target]] }));
+  const snippets = targets.map((target) => ({
+    ...runtimeSnippet(target, bootstrap.mcp, bootstrap.mcpHttp),
+    ready: paid.status === 'passed' && configReady[RUNTIME_TRANSPORT[target]],
+  }));
   return {
     tenantId,
     ready: snippets.every((s) => s.ready),

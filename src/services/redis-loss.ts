@@ -37,13 +37,20 @@ export class RedisLossWatch {
     const summary = await this.reconcile();
     await store.record(id, runIds, true);
     this.seen = id;
-    this.rt.logger.warn({ lineage: id, masters: runIds.length, ...summary }, 'Redis masters changed (restart or failover): due indexes audited and session budgets checked against MongoDB');
+    this.rt.logger.warn(
+      { lineage: id, masters: runIds.length, ...summary },
+      'Redis masters changed (restart or failover): due indexes audited and session budgets checked against MongoDB',
+    );
     return { lineage: id, reconciled: true };
   }
 
   private async reconcile() {
     const { settlements, runs, x402, x402Sessions, ledger } = this.rt.stores;
-    await Promise.all([settlements.due, runs.finalizeDue, x402.due, x402.escalationsDue, x402Sessions.due].map((due) => due.forgetAuditClaim()));
+    await Promise.all(
+      [settlements.due, runs.finalizeDue, x402.due, x402.escalationsDue, x402Sessions.due].map((due) =>
+        due.forgetAuditClaim(),
+      ),
+    );
     await ledger.forgetDueAuditClaim();
     const sessions = await this.sessions.repairOpenBudgets(SESSION_LIMIT);
     return { sessions };

@@ -4,7 +4,16 @@ import { assertClientJsonDepth } from '../domain/client-json.ts';
 import { idFromIdempotency, newId, publicKeyFromRaw } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
 import { createHmac, type KeyObject } from 'node:crypto';
-import { attestationHolds, batchAttestation, sameEvent, signatureKey, verifyEventBatch, type ChainHead, type EventEnvelope, type SignatureVerified } from '../domain/event-chain.ts';
+import {
+  attestationHolds,
+  batchAttestation,
+  sameEvent,
+  signatureKey,
+  verifyEventBatch,
+  type ChainHead,
+  type EventEnvelope,
+  type SignatureVerified,
+} from '../domain/event-chain.ts';
 import { termsProblems, type Terms } from '../domain/terms.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
@@ -18,7 +27,11 @@ import { emitEvent } from './events.ts';
 const attestationKeys = new WeakMap<Runtime, Buffer>();
 function attestationKey(rt: Runtime): Buffer {
   let key = attestationKeys.get(rt);
-  if (!key) attestationKeys.set(rt, (key = createHmac('sha256', rt.config.atRestKey).update('run-batch-attestation/v1').digest()));
+  if (!key)
+    attestationKeys.set(
+      rt,
+      (key = createHmac('sha256', rt.config.atRestKey).update('run-batch-attestation/v1').digest()),
+    );
   return key;
 }
 
@@ -27,11 +40,16 @@ function attestationKey(rt: Runtime): Buffer {
  * so a full-chain check need not repeat those Ed25519 checks. A batch without a valid attestation (written before
  * attestations, under another key, or altered in storage) is simply checked in full.
  */
-export function attestedSignatures(rt: Runtime, runId: string, batches: ReadonlyArray<{ events: EventEnvelope[]; attestation: string | null }>): SignatureVerified {
+export function attestedSignatures(
+  rt: Runtime,
+  runId: string,
+  batches: ReadonlyArray<{ events: EventEnvelope[]; attestation: string | null }>,
+): SignatureVerified {
   const key = attestationKey(rt);
   const verified = new Set<string>();
   for (const b of batches) {
-    if (b.attestation !== null && attestationHolds(key, runId, b.events, b.attestation)) for (const e of b.events) verified.add(signatureKey(e));
+    if (b.attestation !== null && attestationHolds(key, runId, b.events, b.attestation))
+      for (const e of b.events) verified.add(signatureKey(e));
   }
   return (e) => verified.has(signatureKey(e));
 }
@@ -64,11 +82,19 @@ export interface RunWithHead {
  * `idempotencyScope` (the client's Idempotency-Key and who sent it) names the run: a retry after a crash or a 5xx
  * finishes that same run and its one reserve instead of starting a second.
  */
-export async function createRun(rt: Runtime, tenantId: string, input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput }, idempotencyScope: string | null = null): Promise<RunWithHead> {
+export async function createRun(
+  rt: Runtime,
+  tenantId: string,
+  input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput },
+  idempotencyScope: string | null = null,
+): Promise<RunWithHead> {
   const { runs, agents } = rt.stores;
   const terms: Terms = input.terms ?? {};
   const problems = termsProblems(terms);
-  if (problems.length > 0) throw errors.unprocessable('invalid terms', { errors: problems.map((message) => ({ path: 'body.terms', message })) });
+  if (problems.length > 0)
+    throw errors.unprocessable('invalid terms', {
+      errors: problems.map((message) => ({ path: 'body.terms', message })),
+    });
   const agent = await agents.get(tenantId, input.agentId);
   if (!agent) throw errors.notFound('agent');
   if (agent.status !== 'active') throw errors.transitionIllegal(`agent is ${agent.status}`, agent.status);
@@ -113,7 +139,12 @@ export async function getRun(rt: Runtime, tenantId: string, runId: string): Prom
  * Appends agent-signed events (one batch, all or nothing). An identical resend is a no-op success; the same id with
  * other content is a conflict. `accepted` counts the request's events now in the chain.
  */
-export async function appendEvents(rt: Runtime, tenantId: string, runId: string, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
+export async function appendEvents(
+  rt: Runtime,
+  tenantId: string,
+  runId: string,
+  incoming: EventEnvelope[],
+): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
   const [run, cached] = await Promise.all([runs.getForAppend(tenantId, runId), runs.knownHead(runId)]);
@@ -129,12 +160,19 @@ export async function appendEvents(rt: Runtime, tenantId: string, runId: string,
   }
 }
 
-async function appendToRun(rt: Runtime, run: AppendTarget, knownHead: ChainHead, incoming: EventEnvelope[]): Promise<{ runId: string; accepted: number; head: ChainHead }> {
+async function appendToRun(
+  rt: Runtime,
+  run: AppendTarget,
+  knownHead: ChainHead,
+  incoming: EventEnvelope[],
+): Promise<{ runId: string; accepted: number; head: ChainHead }> {
   const { runs } = rt.stores;
   const tenantId = run.tenantId;
   const ids = incoming.map((e) => e.id);
   if (new Set(ids).size !== ids.length) {
-    throw errors.unprocessable('a batch may not carry the same event id twice', { errors: [{ path: 'body.events', message: 'duplicate event id' }] });
+    throw errors.unprocessable('a batch may not carry the same event id twice', {
+      errors: [{ path: 'body.events', message: 'duplicate event id' }],
+    });
   }
 
   // Only events at or below the head can already be stored (a head cache left behind surfaces as a conflict and is
@@ -145,7 +183,10 @@ async function appendToRun(rt: Runtime, run: AppendTarget, knownHead: ChainHead,
   for (const event of incoming) {
     const previous = stored.get(event.id);
     if (previous && !sameEvent(previous, event)) {
-      throw errors.conflict('CHAIN_CONFLICT', `event id ${event.id} is already used by a different event`, { head, eventId: event.id });
+      throw errors.conflict('CHAIN_CONFLICT', `event id ${event.id} is already used by a different event`, {
+        head,
+        eventId: event.id,
+      });
     }
   }
   const fresh = incoming.filter((e) => !stored.has(e.id));
@@ -166,7 +207,11 @@ async function appendToRun(rt: Runtime, run: AppendTarget, knownHead: ChainHead,
     if (check.code === 'CHAIN_CONFLICT') {
       throw errors.conflict('CHAIN_CONFLICT', check.message, { head, eventId: check.eventId, index: check.index });
     }
-    throw new ServiceError(400, 'SIGNATURE_INVALID', check.message, { reason: check.reason, eventId: check.eventId, index: check.index });
+    throw new ServiceError(400, 'SIGNATURE_INVALID', check.message, {
+      reason: check.reason,
+      eventId: check.eventId,
+      index: check.index,
+    });
   }
   // Every signature of the batch verified just now: attest it, so finalize and verify need not check them again.
   const newHead = await runs.append(run, head, fresh, batchAttestation(attestationKey(rt), run._id, fresh));
@@ -194,7 +239,11 @@ function isPermanentBuildFailure(err: unknown): err is Error {
  * data can never make an artifact is finalized with verdict `fail` and the reason, so its escrow is held by the
  * settlement rules instead of staying locked behind a job that retries for ever; that is logged as an alert.
  */
-export async function finalizeRun(rt: Runtime, tenantId: string, runId: string): Promise<{ artifactId: string | null; verdict: string | null } | { skipped: string }> {
+export async function finalizeRun(
+  rt: Runtime,
+  tenantId: string,
+  runId: string,
+): Promise<{ artifactId: string | null; verdict: string | null } | { skipped: string }> {
   const { runs, agents } = rt.stores;
   let run = await runs.get(tenantId, runId);
   if (!run || run.status === 'in_progress') return { skipped: run ? 'not finalizing' : 'no such run' };
@@ -222,7 +271,10 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
       outcome = { artifactId: artifact.artifactId, verdict: artifact.evaluation.verdict, finalizeError: null };
     } catch (err) {
       if (!isPermanentBuildFailure(err)) throw err;
-      rt.logger.error({ alert: 'finalize_failed', runId, err: err.message }, 'run cannot be finalized into an artifact; finalized as fail');
+      rt.logger.error(
+        { alert: 'finalize_failed', runId, err: err.message },
+        'run cannot be finalized into an artifact; finalized as fail',
+      );
       const finalizeError = { code: 'ARTIFACT_BUILD_FAILED', message: err.message };
       await runs.markFinalizeFailed(runId, finalizeError);
       outcome = { artifactId: null, verdict: 'fail', finalizeError };
@@ -236,7 +288,13 @@ export async function finalizeRun(rt: Runtime, tenantId: string, runId: string):
     rt,
     tenantId,
     'run.finalized',
-    { runId, artifactId: run.artifactId, verdict: run.verdict, status: run.status, ...(run.finalizeError ? { error: run.finalizeError.code } : {}) },
+    {
+      runId,
+      artifactId: run.artifactId,
+      verdict: run.verdict,
+      status: run.status,
+      ...(run.finalizeError ? { error: run.finalizeError.code } : {}),
+    },
     `run.finalized:${runId}`,
   );
   // Only now is nothing owed: a failure before this line (Redis away at the emit, say) leaves the run findable.
@@ -251,7 +309,11 @@ export async function sweepFinalizing(rt: Runtime, limit: number): Promise<{ che
   const stale = await rt.stores.runs.staleFinalizing(new Date(Date.now() - rt.config.sweeper.staleAfterMs), limit);
   let repaired = 0;
   for (const run of stale) {
-    const outcome = await rt.producers.ensure('finalize', { tenantId: run.tenantId, runId: run._id }, jobIdFor('finalize', run._id));
+    const outcome = await rt.producers.ensure(
+      'finalize',
+      { tenantId: run.tenantId, runId: run._id },
+      jobIdFor('finalize', run._id),
+    );
     if (outcome !== 'live') repaired++;
   }
   if (repaired > 0) rt.logger.warn({ repaired }, 'finalize sweeper re-enqueued runs');

@@ -4,7 +4,15 @@ import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { settlementSubject } from '../domain/events.ts';
 import { assertMoney } from '../domain/money.ts';
 import { receiptMoney, signReceipt } from '../domain/receipt.ts';
-import { assertDecisionSplit, capturedOf, decideSettlement, entryIds, releaseCredits, type DecidedMoney, type SettlementFacts } from '../domain/settlement.ts';
+import {
+  assertDecisionSplit,
+  capturedOf,
+  decideSettlement,
+  entryIds,
+  releaseCredits,
+  type DecidedMoney,
+  type SettlementFacts,
+} from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
@@ -29,25 +37,44 @@ export function read(rt: Runtime, s: SettlementDoc): Promise<SettlementState> {
 }
 
 function settleJob(s: SettlementDoc, ...parts: string[]) {
-  return ['settle', { tenantId: s.tenantId, runId: s.runId, settlementId: s._id }, jobIdFor('settle', s._id, ...parts)] as const;
+  return [
+    'settle',
+    { tenantId: s.tenantId, runId: s.runId, settlementId: s._id },
+    jobIdFor('settle', s._id, ...parts),
+  ] as const;
 }
 
 /**
  * Settles a finalized run: its terms (sent now if the run had none, which locks the escrow first) become a pending
  * settlement that the settle worker decides. Repeats return the same settlement.
  */
-export async function settleRun(rt: Runtime, tenantId: string, runId: string, offeredInput?: SettlementTermsInput): Promise<{ run: RunDoc; settlement: SettlementDoc; state: SettlementState }> {
+export async function settleRun(
+  rt: Runtime,
+  tenantId: string,
+  runId: string,
+  offeredInput?: SettlementTermsInput,
+): Promise<{ run: RunDoc; settlement: SettlementDoc; state: SettlementState }> {
   const { runs, settlements } = rt.stores;
   let run = await runs.get(tenantId, runId);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'finalized') throw errors.transitionIllegal('only a finalized run can be settled', run.status);
   const offered = offeredInput ? settlementTerms(offeredInput) : null;
-  const otherTerms = (r: RunDoc) => errors.conflict('TRANSITION_ILLEGAL', 'the run already has other settlement terms', { status: r.status, settlement: r.settlement });
+  const otherTerms = (r: RunDoc) =>
+    errors.conflict('TRANSITION_ILLEGAL', 'the run already has other settlement terms', {
+      status: r.status,
+      settlement: r.settlement,
+    });
   if (run.settlement && offered && canonicalize(offered) !== canonicalize(run.settlement)) throw otherTerms(run);
   if (!run.settlement) {
-    if (!offered) throw errors.conflict('TRANSITION_ILLEGAL', 'this run has no settlement terms; send them as settlement', { status: run.status, settlement: null });
+    if (!offered)
+      throw errors.conflict('TRANSITION_ILLEGAL', 'this run has no settlement terms; send them as settlement', {
+        status: run.status,
+        settlement: null,
+      });
     const current = run;
-    run = await withRunEscrow(rt, tenantId, run._id, run.agentId, offered, () => runs.attachSettlement(tenantId, current._id, offered));
+    run = await withRunEscrow(rt, tenantId, run._id, run.agentId, offered, () =>
+      runs.attachSettlement(tenantId, current._id, offered),
+    );
     if (canonicalize(run.settlement) !== canonicalize(offered)) throw otherTerms(run);
   }
   const terms = run.settlement!;
@@ -79,24 +106,34 @@ export async function getRunSettlement(rt: Runtime, tenantId: string, runId: str
  * dies), then the steps are run right here, which is safe beside the job because every step happens once. Returns
  * the state and whether it is final.
  */
-export async function applyRuling(rt: Runtime, s: SettlementDoc, ruling: string): Promise<{ state: SettlementState; applied: boolean }> {
+export async function applyRuling(
+  rt: Runtime,
+  s: SettlementDoc,
+  ruling: string,
+): Promise<{ state: SettlementState; applied: boolean }> {
   await rt.producers.ensure(...settleJob(s, ruling));
   const state = (await advanceSettlement(rt, s._id)) ?? (await read(rt, s));
   return { state, applied: state.view.final };
 }
 
 /** Ops ruling on a held settlement: the whole escrow to the payee (`release`) or back to the payer (`refund`). */
-export async function resolveHeldSettlement(rt: Runtime, settlementId: string, outcome: 'release' | 'refund'): Promise<{ state: SettlementState; applied: boolean }> {
+export async function resolveHeldSettlement(
+  rt: Runtime,
+  settlementId: string,
+  outcome: 'release' | 'refund',
+): Promise<{ state: SettlementState; applied: boolean }> {
   const { settlements } = rt.stores;
   const s = await settlements.get(settlementId);
   if (!s) throw errors.notFound('settlement');
   const { view, facts } = await read(rt, s);
   // The same ruling again (a retry after a crash or a lost answer) finishes applying it; another one is refused.
   if (facts.heldRuling?.outcome === outcome) return applyRuling(rt, s, 'held-ruling');
-  if (view.status !== 'held') throw errors.transitionIllegal(`a ${view.status} settlement cannot be resolved this way`, view.status);
+  if (view.status !== 'held')
+    throw errors.transitionIllegal(`a ${view.status} settlement cannot be resolved this way`, view.status);
   await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
   const { fact } = await settlements.claim(s._id, 'heldRuling', { outcome, at: new Date().toISOString() });
-  if (fact.outcome !== outcome) throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
+  if (fact.outcome !== outcome)
+    throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
   crashPoint('settlement.held-ruled');
   return applyRuling(rt, s, 'held-ruling');
 }
@@ -162,9 +199,19 @@ class SettlementPass {
   /** Moves `legs` from the payer's escrow under the derived entry id `id`, once. */
   private async apply(id: string, kind: string, credits: Array<{ walletId: string; amount: number }>): Promise<void> {
     const { s } = this;
-    const fromEscrow: Leg = { walletId: s.payerWalletId, bucket: 'escrow', delta: -credits.reduce((sum, c) => sum + c.amount, 0) };
-    const legs = [fromEscrow, ...credits.map((c): Leg => ({ walletId: c.walletId, bucket: 'available', delta: c.amount }))];
-    await this.rt.stores.ledger.apply({ _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs, ref: this.ref }, { expectNew: this.known?.decidedNow === true, prepared: this.known?.prepared?.get(id) });
+    const fromEscrow: Leg = {
+      walletId: s.payerWalletId,
+      bucket: 'escrow',
+      delta: -credits.reduce((sum, c) => sum + c.amount, 0),
+    };
+    const legs = [
+      fromEscrow,
+      ...credits.map((c): Leg => ({ walletId: c.walletId, bucket: 'available', delta: c.amount })),
+    ];
+    await this.rt.stores.ledger.apply(
+      { _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs, ref: this.ref },
+      { expectNew: this.known?.decidedNow === true, prepared: this.known?.prepared?.get(id) },
+    );
     this.applied.add(id);
   }
 
@@ -174,7 +221,14 @@ class SettlementPass {
   }
 
   private emit(type: Parameters<typeof emitEvent>[2], data: Record<string, unknown>, cause: string): Promise<unknown> {
-    return emitEvent(this.rt, this.s.tenantId, type, { ...this.subject, settlementId: this.s._id, ...data }, cause, this.marks);
+    return emitEvent(
+      this.rt,
+      this.s.tenantId,
+      type,
+      { ...this.subject, settlementId: this.s._id, ...data },
+      cause,
+      this.marks,
+    );
   }
 
   /**
@@ -185,21 +239,43 @@ class SettlementPass {
     const { rt, s, facts } = this;
     if (!facts.decision) {
       const run = await rt.stores.runs.get(s.tenantId, s.runId);
-      if (!run || run.status !== 'finalized' || !run.verdict) throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
+      if (!run || run.status !== 'finalized' || !run.verdict)
+        throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
       // The run's reserve becomes this settlement's before anything is decided: every later move takes from it.
-      const [reserveId] = await Promise.all([captureRunReserve(rt, s), rt.stores.ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent')]);
+      const [reserveId] = await Promise.all([
+        captureRunReserve(rt, s),
+        rt.stores.ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent'),
+      ]);
       this.failpoint('reserve-captured');
       const verdict = run.verdict === 'pass' && run.artifactId !== null ? 'pass' : 'fail';
       const sign = (money: DecidedMoney) =>
-        signReceipt({ ...receiptMoney({ settlementId: s._id, ...s }, money), runId: s.runId, artifactId: run.artifactId, artifactHash: run.artifactId?.slice('art_'.length) ?? null }, rt.keys.active);
-      const decision = decideSettlement({ settlementId: s._id, ...s }, verdict, run.finalizeError?.code ?? 'TERMS_NOT_MET', new Date(), sign, reserveId);
+        signReceipt(
+          {
+            ...receiptMoney({ settlementId: s._id, ...s }, money),
+            runId: s.runId,
+            artifactId: run.artifactId,
+            artifactHash: run.artifactId?.slice('art_'.length) ?? null,
+          },
+          rt.keys.active,
+        );
+      const decision = decideSettlement(
+        { settlementId: s._id, ...s },
+        verdict,
+        run.finalizeError?.code ?? 'TERMS_NOT_MET',
+        new Date(),
+        sign,
+        reserveId,
+      );
       facts.decision = (await rt.stores.settlements.claim(s._id, 'decision', decision)).fact;
     }
     const d = facts.decision;
     assertDecisionSplit(s._id, s.amount, d);
     if (facts.ruling) {
       const frozen = facts.holdback?.fate === 'dispute' ? facts.holdback.frozenAmount : -1;
-      assertMoney(facts.ruling.toPayer + facts.ruling.toPayee === frozen && frozen === d.holdback, `settlement ${s._id}: ruling ${facts.ruling.toPayer}+${facts.ruling.toPayee} does not split the frozen holdback ${d.holdback}`);
+      assertMoney(
+        facts.ruling.toPayer + facts.ruling.toPayee === frozen && frozen === d.holdback,
+        `settlement ${s._id}: ruling ${facts.ruling.toPayer}+${facts.ruling.toPayee} does not split the frozen holdback ${d.holdback}`,
+      );
     }
     return d;
   }
@@ -218,10 +294,22 @@ class SettlementPass {
     this.failpoint('released');
     if (pass) {
       const returned = uncaptured > 0 ? { uncaptured } : {};
-      this.inFlight(this.emit('settlement.completed', { amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned }, `settlement.completed:${s._id}`));
+      this.inFlight(
+        this.emit(
+          'settlement.completed',
+          { amount: d.releaseNow, holdback: d.holdback, currency: s.currency, ...returned },
+          `settlement.completed:${s._id}`,
+        ),
+      );
     } else if (!s.gateId && !s.sessionId) {
       // A gate's failed verification is refunded at once (its refund ruling is recorded with the decision): never held.
-      this.inFlight(this.emit('settlement.held', { amount: s.amount, currency: s.currency, reason: d.reason }, `settlement.held:${s._id}`));
+      this.inFlight(
+        this.emit(
+          'settlement.held',
+          { amount: s.amount, currency: s.currency, reason: d.reason },
+          `settlement.held:${s._id}`,
+        ),
+      );
     }
     this.failpoint('decided');
   }
@@ -231,14 +319,21 @@ class SettlementPass {
     const { rt, s, facts } = this;
     const windowEnds = Date.parse(d.disputeWindowEndsAt);
     if (d.verdict === 'pass' && d.holdback > 0 && !facts.holdback) {
-      if (Date.now() >= windowEnds) facts.holdback = (await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })).fact;
+      if (Date.now() >= windowEnds)
+        facts.holdback = (
+          await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })
+        ).fact;
       else this.inFlight(rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now()));
     }
     if (facts.holdback?.fate !== 'release') return;
     await this.apply(entryIds.holdback(s._id), 'holdback_release', [{ walletId: s.payeeWalletId, amount: d.holdback }]);
     this.failpoint('holdback-released');
     await Promise.all(this.started);
-    await this.emit('settlement.holdback_released', { amount: d.holdback, currency: s.currency }, `settlement.holdback_released:${s._id}`);
+    await this.emit(
+      'settlement.holdback_released',
+      { amount: d.holdback, currency: s.currency },
+      `settlement.holdback_released:${s._id}`,
+    );
   }
 
   /** 4. A dispute: announced once; a ruling splits the frozen holdback between payer and payee. */
@@ -246,15 +341,43 @@ class SettlementPass {
     const { s, facts } = this;
     await Promise.all(this.started);
     const { rt, subject, marks } = this;
-    await emitEvent(rt, s.tenantId, 'dispute.opened', { disputeId: dispute.disputeId, ...subject, settlementId: s._id }, `dispute.opened:${dispute.disputeId}`, marks);
+    await emitEvent(
+      rt,
+      s.tenantId,
+      'dispute.opened',
+      { disputeId: dispute.disputeId, ...subject, settlementId: s._id },
+      `dispute.opened:${dispute.disputeId}`,
+      marks,
+    );
     const ruling = facts.ruling;
     if (!ruling) return;
-    if (ruling.toPayer > 0) await this.apply(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', [{ walletId: s.payerWalletId, amount: ruling.toPayer }]);
+    if (ruling.toPayer > 0)
+      await this.apply(entryIds.disputeToPayer(dispute.disputeId), 'dispute_refund', [
+        { walletId: s.payerWalletId, amount: ruling.toPayer },
+      ]);
     this.failpoint('dispute-payer-paid');
-    if (ruling.toPayee > 0) await this.apply(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', [{ walletId: s.payeeWalletId, amount: ruling.toPayee }]);
+    if (ruling.toPayee > 0)
+      await this.apply(entryIds.disputeToPayee(dispute.disputeId), 'dispute_release', [
+        { walletId: s.payeeWalletId, amount: ruling.toPayee },
+      ]);
     this.failpoint('dispute-payee-paid');
     const { outcome, toPayer, toPayee } = ruling;
-    await emitEvent(rt, s.tenantId, 'dispute.resolved', { disputeId: dispute.disputeId, ...subject, settlementId: s._id, outcome, toPayer, toPayee, currency: s.currency }, `dispute.resolved:${dispute.disputeId}`, marks);
+    await emitEvent(
+      rt,
+      s.tenantId,
+      'dispute.resolved',
+      {
+        disputeId: dispute.disputeId,
+        ...subject,
+        settlementId: s._id,
+        outcome,
+        toPayer,
+        toPayee,
+        currency: s.currency,
+      },
+      `dispute.resolved:${dispute.disputeId}`,
+      marks,
+    );
   }
 
   /** 5. An ops ruling on a held settlement: the whole escrow to the payee, or back to the payer. */
@@ -262,13 +385,23 @@ class SettlementPass {
     const { s, facts } = this;
     await Promise.all(this.started);
     const release = ruling.outcome === 'release';
-    await this.apply(entryIds.held(s._id, ruling.outcome), release ? 'held_release' : 'held_refund', [{ walletId: release ? s.payeeWalletId : s.payerWalletId, amount: s.amount }]);
+    await this.apply(entryIds.held(s._id, ruling.outcome), release ? 'held_release' : 'held_refund', [
+      { walletId: release ? s.payeeWalletId : s.payerWalletId, amount: s.amount },
+    ]);
     this.failpoint('held-resolved');
     if (release) {
-      await this.emit('settlement.completed', { amount: s.amount, holdback: 0, currency: s.currency }, `settlement.completed:${s._id}:held-release`);
+      await this.emit(
+        'settlement.completed',
+        { amount: s.amount, holdback: 0, currency: s.currency },
+        `settlement.completed:${s._id}:held-release`,
+      );
     } else {
       // An operator's refund ruling, or a gate's failed verification (refunded at once).
-      await this.emit('settlement.refunded', { amount: s.amount, currency: s.currency, reason: facts.decision?.reason ?? 'held_ruling' }, `settlement.refunded:${s._id}`);
+      await this.emit(
+        'settlement.refunded',
+        { amount: s.amount, currency: s.currency, reason: facts.decision?.reason ?? 'held_ruling' },
+        `settlement.refunded:${s._id}`,
+      );
     }
   }
 
@@ -284,7 +417,14 @@ class SettlementPass {
     // won its decision (nothing before the decision marks one) has none to remove.
     const noRecord = this.known?.decidedNow === true && (s.gateId != null || s.sessionId != null);
     const started = Promise.all(this.started);
-    await Promise.all([started, next ? rt.stores.settlements.due.mark(s._id, s.tenantId, next) : noRecord ? null : started.then(() => rt.stores.settlements.due.done(s._id))]);
+    await Promise.all([
+      started,
+      next
+        ? rt.stores.settlements.due.mark(s._id, s.tenantId, next)
+        : noRecord
+          ? null
+          : started.then(() => rt.stores.settlements.due.done(s._id)),
+    ]);
     return state;
   }
 }
@@ -322,7 +462,8 @@ export async function sweepSettlements(rt: Runtime, limit: number): Promise<{ lo
       continue;
     }
     // A record is written just before its settlement: only one long without a settlement outlived a failed create.
-    if (!outcome.value && record.dueAt.getTime() < now - rt.config.sweeper.staleAfterMs) await rt.stores.settlements.due.done(record._id);
+    if (!outcome.value && record.dueAt.getTime() < now - rt.config.sweeper.staleAfterMs)
+      await rt.stores.settlements.due.done(record._id);
   }
   return { looked: due.length, failed };
 }

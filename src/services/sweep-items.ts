@@ -83,9 +83,15 @@ export class SweepItems {
     if (attempts === PARK_AFTER) {
       itemsParked.inc({ sweeper: this.sweeper });
       this.parkedIndex?.park(this.sweeper, id).catch(() => undefined);
-      this.logger.error({ sweeper: this.sweeper, item: id, attempts, err: message }, 'sweep item parked: it keeps failing and needs a look');
+      this.logger.error(
+        { sweeper: this.sweeper, item: id, attempts, err: message },
+        'sweep item parked: it keeps failing and needs a look',
+      );
     } else if (!was || was.message !== message) {
-      this.logger.warn({ sweeper: this.sweeper, item: id, attempts, err: message }, 'sweep item failed; it backs off alone');
+      this.logger.warn(
+        { sweeper: this.sweeper, item: id, attempts, err: message },
+        'sweep item failed; it backs off alone',
+      );
     }
     const backoff = parked ? PARKED_RECHECK_MS : Math.min(MAX_BACKOFF_MS, FIRST_BACKOFF_MS * 2 ** (attempts - 1));
     return new Date(Date.now() + backoff);

@@ -5,7 +5,10 @@ import type { Runtime } from '../runtime.ts';
 import type { ApiKeyDoc, IssuedKey } from '../store/api-keys.ts';
 import type { TenantDoc } from '../store/tenants.ts';
 
-export function createTenant(rt: Runtime, input: { name: string; rateLimit?: RateLimitPolicy | null }): Promise<TenantDoc> {
+export function createTenant(
+  rt: Runtime,
+  input: { name: string; rateLimit?: RateLimitPolicy | null },
+): Promise<TenantDoc> {
   return rt.stores.tenants.create(input);
 }
 
@@ -14,10 +17,15 @@ export function listTenants(rt: Runtime, limit: number): Promise<TenantDoc[]> {
 }
 
 /** Issues an API key for an existing tenant; the token (secret included) is in the result only, never stored. */
-export async function issueApiKey(rt: Runtime, input: { tenantId: string; scopes: Scope[]; description?: string; expiresAt?: Date | null }): Promise<IssuedKey> {
+export async function issueApiKey(
+  rt: Runtime,
+  input: { tenantId: string; scopes: Scope[]; description?: string; expiresAt?: Date | null },
+): Promise<IssuedKey> {
   if (!(await rt.stores.tenants.get(input.tenantId))) throw errors.notFound('tenant');
   if (input.expiresAt && input.expiresAt.getTime() <= Date.now()) {
-    throw errors.unprocessable('expiresAt must be in the future', { errors: [{ path: 'body.expiresAt', message: 'must be in the future' }] });
+    throw errors.unprocessable('expiresAt must be in the future', {
+      errors: [{ path: 'body.expiresAt', message: 'must be in the future' }],
+    });
   }
   return rt.stores.apiKeys.issue(input);
 }
@@ -27,12 +35,19 @@ export function listApiKeys(rt: Runtime, filter: { tenantId?: string }, limit: n
 }
 
 /** Issues a successor key; the old one keeps working for the grace period, then stops on every process. */
-export async function rotateApiKey(rt: Runtime, keyId: string, gracePeriodSeconds: number): Promise<{ issued: IssuedKey; old: ApiKeyDoc }> {
+export async function rotateApiKey(
+  rt: Runtime,
+  keyId: string,
+  gracePeriodSeconds: number,
+): Promise<{ issued: IssuedKey; old: ApiKeyDoc }> {
   const rotated = await rt.stores.apiKeys.rotate(keyId, gracePeriodSeconds);
   if (!rotated) throw errors.notFound('API key');
   if ('refused' in rotated) {
     const { status, rotatedTo } = rotated.refused;
-    throw errors.transitionIllegal(rotatedTo ? `this key was already rotated to ${rotatedTo}` : `a ${status} key cannot be rotated`, rotatedTo ? 'rotated' : status);
+    throw errors.transitionIllegal(
+      rotatedTo ? `this key was already rotated to ${rotatedTo}` : `a ${status} key cannot be rotated`,
+      rotatedTo ? 'rotated' : status,
+    );
   }
   await rt.credentials.invalidate('key', keyId);
   return rotated;

@@ -22,7 +22,13 @@ async function verifyDoc(rt: Runtime, doc: ArtifactDoc): Promise<Verification> {
   // The settlement does not depend on the checks: read it while they run.
   const settlementRead = (async () => {
     const s = await rt.stores.settlements.byRun(artifact.runId);
-    return s && { status: (await readSettlement(rt.stores.settlements, rt.stores.ledger, s)).view.status, amount: s.amount, currency: s.currency };
+    return (
+      s && {
+        status: (await readSettlement(rt.stores.settlements, rt.stores.ledger, s)).view.status,
+        amount: s.amount,
+        currency: s.currency,
+      }
+    );
   })();
   let result = cache.get(doc._id);
   if (!result) {
@@ -63,7 +69,8 @@ export async function verifyPublic(rt: Runtime, id: string): Promise<Verificatio
 export async function verifyRun(rt: Runtime, tenantId: string, runId: string): Promise<Verification & { run: RunDoc }> {
   const run = await rt.stores.runs.get(tenantId, runId);
   if (!run) throw errors.notFound('run');
-  if (run.status !== 'finalized' || !run.artifactId) throw errors.transitionIllegal('the run has no artifact yet', run.status);
+  if (run.status !== 'finalized' || !run.artifactId)
+    throw errors.transitionIllegal('the run has no artifact yet', run.status);
   const doc = await rt.stores.runs.getArtifactDoc(run.artifactId);
   if (!doc) throw errors.notFound('artifact');
   return { ...(await verifyDoc(rt, doc)), run };

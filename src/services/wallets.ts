@@ -25,7 +25,9 @@ export interface CreditInput {
  * same); a reference with a ':' gets the wallet id length-prefixed instead.
  */
 export function creditEntryId(walletId: string, reference: string): string {
-  return reference.includes(':') ? `credit~${walletId.length}~${walletId}:${reference}` : `credit:${walletId}:${reference}`;
+  return reference.includes(':')
+    ? `credit~${walletId.length}~${walletId}:${reference}`
+    : `credit:${walletId}:${reference}`;
 }
 
 /**
@@ -40,17 +42,29 @@ export async function creditWallet(rt: Runtime, input: CreditInput): Promise<Wal
   let wallet = await ledger.getWallet(walletId);
   if (!wallet) {
     const tenantId = agent?.tenantId ?? input.tenantId;
-    if (!tenantId) throw errors.unprocessable('a new sponsor wallet needs tenantId', { errors: [{ path: 'body.tenantId', message: 'required for a new sponsor wallet' }] });
+    if (!tenantId)
+      throw errors.unprocessable('a new sponsor wallet needs tenantId', {
+        errors: [{ path: 'body.tenantId', message: 'required for a new sponsor wallet' }],
+      });
     if (!agent && !(await tenants.get(tenantId))) throw errors.notFound('tenant');
     wallet = await ledger.ensureWallet(walletId, tenantId, agent ? 'agent' : 'sponsor');
   }
   const entryId = creditEntryId(walletId, reference ?? newId('crd'));
   try {
-    await ledger.apply({ _id: entryId, tenantId: wallet.tenantId, kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: { walletId } });
+    await ledger.apply({
+      _id: entryId,
+      tenantId: wallet.tenantId,
+      kind: 'credit',
+      currency,
+      legs: [{ walletId, bucket: 'available', delta: amount }],
+      ref: { walletId },
+    });
   } catch (err) {
     // The ledger refuses an entry id asked for another movement: here, a reference reused with another amount.
     if (err instanceof ServiceError && err.code === 'TRANSITION_ILLEGAL') {
-      throw errors.conflict('TRANSITION_ILLEGAL', `reference ${reference} was already used for another credit`, { status: 'applied' });
+      throw errors.conflict('TRANSITION_ILLEGAL', `reference ${reference} was already used for another credit`, {
+        status: 'applied',
+      });
     }
     throw err;
   }
@@ -70,9 +84,17 @@ export async function getWallet(rt: Runtime, tenantId: string, walletId: string)
 }
 
 /** A page of the wallet's balance changes, newest first; `cursor` is the previous page's `nextCursor`. */
-export async function listWalletEntries(rt: Runtime, tenantId: string, walletId: string, page: { limit: number; cursor?: string }): Promise<{ items: PostingDoc[]; nextCursor: string | null }> {
+export async function listWalletEntries(
+  rt: Runtime,
+  tenantId: string,
+  walletId: string,
+  page: { limit: number; cursor?: string },
+): Promise<{ items: PostingDoc[]; nextCursor: string | null }> {
   const wallet = await walletOf(rt, tenantId, walletId);
   const listed = await rt.stores.ledger.listPostings(wallet._id, page.limit, page.cursor);
-  if (!listed) throw errors.unprocessable('cursor is not one this API issued', { errors: [{ path: 'querystring.cursor', message: 'invalid' }] });
+  if (!listed)
+    throw errors.unprocessable('cursor is not one this API issued', {
+      errors: [{ path: 'querystring.cursor', message: 'invalid' }],
+    });
   return listed;
 }

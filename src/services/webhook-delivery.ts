@@ -1,10 +1,25 @@
-import { DISABLE_AFTER_FAILING_MS, eventBody, MAX_ATTEMPTS, parseRetryAfter, retryDelayMs, signedHeaders } from '../domain/webhook-signing.ts';
+import {
+  DISABLE_AFTER_FAILING_MS,
+  eventBody,
+  MAX_ATTEMPTS,
+  parseRetryAfter,
+  retryDelayMs,
+  signedHeaders,
+} from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import type { WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
 import { bucketEnd, bucketOf, type DueEntry } from '../store/webhook-due.ts';
 import type { WebhookEndpoint } from '../store/webhook-endpoints.ts';
 import { errors } from '../domain/errors.ts';
-import { DELIVER_JOB, deliverJobId, fanOutJobId, leaseKey, RECOVER_JOB, recoverJobId, takeoverJobId } from '../webhooks/jobs.ts';
+import {
+  DELIVER_JOB,
+  deliverJobId,
+  fanOutJobId,
+  leaseKey,
+  RECOVER_JOB,
+  recoverJobId,
+  takeoverJobId,
+} from '../webhooks/jobs.ts';
 import { destinationRefusal, sendWebhook, type Resolver, type SendResult } from '../webhooks/send.ts';
 
 // Delivering events to webhook endpoints; durability, step by step (a worker may be SIGKILLed at any point):
@@ -21,8 +36,19 @@ import { destinationRefusal, sendWebhook, type Resolver, type SendResult } from 
 
 /** Enqueues the attempt of a delivery at its current revision, after `delayMs`. */
 export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delayMs: number): Promise<void> {
-  const payload = { kind: 'deliver' as const, tenantId: delivery.tenantId, deliveryId: delivery._id, rev: delivery.rev };
-  return rt.producers.schedule('webhook-dispatch', payload, deliverJobId(delivery._id, delivery.rev), delayMs, DELIVER_JOB);
+  const payload = {
+    kind: 'deliver' as const,
+    tenantId: delivery.tenantId,
+    deliveryId: delivery._id,
+    rev: delivery.rev,
+  };
+  return rt.producers.schedule(
+    'webhook-dispatch',
+    payload,
+    deliverJobId(delivery._id, delivery.rev),
+    delayMs,
+    DELIVER_JOB,
+  );
 }
 
 /**
@@ -31,14 +57,29 @@ export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delay
  * address the SSRF guard refuses now (422, the same check as every attempt; a name that no longer resolves is left
  * to the attempt, which records the failure).
  */
-export async function assertSendable(rt: Runtime, endpoint: WebhookEndpoint, options: { resolver?: Resolver } = {}): Promise<void> {
+export async function assertSendable(
+  rt: Runtime,
+  endpoint: WebhookEndpoint,
+  options: { resolver?: Resolver } = {},
+): Promise<void> {
   if (endpoint.url === null) {
-    throw errors.conflict('WEBHOOK_ENDPOINT_PULL', 'a pull endpoint is never sent to: read its events at GET /v1/webhooks/{id}/events', { delivery: 'pull' });
+    throw errors.conflict(
+      'WEBHOOK_ENDPOINT_PULL',
+      'a pull endpoint is never sent to: read its events at GET /v1/webhooks/{id}/events',
+      { delivery: 'pull' },
+    );
   }
   if (endpoint.status === 'disabled') {
-    throw errors.conflict('WEBHOOK_ENDPOINT_DISABLED', `the endpoint is disabled (${endpoint.disabledReason ?? 'no reason given'}); enable it first`, { disabledReason: endpoint.disabledReason });
+    throw errors.conflict(
+      'WEBHOOK_ENDPOINT_DISABLED',
+      `the endpoint is disabled (${endpoint.disabledReason ?? 'no reason given'}); enable it first`,
+      { disabledReason: endpoint.disabledReason },
+    );
   }
-  const refusal = await destinationRefusal(endpoint.url, { allowPrivateAddresses: rt.config.webhooks.allowPrivateAddresses, resolver: options.resolver });
+  const refusal = await destinationRefusal(endpoint.url, {
+    allowPrivateAddresses: rt.config.webhooks.allowPrivateAddresses,
+    resolver: options.resolver,
+  });
   if (refusal) throw errors.destinationRefused(`deliveries to this endpoint are refused: ${refusal}`);
 }
 
@@ -49,14 +90,28 @@ export async function assertSendable(rt: Runtime, endpoint: WebhookEndpoint, opt
  * the enqueue is found by the sweeper.
  */
 export async function sendAgain(rt: Runtime, delivery: WebhookDeliveryDoc): Promise<WebhookDeliveryDoc | null> {
-  const due = await rt.stores.webhookDeliveries.transition(delivery, { status: 'pending', nextAttemptAt: new Date(), lastError: delivery.lastError, roundAttempts: 0 });
-  if (due) await scheduleAttempt(rt, due, 0).catch((err: Error) => rt.logger.warn({ deliveryId: due._id, err: err.message }, 'resent delivery left to the sweeper'));
+  const due = await rt.stores.webhookDeliveries.transition(delivery, {
+    status: 'pending',
+    nextAttemptAt: new Date(),
+    lastError: delivery.lastError,
+    roundAttempts: 0,
+  });
+  if (due)
+    await scheduleAttempt(rt, due, 0).catch((err: Error) =>
+      rt.logger.warn({ deliveryId: due._id, err: err.message }, 'resent delivery left to the sweeper'),
+    );
   return due;
 }
 
 /** Enqueues a recovery's job (one per recovery, whoever asks). */
 export function scheduleRecovery(rt: Runtime, recovery: { tenantId: string; _id: string }): Promise<void> {
-  return rt.producers.schedule('webhook-dispatch', { kind: 'recover', tenantId: recovery.tenantId, recoveryId: recovery._id }, recoverJobId(recovery._id), 0, RECOVER_JOB);
+  return rt.producers.schedule(
+    'webhook-dispatch',
+    { kind: 'recover', tenantId: recovery.tenantId, recoveryId: recovery._id },
+    recoverJobId(recovery._id),
+    0,
+    RECOVER_JOB,
+  );
 }
 
 /** Positions a recovery job looks at between progress notes. */
@@ -68,7 +123,10 @@ const RECOVERY_BATCH = 100;
  * again): each delivery it sends is first claimed by a unique insert `<recoveryId>#<position>` holding the revision
  * it was failed at, and sent only while it is still at that revision, so each is sent again once per recovery.
  */
-export async function runRecovery(rt: Runtime, input: { tenantId: string; recoveryId: string }): Promise<{ queued: number; scannedDownTo: number }> {
+export async function runRecovery(
+  rt: Runtime,
+  input: { tenantId: string; recoveryId: string },
+): Promise<{ queued: number; scannedDownTo: number }> {
   const deliveries = rt.stores.webhookDeliveries;
   const recovery = await deliveries.recoveryOf(input.recoveryId);
   if (!recovery || recovery.tenantId !== input.tenantId) return { queued: 0, scannedDownTo: 0 };
@@ -111,11 +169,16 @@ export async function fanOut(rt: Runtime, input: { tenantId: string; eventId: st
   const now = new Date();
   // The tenant's few endpoints, read by id; subscription, status and age are decided here, not by a query.
   const subscribers = (await endpoints.allOfTenant(event.tenantId)).filter(
-    (e) => e.status !== 'revoked' && e.events.includes(event.type) && e.createdAt.getTime() <= event.createdAt.getTime() && (event.test !== true || e.includeTestEvents === true),
+    (e) =>
+      e.status !== 'revoked' &&
+      e.events.includes(event.type) &&
+      e.createdAt.getTime() <= event.createdAt.getTime() &&
+      (event.test !== true || e.includeTestEvents === true),
   );
   for (const endpoint of subscribers) {
     const delivery = await deliveries.ensure({ eventId: event._id, eventType: event.type, endpoint, now });
-    if (delivery.status === 'pending') await scheduleAttempt(rt, delivery, (delivery.nextAttemptAt?.getTime() ?? now.getTime()) - Date.now());
+    if (delivery.status === 'pending')
+      await scheduleAttempt(rt, delivery, (delivery.nextAttemptAt?.getTime() ?? now.getTime()) - Date.now());
   }
   await outbox.markFannedOut(event._id, new Date());
   return { deliveries: subscribers.length };
@@ -128,7 +191,11 @@ export interface AttemptOutcome {
 }
 
 /** Makes one attempt of a pending delivery (the caller holds its lease) and records the outcome. */
-export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, options: { resolver?: Resolver } = {}): Promise<AttemptOutcome> {
+export async function attemptDelivery(
+  rt: Runtime,
+  current: WebhookDeliveryDoc,
+  options: { resolver?: Resolver } = {},
+): Promise<AttemptOutcome> {
   const { config } = rt;
   const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = rt.stores;
   const log = rt.logger.child({ component: 'webhook-dispatch' });
@@ -140,11 +207,19 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
     return { status: 'cancelled' };
   }
   if (endpoint.status === 'disabled') {
-    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `endpoint disabled: ${endpoint.disabledReason ?? ''}` });
+    await deliveries.transition(current, {
+      status: 'abandoned',
+      nextAttemptAt: null,
+      lastError: `endpoint disabled: ${endpoint.disabledReason ?? ''}`,
+    });
     return { status: 'abandoned' };
   }
   if (!event) {
-    await deliveries.transition(current, { status: 'cancelled', nextAttemptAt: null, lastError: 'event no longer exists' });
+    await deliveries.transition(current, {
+      status: 'cancelled',
+      nextAttemptAt: null,
+      lastError: 'event no longer exists',
+    });
     return { status: 'cancelled' };
   }
   if (endpoint.url === null) {
@@ -160,28 +235,65 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
   const startedAt = new Date();
   let headers: Record<string, string> | null = null;
   try {
-    headers = { ...signedHeaders(endpoints.signingSecrets(endpoint, startedAt), event._id, Math.floor(startedAt.getTime() / 1000), body) };
+    headers = {
+      ...signedHeaders(
+        endpoints.signingSecrets(endpoint, startedAt),
+        event._id,
+        Math.floor(startedAt.getTime() / 1000),
+        body,
+      ),
+    };
   } catch {
     // Unreadable sealed secret (WEBHOOK_SECRET_KEY changed?): an attempt that fails without sending anything.
     log.error({ tenantId, endpointId: endpoint._id }, 'cannot decrypt the webhook endpoint secret');
   }
   const result: SendResult = headers
-    ? await sendWebhook(url, body, headers, { timeoutMs: config.webhooks.timeoutMs, allowPrivateAddresses: config.webhooks.allowPrivateAddresses, resolver: options.resolver })
-    : { ok: false, statusCode: null, durationMs: 0, retryAfter: null, error: 'the endpoint secret cannot be decrypted; rotate it', refused: false };
-  const attempt = { startedAt, durationMs: result.durationMs, statusCode: result.statusCode, error: result.ok ? null : result.error, succeeded: result.ok };
-  const logFields = { tenantId, endpointId: endpoint._id, deliveryId, eventId: event._id, attempt: current.attemptCount + 1, statusCode: result.statusCode, durationMs: result.durationMs };
+    ? await sendWebhook(url, body, headers, {
+        timeoutMs: config.webhooks.timeoutMs,
+        allowPrivateAddresses: config.webhooks.allowPrivateAddresses,
+        resolver: options.resolver,
+      })
+    : {
+        ok: false,
+        statusCode: null,
+        durationMs: 0,
+        retryAfter: null,
+        error: 'the endpoint secret cannot be decrypted; rotate it',
+        refused: false,
+      };
+  const attempt = {
+    startedAt,
+    durationMs: result.durationMs,
+    statusCode: result.statusCode,
+    error: result.ok ? null : result.error,
+    succeeded: result.ok,
+  };
+  const logFields = {
+    tenantId,
+    endpointId: endpoint._id,
+    deliveryId,
+    eventId: event._id,
+    attempt: current.attemptCount + 1,
+    statusCode: result.statusCode,
+    durationMs: result.durationMs,
+  };
 
   if (result.ok) {
     await deliveries.transition(current, { status: 'succeeded', nextAttemptAt: null, lastError: null }, attempt);
     // Health bookkeeping only when it changes something that matters (a write per delivery is costly on FerretDB).
     const now = Date.now();
-    if (endpoint.failingSince || !endpoint.lastSuccessAt || now - endpoint.lastSuccessAt.getTime() > 60_000) await endpoints.markSuccess(endpoint._id, new Date(now));
+    if (endpoint.failingSince || !endpoint.lastSuccessAt || now - endpoint.lastSuccessAt.getTime() > 60_000)
+      await endpoints.markSuccess(endpoint._id, new Date(now));
     log.info(logFields, 'webhook delivered');
     return { status: 'succeeded' };
   }
 
   if (result.statusCode === 410) {
-    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` }, attempt);
+    await deliveries.transition(
+      current,
+      { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` },
+      attempt,
+    );
     await disableEndpoint(rt, endpoint, 'the receiver answered 410 Gone');
     log.info(logFields, 'webhook receiver is gone');
     return { status: 'abandoned' };
@@ -192,7 +304,11 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
   const failingSince = endpoint.failingSince ?? startedAt;
   const disableAfter = DISABLE_AFTER_FAILING_MS * config.webhooks.retryScale;
   if (disableAfter > 0 && Date.now() - failingSince.getTime() >= disableAfter) {
-    await deliveries.transition(current, { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` }, attempt);
+    await deliveries.transition(
+      current,
+      { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` },
+      attempt,
+    );
     await disableEndpoint(rt, endpoint, `every delivery failed since ${failingSince.toISOString()}`);
     log.info({ ...logFields, error: result.error }, 'webhook attempt failed');
     return { status: 'abandoned' };
@@ -200,21 +316,34 @@ export async function attemptDelivery(rt: Runtime, current: WebhookDeliveryDoc, 
 
   const nextIndex = current.roundAttempts + 1;
   const retrying = nextIndex < MAX_ATTEMPTS;
-  const delayMs = retrying ? retryDelayMs(nextIndex, config.webhooks.retryScale, parseRetryAfter(result.retryAfter)) : 0;
+  const delayMs = retrying
+    ? retryDelayMs(nextIndex, config.webhooks.retryScale, parseRetryAfter(result.retryAfter))
+    : 0;
   const next = await deliveries.transition(
     current,
-    { status: retrying ? 'pending' : 'failed', nextAttemptAt: retrying ? new Date(Date.now() + delayMs) : null, lastError: result.error },
+    {
+      status: retrying ? 'pending' : 'failed',
+      nextAttemptAt: retrying ? new Date(Date.now() + delayMs) : null,
+      lastError: result.error,
+    },
     attempt,
   );
   log.info({ ...logFields, error: result.error, retryInMs: retrying ? delayMs : null }, 'webhook attempt failed');
   if (!endpoint.failingSince) await endpoints.markFailing(endpoint._id, startedAt);
-  return { status: retrying ? 'retrying' : 'failed', ...(next && retrying ? { next: { delivery: next, delayMs } } : {}) };
+  return {
+    status: retrying ? 'retrying' : 'failed',
+    ...(next && retrying ? { next: { delivery: next, delayMs } } : {}),
+  };
 }
 
 /** Disables an active endpoint (a new revision); its pending deliveries are abandoned as their attempts come due. */
 async function disableEndpoint(rt: Runtime, endpoint: WebhookEndpoint, reason: string): Promise<void> {
   const endpoints = rt.stores.webhookEndpoints;
-  for (let current: WebhookEndpoint | null = endpoint; current && current.status === 'active'; current = await endpoints.get(endpoint._id)) {
+  for (
+    let current: WebhookEndpoint | null = endpoint;
+    current && current.status === 'active';
+    current = await endpoints.get(endpoint._id)
+  ) {
     if (await endpoints.change(current, { status: 'disabled', disabledReason: reason, disabledAt: new Date() })) {
       rt.logger.warn({ tenantId: endpoint.tenantId, endpointId: endpoint._id, reason }, 'webhook endpoint disabled');
       return;
@@ -229,7 +358,10 @@ type DueCheck = 'done' | 'waiting' | 'enqueued';
  * for due work that has none, and clears past buckets whose work is all done. Reads only what is due, by `_id`.
  * Safe to run concurrently: job ids are derived, so overlapping sweeps enqueue one job.
  */
-export async function sweepWebhookWork(rt: Runtime, options: { batch: number; now?: number }): Promise<{ events: number; deliveries: number }> {
+export async function sweepWebhookWork(
+  rt: Runtime,
+  options: { batch: number; now?: number },
+): Promise<{ events: number; deliveries: number }> {
   const due = rt.stores.webhookDue;
   const counts = { events: 0, deliveries: 0 };
   const start = await due.cursor();
@@ -266,7 +398,8 @@ export async function sweepWebhookWork(rt: Runtime, options: { batch: number; no
       await due.remember(bucket, firstLive ?? entries.at(-1)!.n + 1, done);
     }
   }
-  if (counts.events + counts.deliveries > 0) rt.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
+  if (counts.events + counts.deliveries > 0)
+    rt.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
   return counts;
 }
 
@@ -274,7 +407,11 @@ async function checkDueEntry(rt: Runtime, entry: DueEntry, bucket: number, now: 
   if (entry.kind === 'fan-out') {
     const event = await rt.stores.outbox.get(entry.eventId);
     if (!event || event.fannedOutAt) return 'done';
-      const state = await rt.producers.ensure('webhook-dispatch', { tenantId: event.tenantId, eventId: event._id }, fanOutJobId(event._id));
+    const state = await rt.producers.ensure(
+      'webhook-dispatch',
+      { tenantId: event.tenantId, eventId: event._id },
+      fanOutJobId(event._id),
+    );
     return state === 'live' ? 'waiting' : 'enqueued';
   }
   const d = await rt.stores.webhookDeliveries.get(entry.deliveryId);

@@ -40,7 +40,8 @@ export interface FeedPage {
 function afterPosition(cursor: string | undefined): { position: number; at: Date } {
   if (cursor === undefined) return { position: 0, at: new Date(0) };
   const decoded = decodeCursor(cursor);
-  if (!decoded || !/^\d{1,15}$/.test(decoded.id)) throw invalid('querystring.after', 'is not a cursor this API returned');
+  if (!decoded || !/^\d{1,15}$/.test(decoded.id))
+    throw invalid('querystring.after', 'is not a cursor this API returned');
   return { position: Number(decoded.id), at: decoded.at };
 }
 
@@ -55,7 +56,10 @@ export async function readFeed(
   const { position: after, at: afterAt } = afterPosition(q.after);
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   const deliveries = rt.stores.webhookDeliveries;
-  const [head, expiredThrough] = await Promise.all([deliveries.lastPosition(endpoint._id), deliveries.retention.expiredThrough(endpoint._id)]);
+  const [head, expiredThrough] = await Promise.all([
+    deliveries.lastPosition(endpoint._id),
+    deliveries.retention.expiredThrough(endpoint._id),
+  ]);
   // Positions up to the retention's mark are gone: a cursor from before it goes on after it.
   let consumed = Math.max(after, Math.min(expiredThrough, head));
   const end = Math.min(head, consumed + FEED_SCAN_LIMIT);
@@ -65,7 +69,10 @@ export async function readFeed(
   let stopped = false;
   let next = consumed + 1;
   while (!stopped && next <= end && found.length < limit) {
-    const positions = Array.from({ length: Math.min(end - next + 1, Math.max(limit - found.length, 20)) }, (_, i) => next + i);
+    const positions = Array.from(
+      { length: Math.min(end - next + 1, Math.max(limit - found.length, 20)) },
+      (_, i) => next + i,
+    );
     next += positions.length;
     const slots = await Promise.all(positions.map((n) => deliveries.slotAt(endpoint._id, n)));
     for (const [i, { entry, delivery }] of slots.entries()) {

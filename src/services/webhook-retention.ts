@@ -68,7 +68,10 @@ async function expireOne(rt: Runtime, { member }: DueMember, cutoff: number, now
 }
 
 /** One sweep: up to `batch` due records, each removed, kept (re-scored) or backed off. */
-export async function sweepWebhookRetention(rt: Runtime, options: { batch: number; now?: number }): Promise<RetentionSweep> {
+export async function sweepWebhookRetention(
+  rt: Runtime,
+  options: { batch: number; now?: number },
+): Promise<RetentionSweep> {
   const now = options.now ?? Date.now();
   const cutoff = now - rt.config.webhooks.retentionDays * 86_400_000;
   const retention = rt.stores.webhookDeliveries.retention;
@@ -82,7 +85,10 @@ export async function sweepWebhookRetention(rt: Runtime, options: { batch: numbe
         } catch (err) {
           counts.failed++;
           const failures = await retention.backOff(item.member, cutoff).catch(() => null);
-          rt.logger.warn({ record: item.member.member, failures, err: (err as Error).message }, 'webhook record not removed; it backs off and is tried again');
+          rt.logger.warn(
+            { record: item.member.member, failures, err: (err as Error).message },
+            'webhook record not removed; it backs off and is tried again',
+          );
         }
       }),
     );

@@ -6,7 +6,13 @@ import { EVENT_TYPES, type EventType } from '../domain/events.ts';
 import { isAddressAllowed } from '../domain/webhook-signing.ts';
 import type { Runtime } from '../runtime.ts';
 import { decodeCursor, encodeCursor } from '../store/paging.ts';
-import { deliveryIdFor, type DeliveryStatus, type WebhookAttemptDoc, type WebhookDeliveryDoc, type WebhookRecoveryDoc } from '../store/webhook-deliveries.ts';
+import {
+  deliveryIdFor,
+  type DeliveryStatus,
+  type WebhookAttemptDoc,
+  type WebhookDeliveryDoc,
+  type WebhookRecoveryDoc,
+} from '../store/webhook-deliveries.ts';
 import type { EndpointDelivery, WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
 import type { Resolver } from '../webhooks/send.ts';
 import { checkListQuery, invalid } from './lists.ts';
@@ -49,7 +55,12 @@ export function checkEndpointUrl(config: Config, raw: string): string {
   }
   const insecureOk = config.webhooks.allowInsecureUrls;
   if (parsed.protocol !== 'https:' && !(parsed.protocol === 'http:' && insecureOk)) {
-    throw fieldError('body.url', insecureOk ? 'url must use http or https' : 'url must use https (a deployment that must call http:// endpoints sets WEBHOOK_ALLOW_INSECURE_URLS=true)');
+    throw fieldError(
+      'body.url',
+      insecureOk
+        ? 'url must use http or https'
+        : 'url must use https (a deployment that must call http:// endpoints sets WEBHOOK_ALLOW_INSECURE_URLS=true)',
+    );
   }
   if (parsed.username || parsed.password) throw fieldError('body.url', 'url must not carry credentials');
   // Names are checked when delivering (their addresses can change); an address literal can be refused now.
@@ -57,7 +68,10 @@ export function checkEndpointUrl(config: Config, raw: string): string {
   if (isIP(host)) {
     const verdict = isAddressAllowed(host, config.webhooks.allowPrivateAddresses);
     if (!verdict.allowed) {
-      throw fieldError('body.url', `url points at a ${verdict.class} address, which deliveries may not reach (a deployment that must reach one, say a local receiver in development, sets WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true)`);
+      throw fieldError(
+        'body.url',
+        `url points at a ${verdict.class} address, which deliveries may not reach (a deployment that must reach one, say a local receiver in development, sets WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true)`,
+      );
     }
   }
   return url;
@@ -68,7 +82,9 @@ export function checkEventTypes(events: string[]): EventType[] {
   const unknown = [...new Set(events.filter((e) => !known.has(e)))];
   if (unknown.length > 0) {
     throw errors.unprocessable(`unknown event types: ${unknown.join(', ')}`, {
-      errors: events.flatMap((e, i) => (known.has(e) ? [] : [{ path: `body.events.${i}`, message: `unknown event type "${e}"` }])),
+      errors: events.flatMap((e, i) =>
+        known.has(e) ? [] : [{ path: `body.events.${i}`, message: `unknown event type "${e}"` }],
+      ),
       unknownEventTypes: unknown,
       allowedEventTypes: [...EVENT_TYPES],
     });
@@ -92,26 +108,51 @@ function cursorAt(position: number, at: Date): string {
 export async function registerEndpoint(
   rt: Runtime,
   tenantId: string,
-  input: { url?: string; delivery?: EndpointDelivery; events: string[]; description?: string; includeTestEvents?: boolean },
+  input: {
+    url?: string;
+    delivery?: EndpointDelivery;
+    events: string[];
+    description?: string;
+    includeTestEvents?: boolean;
+  },
 ) {
   const delivery = input.delivery ?? 'push';
   // A push endpoint needs somewhere to send; a pull endpoint (a receiver that cannot host webhooks) has nowhere.
-  if (delivery === 'push' && input.url === undefined) throw fieldError('body.url', 'url is required (or register with delivery "pull" and read GET /v1/webhooks/{id}/events)');
-  if (delivery === 'pull' && input.url !== undefined) throw fieldError('body.url', 'a pull endpoint has no url: its events are read through GET /v1/webhooks/{id}/events');
+  if (delivery === 'push' && input.url === undefined)
+    throw fieldError(
+      'body.url',
+      'url is required (or register with delivery "pull" and read GET /v1/webhooks/{id}/events)',
+    );
+  if (delivery === 'pull' && input.url !== undefined)
+    throw fieldError(
+      'body.url',
+      'a pull endpoint has no url: its events are read through GET /v1/webhooks/{id}/events',
+    );
   const url = input.url === undefined ? null : checkEndpointUrl(rt.config, input.url);
   const events = checkEventTypes(input.events);
-  return rt.stores.webhookEndpoints.create(tenantId, { url, delivery, events, description: input.description ?? null, includeTestEvents: input.includeTestEvents ?? false });
+  return rt.stores.webhookEndpoints.create(tenantId, {
+    url,
+    delivery,
+    events,
+    description: input.description ?? null,
+    includeTestEvents: input.includeTestEvents ?? false,
+  });
 }
 
 /** A live endpoint of this tenant, or 404 (another tenant's and deleted ones alike). */
 export async function getEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<WebhookEndpoint> {
   const endpoint = await rt.stores.webhookEndpoints.get(endpointId);
-  if (!endpoint || endpoint.tenantId !== tenantId || endpoint.status === 'revoked') throw errors.notFound('webhook endpoint');
+  if (!endpoint || endpoint.tenantId !== tenantId || endpoint.status === 'revoked')
+    throw errors.notFound('webhook endpoint');
   return endpoint;
 }
 
 /** The tenant's live endpoints, newest first. */
-export async function listEndpoints(rt: Runtime, tenantId: string, page: { limit: number; cursor?: string }): Promise<Page<WebhookEndpoint>> {
+export async function listEndpoints(
+  rt: Runtime,
+  tenantId: string,
+  page: { limit: number; cursor?: string },
+): Promise<Page<WebhookEndpoint>> {
   const before = positionOf(page.cursor) ?? Number.MAX_SAFE_INTEGER;
   const live = (await rt.stores.webhookEndpoints.allOfTenant(tenantId))
     .filter((e) => e.status !== 'revoked' && e.seq < before)
@@ -155,7 +196,11 @@ export async function rotateSecret(rt: Runtime, tenantId: string, endpointId: st
 }
 
 /** Makes the endpoint active again (harmless on an active one) and replays its failed and abandoned deliveries. */
-export async function enableEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<{ endpoint: WebhookEndpoint; replayed: number }> {
+export async function enableEndpoint(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+): Promise<{ endpoint: WebhookEndpoint; replayed: number }> {
   const enabled = await changeEndpoint(rt, tenantId, endpointId, (current) =>
     current.status === 'disabled' ? { status: 'active', disabledReason: null, disabledAt: null } : null,
   );
@@ -176,10 +221,17 @@ async function replayParked(rt: Runtime, endpoint: WebhookEndpoint): Promise<num
   for (let n = endpoint.replayedThrough + 1; n <= last; n++) {
     const parked = await deliveries.parkedAt(endpoint._id, n);
     if (parked && (parked.status === 'failed' || parked.status === 'abandoned')) {
-      const due = await deliveries.transition(parked, { status: 'pending', nextAttemptAt: new Date(), lastError: parked.lastError, roundAttempts: 0 });
+      const due = await deliveries.transition(parked, {
+        status: 'pending',
+        nextAttemptAt: new Date(),
+        lastError: parked.lastError,
+        roundAttempts: 0,
+      });
       if (due && replayed++ < REPLAY_ENQUEUE_LIMIT) {
         // If Redis refuses, the sweeper finds the delivery through its due entry.
-        await scheduleAttempt(rt, due, 0).catch((err: Error) => rt.logger.warn({ deliveryId: due._id, err: err.message }, 'replayed delivery left to the sweeper'));
+        await scheduleAttempt(rt, due, 0).catch((err: Error) =>
+          rt.logger.warn({ deliveryId: due._id, err: err.message }, 'replayed delivery left to the sweeper'),
+        );
       }
     }
   }
@@ -203,13 +255,19 @@ export interface DeliveryListQuery {
  * (services/lists.ts). It walks the endpoint's delivery index down from the cursor by `_id`, reading at most
  * MAX_POSITIONS_PER_PAGE positions; a filtered page that ran out of them holds fewer items and a cursor to go on.
  */
-export async function listDeliveries(rt: Runtime, tenantId: string, endpointId: string, q: DeliveryListQuery): Promise<Page<DeliveryWithAttempts>> {
+export async function listDeliveries(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  q: DeliveryListQuery,
+): Promise<Page<DeliveryWithAttempts>> {
   const { limit, createdAfter, createdBefore, before } = checkListQuery(q);
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   const deliveries = rt.stores.webhookDeliveries;
   let position: number;
   if (before) {
-    if (!/^\d{1,15}$/.test(before.id) || Number(before.id) < 1) throw invalid('querystring.cursor', 'is not a cursor this API returned');
+    if (!/^\d{1,15}$/.test(before.id) || Number(before.id) < 1)
+      throw invalid('querystring.cursor', 'is not a cursor this API returned');
     position = Number(before.id);
   } else {
     position = (await deliveries.lastPosition(endpoint._id)) + 1;
@@ -220,7 +278,10 @@ export async function listDeliveries(rt: Runtime, tenantId: string, endpointId: 
   let reachedAfter = false;
   while (position > floor && items.length < limit && !reachedAfter) {
     // A batch of positions read at once; those beyond the page's limit are read again by the next page.
-    const positions = Array.from({ length: Math.min(Math.max(limit - items.length, 10), position - floor) }, (_, i) => position - 1 - i);
+    const positions = Array.from(
+      { length: Math.min(Math.max(limit - items.length, 10), position - floor) },
+      (_, i) => position - 1 - i,
+    );
     const batch = await Promise.all(positions.map((n) => deliveries.atPosition(endpoint._id, n)));
     for (const d of batch) {
       if (d && createdAfter && d.createdAt.getTime() < createdAfter.getTime() - CREATION_ORDER_SLACK_MS) {
@@ -252,26 +313,53 @@ const RECOVERY_READ_LIMIT = 10_000;
  * Sends a `webhook.test` event to this endpoint alone (whatever it subscribes to), signed and retried like any
  * delivery; the delivery is listed with the others. A pull endpoint gets it stored, next in its feed.
  */
-export async function sendTestEvent(rt: Runtime, tenantId: string, endpointId: string, options: { resolver?: Resolver } = {}) {
+export async function sendTestEvent(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  options: { resolver?: Resolver } = {},
+) {
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   if (endpoint.url !== null) await assertSendable(rt, endpoint, options);
   const now = new Date();
   const data = { endpointId, message: 'a test event sent on request; it changes nothing' };
-  const event = await rt.stores.outbox.recordForOneEndpoint(tenantId, 'webhook.test', data, `webhook.test:${endpointId}:${randomUUID()}`);
-  const delivery = await rt.stores.webhookDeliveries.ensure({ eventId: event._id, eventType: 'webhook.test', endpoint, now });
+  const event = await rt.stores.outbox.recordForOneEndpoint(
+    tenantId,
+    'webhook.test',
+    data,
+    `webhook.test:${endpointId}:${randomUUID()}`,
+  );
+  const delivery = await rt.stores.webhookDeliveries.ensure({
+    eventId: event._id,
+    eventType: 'webhook.test',
+    endpoint,
+    now,
+  });
   if (delivery.status !== 'pending') return { event, delivery }; // stored for a pull endpoint's feed
   // If Redis refuses, the sweeper finds the pending delivery through its due entry.
-  await scheduleAttempt(rt, delivery, 0).catch((err: Error) => rt.logger.warn({ deliveryId: delivery._id, err: err.message }, 'test delivery left to the sweeper'));
+  await scheduleAttempt(rt, delivery, 0).catch((err: Error) =>
+    rt.logger.warn({ deliveryId: delivery._id, err: err.message }, 'test delivery left to the sweeper'),
+  );
   return { event, delivery };
 }
 
 /** Sends one delivery of this endpoint again: same event id and body, a new attempt (409 while one is already due). */
-export async function resendDelivery(rt: Runtime, tenantId: string, endpointId: string, deliveryId: string, options: { resolver?: Resolver } = {}): Promise<WebhookDeliveryDoc> {
+export async function resendDelivery(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  deliveryId: string,
+  options: { resolver?: Resolver } = {},
+): Promise<WebhookDeliveryDoc> {
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   const delivery = await rt.stores.webhookDeliveries.get(deliveryId);
-  if (!delivery || delivery.endpointId !== endpoint._id || delivery.tenantId !== tenantId) throw errors.notFound('webhook delivery');
+  if (!delivery || delivery.endpointId !== endpoint._id || delivery.tenantId !== tenantId)
+    throw errors.notFound('webhook delivery');
   await assertSendable(rt, endpoint, options);
-  const pending = () => errors.conflict('WEBHOOK_DELIVERY_PENDING', 'an attempt of this delivery is already due; it needs no resend', { nextAttemptAt: delivery.nextAttemptAt?.toISOString() ?? null });
+  const pending = () =>
+    errors.conflict('WEBHOOK_DELIVERY_PENDING', 'an attempt of this delivery is already due; it needs no resend', {
+      nextAttemptAt: delivery.nextAttemptAt?.toISOString() ?? null,
+    });
   if (delivery.status === 'pending') throw pending();
   const due = await sendAgain(rt, delivery);
   if (!due) throw pending(); // a concurrent resend or replay moved it first
@@ -279,7 +367,13 @@ export async function resendDelivery(rt: Runtime, tenantId: string, endpointId: 
 }
 
 /** Asks for every failed (or abandoned) delivery of the endpoint created since `since` to be sent again, by a job. */
-export async function recoverFailed(rt: Runtime, tenantId: string, endpointId: string, since: Date, options: { resolver?: Resolver } = {}): Promise<WebhookRecoveryDoc> {
+export async function recoverFailed(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  since: Date,
+  options: { resolver?: Resolver } = {},
+): Promise<WebhookRecoveryDoc> {
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   if (since.getTime() > Date.now()) throw fieldError('body.since', 'since must not be in the future');
   await assertSendable(rt, endpoint, options);
@@ -307,16 +401,27 @@ export interface RecoveryProgress {
 }
 
 /** A recovery's progress, read back from its claims and their deliveries (by `_id`). */
-export async function getRecovery(rt: Runtime, tenantId: string, endpointId: string, recoveryId: string): Promise<RecoveryProgress> {
+export async function getRecovery(
+  rt: Runtime,
+  tenantId: string,
+  endpointId: string,
+  recoveryId: string,
+): Promise<RecoveryProgress> {
   const endpoint = await getEndpoint(rt, tenantId, endpointId);
   const deliveries = rt.stores.webhookDeliveries;
   const recovery = await deliveries.recoveryOf(recoveryId);
-  if (!recovery || recovery.tenantId !== tenantId || recovery.endpointId !== endpoint._id) throw errors.notFound('webhook recovery');
+  if (!recovery || recovery.tenantId !== tenantId || recovery.endpointId !== endpoint._id)
+    throw errors.notFound('webhook recovery');
   const low = Math.max(1, recovery.scannedDownTo, recovery.fromPosition - RECOVERY_READ_LIMIT + 1);
-  const positions = Array.from({ length: Math.max(0, recovery.fromPosition - low + 1) }, (_, i) => recovery.fromPosition - i);
+  const positions = Array.from(
+    { length: Math.max(0, recovery.fromPosition - low + 1) },
+    (_, i) => recovery.fromPosition - i,
+  );
   const counts = { queued: 0, sent: 0, failed: 0, pending: 0 };
   for (let i = 0; i < positions.length; i += 200) {
-    const items = (await Promise.all(positions.slice(i, i + 200).map((n) => deliveries.recoveryItemAt(recoveryId, n)))).filter((x) => x !== null);
+    const items = (
+      await Promise.all(positions.slice(i, i + 200).map((n) => deliveries.recoveryItemAt(recoveryId, n)))
+    ).filter((x) => x !== null);
     const now = await Promise.all(items.map((item) => deliveries.get(item!.deliveryId)));
     for (const [j, item] of items.entries()) {
       const d = now[j];
@@ -340,9 +445,19 @@ const RUN_EVENTS_LIMIT = 200;
  */
 export async function deliveriesOfRun(rt: Runtime, tenantId: string, runId: string): Promise<DeliveryWithAttempts[]> {
   if (!(await rt.stores.runs.get(tenantId, runId))) throw errors.notFound('run'); // another tenant's run alike
-  const [eventIds, endpoints] = await Promise.all([rt.stores.outbox.eventIdsOfRun(runId, RUN_EVENTS_LIMIT), rt.stores.webhookEndpoints.allOfTenant(tenantId)]);
-  const found = await Promise.all(eventIds.flatMap((eventId) => endpoints.map((endpoint) => rt.stores.webhookDeliveries.get(deliveryIdFor(eventId, endpoint._id)))));
-  return withAttempts(rt, found.filter((d): d is WebhookDeliveryDoc => d !== null && d.tenantId === tenantId));
+  const [eventIds, endpoints] = await Promise.all([
+    rt.stores.outbox.eventIdsOfRun(runId, RUN_EVENTS_LIMIT),
+    rt.stores.webhookEndpoints.allOfTenant(tenantId),
+  ]);
+  const found = await Promise.all(
+    eventIds.flatMap((eventId) =>
+      endpoints.map((endpoint) => rt.stores.webhookDeliveries.get(deliveryIdFor(eventId, endpoint._id))),
+    ),
+  );
+  return withAttempts(
+    rt,
+    found.filter((d): d is WebhookDeliveryDoc => d !== null && d.tenantId === tenantId),
+  );
 }
 
 /** Each delivery with its attempts, read side by side. */

@@ -38,7 +38,13 @@ export class X402Authorization {
   }
 
   private authorizationOf(gate: GateDoc, a: AuthorizationDoc): PaymentAuthorization {
-    return { authorizationRef: a.authorizationRef, token: a.token, tokenKid: a.tokenKid, expiresAt: a.expiresAt, reserve: { amount: gate.amount, currency: gate.currency, status: 'reserved' } };
+    return {
+      authorizationRef: a.authorizationRef,
+      token: a.token,
+      tokenKid: a.tokenKid,
+      expiresAt: a.expiresAt,
+      reserve: { amount: gate.amount, currency: gate.currency, status: 'reserved' },
+    };
   }
 
   /**
@@ -52,12 +58,19 @@ export class X402Authorization {
    */
   async authorizePayment(
     tenantId: string,
-    input: { gateId: string; quoteId: string; requestSha256: string; walletDecisionToken?: string; escalationOverrideToken?: string },
+    input: {
+      gateId: string;
+      quoteId: string;
+      requestSha256: string;
+      walletDecisionToken?: string;
+      escalationOverrideToken?: string;
+    },
   ): Promise<PaymentAuthorization> {
     const gate = await this.gates.requireGate(tenantId, input.gateId);
     let stateRead: Promise<GateState> | null = null;
     const readState = () => (stateRead ??= this.gates.checkState(gate));
-    if (input.escalationOverrideToken || gate.sponsorWalletId || this.store.knowsCommitment(gate._id)) void readState().catch(() => undefined);
+    if (input.escalationOverrideToken || gate.sponsorWalletId || this.store.knowsCommitment(gate._id))
+      void readState().catch(() => undefined);
     // Everything the checks read, read at once; the checks then run in the contract's order on what was read.
     const [lifecycle, funded, quoted, policy] = await Promise.allSettled([
       this.gates.requireLiveAgents(tenantId, [gate.payerAgentId, gate.payeeAgentId]),
@@ -68,7 +81,8 @@ export class X402Authorization {
     valueOf(lifecycle);
     const version = valueOf(policy);
     const state = stateRead !== null || version !== null ? await readState() : null;
-    if (state ? isTerminal(state.status) : !valueOf(funded)) throw await this.gates.terminal(gate, 'cannot be authorized');
+    if (state ? isTerminal(state.status) : !valueOf(funded))
+      throw await this.gates.terminal(gate, 'cannot be authorized');
     const now = new Date();
     const quote = await this.inGateOrder(gate, state, readState, () => {
       const checked = this.quotes.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
@@ -76,7 +90,8 @@ export class X402Authorization {
     });
 
     let escalationId: string | null = null;
-    if (input.escalationOverrideToken) escalationId = await this.checkOverride(gate, quote, input.escalationOverrideToken);
+    if (input.escalationOverrideToken)
+      escalationId = await this.checkOverride(gate, quote, input.escalationOverrideToken);
 
     const existing = state?.commitment;
     if (existing?.kind === 'authorization') return this.repeatAuthorization(gate, existing, quote);
@@ -84,28 +99,71 @@ export class X402Authorization {
     if (!escalationId) {
       const breach = await this.policyBreach(gate, quote, now, version);
       if (breach) {
-        const escalation = await this.escalations.escalate(gate, quote, breach.walletId, breach.breach, version?.policy.escalationTimeoutSeconds ?? null);
-        throw x402Error('X402_AUTHORIZATION_ESCALATION_REQUIRED', `${breach.breach.message}; a person must approve this payment`, { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule });
+        const escalation = await this.escalations.escalate(
+          gate,
+          quote,
+          breach.walletId,
+          breach.breach,
+          version?.policy.escalationTimeoutSeconds ?? null,
+        );
+        throw x402Error(
+          'X402_AUTHORIZATION_ESCALATION_REQUIRED',
+          `${breach.breach.message}; a person must approve this payment`,
+          { escalationId: escalation.escalation._id, status: escalationStatus(escalation), rule: breach.breach.rule },
+        );
       }
     } else {
       if (!(await this.store.recordOverrideUse(escalationId, gate._id, now))) {
         throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
       }
       const walletId = gate.escrowWalletId;
-      if (version) await this.policies.spendDaily(walletId, version.policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, false);
+      if (version)
+        await this.policies.spendDaily(
+          walletId,
+          version.policy,
+          `${walletId}#${gate._id}#${quote._id}`,
+          gate.amount,
+          now,
+          false,
+        );
     }
 
     const authorizationRef = newId('azn');
     const jti = newId('jti');
     const expiresAt = quote.expiresAt;
     const token = await this.tokens.sign(
-      { ...paymentTokenClaims({ authorizationRef, gateId: gate._id, quoteId: quote._id, requestSha256: quote.requestSha256, amount: gate.amount, currency: gate.currency, payee: gate.payeeAgentId, payer: gate.payerAgentId, network: this.runtime.config.x402.network }) },
+      {
+        ...paymentTokenClaims({
+          authorizationRef,
+          gateId: gate._id,
+          quoteId: quote._id,
+          requestSha256: quote.requestSha256,
+          amount: gate.amount,
+          currency: gate.currency,
+          payee: gate.payeeAgentId,
+          payer: gate.payerAgentId,
+          network: this.runtime.config.x402.network,
+        }),
+      },
       gate.payeeAgentId,
       gate.payerAgentId,
       expiresAt,
       jti,
     );
-    const doc: AuthorizationDoc = { _id: gate._id, tenantId, at: now, kind: 'authorization', authorizationRef, quoteId: quote._id, requestSha256: quote.requestSha256, token, tokenKid: this.runtime.keys.active.keyId, jti, expiresAt, escalationId };
+    const doc: AuthorizationDoc = {
+      _id: gate._id,
+      tenantId,
+      at: now,
+      kind: 'authorization',
+      authorizationRef,
+      quoteId: quote._id,
+      requestSha256: quote.requestSha256,
+      token,
+      tokenKid: this.runtime.keys.active.keyId,
+      jti,
+      expiresAt,
+      escalationId,
+    };
     failpoint('x402.authorize.checked');
     if (await this.store.recordAuthorization(doc)) {
       failpoint('x402.authorize.committed');
@@ -113,7 +171,8 @@ export class X402Authorization {
     }
     // The gate already had a commitment: the same authorization repeated (from another process), or it is closed.
     const committed = await this.gates.checkState(gate);
-    if (committed.commitment?.kind === 'authorization' && !isTerminal(committed.status)) return this.repeatAuthorization(gate, committed.commitment, quote);
+    if (committed.commitment?.kind === 'authorization' && !isTerminal(committed.status))
+      return this.repeatAuthorization(gate, committed.commitment, quote);
     throw await this.gates.terminal(gate, 'cannot be authorized');
   }
 
@@ -121,50 +180,99 @@ export class X402Authorization {
    * Runs checks that come after the gate's state in the contract's order. When the state was not read (the claim
    * would have checked it), a failing check reads it first: a closed gate is reported as closed, whatever else fails.
    */
-  private async inGateOrder<T>(gate: GateDoc, state: GateState | null, readState: () => Promise<GateState>, checks: () => Promise<T>): Promise<T> {
+  private async inGateOrder<T>(
+    gate: GateDoc,
+    state: GateState | null,
+    readState: () => Promise<GateState>,
+    checks: () => Promise<T>,
+  ): Promise<T> {
     try {
       return await checks();
     } catch (err) {
-      if (!state && isTerminal((await readState()).status)) throw await this.gates.terminal(gate, 'cannot be authorized');
+      if (!state && isTerminal((await readState()).status))
+        throw await this.gates.terminal(gate, 'cannot be authorized');
       throw err;
     }
   }
 
   /** A sponsored gate is authorized only with its sponsor wallet's decision for this very gate, quote and request. */
-  private async checkWalletDecision(gate: GateDoc, quote: QuoteDoc, walletDecisionToken: string | undefined): Promise<void> {
+  private async checkWalletDecision(
+    gate: GateDoc,
+    quote: QuoteDoc,
+    walletDecisionToken: string | undefined,
+  ): Promise<void> {
     if (!gate.sponsorWalletId) return;
-    const claims = walletDecisionToken ? await this.tokens.verifyOwnToken(walletDecisionToken, TOKEN_AUDIENCE.walletDecision) : null;
-    if (!claims) throw x402Error('X402_WALLET_DECISION_REQUIRED', walletDecisionToken ? 'the wallet decision token is invalid or expired' : 'this gate is sponsored: authorize with the sponsor wallet first', { walletId: gate.sponsorWalletId, reason: walletDecisionToken ? 'invalid' : 'missing' });
-    if (claims.walletId !== gate.sponsorWalletId || claims.gateId !== gate._id || claims.quoteId !== quote._id || claims.requestSha256 !== quote.requestSha256) {
-      throw x402Error('X402_WALLET_DECISION_REQUIRED', 'the wallet decision was made for another gate, quote or request', { walletId: gate.sponsorWalletId, reason: 'mismatch' });
+    const claims = walletDecisionToken
+      ? await this.tokens.verifyOwnToken(walletDecisionToken, TOKEN_AUDIENCE.walletDecision)
+      : null;
+    if (!claims)
+      throw x402Error(
+        'X402_WALLET_DECISION_REQUIRED',
+        walletDecisionToken
+          ? 'the wallet decision token is invalid or expired'
+          : 'this gate is sponsored: authorize with the sponsor wallet first',
+        { walletId: gate.sponsorWalletId, reason: walletDecisionToken ? 'invalid' : 'missing' },
+      );
+    if (
+      claims.walletId !== gate.sponsorWalletId ||
+      claims.gateId !== gate._id ||
+      claims.quoteId !== quote._id ||
+      claims.requestSha256 !== quote.requestSha256
+    ) {
+      throw x402Error(
+        'X402_WALLET_DECISION_REQUIRED',
+        'the wallet decision was made for another gate, quote or request',
+        { walletId: gate.sponsorWalletId, reason: 'mismatch' },
+      );
     }
   }
 
   /** A repeat while live gets the same token; the gate's one authorization is for one quote and request. */
   private repeatAuthorization(gate: GateDoc, a: AuthorizationDoc, quote: QuoteDoc): PaymentAuthorization {
-    if (a.quoteId !== quote._id) throw x402Error('X402_QUOTE_MISMATCH', 'the gate is authorized under another quote', { quoteId: quote._id });
+    if (a.quoteId !== quote._id)
+      throw x402Error('X402_QUOTE_MISMATCH', 'the gate is authorized under another quote', { quoteId: quote._id });
     return this.authorizationOf(gate, a);
   }
 
   /** The escrow wallet's policy limits (a payer's own wallet may have none: then nothing limits it). */
-  private async policyBreach(gate: GateDoc, quote: QuoteDoc, now: Date, version: PolicyVersionDoc | null): Promise<{ walletId: string; breach: PolicyBreach } | null> {
+  private async policyBreach(
+    gate: GateDoc,
+    quote: QuoteDoc,
+    now: Date,
+    version: PolicyVersionDoc | null,
+  ): Promise<{ walletId: string; breach: PolicyBreach } | null> {
     const walletId = gate.escrowWalletId;
-    if (!version) return gate.sponsorWalletId ? { walletId, breach: { rule: 'policy', message: 'the sponsor wallet has no policy' } } : null;
+    if (!version)
+      return gate.sponsorWalletId
+        ? { walletId, breach: { rule: 'policy', message: 'the sponsor wallet has no policy' } }
+        : null;
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const staticBreach = evaluateStaticPolicy(version.policy, call);
     if (staticBreach) return { walletId, breach: staticBreach };
     // A sponsored call's day was counted by its wallet decision (same key, so never twice); a payer's is counted here.
-    const daily = await this.policies.spendDaily(walletId, version.policy, `${walletId}#${gate._id}#${quote._id}`, gate.amount, now, true);
+    const daily = await this.policies.spendDaily(
+      walletId,
+      version.policy,
+      `${walletId}#${gate._id}#${quote._id}`,
+      gate.amount,
+      now,
+      true,
+    );
     return daily ? { walletId, breach: daily } : null;
   }
 
   private async checkOverride(gate: GateDoc, quote: QuoteDoc, token: string): Promise<string> {
     const claims = await this.tokens.verifyOwnToken(token, TOKEN_AUDIENCE.escalationOverride);
-    const invalid = (why: string) => x402Error('X402_OVERRIDE_INVALID', `the escalation override token is not valid here: ${why}`);
+    const invalid = (why: string) =>
+      x402Error('X402_OVERRIDE_INVALID', `the escalation override token is not valid here: ${why}`);
     if (!claims || typeof claims.sub !== 'string') throw invalid('bad signature, audience or expiry');
-    if (claims.gateId !== gate._id || claims.quoteId !== quote._id) throw invalid('it was issued for another gate or quote');
+    if (claims.gateId !== gate._id || claims.quoteId !== quote._id)
+      throw invalid('it was issued for another gate or quote');
     const escalationId = claims.sub;
-    const [resolution, used] = await Promise.all([this.store.resolutionOf(escalationId), this.store.isOverrideUsed(escalationId)]);
+    const [resolution, used] = await Promise.all([
+      this.store.resolutionOf(escalationId),
+      this.store.isOverrideUsed(escalationId),
+    ]);
     if (resolution?.action !== 'approve') throw invalid('the escalation is not approved');
     if (used) throw x402Error('X402_OVERRIDE_REPLAYED', 'this override token has already been used', { escalationId });
     return escalationId;

@@ -5,7 +5,13 @@
 // resolution: whichever comes first is the escalation's fate, and the others change nothing.
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
-import { escalationDeadline, escalationIdFor, OVERRIDE_TTL_SECONDS, TOKEN_AUDIENCE, type PolicyBreach } from '../domain/x402.ts';
+import {
+  escalationDeadline,
+  escalationIdFor,
+  OVERRIDE_TTL_SECONDS,
+  TOKEN_AUDIENCE,
+  type PolicyBreach,
+} from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Decider, EscalationDoc, GateDoc, QuoteDoc, ResolutionDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
@@ -74,7 +80,13 @@ export class X402Escalations {
     return this.runtime.stores.x402;
   }
 
-  async escalate(gate: GateDoc, quote: QuoteDoc, walletId: string, breach: PolicyBreach, timeoutSeconds: number | null): Promise<EscalationState> {
+  async escalate(
+    gate: GateDoc,
+    quote: QuoteDoc,
+    walletId: string,
+    breach: PolicyBreach,
+    timeoutSeconds: number | null,
+  ): Promise<EscalationState> {
     const _id = escalationIdFor(gate._id, quote._id);
     const createdAt = new Date();
     const deadlineAt = escalationDeadline(createdAt, { escalationTimeoutSeconds: timeoutSeconds });
@@ -101,12 +113,21 @@ export class X402Escalations {
       await this.store.tenantEscalations.append(gate.tenantId, () => ({ ref: _id }));
     }
     const state = await this.escalationState(_id);
-    await emitEvent(this.runtime, gate.tenantId, 'x402.escalation.created', escalationEvent(state.escalation), `x402.escalation.created:${_id}`);
+    await emitEvent(
+      this.runtime,
+      gate.tenantId,
+      'x402.escalation.created',
+      escalationEvent(state.escalation),
+      `x402.escalation.created:${_id}`,
+    );
     return state;
   }
 
   private async escalationState(escalationId: string): Promise<EscalationState> {
-    const [escalation, resolution] = await Promise.all([this.store.escalationOf(escalationId), this.store.resolutionOf(escalationId)]);
+    const [escalation, resolution] = await Promise.all([
+      this.store.escalationOf(escalationId),
+      this.store.resolutionOf(escalationId),
+    ]);
     if (!escalation) throw errors.notFound('escalation');
     return { escalation, resolution };
   }
@@ -126,7 +147,13 @@ export class X402Escalations {
 
   async listEscalations(
     tenantId: string,
-    query: { status?: 'pending' | 'approved' | 'denied'; gateId?: string; agentId?: string; limit?: number; cursor?: number },
+    query: {
+      status?: 'pending' | 'approved' | 'denied';
+      gateId?: string;
+      agentId?: string;
+      limit?: number;
+      cursor?: number;
+    },
   ): Promise<{ items: EscalationState[]; nextCursor: number | null }> {
     const limit = query.limit ?? 50;
     const matches = (e: EscalationState) =>
@@ -134,7 +161,9 @@ export class X402Escalations {
       (!query.gateId || e.escalation.gateId === query.gateId) &&
       (!query.agentId || e.escalation.payerAgentId === query.agentId || e.escalation.payeeAgentId === query.agentId);
     const load = async (ids: string[]) =>
-      (await Promise.all(ids.map((id) => this.getEscalation(tenantId, id).catch(() => null)))).filter((e): e is EscalationState => e !== null);
+      (await Promise.all(ids.map((id) => this.getEscalation(tenantId, id).catch(() => null)))).filter(
+        (e): e is EscalationState => e !== null,
+      );
 
     if (query.gateId) {
       // A gate's escalations are derived from its quotes: no index needed, and at most a handful.
@@ -153,7 +182,8 @@ export class X402Escalations {
       const loaded = await load(slots.filter((s) => s !== null).map((s) => s!.ref));
       for (const e of loaded) if (matches(e) && items.length < limit) items.push(e);
       // Stop exactly after the last record used, so the next page starts where this one ended.
-      const lastUsed = items.length >= limit ? batch[slots.findIndex((s) => s?.ref === items.at(-1)!.escalation._id)]! : batch.at(-1)!;
+      const lastUsed =
+        items.length >= limit ? batch[slots.findIndex((s) => s?.ref === items.at(-1)!.escalation._id)]! : batch.at(-1)!;
       scanned += batch.length;
       seq = lastUsed - 1;
     }
@@ -172,28 +202,54 @@ export class X402Escalations {
     input: { action: 'approve' | 'deny'; reason?: string },
     decidedBy: Decider = { kind: 'tenant' },
   ): Promise<EscalationState & { escalationOverrideToken: string | null; overrideExpiresAt: Date | null }> {
-    const escalation = tenantId === null ? await this.store.escalationOf(escalationId) : await this.store.escalationOfTenant(escalationId, tenantId);
+    const escalation =
+      tenantId === null
+        ? await this.store.escalationOf(escalationId)
+        : await this.store.escalationOfTenant(escalationId, tenantId);
     if (!escalation) throw errors.notFound('escalation');
     const terminal = (winner: ResolutionDoc | null) =>
       x402Error('X402_ESCALATION_TERMINAL', 'the escalation has already been decided', {
         status: winner?.action === 'approve' ? 'approved' : 'denied',
-        ...(winner ? { reason: winner.reason, decidedBy: deciderName(winner.by), decidedAt: winner.at.toISOString() } : {}),
+        ...(winner
+          ? { reason: winner.reason, decidedBy: deciderName(winner.by), decidedAt: winner.at.toISOString() }
+          : {}),
       });
     const earlier = await this.store.resolutionOf(escalationId);
     if (earlier) throw terminal(earlier);
     const deadlineAt = deadlineOf(escalation);
     if (Date.now() >= deadlineAt.getTime()) {
-      throw x402Error('X402_ESCALATION_DEADLINE_PASSED', `the escalation's deadline passed at ${deadlineAt.toISOString()}: it is denied by itself (${DEADLINE_PASSED}) and its reserve returned`, { deadlineAt: deadlineAt.toISOString() });
+      throw x402Error(
+        'X402_ESCALATION_DEADLINE_PASSED',
+        `the escalation's deadline passed at ${deadlineAt.toISOString()}: it is denied by itself (${DEADLINE_PASSED}) and its reserve returned`,
+        { deadlineAt: deadlineAt.toISOString() },
+      );
     }
-    const resolution: ResolutionDoc = { _id: escalationId, action: input.action, reason: input.reason ?? null, by: decidedBy, at: new Date() };
+    const resolution: ResolutionDoc = {
+      _id: escalationId,
+      action: input.action,
+      reason: input.reason ?? null,
+      by: decidedBy,
+      at: new Date(),
+    };
     const recorded = await this.store.recordResolution(resolution);
     if (!recorded.won) throw terminal(recorded.resolution);
     const state = { escalation, resolution };
     const type = input.action === 'approve' ? 'x402.escalation.approved' : 'x402.escalation.denied';
-    await emitEvent(this.runtime, escalation.tenantId, type, escalationEvent(escalation, resolution), `${type}:${escalationId}`);
+    await emitEvent(
+      this.runtime,
+      escalation.tenantId,
+      type,
+      escalationEvent(escalation, resolution),
+      `${type}:${escalationId}`,
+    );
     if (input.action === 'deny') return { ...state, escalationOverrideToken: null, overrideExpiresAt: null };
     const overrideExpiresAt = new Date(resolution.at.getTime() + OVERRIDE_TTL_SECONDS * 1000);
-    const escalationOverrideToken = await this.tokens.sign({ gateId: escalation.gateId, quoteId: escalation.quoteId }, TOKEN_AUDIENCE.escalationOverride, escalationId, overrideExpiresAt);
+    const escalationOverrideToken = await this.tokens.sign(
+      { gateId: escalation.gateId, quoteId: escalation.quoteId },
+      TOKEN_AUDIENCE.escalationOverride,
+      escalationId,
+      overrideExpiresAt,
+    );
     return { ...state, escalationOverrideToken, overrideExpiresAt };
   }
 
@@ -208,15 +264,29 @@ export class X402Escalations {
     decidedBy: Decider,
   ): Promise<BulkOutcome[]> {
     const ids = [...new Set(escalationIds)];
-    if (ids.length < 1 || ids.length > BULK_RESOLVE_LIMIT) throw errors.unprocessable(`between 1 and ${BULK_RESOLVE_LIMIT} escalation ids`);
+    if (ids.length < 1 || ids.length > BULK_RESOLVE_LIMIT)
+      throw errors.unprocessable(`between 1 and ${BULK_RESOLVE_LIMIT} escalation ids`);
     const outcomes: BulkOutcome[] = [];
     for (const escalationId of ids) {
       try {
         const r = await this.resolveEscalation(tenantId, escalationId, input, decidedBy);
-        outcomes.push({ escalationId, outcome: input.action === 'approve' ? 'approved' : 'denied', state: r, escalationOverrideToken: r.escalationOverrideToken, overrideExpiresAt: r.overrideExpiresAt });
+        outcomes.push({
+          escalationId,
+          outcome: input.action === 'approve' ? 'approved' : 'denied',
+          state: r,
+          escalationOverrideToken: r.escalationOverrideToken,
+          overrideExpiresAt: r.overrideExpiresAt,
+        });
       } catch (err) {
         if (!(err instanceof ServiceError)) throw err;
-        const outcome = err.code === 'X402_ESCALATION_TERMINAL' ? 'already_decided' : err.code === 'X402_ESCALATION_DEADLINE_PASSED' ? 'deadline_passed' : err.code === 'NOT_FOUND' ? 'not_found' : null;
+        const outcome =
+          err.code === 'X402_ESCALATION_TERMINAL'
+            ? 'already_decided'
+            : err.code === 'X402_ESCALATION_DEADLINE_PASSED'
+              ? 'deadline_passed'
+              : err.code === 'NOT_FOUND'
+                ? 'not_found'
+                : null;
         if (!outcome) throw err;
         outcomes.push({ escalationId, outcome, message: err.message });
       }
@@ -226,7 +296,13 @@ export class X402Escalations {
 }
 
 export type BulkOutcome =
-  | { escalationId: string; outcome: 'approved' | 'denied'; state: EscalationState; escalationOverrideToken: string | null; overrideExpiresAt: Date | null }
+  | {
+      escalationId: string;
+      outcome: 'approved' | 'denied';
+      state: EscalationState;
+      escalationOverrideToken: string | null;
+      overrideExpiresAt: Date | null;
+    }
   | { escalationId: string; outcome: 'already_decided' | 'deadline_passed' | 'not_found'; message: string };
 
 export interface EscalationSweepSummary {
@@ -255,7 +331,13 @@ export class X402EscalationDeadlines {
 
   async sweep(): Promise<EscalationSweepSummary> {
     const summary: EscalationSweepSummary = { looked: 0, denied: 0, failed: 0 };
-    const counts = await sweepDue(this.runtime, 'x402-escalations', this.store.escalationsDue, this.runtime.config.sweeper.intervalMs, (id) => this.decideAtDeadline(id, summary));
+    const counts = await sweepDue(
+      this.runtime,
+      'x402-escalations',
+      this.store.escalationsDue,
+      this.runtime.config.sweeper.intervalMs,
+      (id) => this.decideAtDeadline(id, summary),
+    );
     return Object.assign(summary, counts);
   }
 
@@ -266,7 +348,13 @@ export class X402EscalationDeadlines {
     if (!resolution) {
       const deadlineAt = deadlineOf(escalation);
       if (Date.now() < deadlineAt.getTime()) return { lookAgainAt: deadlineAt };
-      const deny: ResolutionDoc = { _id: escalationId, action: 'deny', reason: DEADLINE_PASSED, by: { kind: 'deadline' }, at: new Date() };
+      const deny: ResolutionDoc = {
+        _id: escalationId,
+        action: 'deny',
+        reason: DEADLINE_PASSED,
+        by: { kind: 'deadline' },
+        at: new Date(),
+      };
       const recorded = await this.store.recordResolution(deny);
       resolution = recorded.resolution!;
       if (recorded.won) summary.denied++;
@@ -275,7 +363,13 @@ export class X402EscalationDeadlines {
     // A person or a wind-down decided first: their decision is carried out by its own path.
     if (resolution.by.kind !== 'deadline') return 'done';
     await this.returnGateReserve(escalation);
-    await emitEvent(this.runtime, escalation.tenantId, 'x402.escalation.denied', escalationEvent(escalation, resolution), `x402.escalation.denied:${escalationId}`);
+    await emitEvent(
+      this.runtime,
+      escalation.tenantId,
+      'x402.escalation.denied',
+      escalationEvent(escalation, resolution),
+      `x402.escalation.denied:${escalationId}`,
+    );
     return 'done';
   }
 
@@ -289,6 +383,12 @@ export class X402EscalationDeadlines {
     // Nothing locked yet (a create still running): the gate's sweep returns it once the create recorded it.
     if ((await this.gates.returnReserve(gate)) === 'none') return;
     failpoint('x402.escalation.deadline.returned');
-    await emitEvent(this.runtime, gate.tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'escalation_deadline', gate.amount), `x402.gate.expired:${gate._id}`);
+    await emitEvent(
+      this.runtime,
+      gate.tenantId,
+      'x402.gate.expired',
+      gateExpiredEvent(gate, 'escalation_deadline', gate.amount),
+      `x402.gate.expired:${gate._id}`,
+    );
   }
 }

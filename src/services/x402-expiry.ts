@@ -47,7 +47,13 @@ export class X402GateExpiry {
   /** Looks at every gate that has fallen due; one failing gate never stops the others. */
   async sweep(): Promise<GateSweepSummary> {
     const summary: GateSweepSummary = { looked: 0, expired: 0, returned: 0, settled: 0, failed: 0 };
-    const counts = await sweepDue(this.runtime, 'x402-gates', this.store.due, this.runtime.config.sweeper.intervalMs, (gateId) => this.settleGate(gateId, summary));
+    const counts = await sweepDue(
+      this.runtime,
+      'x402-gates',
+      this.store.due,
+      this.runtime.config.sweeper.intervalMs,
+      (gateId) => this.settleGate(gateId, summary),
+    );
     return Object.assign(summary, counts);
   }
 
@@ -55,17 +61,31 @@ export class X402GateExpiry {
   private async settleGate(gateId: string, summary: GateSweepSummary): Promise<DueLook> {
     const gate = await this.store.gateById(gateId);
     if (!gate) return 'done'; // its create died before recording it, or its funding was refused: nothing held
-    const [commitment, verification] = await Promise.all([this.store.commitmentOf(gateId), this.store.verificationOf(gateId)]);
+    const [commitment, verification] = await Promise.all([
+      this.store.commitmentOf(gateId),
+      this.store.verificationOf(gateId),
+    ]);
     if (verification || commitment?.kind === 'voided') return this.settleReported(gate, verification, summary);
-    if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired') return this.returnClosed(gate, commitment, summary);
+    if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired')
+      return this.returnClosed(gate, commitment, summary);
     if (commitment?.kind === 'authorization') return this.expireAuthorized(gate, commitment, summary);
     return this.expireHeld(gate, summary);
   }
 
   /** A reported gate is decided and settled; a voided one whose report a crash lost is refunded like any failure. */
-  private async settleReported(gate: GateDoc, verification: VerificationDoc | null, summary: GateSweepSummary): Promise<DueLook> {
+  private async settleReported(
+    gate: GateDoc,
+    verification: VerificationDoc | null,
+    summary: GateSweepSummary,
+  ): Promise<DueLook> {
     if (!verification) {
-      await this.store.recordVerification({ _id: gate._id, tenantId: gate.tenantId, verificationStatus: 'failed', evidence: { responseSha256: null, providerSignature: null }, at: new Date() });
+      await this.store.recordVerification({
+        _id: gate._id,
+        tenantId: gate.tenantId,
+        verificationStatus: 'failed',
+        evidence: { responseSha256: null, providerSignature: null },
+        at: new Date(),
+      });
     }
     await this.x402.verification.processVerify(gate.tenantId, gate._id);
     summary.settled++;
@@ -81,7 +101,14 @@ export class X402GateExpiry {
       return Date.now() < graceEnds ? { lookAgainAt: new Date(graceEnds) } : 'done';
     }
     if (commitment.kind === 'expired') {
-      await emitEvent(this.runtime, gate.tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'gate_ttl', gate.amount), `x402.gate.expired:${gate._id}`, { test: gate.test === true });
+      await emitEvent(
+        this.runtime,
+        gate.tenantId,
+        'x402.gate.expired',
+        gateExpiredEvent(gate, 'gate_ttl', gate.amount),
+        `x402.gate.expired:${gate._id}`,
+        { test: gate.test === true },
+      );
       summary.expired++;
     } else {
       summary.returned++;
@@ -93,7 +120,11 @@ export class X402GateExpiry {
    * An authorized gate nobody reported by its deadline, or whose payer or payee is wound down (no success report may
    * come any more), is returned: its verification slot takes the return and the decision refunds the payer.
    */
-  private async expireAuthorized(gate: GateDoc, authorization: Extract<CommitmentDoc, { kind: 'authorization' }>, summary: GateSweepSummary): Promise<DueLook> {
+  private async expireAuthorized(
+    gate: GateDoc,
+    authorization: Extract<CommitmentDoc, { kind: 'authorization' }>,
+    summary: GateSweepSummary,
+  ): Promise<DueLook> {
     const deadline = authorizationDeadline(authorization.expiresAt, this.runtime.config.x402);
     const woundDown = await this.x402.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId]);
     if (!woundDown && Date.now() < deadline.getTime()) return { lookAgainAt: deadline };
@@ -119,7 +150,11 @@ export class X402GateExpiry {
     if (now < deadline) {
       // An authorization may come first, with a deadline as near as the grace: look again by then at the latest.
       const { authorizationGraceSeconds } = this.runtime.config.x402;
-      return { lookAgainAt: new Date(Math.min(deadline, now + Math.max(authorizationGraceSeconds * 1000, this.runtime.config.sweeper.intervalMs))) };
+      return {
+        lookAgainAt: new Date(
+          Math.min(deadline, now + Math.max(authorizationGraceSeconds * 1000, this.runtime.config.sweeper.intervalMs)),
+        ),
+      };
     }
     await this.store.recordExpiry(gate);
     failpoint('x402.expire.committed');

@@ -6,8 +6,25 @@ import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } f
 import { isSha256Hex, sha256Hex } from '../domain/crypto.ts';
 import { errors, ServiceError } from '../domain/errors.ts';
 import { capturedOf } from '../domain/settlement.ts';
-import { acceptsNetwork, authorizationDeadline, legacyNetworksAt, requestBindingOf, X402_SCHEME, X402_SESSION_SCHEME, X402_VERSION, x402RequestSha256, type PaymentTokenClaims } from '../domain/x402.ts';
-import { paymentStatusAnswer, unpaidAnswer, type FacilitatorRequest, type PaymentStatusAnswer, type SettleAnswer, type VerifyAnswer } from '../domain/x402-facilitator.ts';
+import {
+  acceptsNetwork,
+  authorizationDeadline,
+  legacyNetworksAt,
+  requestBindingOf,
+  X402_SCHEME,
+  X402_SESSION_SCHEME,
+  X402_VERSION,
+  x402RequestSha256,
+  type PaymentTokenClaims,
+} from '../domain/x402.ts';
+import {
+  paymentStatusAnswer,
+  unpaidAnswer,
+  type FacilitatorRequest,
+  type PaymentStatusAnswer,
+  type SettleAnswer,
+  type VerifyAnswer,
+} from '../domain/x402-facilitator.ts';
 import type { Runtime } from '../runtime.ts';
 import { X402SessionFacilitator } from './x402-session-facilitator.ts';
 import { x402Service, type GateState, type X402Service } from './x402.ts';
@@ -41,15 +58,24 @@ function reasonOf(err: ServiceError): string {
 function settledAsAgreed(state: GateState): boolean {
   if (state.status === 'released') return true;
   const decision = state.settlement?.facts.decision;
-  return decision?.verdict === 'pass' && capturedOf(state.gate.amount, decision) === 0 && state.settlement!.view.status === 'refunded';
+  return (
+    decision?.verdict === 'pass' &&
+    capturedOf(state.gate.amount, decision) === 0 &&
+    state.settlement!.view.status === 'refunded'
+  );
 }
 
 /** Why a settled payment did not pay the payee, or null when it was settled as agreed. */
 function unpaidReason(decided: boolean, state: GateState): { reason: string; message: string } | null {
   if (settledAsAgreed(state)) return null;
   const decision = state.settlement?.facts.decision;
-  if (!decided || !decision) return { reason: 'settlement_pending', message: 'the payment is still being decided; the gate status URL tells when it is' };
-  if (decision.verdict === 'pass') return { reason: 'settlement_pending', message: 'the payee\'s release is decided but not yet moved' };
+  if (!decided || !decision)
+    return {
+      reason: 'settlement_pending',
+      message: 'the payment is still being decided; the gate status URL tells when it is',
+    };
+  if (decision.verdict === 'pass')
+    return { reason: 'settlement_pending', message: "the payee's release is decided but not yet moved" };
   // The decision's reason in the protocol's terms: verification_failed, authorization_expired, agent_wound_down, …
   const reason = (decision.reason ?? 'payment_refunded').toLowerCase();
   return { reason, message: `the payer was refunded (${reason}); the payee was not paid` };
@@ -83,9 +109,20 @@ export class X402FacilitatorService {
   supported() {
     const legacy = legacyNetworksAt(this.runtime.config.x402, new Date());
     const until = this.runtime.config.x402.legacyNetworksUntil.toISOString();
-    const extra = legacy.length ? { extra: { deprecatedNetworks: legacy.map((network) => ({ network, acceptedUntil: until, replacedBy: this.network })) } } : {};
+    const extra = legacy.length
+      ? {
+          extra: {
+            deprecatedNetworks: legacy.map((network) => ({ network, acceptedUntil: until, replacedBy: this.network })),
+          },
+        }
+      : {};
     return {
-      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({ x402Version: X402_VERSION, scheme, network: this.network, ...extra })),
+      kinds: [X402_SCHEME, X402_SESSION_SCHEME].map((scheme) => ({
+        x402Version: X402_VERSION,
+        scheme,
+        network: this.network,
+        ...extra,
+      })),
       extensions: [] as string[],
       signers: {} as Record<string, string[]>,
     };
@@ -95,8 +132,10 @@ export class X402FacilitatorService {
     if (this.isSessionPayment(request)) return this.sessions.verify(tenantId, request);
     try {
       const { claims, state } = await this.check(tenantId, request);
-      if (state.verification?.verificationStatus === 'expired') throw new Refusal('authorization_expired', 'the authorization expired before the call was reported');
-      if (state.verification?.verificationStatus === 'wound_down') throw new Refusal('agent_wound_down', 'the gate was returned: its payer or payee is wound down');
+      if (state.verification?.verificationStatus === 'expired')
+        throw new Refusal('authorization_expired', 'the authorization expired before the call was reported');
+      if (state.verification?.verificationStatus === 'wound_down')
+        throw new Refusal('agent_wound_down', 'the gate was returned: its payer or payee is wound down');
       if (state.verification) throw new Refusal('payment_already_settled', 'this payment has already been settled');
       return { isValid: true, payer: claims.payer };
     } catch (err) {
@@ -113,7 +152,8 @@ export class X402FacilitatorService {
    */
   async settle(tenantId: string, request: FacilitatorRequest): Promise<SettleAnswer> {
     if (this.isSessionPayment(request)) return this.sessions.settle(tenantId, request);
-    const failed = (reason: string, message: string, payer?: string): SettleAnswer => unpaidAnswer(this.network, reason, message, payer ? { payer } : {});
+    const failed = (reason: string, message: string, payer?: string): SettleAnswer =>
+      unpaidAnswer(this.network, reason, message, payer ? { payer } : {});
     let checked: CheckedPayment;
     try {
       checked = await this.check(tenantId, request, true);
@@ -132,14 +172,19 @@ export class X402FacilitatorService {
       });
       return this.settleAnswer(state, decided);
     } catch (err) {
-      if (err instanceof ServiceError && err.code.startsWith('X402_')) return failed(reasonOf(err), err.message, claims.payer);
+      if (err instanceof ServiceError && err.code.startsWith('X402_'))
+        return failed(reasonOf(err), err.message, claims.payer);
       throw err;
     }
   }
 
   /** A payment under the session scheme (version checked here: both schemes speak x402 v2 only). */
   private isSessionPayment(request: FacilitatorRequest): boolean {
-    return request.paymentRequirements.scheme === X402_SESSION_SCHEME && request.x402Version === X402_VERSION && request.paymentPayload.x402Version === X402_VERSION;
+    return (
+      request.paymentRequirements.scheme === X402_SESSION_SCHEME &&
+      request.x402Version === X402_VERSION &&
+      request.paymentPayload.x402Version === X402_VERSION
+    );
   }
 
   /** What settle answers for the gate as it stands: success only once it is settled as agreed, else why not. */
@@ -172,14 +217,28 @@ export class X402FacilitatorService {
   async paymentStatusOf(tenantId: string, request: FacilitatorRequest): Promise<PaymentStatusAnswer> {
     if (this.isSessionPayment(request)) {
       const { sessionId, paymentId } = request.paymentPayload.payload;
-      if (typeof sessionId !== 'string' || typeof paymentId !== 'string' || sessionId.length > 128 || paymentId.length > 128) {
-        throw errors.unprocessable('the payment payload names no sessionId and paymentId', { errors: [{ path: 'body.paymentPayload.payload', message: 'sessionId and paymentId strings of at most 128 characters' }] });
+      if (
+        typeof sessionId !== 'string' ||
+        typeof paymentId !== 'string' ||
+        sessionId.length > 128 ||
+        paymentId.length > 128
+      ) {
+        throw errors.unprocessable('the payment payload names no sessionId and paymentId', {
+          errors: [
+            {
+              path: 'body.paymentPayload.payload',
+              message: 'sessionId and paymentId strings of at most 128 characters',
+            },
+          ],
+        });
       }
       return this.sessions.paymentStatus(tenantId, sessionId, paymentId);
     }
     const gateId = request.paymentPayload.payload.gateId;
     if (typeof gateId !== 'string' || gateId.length > 128) {
-      throw errors.unprocessable('the payment payload names no gateId', { errors: [{ path: 'body.paymentPayload.payload.gateId', message: 'a string of at most 128 characters' }] });
+      throw errors.unprocessable('the payment payload names no gateId', {
+        errors: [{ path: 'body.paymentPayload.payload.gateId', message: 'a string of at most 128 characters' }],
+      });
     }
     return this.paymentStatus(tenantId, gateId);
   }
@@ -205,12 +264,22 @@ export class X402FacilitatorService {
     // expired before anyone authorized it was never paid for.
     if (state.commitment?.kind !== 'authorization') return unknown;
     if (state.status === 'authorized') {
-      return paymentStatusAnswer(paymentId, 'authorized', authorizationDeadline(state.commitment.expiresAt, this.runtime.config.x402).toISOString(), null);
+      return paymentStatusAnswer(
+        paymentId,
+        'authorized',
+        authorizationDeadline(state.commitment.expiresAt, this.runtime.config.x402).toISOString(),
+        null,
+      );
     }
     // Reported (or returned): settling until decided and moved, then what settle answers.
     if (state.status === 'settling') return paymentStatusAnswer(paymentId, 'settling', null, null);
     const answer = this.settleAnswer(state, true);
-    return paymentStatusAnswer(paymentId, answer.success ? 'settled' : answer.errorReason === 'settlement_pending' ? 'settling' : 'refused', null, answer);
+    return paymentStatusAnswer(
+      paymentId,
+      answer.success ? 'settled' : answer.errorReason === 'settlement_pending' ? 'settling' : 'refused',
+      null,
+      answer,
+    );
   }
 
   /**
@@ -223,10 +292,17 @@ export class X402FacilitatorService {
     if (request.x402Version !== X402_VERSION || payment.x402Version !== X402_VERSION) {
       throw new Refusal('invalid_x402_version', `only x402 version ${X402_VERSION} is supported`);
     }
-    if (required.scheme !== X402_SCHEME || payment.accepted.scheme !== X402_SCHEME) throw new Refusal('unsupported_scheme', `only the ${X402_SCHEME} scheme is supported`);
-    if (!this.accepts(required.network) || !this.accepts(payment.accepted.network)) throw new Refusal('invalid_network', `this facilitator settles on ${this.network}`);
+    if (required.scheme !== X402_SCHEME || payment.accepted.scheme !== X402_SCHEME)
+      throw new Refusal('unsupported_scheme', `only the ${X402_SCHEME} scheme is supported`);
+    if (!this.accepts(required.network) || !this.accepts(payment.accepted.network))
+      throw new Refusal('invalid_network', `this facilitator settles on ${this.network}`);
     const { token, gateId, quoteId, requestSha256 } = payment.payload;
-    if (typeof token !== 'string' || typeof gateId !== 'string' || typeof quoteId !== 'string' || typeof requestSha256 !== 'string') {
+    if (
+      typeof token !== 'string' ||
+      typeof gateId !== 'string' ||
+      typeof quoteId !== 'string' ||
+      typeof requestSha256 !== 'string'
+    ) {
       throw new Refusal('invalid_payload', 'the payload must carry token, gateId, quoteId and requestSha256');
     }
 
@@ -235,13 +311,15 @@ export class X402FacilitatorService {
       throw new Refusal('invalid_payload', 'the payload does not match its token');
     }
     // A token issued under the legacy id before the switch stays good for its (short) life, inside the window.
-    if (claims.scheme !== X402_SCHEME || !this.accepts(claims.network)) throw new Refusal('invalid_network', 'the token was issued for another scheme or network');
+    if (claims.scheme !== X402_SCHEME || !this.accepts(claims.network))
+      throw new Refusal('invalid_network', 'the token was issued for another scheme or network');
 
     let state: GateState;
     try {
       state = await this.x402.gates.gateState(await this.x402.gates.requireGate(tenantId, claims.gateId));
     } catch (err) {
-      if (err instanceof ServiceError && err.status === 404) throw new Refusal('gate_not_found', 'no such gate for this credential');
+      if (err instanceof ServiceError && err.status === 404)
+        throw new Refusal('gate_not_found', 'no such gate for this credential');
       throw err;
     }
     const { gate } = state;
@@ -253,26 +331,45 @@ export class X402FacilitatorService {
     // Settling may charge less than was authorized (a metered call: the stock middleware's settlement override
     // sends the actual amount as the requirement's, while the payload keeps the authorized maximum); never more.
     const captured = Number(required.amount);
-    if (capture && captured > claims.amount) throw new Refusal('capture_exceeds_authorization', `the payment authorized at most ${claims.amount}; it cannot be charged ${required.amount}`);
-    if (!capture && captured !== claims.amount) throw new Refusal('amount_mismatch', 'the payment is for another amount');
-    if (claims.currency !== required.asset || gate.currency !== claims.currency) throw new Refusal('asset_mismatch', 'the payment is in another currency');
+    if (capture && captured > claims.amount)
+      throw new Refusal(
+        'capture_exceeds_authorization',
+        `the payment authorized at most ${claims.amount}; it cannot be charged ${required.amount}`,
+      );
+    if (!capture && captured !== claims.amount)
+      throw new Refusal('amount_mismatch', 'the payment is for another amount');
+    if (claims.currency !== required.asset || gate.currency !== claims.currency)
+      throw new Refusal('asset_mismatch', 'the payment is in another currency');
     const terms = required.extra;
-    if ((terms.holdbackBps !== undefined && terms.holdbackBps !== gate.holdbackBps) || (terms.disputeWindowSeconds !== undefined && terms.disputeWindowSeconds !== gate.disputeWindowSeconds)) {
+    if (
+      (terms.holdbackBps !== undefined && terms.holdbackBps !== gate.holdbackBps) ||
+      (terms.disputeWindowSeconds !== undefined && terms.disputeWindowSeconds !== gate.disputeWindowSeconds)
+    ) {
       throw new Refusal('terms_mismatch', 'the gate holds back or disputes on other terms than required');
     }
     const binding = requestBindingOf(required.extra);
-    if (!binding || x402RequestSha256(binding) !== claims.requestSha256 || (payment.resource && payment.resource.url !== binding.resource)) {
+    if (
+      !binding ||
+      x402RequestSha256(binding) !== claims.requestSha256 ||
+      (payment.resource && payment.resource.url !== binding.resource)
+    ) {
       throw new Refusal('request_binding_mismatch', 'the payment was made for another request');
     }
 
-    if (state.status === 'cancelled' || state.status === 'unfunded' || (state.status === 'expired' && !state.verification)) throw new Refusal('gate_closed', `the gate is ${state.status}`);
+    if (
+      state.status === 'cancelled' ||
+      state.status === 'unfunded' ||
+      (state.status === 'expired' && !state.verification)
+    )
+      throw new Refusal('gate_closed', `the gate is ${state.status}`);
     const commitment = state.commitment;
     if (commitment?.kind !== 'authorization' || commitment.authorizationRef !== claims.authorizationRef) {
       throw new Refusal('payment_not_authorized', 'the gate holds no authorization for this token');
     }
     // The token lives exactly as long as its quote: past it nothing new may happen, but a settle of a payment already
     // reported answers its outcome again (settle is idempotent per payment, however late the repeat).
-    if (expired && !(capture && state.verification)) throw new Refusal('quote_expired', 'the quote this payment was authorized under has expired');
+    if (expired && !(capture && state.verification))
+      throw new Refusal('quote_expired', 'the quote this payment was authorized under has expired');
     return { claims, state, captured };
   }
 
@@ -282,11 +379,15 @@ export class X402FacilitatorService {
    */
   private async verifyToken(token: string): Promise<{ claims: PaymentTokenClaims & JWTPayload; expired: boolean }> {
     try {
-      const { payload } = await jwtVerify(token, this.jwks, { issuer: this.runtime.config.publicBaseUrl, algorithms: ['EdDSA'] });
+      const { payload } = await jwtVerify(token, this.jwks, {
+        issuer: this.runtime.config.publicBaseUrl,
+        algorithms: ['EdDSA'],
+      });
       return { claims: payload as PaymentTokenClaims & JWTPayload, expired: false };
     } catch (err) {
-      if (err instanceof joseErrors.JWTExpired && err.payload.iss === this.runtime.config.publicBaseUrl) return { claims: err.payload as PaymentTokenClaims & JWTPayload, expired: true };
-      throw new Refusal('invalid_signature', 'the payment token does not verify against this service\'s keys');
+      if (err instanceof joseErrors.JWTExpired && err.payload.iss === this.runtime.config.publicBaseUrl)
+        return { claims: err.payload as PaymentTokenClaims & JWTPayload, expired: true };
+      throw new Refusal('invalid_signature', "the payment token does not verify against this service's keys");
     }
   }
 

@@ -49,7 +49,14 @@ export interface GateState {
 }
 
 export function isTerminal(status: GateStatus): boolean {
-  return status === 'settling' || status === 'released' || status === 'refunded' || status === 'cancelled' || status === 'expired' || status === 'unfunded';
+  return (
+    status === 'settling' ||
+    status === 'released' ||
+    status === 'refunded' ||
+    status === 'cancelled' ||
+    status === 'expired' ||
+    status === 'unfunded'
+  );
 }
 
 /** What a create retried under the same Idempotency-Key must ask for again to resume the gate it made. */
@@ -87,7 +94,12 @@ function remember(set: Set<string>, id: string) {
 }
 
 /** The gate's status from its facts (the settlement, when read, tells how far a verified gate got). */
-export function statusOf(funded: boolean, commitment: CommitmentDoc | null, verification: VerificationDoc | null, settlement: SettlementState | null): GateStatus {
+export function statusOf(
+  funded: boolean,
+  commitment: CommitmentDoc | null,
+  verification: VerificationDoc | null,
+  settlement: SettlementState | null,
+): GateStatus {
   if (commitment?.kind === 'cancellation') return 'cancelled';
   if (commitment?.kind === 'expired') return 'expired';
   if (verification) {
@@ -106,7 +118,11 @@ export function settledStatus(s: SettlementState): GateStatus {
 }
 
 /** The `x402.gate.expired` event: whose reserve went back, how much, and why (`gate_ttl` or `authorization_expired`). */
-export function gateExpiredEvent(gate: GateDoc, reason: 'gate_ttl' | 'authorization_expired' | 'escalation_deadline', returned: number): Record<string, unknown> {
+export function gateExpiredEvent(
+  gate: GateDoc,
+  reason: 'gate_ttl' | 'authorization_expired' | 'escalation_deadline',
+  returned: number,
+): Record<string, unknown> {
   return {
     ...settlementSubject({ runId: gate._id, gateId: gate._id, gateRunId: gate.runId ?? null }),
     reason,
@@ -145,14 +161,18 @@ export class X402Gates {
     const { agents } = this.runtime.stores;
     const found = await Promise.all(
       agentIds.map(async (id) => {
-        const { agent, woundDown } = await this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.store.isWoundDown(agentId));
+        const { agent, woundDown } = await this.runtime.credentials.agentLifecycle(agents, id, (agentId) =>
+          this.store.isWoundDown(agentId),
+        );
         return { id, agent, windDown: woundDown };
       }),
     );
     for (const { id, agent } of found) if (!agent || agent.tenantId !== tenantId) throw errors.notFound(`agent ${id}`);
     for (const { id, agent, windDown } of found) {
-      if (windDown) throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${id} is wound down`, { agentId: id, status: 'wound_down' });
-      if (agent!.status === 'frozen') throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${id} is frozen`, { agentId: id, status: 'frozen' });
+      if (windDown)
+        throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${id} is wound down`, { agentId: id, status: 'wound_down' });
+      if (agent!.status === 'frozen')
+        throw x402Error('X402_AGENT_WOUND_DOWN', `agent ${id} is frozen`, { agentId: id, status: 'frozen' });
     }
     return found.map((f) => f.agent!);
   }
@@ -167,7 +187,11 @@ export class X402Gates {
   async woundDownParty(gate: GateDoc): Promise<string | null> {
     const { agents } = this.runtime.stores;
     const parties = [gate.payerAgentId, gate.payeeAgentId];
-    const lifecycles = await Promise.all(parties.map((id) => this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.store.isWoundDown(agentId))));
+    const lifecycles = await Promise.all(
+      parties.map((id) =>
+        this.runtime.credentials.agentLifecycle(agents, id, (agentId) => this.store.isWoundDown(agentId)),
+      ),
+    );
     return parties[lifecycles.findIndex((l) => l.woundDown)] ?? null;
   }
 
@@ -176,9 +200,15 @@ export class X402Gates {
    * key, so a retry after a crash or a 5xx (which frees the key) resumes that gate and its one lock instead of
    * making a second; a retry asking for other terms is 422 IDEMPOTENCY_KEY_REUSED.
    */
-  async createGate(tenantId: string, input: CreateGateInput, idempotencyScope: string | null = null): Promise<GateState> {
+  async createGate(
+    tenantId: string,
+    input: CreateGateInput,
+    idempotencyScope: string | null = null,
+  ): Promise<GateState> {
     if (input.payerAgentId === input.payeeAgentId) {
-      throw errors.unprocessable('payer and payee must be different agents', { errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }] });
+      throw errors.unprocessable('payer and payee must be different agents', {
+        errors: [{ path: 'body.payeeAgentId', message: 'equals payerAgentId' }],
+      });
     }
     const fresh: GateDoc = {
       _id: idempotencyScope ? idFromIdempotency('gate', idempotencyScope) : newId('gate'),
@@ -226,7 +256,10 @@ export class X402Gates {
     ]);
     const gate = recorded.gate;
     if (!recorded.created) {
-      if (!sameGateTerms(gate, fresh)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key made a gate with other terms', { gateId: gate._id });
+      if (!sameGateTerms(gate, fresh))
+        throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key made a gate with other terms', {
+          gateId: gate._id,
+        });
       // Whatever the first attempt left half-done, the sweeper looks at it within a staleness period.
       await this.store.due.mark(gate._id, tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
       const commitment = await this.store.commitmentOf(gate._id);
@@ -243,7 +276,9 @@ export class X402Gates {
     this.store.rememberGate(gate);
     remember(this.fundedGates, gate._id);
     if (recorded.created) this.store.quoteSlots.startEmpty(gate._id);
-    return recorded.created ? { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null } : this.gateState(gate, true);
+    return recorded.created
+      ? { gate, status: 'held', funded: true, commitment: null, verification: null, quote: null, settlement: null }
+      : this.gateState(gate, true);
   }
 
   private lockEntry(gate: GateDoc): NewLedgerEntry {
@@ -261,7 +296,12 @@ export class X402Gates {
    * Applies the gate's lock (a resumed gate's lock finishes the first attempt's, never a second one), then checks
    * whether a wind-down raced it: then the gate is cancelled, its lock returned, and the create refused (410).
    */
-  private async fundGate(gate: GateDoc, lock: NewLedgerEntry, fresh: boolean, heads: PreparedEntry | undefined): Promise<void> {
+  private async fundGate(
+    gate: GateDoc,
+    lock: NewLedgerEntry,
+    fresh: boolean,
+    heads: PreparedEntry | undefined,
+  ): Promise<void> {
     // A wind-down that ran while this gate was being funded may not have seen the lock. Read once the lock entry is
     // recorded, its fact is either seen here, or was recorded after the lock entry, so that its walk meets the lock
     // (pending or applied) and returns it: reading while the legs are posted misses nothing.
@@ -347,11 +387,22 @@ export class X402Gates {
     let quote: QuoteDoc | null = null;
     if (full) {
       const { settlements, ledger } = this.runtime.stores;
-      const [s, current] = await Promise.all([settlements.get(gateSettlementId(gate._id)), this.store.currentQuote(gate._id)]);
+      const [s, current] = await Promise.all([
+        settlements.get(gateSettlementId(gate._id)),
+        this.store.currentQuote(gate._id),
+      ]);
       settlement = s && (await readSettlement(settlements, ledger, s));
       quote = current.quote;
     }
-    return { gate, status: statusOf(funded, commitment, verification, settlement), funded, commitment, verification, quote, settlement };
+    return {
+      gate,
+      status: statusOf(funded, commitment, verification, settlement),
+      funded,
+      commitment,
+      verification,
+      quote,
+      settlement,
+    };
   }
 
   /**
@@ -361,7 +412,15 @@ export class X402Gates {
   async checkState(gate: GateDoc): Promise<GateState> {
     const [funded, commitment] = await Promise.all([this.isFunded(gate), this.store.commitmentOf(gate._id)]);
     const verification = commitment ? await this.store.verificationOf(gate._id) : null;
-    return { gate, status: statusOf(funded, commitment, verification, null), funded, commitment, verification, quote: null, settlement: null };
+    return {
+      gate,
+      status: statusOf(funded, commitment, verification, null),
+      funded,
+      commitment,
+      verification,
+      quote: null,
+      settlement: null,
+    };
   }
 
   /** X402_GATE_TERMINAL naming the gate's exact state (read in full: refusals are off the hot path). */

@@ -7,7 +7,14 @@ import { isSha256Hex } from '../domain/crypto.ts';
 import { ServiceError } from '../domain/errors.ts';
 import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
-import { paymentStatusAnswer, unpaidAnswer, type FacilitatorRequest, type PaymentStatusAnswer, type SettleAnswer, type VerifyAnswer } from '../domain/x402-facilitator.ts';
+import {
+  paymentStatusAnswer,
+  unpaidAnswer,
+  type FacilitatorRequest,
+  type PaymentStatusAnswer,
+  type SettleAnswer,
+  type VerifyAnswer,
+} from '../domain/x402-facilitator.ts';
 import type { ChargeAnswer } from './x402-sessions.ts';
 import type { X402Service } from './x402.ts';
 
@@ -27,7 +34,8 @@ function refusalOf(err: unknown): Refusal | null {
   if (err instanceof Refusal) return err;
   if (!(err instanceof ServiceError)) return null;
   if (err.status === 404) return new Refusal('session_not_found', 'no such session for this credential');
-  if (err.code.startsWith('X402_') || err.status === 422) return new Refusal(err.code.replace(/^X402_/, '').toLowerCase(), err.message);
+  if (err.code.startsWith('X402_') || err.status === 422)
+    return new Refusal(err.code.replace(/^X402_/, '').toLowerCase(), err.message);
   return null;
 }
 
@@ -51,7 +59,13 @@ export class X402SessionFacilitator {
   async verify(tenantId: string, request: FacilitatorRequest): Promise<VerifyAnswer> {
     try {
       const p = this.check(request);
-      const { session } = await this.x402.sessions.hold(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, maxAmount: p.accepted, requestSha256: p.requestSha256, asset: p.asset });
+      const { session } = await this.x402.sessions.hold(tenantId, p.sessionId, {
+        paymentId: p.paymentId,
+        payeeAgentId: p.payeeAgentId,
+        maxAmount: p.accepted,
+        requestSha256: p.requestSha256,
+        asset: p.asset,
+      });
       return { isValid: true, payer: session.payerAgentId };
     } catch (err) {
       const refusal = refusalOf(err);
@@ -66,8 +80,15 @@ export class X402SessionFacilitator {
       const p = this.check(request);
       const amount = request.paymentRequirements.amount;
       if (!AMOUNT.test(amount)) throw new Refusal('invalid_amount', 'the amount to settle must be integer minor units');
-      if (Number(amount) > p.accepted) throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
-      const charged = await this.x402.sessions.capture(tenantId, p.sessionId, { paymentId: p.paymentId, payeeAgentId: p.payeeAgentId, amount: Number(amount), requestSha256: p.requestSha256, asset: p.asset });
+      if (Number(amount) > p.accepted)
+        throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
+      const charged = await this.x402.sessions.capture(tenantId, p.sessionId, {
+        paymentId: p.paymentId,
+        payeeAgentId: p.payeeAgentId,
+        amount: Number(amount),
+        requestSha256: p.requestSha256,
+        asset: p.asset,
+      });
       return this.settled(charged);
     } catch (err) {
       const refusal = refusalOf(err);
@@ -87,7 +108,13 @@ export class X402SessionFacilitator {
       network: this.runtime.config.x402.network,
       amount: String(charge.amount),
       settledAt: charge.at.toISOString(),
-      extra: { sessionId: charge.sessionId, paymentId: charge.paymentId!, seq: charge.seq, remaining: charged.remaining, receiptHash: receipt.receiptHash },
+      extra: {
+        sessionId: charge.sessionId,
+        paymentId: charge.paymentId!,
+        seq: charge.seq,
+        remaining: charged.remaining,
+        receiptHash: receipt.receiptHash,
+      },
     };
   }
 
@@ -100,7 +127,11 @@ export class X402SessionFacilitator {
     const id = `${sessionId}:${paymentId}`;
     if (state.status === 'settled') return paymentStatusAnswer(id, 'settled', null, this.settled(state.charged!));
     if (state.status === 'refused') {
-      const settlement = unpaidAnswer(this.runtime.config.x402.network, 'session_closed', 'the session closed before this payment was settled: nothing was charged');
+      const settlement = unpaidAnswer(
+        this.runtime.config.x402.network,
+        'session_closed',
+        'the session closed before this payment was settled: nothing was charged',
+      );
       return paymentStatusAnswer(id, 'refused', null, settlement);
     }
     const settleBy = state.status === 'authorized' ? state.session!.expiresAt.toISOString() : null;
@@ -110,19 +141,42 @@ export class X402SessionFacilitator {
   /** The protocol's fields and the payment's bindings (the request it pays for, the payee, the amount accepted). */
   private check(request: FacilitatorRequest): SessionPayment {
     const { paymentPayload: payment, paymentRequirements: required } = request;
-    if (payment.accepted.scheme !== X402_SESSION_SCHEME) throw new Refusal('unsupported_scheme', `the payment was made for the ${payment.accepted.scheme} scheme`);
-    if (!acceptsNetwork(this.runtime.config.x402, required.network, new Date()) || payment.accepted.network !== required.network) throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
+    if (payment.accepted.scheme !== X402_SESSION_SCHEME)
+      throw new Refusal('unsupported_scheme', `the payment was made for the ${payment.accepted.scheme} scheme`);
+    if (
+      !acceptsNetwork(this.runtime.config.x402, required.network, new Date()) ||
+      payment.accepted.network !== required.network
+    )
+      throw new Refusal('invalid_network', `this facilitator settles on ${this.runtime.config.x402.network}`);
     const { sessionId, paymentId, requestSha256 } = payment.payload;
-    if (typeof sessionId !== 'string' || typeof paymentId !== 'string' || !/^[A-Za-z0-9._:-]{1,128}$/.test(paymentId) || !isSha256Hex(requestSha256)) {
+    if (
+      typeof sessionId !== 'string' ||
+      typeof paymentId !== 'string' ||
+      !/^[A-Za-z0-9._:-]{1,128}$/.test(paymentId) ||
+      !isSha256Hex(requestSha256)
+    ) {
       throw new Refusal('invalid_payload', 'the payload must carry sessionId, paymentId and requestSha256');
     }
-    if (payment.accepted.payTo !== required.payTo) throw new Refusal('payee_mismatch', 'the payment is for another payee');
-    if (payment.accepted.asset !== required.asset) throw new Refusal('asset_mismatch', 'the payment is in another currency');
+    if (payment.accepted.payTo !== required.payTo)
+      throw new Refusal('payee_mismatch', 'the payment is for another payee');
+    if (payment.accepted.asset !== required.asset)
+      throw new Refusal('asset_mismatch', 'the payment is in another currency');
     const binding = requestBindingOf(required.extra);
-    if (!binding || x402RequestSha256(binding) !== requestSha256 || (payment.resource && payment.resource.url !== binding.resource)) {
+    if (
+      !binding ||
+      x402RequestSha256(binding) !== requestSha256 ||
+      (payment.resource && payment.resource.url !== binding.resource)
+    ) {
       throw new Refusal('request_binding_mismatch', 'the payment was made for another request');
     }
     if (!AMOUNT.test(payment.accepted.amount)) throw new Refusal('invalid_amount', 'amounts are integer minor units');
-    return { sessionId, paymentId, requestSha256, payeeAgentId: required.payTo, accepted: Number(payment.accepted.amount), asset: required.asset };
+    return {
+      sessionId,
+      paymentId,
+      requestSha256,
+      payeeAgentId: required.payTo,
+      accepted: Number(payment.accepted.amount),
+      asset: required.asset,
+    };
   }
 }

@@ -25,7 +25,17 @@ import {
 } from '../domain/x402-sessions.ts';
 import type { Runtime } from '../runtime.ts';
 import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
-import { chargeId, type BudgetState, type ChargeDoc, type CloseDoc, type CloseReason, type Debit, type DebitResult, type HoldBinding, type SessionDoc } from '../store/x402-sessions.ts';
+import {
+  chargeId,
+  type BudgetState,
+  type ChargeDoc,
+  type CloseDoc,
+  type CloseReason,
+  type Debit,
+  type DebitResult,
+  type HoldBinding,
+  type SessionDoc,
+} from '../store/x402-sessions.ts';
 import { disputeSettlement } from './disputes.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
@@ -116,18 +126,41 @@ const DEBIT_ATTEMPTS = 3;
 
 function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
   const terms = (s: SessionDoc) =>
-    JSON.stringify([s.tenantId, s.payerAgentId, s.payeeAgentIds, s.walletId, s.sponsorWalletId, s.currency, s.budget, s.maxPerCall, s.holdbackBps, s.disputeWindowSeconds]);
+    JSON.stringify([
+      s.tenantId,
+      s.payerAgentId,
+      s.payeeAgentIds,
+      s.walletId,
+      s.sponsorWalletId,
+      s.currency,
+      s.budget,
+      s.maxPerCall,
+      s.holdbackBps,
+      s.disputeWindowSeconds,
+    ]);
   return terms(a) === terms(b);
 }
 
 /** A recorded charge as its statement lists it (what the statement's chargesSha256 commits to). */
 function statementLine(c: ChargeDoc): StatementCharge {
-  return { seq: c.seq, payeeAgentId: c.payeeAgentId!, amount: c.amount, paymentId: c.paymentId!, requestSha256: c.requestSha256, chargedAt: c.at.toISOString(), receiptHash: c.receipt!.receiptHash };
+  return {
+    seq: c.seq,
+    payeeAgentId: c.payeeAgentId!,
+    amount: c.amount,
+    paymentId: c.paymentId!,
+    requestSha256: c.requestSha256,
+    chargedAt: c.at.toISOString(),
+    receiptHash: c.receipt!.receiptHash,
+  };
 }
 
 /** Whether a recorded charge is this call (its payee, amount and request), as a repeat of its payment id must be. */
 function sameCall(charge: ChargeDoc, input: ChargeInput): boolean {
-  return charge.payeeAgentId === input.payeeAgentId && charge.amount === input.amount && charge.requestSha256 === (input.requestSha256 ?? null);
+  return (
+    charge.payeeAgentId === input.payeeAgentId &&
+    charge.amount === input.amount &&
+    charge.requestSha256 === (input.requestSha256 ?? null)
+  );
 }
 
 function statusOfClose(close: CloseDoc): SessionStatus {
@@ -151,9 +184,18 @@ export class X402Sessions {
    */
   async open(tenantId: string, input: OpenSessionInput, idempotencyScope: string | null): Promise<SessionState> {
     const payees = input.payeeAgentIds;
-    if (new Set(payees).size !== payees.length) throw errors.unprocessable('payeeAgentIds lists a payee twice', { errors: [{ path: 'body.payeeAgentIds', message: 'duplicate payee' }] });
-    if (payees.includes(input.payerAgentId)) throw errors.unprocessable('the payer cannot be its own payee', { errors: [{ path: 'body.payeeAgentIds', message: 'contains payerAgentId' }] });
-    if (input.maxPerCall > input.budget) throw errors.unprocessable('maxPerCall exceeds the budget', { errors: [{ path: 'body.maxPerCall', message: 'greater than budget' }] });
+    if (new Set(payees).size !== payees.length)
+      throw errors.unprocessable('payeeAgentIds lists a payee twice', {
+        errors: [{ path: 'body.payeeAgentIds', message: 'duplicate payee' }],
+      });
+    if (payees.includes(input.payerAgentId))
+      throw errors.unprocessable('the payer cannot be its own payee', {
+        errors: [{ path: 'body.payeeAgentIds', message: 'contains payerAgentId' }],
+      });
+    if (input.maxPerCall > input.budget)
+      throw errors.unprocessable('maxPerCall exceeds the budget', {
+        errors: [{ path: 'body.maxPerCall', message: 'greater than budget' }],
+      });
     const now = new Date();
     const fresh: SessionDoc = {
       _id: idempotencyScope ? idFromIdempotency('ses', idempotencyScope) : newId('ses'),
@@ -179,11 +221,19 @@ export class X402Sessions {
     const [recorded] = await Promise.all([
       this.store.record(fresh),
       this.store.due.mark(fresh._id, tenantId, fresh.expiresAt),
-      ...[input.payerAgentId, ...payees].map((agentId) => this.runtime.stores.x402.agentGates.append(agentId, () => ({ ref: fresh._id }))),
+      ...[input.payerAgentId, ...payees].map((agentId) =>
+        this.runtime.stores.x402.agentGates.append(agentId, () => ({ ref: fresh._id })),
+      ),
     ]);
     const session = recorded.session;
     if (!recorded.created) {
-      if (!sameTerms(session, fresh)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key opened a session with other terms', { sessionId: session._id });
+      if (!sameTerms(session, fresh))
+        throw new ServiceError(
+          422,
+          'IDEMPOTENCY_KEY_REUSED',
+          'this Idempotency-Key opened a session with other terms',
+          { sessionId: session._id },
+        );
       await this.store.due.mark(session._id, tenantId, session.expiresAt); // its own expiry, not this retry's
       const close = await this.store.closeOf(session._id);
       if (close) return this.resumedOpenAnswer(session, close);
@@ -191,25 +241,54 @@ export class X402Sessions {
     failpoint('x402.session.recorded');
     await this.fund(session, recorded.created);
     failpoint('x402.session.locked');
-    await this.store.initBudget(session._id, { state: 'open', budget: session.budget, spent: 0, seq: 0, expiresAt: session.expiresAt });
+    await this.store.initBudget(session._id, {
+      state: 'open',
+      budget: session.budget,
+      spent: 0,
+      seq: 0,
+      expiresAt: session.expiresAt,
+    });
     this.store.remember(session);
-    await emitEvent(this.runtime, tenantId, 'x402.session.opened', this.eventData(session), `x402.session.opened:${session._id}`);
+    await emitEvent(
+      this.runtime,
+      tenantId,
+      'x402.session.opened',
+      this.eventData(session),
+      `x402.session.opened:${session._id}`,
+    );
     return this.state(session);
   }
 
   /** A sponsor wallet pays for a session only if its policy allows every payee at the per-call maximum and the budget today. */
   private async sponsorAllows(tenantId: string, session: SessionDoc): Promise<void> {
     const walletId = session.sponsorWalletId!;
-    const [wallet, version] = await Promise.all([this.gates.knownWallet(walletId), this.policies.policyInForce(walletId)]);
+    const [wallet, version] = await Promise.all([
+      this.gates.knownWallet(walletId),
+      this.policies.policyInForce(walletId),
+    ]);
     if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('sponsor wallet');
-    const violation = (breach: { rule: string; message: string }) => x402Error('X402_WALLET_POLICY_VIOLATION', breach.message, { walletId, ...breach });
-    if (!version) throw violation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' });
+    const violation = (breach: { rule: string; message: string }) =>
+      x402Error('X402_WALLET_POLICY_VIOLATION', breach.message, { walletId, ...breach });
+    if (!version)
+      throw violation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' });
     for (const payeeAgentId of session.payeeAgentIds) {
-      const breach = evaluateStaticPolicy(version.policy, { amount: session.maxPerCall, currency: session.currency, payeeAgentId, toolId: null });
+      const breach = evaluateStaticPolicy(version.policy, {
+        amount: session.maxPerCall,
+        currency: session.currency,
+        payeeAgentId,
+        toolId: null,
+      });
       if (breach) throw violation(breach);
     }
     // The whole budget counts against today's limit, once per session (a resumed open is not counted again).
-    const breach = await this.policies.spendDaily(walletId, version.policy, `session#${session._id}`, session.budget, session.createdAt, true);
+    const breach = await this.policies.spendDaily(
+      walletId,
+      version.policy,
+      `session#${session._id}`,
+      session.budget,
+      session.createdAt,
+      true,
+    );
     if (breach) throw violation(breach);
   }
 
@@ -317,7 +396,11 @@ export class X402Sessions {
    * so that a verified call can always be paid; its settle captures what the call cost (capture). A hold nobody
    * captures is voided at the close and costs the payer nothing. Answers what is left of the budget.
    */
-  async hold(tenantId: string, sessionId: string, input: HoldInput): Promise<{ session: SessionDoc; remaining: number }> {
+  async hold(
+    tenantId: string,
+    sessionId: string,
+    input: HoldInput,
+  ): Promise<{ session: SessionDoc; remaining: number }> {
     const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.maxAmount, input.asset);
     const binding = this.bindingOf(session, input);
     let debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date(), binding);
@@ -330,7 +413,10 @@ export class X402Sessions {
       await this.afterSeqTaken(session, debit.seq, attempt);
       debit = await this.debit(session, input.paymentId, input.maxAmount, 'hold', new Date(), binding);
     }
-    if (debit.kind === 'repeat' && debit.mode === 'charge') throw x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${input.paymentId} was already settled`, { paymentId: input.paymentId });
+    if (debit.kind === 'repeat' && debit.mode === 'charge')
+      throw x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${input.paymentId} was already settled`, {
+        paymentId: input.paymentId,
+      });
     if (debit.kind === 'repeat' && debit.amount !== input.maxAmount) throw this.reusedError(input.paymentId);
     if (debit.kind === 'repeat' && debit.binding) this.requireBinding(session, debit.binding, binding);
     return { session, remaining: debit.kind === 'new' ? debit.remaining : await this.remaining(session) };
@@ -338,17 +424,25 @@ export class X402Sessions {
 
   /** What a hold is bound to: the payee it was verified for and the request it pays. */
   private bindingOf(session: SessionDoc, input: { payeeAgentId: string; requestSha256?: string }): HoldBinding {
-    return { payeeIndex: session.payeeAgentIds.indexOf(input.payeeAgentId), requestSha256: input.requestSha256 ?? null };
+    return {
+      payeeIndex: session.payeeAgentIds.indexOf(input.payeeAgentId),
+      requestSha256: input.requestSha256 ?? null,
+    };
   }
 
   /** Refuses a settle or charge of a hold that names another payee or request than its verify did. */
   private requireBinding(session: SessionDoc, held: HoldBinding, asked: HoldBinding): void {
     if (held.payeeIndex !== asked.payeeIndex) {
       const heldFor = session.payeeAgentIds[held.payeeIndex] ?? null;
-      throw x402Error('X402_PAYEE_MISMATCH', `this payment was verified for payee ${heldFor}`, { heldFor, payeeAgentId: session.payeeAgentIds[asked.payeeIndex] ?? null });
+      throw x402Error('X402_PAYEE_MISMATCH', `this payment was verified for payee ${heldFor}`, {
+        heldFor,
+        payeeAgentId: session.payeeAgentIds[asked.payeeIndex] ?? null,
+      });
     }
     if (held.requestSha256 !== asked.requestSha256) {
-      throw x402Error('X402_REQUEST_BINDING_MISMATCH', 'this payment was verified for another request', { requestSha256: held.requestSha256 });
+      throw x402Error('X402_REQUEST_BINDING_MISMATCH', 'this payment was verified for another request', {
+        requestSha256: held.requestSha256,
+      });
     }
   }
 
@@ -366,10 +460,16 @@ export class X402Sessions {
       if (captured.kind === 'unknown') return this.charge(tenantId, sessionId, input);
       if (captured.kind === 'mismatch') {
         this.requireBinding(session, captured.binding!, binding);
-        throw new Error(`session ${session._id}: the capture script refused payment ${input.paymentId} with a binding that matches`);
+        throw new Error(
+          `session ${session._id}: the capture script refused payment ${input.paymentId} with a binding that matches`,
+        );
       }
       if (captured.kind === 'over') {
-        throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${input.amount} exceeds the ${captured.amount} verify held for this payment`, { held: captured.amount, amount: input.amount });
+        throw x402Error(
+          'X402_SESSION_LIMIT_EXCEEDED',
+          `${input.amount} exceeds the ${captured.amount} verify held for this payment`,
+          { held: captured.amount, amount: input.amount },
+        );
       }
       if (captured.kind === 'repeat' && captured.amount !== input.amount) throw this.reusedError(input.paymentId);
       failpoint('x402.session.captured');
@@ -380,23 +480,45 @@ export class X402Sessions {
   }
 
   /** The session, if this call may be charged to it: a listed payee, within the per-call maximum, both agents live. */
-  private async checkCall(tenantId: string, sessionId: string, payeeAgentId: string, amount: number, asset?: string): Promise<SessionDoc> {
+  private async checkCall(
+    tenantId: string,
+    sessionId: string,
+    payeeAgentId: string,
+    amount: number,
+    asset?: string,
+  ): Promise<SessionDoc> {
     const session = await this.requireSession(tenantId, sessionId);
     if (asset !== undefined && asset !== session.currency) {
-      throw x402Error('X402_ASSET_MISMATCH', `the session is in ${session.currency}, the payment in ${asset}`, { currency: session.currency, asset });
+      throw x402Error('X402_ASSET_MISMATCH', `the session is in ${session.currency}, the payment in ${asset}`, {
+        currency: session.currency,
+        asset,
+      });
     }
     if (!session.payeeAgentIds.includes(payeeAgentId)) {
-      throw x402Error('X402_SESSION_PAYEE_NOT_ALLOWED', `payee ${payeeAgentId} is not one of the session's payees`, { payeeAgentId });
+      throw x402Error('X402_SESSION_PAYEE_NOT_ALLOWED', `payee ${payeeAgentId} is not one of the session's payees`, {
+        payeeAgentId,
+      });
     }
     if (amount > session.maxPerCall) {
-      throw x402Error('X402_SESSION_LIMIT_EXCEEDED', `${amount} exceeds the session's per-call maximum of ${session.maxPerCall}`, { maxPerCall: session.maxPerCall, amount });
+      throw x402Error(
+        'X402_SESSION_LIMIT_EXCEEDED',
+        `${amount} exceeds the session's per-call maximum of ${session.maxPerCall}`,
+        { maxPerCall: session.maxPerCall, amount },
+      );
     }
     await this.gates.requireLiveAgents(tenantId, [session.payerAgentId, payeeAgentId]);
     return session;
   }
 
   /** Debits the budget (restoring it first when Redis does not hold it); every refusal as its error. */
-  private async debit(session: SessionDoc, paymentId: string, amount: number, mode: Debit['mode'], now: Date, binding?: HoldBinding): Promise<Extract<DebitResult, { kind: 'new' | 'repeat' }>> {
+  private async debit(
+    session: SessionDoc,
+    paymentId: string,
+    amount: number,
+    mode: Debit['mode'],
+    now: Date,
+    binding?: HoldBinding,
+  ): Promise<Extract<DebitResult, { kind: 'new' | 'repeat' }>> {
     let debit = await this.store.debit(session._id, paymentId, amount, mode, now, binding);
     if (debit.kind === 'missing') {
       if ((await this.ensureBudget(session)) === 'closed') throw await this.closedError(session);
@@ -407,13 +529,19 @@ export class X402Sessions {
       await this.repairBudget(session, `seq ${debit.seq} handed out twice`);
       debit = await this.store.debit(session._id, paymentId, amount, mode, now, binding);
     }
-    if (debit.kind === 'missing') throw errors.unavailable('the session\'s budget could not be read');
+    if (debit.kind === 'missing') throw errors.unavailable("the session's budget could not be read");
     if (debit.kind === 'budget') {
-      throw x402Error('X402_SESSION_BUDGET_EXCEEDED', `${amount} exceeds what is left of the session's budget (${debit.remaining})`, { remaining: debit.remaining, amount });
+      throw x402Error(
+        'X402_SESSION_BUDGET_EXCEEDED',
+        `${amount} exceeds what is left of the session's budget (${debit.remaining})`,
+        { remaining: debit.remaining, amount },
+      );
     }
     if (debit.kind === 'expired') {
       // The sweeper closes it at its expiry; a call after it is refused even before that.
-      throw x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget goes back to the payer', { expiresAt: session.expiresAt.toISOString() });
+      throw x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget goes back to the payer', {
+        expiresAt: session.expiresAt.toISOString(),
+      });
     }
     if (debit.kind === 'closed') throw await this.closedError(session);
     return debit;
@@ -423,7 +551,12 @@ export class X402Sessions {
    * Records a debit as its charge (the unique insert of its seq; a close may have voided it first) and answers it.
    * `seq taken`: a recorded charge of another payment holds the seq, so Redis lost writes since it handed it out.
    */
-  private async recordCharge(session: SessionDoc, debit: Extract<DebitResult, { kind: 'new' | 'repeat' }>, input: ChargeInput, now: Date): Promise<ChargeAnswer | 'seq taken'> {
+  private async recordCharge(
+    session: SessionDoc,
+    debit: Extract<DebitResult, { kind: 'new' | 'repeat' }>,
+    input: ChargeInput,
+    now: Date,
+  ): Promise<ChargeAnswer | 'seq taken'> {
     const existing = debit.kind === 'repeat' ? await this.store.getCharge(session._id, debit.seq) : null;
     const charge = existing ?? (await this.store.recordCharge(this.chargeDoc(session, debit.seq, input, now)));
     if (charge.paymentId !== input.paymentId && charge.state === 'charged') return 'seq taken';
@@ -444,7 +577,8 @@ export class X402Sessions {
    * from the recorded charges; the caller debits again. Never a 500 for the caller unless it keeps happening.
    */
   private async afterSeqTaken(session: SessionDoc, seq: number, attempt: number): Promise<void> {
-    if (attempt >= DEBIT_ATTEMPTS) throw errors.unavailable('the session\'s budget is being put right after Redis lost writes; retry shortly');
+    if (attempt >= DEBIT_ATTEMPTS)
+      throw errors.unavailable("the session's budget is being put right after Redis lost writes; retry shortly");
     await this.repairBudget(session, `seq ${seq} is held by another payment's charge`);
   }
 
@@ -472,12 +606,18 @@ export class X402Sessions {
       if ((await this.ensureBudget(session)) === 'closed') throw await this.closedError(session);
       return;
     }
-    const [through, beyond] = await Promise.all([this.store.chargesThrough(session._id, state.seq), this.store.chargesBeyond(session._id, state.seq)]);
+    const [through, beyond] = await Promise.all([
+      this.store.chargesThrough(session._id, state.seq),
+      this.store.chargesBeyond(session._id, state.seq),
+    ]);
     const recorded = [...through, ...beyond].filter((c): c is ChargeDoc => c?.state === 'charged');
     const repaired = await this.store.repairBudget(session._id, recorded);
     if (repaired.missing) return;
     this.seqsSeen.set(session._id, Math.max(this.seqsSeen.get(session._id) ?? 0, repaired.seqAfter));
-    this.runtime.logger.warn({ sessionId: session._id, why, ...repaired, recorded: recorded.length }, 'x402 session budget put right against its recorded charges (Redis lost writes)');
+    this.runtime.logger.warn(
+      { sessionId: session._id, why, ...repaired, recorded: recorded.length },
+      'x402 session budget put right against its recorded charges (Redis lost writes)',
+    );
   }
 
   /**
@@ -497,7 +637,10 @@ export class X402Sessions {
         counts.repaired++;
       } catch (err) {
         counts.failed++;
-        this.runtime.logger.warn({ err, sessionId }, 'x402 session budget could not be checked after Redis lost writes; its next call or close does');
+        this.runtime.logger.warn(
+          { err, sessionId },
+          'x402 session budget could not be checked after Redis lost writes; its next call or close does',
+        );
       }
     }
     return counts;
@@ -509,14 +652,29 @@ export class X402Sessions {
    * record in flight: settle again, it answers the same), `settled` (charged: the charge and its receipt), `refused`
    * (voided by the close). Reads by `_id` and one Redis read; moves nothing.
    */
-  async paymentState(tenantId: string, sessionId: string, paymentId: string): Promise<{ status: 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused'; session: SessionDoc | null; charged: ChargeAnswer | null }> {
+  async paymentState(
+    tenantId: string,
+    sessionId: string,
+    paymentId: string,
+  ): Promise<{
+    status: 'unknown' | 'authorized' | 'settling' | 'settled' | 'refused';
+    session: SessionDoc | null;
+    charged: ChargeAnswer | null;
+  }> {
     const session = await this.store.get(sessionId);
     if (!session || session.tenantId !== tenantId) return { status: 'unknown', session: null, charged: null };
-    const [debit, budget] = await Promise.all([this.store.debitOf(session._id, paymentId), this.store.budgetState(session._id)]);
+    const [debit, budget] = await Promise.all([
+      this.store.debitOf(session._id, paymentId),
+      this.store.budgetState(session._id),
+    ]);
     if (!debit && !budget) return this.paymentOfRetired(session, paymentId);
     if (!debit) return { status: 'unknown', session, charged: null };
-    const [charge, close] = await Promise.all([this.store.getCharge(session._id, debit.seq), this.store.closeOf(session._id)]);
-    if (charge?.state === 'charged') return { status: 'settled', session, charged: this.answerOf(session, charge, budget) };
+    const [charge, close] = await Promise.all([
+      this.store.getCharge(session._id, debit.seq),
+      this.store.closeOf(session._id),
+    ]);
+    if (charge?.state === 'charged')
+      return { status: 'settled', session, charged: this.answerOf(session, charge, budget) };
     if (charge?.state === 'void') return { status: 'refused', session, charged: null };
     if (close) return { status: 'refused', session, charged: null }; // the close voids it at its next look
     return { status: debit.mode === 'hold' ? 'authorized' : 'settling', session, charged: null };
@@ -528,15 +686,22 @@ export class X402Sessions {
    * Redis lost it, once the budget is rebuilt. Not among a closed session's charges: `unknown` (never charged, and
    * now never will be: a hold the close voided is not told apart from an id never seen).
    */
-  private async paymentOfRetired(session: SessionDoc, paymentId: string): Promise<Awaited<ReturnType<X402Sessions['paymentState']>>> {
+  private async paymentOfRetired(
+    session: SessionDoc,
+    paymentId: string,
+  ): Promise<Awaited<ReturnType<X402Sessions['paymentState']>>> {
     const close = await this.store.closeOf(session._id);
     if (!close) {
       await this.ensureBudget(session).catch(() => undefined);
       const debit = await this.store.debitOf(session._id, paymentId);
-      return debit ? this.paymentState(session.tenantId, session._id, paymentId) : { status: 'unknown', session, charged: null };
+      return debit
+        ? this.paymentState(session.tenantId, session._id, paymentId)
+        : { status: 'unknown', session, charged: null };
     }
     const charge = await this.statementCharge(session, close, paymentId);
-    return charge ? { status: 'settled', session, charged: this.answerOf(session, charge, null) } : { status: 'unknown', session, charged: null };
+    return charge
+      ? { status: 'settled', session, charged: this.answerOf(session, charge, null) }
+      : { status: 'unknown', session, charged: null };
   }
 
   /** A recorded charge as a charge answers it (a repeat: nothing new was charged); `remaining` from the budget read. */
@@ -587,7 +752,9 @@ export class X402Sessions {
   }
 
   private reusedError(paymentId: string): ServiceError {
-    return x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${paymentId} was already charged for another call`, { paymentId });
+    return x402Error('X402_SESSION_PAYMENT_REUSED', `payment ${paymentId} was already charged for another call`, {
+      paymentId,
+    });
   }
 
   /**
@@ -599,7 +766,10 @@ export class X402Sessions {
     const close = await this.store.closeOf(session._id);
     if (close && stopRedis) await this.store.stopDebits(session._id);
     if (close?.reason === 'wound_down') return woundDownError(close.woundDownAgentId ?? session.payerAgentId);
-    if (close?.reason === 'expired') return x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget went back to the payer', { expiresAt: session.expiresAt.toISOString() });
+    if (close?.reason === 'expired')
+      return x402Error('X402_SESSION_EXPIRED', 'the session has expired; its budget went back to the payer', {
+        expiresAt: session.expiresAt.toISOString(),
+      });
     return x402Error('X402_SESSION_CLOSED', 'the session is closed', { status: close ? 'closed' : 'closing' });
   }
 
@@ -611,21 +781,46 @@ export class X402Sessions {
    */
   private async ensureBudget(session: SessionDoc): Promise<'restored' | 'closed'> {
     const { ledger } = this.runtime.stores;
-    const [close, lock, first] = await Promise.all([this.store.closeOf(session._id), ledger.getEntry(sessionEntryIds.lock(session._id)), this.store.getCharge(session._id, 1)]);
+    const [close, lock, first] = await Promise.all([
+      this.store.closeOf(session._id),
+      ledger.getEntry(sessionEntryIds.lock(session._id)),
+      this.store.getCharge(session._id, 1),
+    ]);
     if (close) return 'closed';
     let funded = lock?.state === 'applied';
-    if (lock?.state === 'pending') funded = (await ledger.resume(lock.entryId).catch((err) => (isInsufficientFunds(err) ? null : Promise.reject(err))))?.state === 'applied';
-    if (!funded) throw x402Error('X402_SESSION_CLOSED', 'the session holds no budget: its reserve was never made', { status: 'unfunded' });
+    if (lock?.state === 'pending')
+      funded =
+        (await ledger.resume(lock.entryId).catch((err) => (isInsufficientFunds(err) ? null : Promise.reject(err))))
+          ?.state === 'applied';
+    if (!funded)
+      throw x402Error('X402_SESSION_CLOSED', 'the session holds no budget: its reserve was never made', {
+        status: 'unfunded',
+      });
     if (!first) {
-      await this.store.initBudget(session._id, { state: 'open', budget: session.budget, spent: 0, seq: 0, expiresAt: session.expiresAt });
+      await this.store.initBudget(session._id, {
+        state: 'open',
+        budget: session.budget,
+        spent: 0,
+        seq: 0,
+        expiresAt: session.expiresAt,
+      });
       return 'restored';
     }
     const charges = await this.store.allCharges(session._id);
     const seq = Math.max(0, ...charges.map((c) => c.seq));
     const spent = charges.filter((c) => c.state === 'charged').reduce((sum, c) => sum + c.amount, 0);
-    const payments = charges.filter((c) => c.paymentId).map((c): [string, string] => [c.paymentId!, `${c.seq}:${c.amount}:c`]);
-    this.runtime.logger.warn({ sessionId: session._id, charges: charges.length, spent }, 'x402 session budget rebuilt from its charges');
-    await this.store.initBudget(session._id, { state: 'open', budget: session.budget, spent, seq, expiresAt: session.expiresAt }, payments);
+    const payments = charges
+      .filter((c) => c.paymentId)
+      .map((c): [string, string] => [c.paymentId!, `${c.seq}:${c.amount}:c`]);
+    this.runtime.logger.warn(
+      { sessionId: session._id, charges: charges.length, spent },
+      'x402 session budget rebuilt from its charges',
+    );
+    await this.store.initBudget(
+      session._id,
+      { state: 'open', budget: session.budget, spent, seq, expiresAt: session.expiresAt },
+      payments,
+    );
     return 'restored';
   }
 
@@ -642,14 +837,22 @@ export class X402Sessions {
    * wins; a later closer finishes the winner's). Then the money moves (finishClose). Answers the recorded close, or
    * null for a session that never held money (its lock was refused, or never made).
    */
-  async closeSession(session: SessionDoc, reason: CloseReason, woundDownAgentId: string | null = null): Promise<CloseDoc | null> {
+  async closeSession(
+    session: SessionDoc,
+    reason: CloseReason,
+    woundDownAgentId: string | null = null,
+  ): Promise<CloseDoc | null> {
     const recorded = await this.store.closeOf(session._id);
     if (recorded) {
       await this.finishClose(session, recorded);
       return recorded;
     }
     // Due for the sweeper first: a close that dies anywhere below is finished at its next pass.
-    await this.store.due.mark(session._id, session.tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
+    await this.store.due.mark(
+      session._id,
+      session.tenantId,
+      new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs),
+    );
     let lastSeq = await this.store.stopDebits(session._id);
     if (lastSeq === null) {
       let budget: 'restored' | 'closed';
@@ -666,19 +869,21 @@ export class X402Sessions {
     const now = new Date();
     // Every seq Redis handed out is decided, and every charge recorded past them too: after Redis lost writes its seq
     // is behind the recorded charges, and the statement must still pay every receipt.
-    const [through, beyond] = await Promise.all([this.store.chargesThrough(session._id, lastSeq), this.store.chargesBeyond(session._id, lastSeq)]);
-    if (beyond.length > 0) this.runtime.logger.warn({ sessionId: session._id, redisSeq: lastSeq, recordedSeq: lastSeq + beyond.length }, 'x402 session close found charges past the seq Redis held (Redis lost writes)');
+    const [through, beyond] = await Promise.all([
+      this.store.chargesThrough(session._id, lastSeq),
+      this.store.chargesBeyond(session._id, lastSeq),
+    ]);
+    if (beyond.length > 0)
+      this.runtime.logger.warn(
+        { sessionId: session._id, redisSeq: lastSeq, recordedSeq: lastSeq + beyond.length },
+        'x402 session close found charges past the seq Redis held (Redis lost writes)',
+      );
     const found = [...through, ...beyond];
     const decided = await Promise.all(
-      found.map((charge, i) =>
-        charge ??
-        this.store.recordVoid(session._id, i + 1, now),
-      ),
+      found.map((charge, i) => charge ?? this.store.recordVoid(session._id, i + 1, now)),
     );
     failpoint('x402.session.voided');
-    const lines: StatementCharge[] = decided
-      .filter((c) => c.state === 'charged')
-      .map(statementLine);
+    const lines: StatementCharge[] = decided.filter((c) => c.state === 'charged').map(statementLine);
     const totals = statementTotals(session, lines);
     const statement = signStatement(
       {
@@ -706,7 +911,14 @@ export class X402Sessions {
       },
       this.runtime.keys.active,
     );
-    const { close } = await this.store.recordClose({ _id: session._id, tenantId: session.tenantId, reason, woundDownAgentId, at: now, statement });
+    const { close } = await this.store.recordClose({
+      _id: session._id,
+      tenantId: session.tenantId,
+      reason,
+      woundDownAgentId,
+      at: now,
+      statement,
+    });
     failpoint('x402.session.closed');
     await this.finishClose(session, close);
     return close;
@@ -752,10 +964,21 @@ export class X402Sessions {
         disputeWindowSeconds: session.disputeWindowSeconds,
       });
       const decision = decideSettlement({ settlementId: s._id, ...s }, 'pass', null, close.at, (money) =>
-        signReceipt({ ...receiptMoney({ settlementId: s._id, ...s }, money), sessionId: session._id, statementHash: close.statement.statementHash }, this.runtime.keys.active),
+        signReceipt(
+          {
+            ...receiptMoney({ settlementId: s._id, ...s }, money),
+            sessionId: session._id,
+            statementHash: close.statement.statementHash,
+          },
+          this.runtime.keys.active,
+        ),
       );
       const claimed = await settlements.claimDecision(s._id, decision);
-      await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts: claimed.facts, decidedNow: claimed.won });
+      await advanceSettlement(this.runtime, s._id, undefined, {
+        doc: s,
+        facts: claimed.facts,
+        decidedNow: claimed.won,
+      });
       failpoint('x402.session.payee-settled');
     }
     const type = close.reason === 'expired' ? 'x402.session.expired' : 'x402.session.closed';
@@ -763,7 +986,14 @@ export class X402Sessions {
       this.runtime,
       session.tenantId,
       type,
-      { ...this.eventData(session), reason: close.reason, totalCharged: body.totalCharged, refunded: body.refunded, chargeCount: body.chargeCount, statementHash: close.statement.statementHash },
+      {
+        ...this.eventData(session),
+        reason: close.reason,
+        totalCharged: body.totalCharged,
+        refunded: body.refunded,
+        chargeCount: body.chargeCount,
+        statementHash: close.statement.statementHash,
+      },
       `${type}:${session._id}`,
     );
     await this.fence(session, close);
@@ -799,12 +1029,25 @@ export class X402Sessions {
 
   async state(session: SessionDoc): Promise<SessionState> {
     const [close, budget] = await Promise.all([this.store.closeOf(session._id), this.store.budgetState(session._id)]);
-    if (close) return { session, status: statusOfClose(close), spent: close.statement.body.totalCharged, charges: close.statement.body.chargeCount, close };
+    if (close)
+      return {
+        session,
+        status: statusOfClose(close),
+        spent: close.statement.body.totalCharged,
+        charges: close.statement.body.chargeCount,
+        close,
+      };
     if (!budget) {
       const funded = await this.runtime.stores.ledger.firstAttemptApplied(sessionEntryIds.lock(session._id));
       return { session, status: funded ? 'open' : 'unfunded', spent: 0, charges: 0, close: null };
     }
-    return { session, status: budget.state === 'closed' ? 'closing' : 'open', spent: budget.spent, charges: budget.seq, close: null };
+    return {
+      session,
+      status: budget.state === 'closed' ? 'closing' : 'open',
+      spent: budget.spent,
+      charges: budget.seq,
+      close: null,
+    };
   }
 
   async get(tenantId: string, sessionId: string): Promise<SessionState> {
@@ -815,7 +1058,8 @@ export class X402Sessions {
   async statement(tenantId: string, sessionId: string): Promise<{ close: CloseDoc; charges: StatementCharge[] }> {
     const session = await this.requireSession(tenantId, sessionId);
     const close = await this.store.closeOf(session._id);
-    if (!close) throw errors.transitionIllegal('an open session has no statement yet', (await this.state(session)).status);
+    if (!close)
+      throw errors.transitionIllegal('an open session has no statement yet', (await this.state(session)).status);
     const lastSeq = statementLastSeq(close.statement.body);
     const charges = (await this.store.chargesThrough(session._id, lastSeq))
       .filter((c): c is ChargeDoc => c?.state === 'charged')
@@ -827,15 +1071,30 @@ export class X402Sessions {
    * The payer disputes what a payee was paid at the close, inside the session's dispute window: the payee's holdback
    * is frozen until an ops ruling (POST /ops/disputes/{id}/resolve), as for any settlement.
    */
-  async dispute(tenantId: string, sessionId: string, input: { payeeAgentId: string; reason: string; evidence?: unknown }) {
+  async dispute(
+    tenantId: string,
+    sessionId: string,
+    input: { payeeAgentId: string; reason: string; evidence?: unknown },
+  ) {
     const session = await this.requireSession(tenantId, sessionId);
     const close = await this.store.closeOf(session._id);
     const payee = close?.statement.body.payees.find((p) => p.payeeAgentId === input.payeeAgentId);
-    if (!close) throw errors.transitionIllegal('an open session has nothing settled to dispute yet', (await this.state(session)).status);
+    if (!close)
+      throw errors.transitionIllegal(
+        'an open session has nothing settled to dispute yet',
+        (await this.state(session)).status,
+      );
     const s = payee?.settlementId ? await this.runtime.stores.settlements.get(payee.settlementId) : null;
     if (!s) throw errors.notFound(`a settlement of payee ${input.payeeAgentId} in this session`);
     const opened = await disputeSettlement(this.runtime, s, input);
-    return { disputeId: opened.disputeId, status: opened.status, settlementId: s._id, sessionId: session._id, payeeAgentId: input.payeeAgentId, frozenAmount: opened.frozenAmount };
+    return {
+      disputeId: opened.disputeId,
+      status: opened.status,
+      settlementId: s._id,
+      sessionId: session._id,
+      payeeAgentId: input.payeeAgentId,
+      frozenAmount: opened.frozenAmount,
+    };
   }
 
   /** A wind-down closes every session the agent pays or is paid by (found through the agent's index). */

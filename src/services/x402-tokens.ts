@@ -12,7 +12,13 @@ export class X402Tokens {
   }
 
   /** Signs `claims` for `audience` (the party that will check them), expiring with what they authorize. */
-  async sign(claims: Record<string, unknown>, audience: string, subject: string, expiresAt: Date, jti = newId('jti')): Promise<string> {
+  async sign(
+    claims: Record<string, unknown>,
+    audience: string,
+    subject: string,
+    expiresAt: Date,
+    jti = newId('jti'),
+  ): Promise<string> {
     const { keyId, privateKey } = this.runtime.keys.active;
     return new SignJWT(claims)
       .setProtectedHeader({ alg: 'EdDSA', kid: keyId, typ: 'JWT' })
@@ -28,7 +34,11 @@ export class X402Tokens {
   /** A token this service signed for `audience`, or null (bad signature, other audience, expired, malformed). */
   async verifyOwnToken(token: string, audience: string): Promise<JWTPayload | null> {
     try {
-      const { payload } = await jwtVerify(token, this.jwks, { issuer: this.runtime.config.publicBaseUrl, audience, algorithms: ['EdDSA'] });
+      const { payload } = await jwtVerify(token, this.jwks, {
+        issuer: this.runtime.config.publicBaseUrl,
+        audience,
+        algorithms: ['EdDSA'],
+      });
       return payload;
     } catch {
       return null;

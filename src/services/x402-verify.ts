@@ -7,7 +7,13 @@ import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
 import { receiptMoney, signReceipt } from '../domain/receipt.ts';
-import { decideSettlement, entryIds, releaseCredits, type DecisionFact, type SettlementView } from '../domain/settlement.ts';
+import {
+  decideSettlement,
+  entryIds,
+  releaseCredits,
+  type DecisionFact,
+  type SettlementView,
+} from '../domain/settlement.ts';
 import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
 import { watchRedis } from '../outages.ts';
 import { bullPrefix, jobIdFor } from '../queues/index.ts';
@@ -18,7 +24,15 @@ import type { SettlementState } from '../store/settlements.ts';
 import type { GateDoc, VerificationDoc } from '../store/x402.ts';
 import { emitEvent } from './events.ts';
 import { advanceSettlement } from './settlement.ts';
-import { gateExpiredEvent, gateSettlementId, settledStatus, statusOf, woundDownError, type GateState, type X402Gates } from './x402-gates.ts';
+import {
+  gateExpiredEvent,
+  gateSettlementId,
+  settledStatus,
+  statusOf,
+  woundDownError,
+  type GateState,
+  type X402Gates,
+} from './x402-gates.ts';
 
 /** How long verify waits for its job before answering 202 with the status URL. */
 const VERIFY_WAIT_MS = 2_000;
@@ -83,16 +97,27 @@ export class X402Verification {
    */
   async verify(
     tenantId: string,
-    input: { gateId: string; evidence: { responseSha256: string; providerSignature?: string }; verificationStatus?: VerificationStatus; amount?: number },
+    input: {
+      gateId: string;
+      evidence: { responseSha256: string; providerSignature?: string };
+      verificationStatus?: VerificationStatus;
+      amount?: number;
+    },
   ): Promise<{ state: GateState; decided: boolean }> {
     const gate = await this.gates.requireGate(tenantId, input.gateId);
     const status = input.verificationStatus ?? 'verified';
     if (input.amount !== undefined && status === 'failed') {
-      throw errors.unprocessable('a failed call is not charged: send amount only with verificationStatus verified', { errors: [{ path: 'body.amount', message: 'only with verified' }] });
+      throw errors.unprocessable('a failed call is not charged: send amount only with verificationStatus verified', {
+        errors: [{ path: 'body.amount', message: 'only with verified' }],
+      });
     }
     // Checked before anything is read or recorded: a capture above the authorization moves nothing, ever.
     if (input.amount !== undefined && input.amount > gate.amount) {
-      throw x402Error('X402_CAPTURE_EXCEEDS_AUTHORIZATION', `the call cannot be charged ${input.amount}: the gate authorized at most ${gate.amount}`, { gateId: gate._id, amount: input.amount, authorized: gate.amount });
+      throw x402Error(
+        'X402_CAPTURE_EXCEEDS_AUTHORIZATION',
+        `the call cannot be charged ${input.amount}: the gate authorized at most ${gate.amount}`,
+        { gateId: gate._id, amount: input.amount, authorized: gate.amount },
+      );
     }
     // The gate's commitment decides the path (from memory when this process authorized the gate or saw it). A
     // verification is only ever recorded after the commitment, and its unique insert below tells a first report
@@ -104,17 +129,26 @@ export class X402Verification {
       status === 'verified' ? this.gates.woundDownParty(gate) : null,
     ]);
     let commitment = known;
-    if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired') throw await this.gates.terminal(gate, 'cannot be verified');
+    if (commitment?.kind === 'cancellation' || commitment?.kind === 'expired')
+      throw await this.gates.terminal(gate, 'cannot be verified');
     if (commitment?.kind !== 'authorization') {
       const reported = commitment ? await this.store.verificationOf(gate._id) : null;
       if (reported) return this.repeatVerify(gate);
       if (!funded) throw await this.gates.terminal(gate, 'cannot be verified');
       if (status === 'verified') {
-        throw x402Error('X402_PAYMENT_NOT_AUTHORIZED', 'no payment was authorized on this gate; only a failed call can be reported', { status: statusOf(funded, commitment, null, null) });
+        throw x402Error(
+          'X402_PAYMENT_NOT_AUTHORIZED',
+          'no payment was authorized on this gate; only a failed call can be reported',
+          { status: statusOf(funded, commitment, null, null) },
+        );
       }
     }
     if (commitment?.kind === 'authorization' && status === 'verified') {
-      const returned = woundDown ? 'wound_down' : Date.now() > authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).getTime() ? 'expired' : null;
+      const returned = woundDown
+        ? 'wound_down'
+        : Date.now() > authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).getTime()
+          ? 'expired'
+          : null;
       if (returned) return this.returnInsteadOfPaying(gate, returned, woundDown);
     }
     if (!commitment) {
@@ -123,20 +157,29 @@ export class X402Verification {
       await this.store.due.mark(gate._id, tenantId, new Date(Date.now() + this.runtime.config.sweeper.staleAfterMs));
       commitment = await this.store.recordVoiding(gate);
       // An authorization that got there first takes the failure report as any authorized gate does.
-      if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw await this.gates.terminal(gate, 'cannot be verified');
+      if (commitment.kind === 'cancellation' || commitment.kind === 'expired')
+        throw await this.gates.terminal(gate, 'cannot be verified');
       failpoint('x402.verify.voided');
     }
     // Where this process left the payer's chains (its lock posted there): the job then need not read past them.
-    const ledgerHeads = this.runtime.stores.ledger.knownHeadsOf((['escrow', 'available'] as const).map((bucket) => accountOf(gate.escrowWalletId, gate.currency, bucket)));
+    const ledgerHeads = this.runtime.stores.ledger.knownHeadsOf(
+      (['escrow', 'available'] as const).map((bucket) => accountOf(gate.escrowWalletId, gate.currency, bucket)),
+    );
     // The settlement before the report, so that the report can carry it and the job need not read it: its terms
     // never change (its state is its facts, which every pass reads or claims).
-    const settlement = await this.runtime.stores.settlements.createForGate(gateSettlementId(gate._id), this.settlementInput(gate));
+    const settlement = await this.runtime.stores.settlements.createForGate(
+      gateSettlementId(gate._id),
+      this.settlementInput(gate),
+    );
     failpoint('x402.verify.settlement-stored');
     const verification: VerificationDoc = {
       _id: gate._id,
       tenantId,
       verificationStatus: status,
-      evidence: { responseSha256: input.evidence.responseSha256, providerSignature: input.evidence.providerSignature ?? null },
+      evidence: {
+        responseSha256: input.evidence.responseSha256,
+        providerSignature: input.evidence.providerSignature ?? null,
+      },
       ...(input.amount !== undefined ? { captured: input.amount } : {}),
       at: new Date(),
       ...(ledgerHeads.length > 0 ? { ledgerHeads } : {}),
@@ -151,8 +194,14 @@ export class X402Verification {
     const settled: SettlementState = { doc: settlement, facts: { decision: outcome.decision }, view: outcome.view };
     const gateStatus = settledStatus(settled);
     // An authorized gate takes no other quote, so its current one is the quote it was authorized under (in memory).
-    const quote = commitment?.kind === 'authorization' ? await this.store.quoteOfTenant(commitment.quoteId, tenantId) : (await this.store.currentQuote(gate._id)).quote;
-    return { state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled }, decided: gateStatus !== 'settling' };
+    const quote =
+      commitment?.kind === 'authorization'
+        ? await this.store.quoteOfTenant(commitment.quoteId, tenantId)
+        : (await this.store.currentQuote(gate._id)).quote;
+    return {
+      state: { gate, status: gateStatus, funded: true, commitment, verification, quote, settlement: settled },
+      decided: gateStatus !== 'settling',
+    };
   }
 
   /**
@@ -161,32 +210,65 @@ export class X402Verification {
    * the payer. Answers the verification that holds the slot (this return, or a report that got there first).
    */
   async recordReturn(gate: GateDoc, outcome: 'expired' | 'wound_down'): Promise<VerificationDoc> {
-    const { verification } = await this.store.recordVerification({ _id: gate._id, tenantId: gate.tenantId, verificationStatus: outcome, evidence: { responseSha256: null, providerSignature: null }, at: new Date() });
+    const { verification } = await this.store.recordVerification({
+      _id: gate._id,
+      tenantId: gate.tenantId,
+      verificationStatus: outcome,
+      evidence: { responseSha256: null, providerSignature: null },
+      at: new Date(),
+    });
     return verification;
   }
 
   /** A success report that may no longer pay: the gate is returned (the worker refunds the payer) and the report refused. */
-  private async returnInsteadOfPaying(gate: GateDoc, outcome: 'expired' | 'wound_down', woundDownAgent: string | null): Promise<{ state: GateState; decided: boolean }> {
+  private async returnInsteadOfPaying(
+    gate: GateDoc,
+    outcome: 'expired' | 'wound_down',
+    woundDownAgent: string | null,
+  ): Promise<{ state: GateState; decided: boolean }> {
     const verification = await this.recordReturn(gate, outcome);
-    if (verification.verificationStatus === 'verified' || verification.verificationStatus === 'failed') return this.repeatVerify(gate);
+    if (verification.verificationStatus === 'verified' || verification.verificationStatus === 'failed')
+      return this.repeatVerify(gate);
     failpoint('x402.verify.returned');
-    await this.runtime.producers.ensure('x402-verify', { tenantId: gate.tenantId, gateId: gate._id }, jobIdFor('x402-verify', gate._id));
+    await this.runtime.producers.ensure(
+      'x402-verify',
+      { tenantId: gate.tenantId, gateId: gate._id },
+      jobIdFor('x402-verify', gate._id),
+    );
     throw await this.refusalOf(gate, verification, woundDownAgent);
   }
 
   /** A repeated report: the first one stands, unless it was the gate's return and this one claims success (refused). */
-  private async answerRepeat(gate: GateDoc, status: VerificationStatus, first: VerificationDoc): Promise<{ state: GateState; decided: boolean }> {
-    if (status === 'verified' && (first.verificationStatus === 'expired' || first.verificationStatus === 'wound_down')) throw await this.refusalOf(gate, first, null);
+  private async answerRepeat(
+    gate: GateDoc,
+    status: VerificationStatus,
+    first: VerificationDoc,
+  ): Promise<{ state: GateState; decided: boolean }> {
+    if (status === 'verified' && (first.verificationStatus === 'expired' || first.verificationStatus === 'wound_down'))
+      throw await this.refusalOf(gate, first, null);
     return this.repeatVerify(gate);
   }
 
-  private async refusalOf(gate: GateDoc, returned: VerificationDoc, woundDownAgent: string | null): Promise<ServiceError> {
+  private async refusalOf(
+    gate: GateDoc,
+    returned: VerificationDoc,
+    woundDownAgent: string | null,
+  ): Promise<ServiceError> {
     if (returned.verificationStatus === 'wound_down') {
-      return woundDownError(woundDownAgent ?? (await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId])) ?? gate.payerAgentId);
+      return woundDownError(
+        woundDownAgent ?? (await this.gates.anyWoundDown([gate.payerAgentId, gate.payeeAgentId])) ?? gate.payerAgentId,
+      );
     }
     const commitment = await this.store.commitmentOf(gate._id);
-    const deadline = commitment?.kind === 'authorization' ? authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).toISOString() : null;
-    return x402Error('X402_AUTHORIZATION_EXPIRED', 'the authorization expired before the call was reported; the payer is refunded', { gateId: gate._id, status: 'expired', reportableUntil: deadline });
+    const deadline =
+      commitment?.kind === 'authorization'
+        ? authorizationDeadline(commitment.expiresAt, this.runtime.config.x402).toISOString()
+        : null;
+    return x402Error(
+      'X402_AUTHORIZATION_EXPIRED',
+      'the authorization expired before the call was reported; the payer is refunded',
+      { gateId: gate._id, status: 'expired', reportableUntil: deadline },
+    );
   }
 
   /** A repeated report: the first report stands; answer the decision, or make sure a job is on it and wait. */
@@ -210,13 +292,20 @@ export class X402Verification {
     // client, and the queue's hash-tagged prefix, or the events of its jobs are never seen and every verify waits
     // out its 2 s and answers 202. Back within 2 s of Redis (BullMQ's own retry waits up to 20 s between attempts,
     // each second a 202 instead of a decision).
-    const connection = createRedisClient(redisUrl, { maxRetriesPerRequest: null, retryStrategy: (attempt: number) => Math.min(attempt * 200, 2_000) });
+    const connection = createRedisClient(redisUrl, {
+      maxRetriesPerRequest: null,
+      retryStrategy: (attempt: number) => Math.min(attempt * 200, 2_000),
+    });
     this.queueEventsConnection = connection;
     watchRedis(connection, this.runtime.outages);
-    const events = new QueueEvents('x402-verify', { connection, prefix: bullPrefix(redisPrefix, isClusterUrl(redisUrl)) });
+    const events = new QueueEvents('x402-verify', {
+      connection,
+      prefix: bullPrefix(redisPrefix, isClusterUrl(redisUrl)),
+    });
     // It reconnects by itself and a missed event only means a 202; its failures still count into the outage.
     events.on('error', (err) => {
-      if (!this.runtime.outages.absorb(err)) this.runtime.logger.warn({ err: err.message }, 'x402-verify queue events failed');
+      if (!this.runtime.outages.absorb(err))
+        this.runtime.logger.warn({ err: err.message }, 'x402-verify queue events failed');
     });
     const settle = (jobId: string, outcome: VerifyOutcome | null) => {
       const waiters = this.verifyWaiters.get(jobId);
@@ -225,7 +314,8 @@ export class X402Verification {
     };
     events.on('completed', ({ jobId, returnvalue }) => {
       const value: unknown = typeof returnvalue === 'string' ? JSON.parse(returnvalue) : returnvalue;
-      if (value && typeof value === 'object' && 'heads' in value) this.runtime.stores.ledger.learnReportedHeads(value.heads);
+      if (value && typeof value === 'object' && 'heads' in value)
+        this.runtime.stores.ledger.learnReportedHeads(value.heads);
       settle(jobId, value && typeof value === 'object' && 'decision' in value ? (value as VerifyOutcome) : null);
     });
     events.on('failed', ({ jobId }) => settle(jobId, null));
@@ -257,7 +347,12 @@ export class X402Verification {
     });
     const payload = { tenantId: gate.tenantId, gateId: gate._id };
     try {
-      if (first) await this.runtime.producers.enqueue('x402-verify', report ? { ...payload, report: BSON.EJSON.stringify(report) } : payload, jobId);
+      if (first)
+        await this.runtime.producers.enqueue(
+          'x402-verify',
+          report ? { ...payload, report: BSON.EJSON.stringify(report) } : payload,
+          jobId,
+        );
       else await this.runtime.producers.ensure('x402-verify', payload, jobId);
     } catch (err) {
       clearTimeout(timer);
@@ -280,7 +375,8 @@ export class X402Verification {
     const verification = reportCopy(report, tenantId, gateId) ?? (await this.store.verificationOf(gateId));
     if (!verification) return { skipped: 'nothing reported' };
     this.store.rememberFactsOf(verification);
-    const copied = verification.against?.settlement?._id === gateSettlementId(gateId) ? verification.against.settlement : null;
+    const copied =
+      verification.against?.settlement?._id === gateSettlementId(gateId) ? verification.against.settlement : null;
     const [gate, commitment, existing] = await Promise.all([
       this.store.gateOfTenant(gateId, tenantId),
       this.store.commitmentOf(gateId),
@@ -289,7 +385,8 @@ export class X402Verification {
     if (!gate) return { skipped: 'no such gate' };
     if (!commitment) throw new Error(`gate ${gateId} has a report but no commitment`);
     // A cancelled or expired gate's lock goes back by its unlock entry; it must never be refunded a second time here.
-    if (commitment.kind === 'cancellation' || commitment.kind === 'expired') throw new MoneyInvariantError(`gate ${gateId} is ${commitment.kind} yet has a report`);
+    if (commitment.kind === 'cancellation' || commitment.kind === 'expired')
+      throw new MoneyInvariantError(`gate ${gateId} is ${commitment.kind} yet has a report`);
     const [s] = await Promise.all([
       existing ?? settlements.createForGate(gateSettlementId(gateId), this.settlementInput(gate)),
       this.gates.ensureAgentWallet(gate.payeeAgentId, tenantId), // the release credits it
@@ -301,23 +398,49 @@ export class X402Verification {
     // rest back to the payer), or the refund's.
     const captured = verification.captured ?? gate.amount;
     this.runtime.stores.ledger.learnReportedHeads(verification.ledgerHeads);
-    const movement = verdict === 'pass'
-      ? { id: entryIds.release(s._id), to: releaseCredits(s, { verdict, captured, releaseNow: holdbackOf(captured, gate.holdbackBps).releaseNow }).map((c) => c.walletId) }
-      : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
-    const movementLegs = [{ walletId: s.payerWalletId, bucket: 'escrow' as const }, ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const }))];
+    const movement =
+      verdict === 'pass'
+        ? {
+            id: entryIds.release(s._id),
+            to: releaseCredits(s, {
+              verdict,
+              captured,
+              releaseNow: holdbackOf(captured, gate.holdbackBps).releaseNow,
+            }).map((c) => c.walletId),
+          }
+        : { id: entryIds.held(s._id, 'refund'), to: [s.payerWalletId] };
+    const movementLegs = [
+      { walletId: s.payerWalletId, bucket: 'escrow' as const },
+      ...movement.to.map((walletId) => ({ walletId, bucket: 'available' as const })),
+    ];
     const prepared = this.runtime.stores.ledger.prepare({ currency: s.currency, legs: movementLegs });
     prepared.catch(() => undefined); // only a head start: apply reads again without it
     // The decision is claimed straight away, with nothing read first: losing the claim (a job run again, or a
     // second worker) hands back the winner's, and the other facts are read then.
     const decided = decideSettlement(
-      { settlementId: s._id, amount: gate.amount, holdbackBps: gate.holdbackBps, disputeWindowSeconds: gate.disputeWindowSeconds, captured: verification.captured ?? gate.amount },
+      {
+        settlementId: s._id,
+        amount: gate.amount,
+        holdbackBps: gate.holdbackBps,
+        disputeWindowSeconds: gate.disputeWindowSeconds,
+        captured: verification.captured ?? gate.amount,
+      },
       verdict,
       refundReason(authorization !== null, verification.verificationStatus),
       new Date(),
       (money) =>
         signReceipt(
           {
-            ...receiptMoney({ settlementId: s._id, payerWalletId: s.payerWalletId, payeeWalletId: s.payeeWalletId, amount: gate.amount, currency: gate.currency }, money),
+            ...receiptMoney(
+              {
+                settlementId: s._id,
+                payerWalletId: s.payerWalletId,
+                payeeWalletId: s.payeeWalletId,
+                amount: gate.amount,
+                currency: gate.currency,
+              },
+              money,
+            ),
             gateId,
             authorizationRef: authorization?.authorizationRef ?? null,
             quoteId: authorization?.quoteId ?? null,
@@ -333,12 +456,27 @@ export class X402Verification {
     const decision = facts.decision;
     failpoint('x402.verify-job.decided');
     // Claimed on every pass, so a crash between the two claims cannot leave a failed gate held.
-    if (decision.verdict === 'fail') facts.heldRuling = (await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })).fact;
+    if (decision.verdict === 'fail')
+      facts.heldRuling = (
+        await settlements.claim(s._id, 'heldRuling', { outcome: 'refund', at: decision.decidedAt })
+      ).fact;
     const heads = await prepared.catch(() => null);
-    const settled = await advanceSettlement(this.runtime, s._id, undefined, { doc: s, facts, decidedNow, ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}) });
+    const settled = await advanceSettlement(this.runtime, s._id, undefined, {
+      doc: s,
+      facts,
+      decidedNow,
+      ...(heads ? { prepared: new Map([[movement.id, heads]]) } : {}),
+    });
     if (!settled) throw new Error(`settlement ${s._id} vanished`);
     if (verification.verificationStatus === 'expired') {
-      await emitEvent(this.runtime, tenantId, 'x402.gate.expired', gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount), `x402.gate.expired:${gateId}`, { test: gate.test === true });
+      await emitEvent(
+        this.runtime,
+        tenantId,
+        'x402.gate.expired',
+        gateExpiredEvent(gate, 'authorization_expired', settled.view.refundedAmount),
+        `x402.gate.expired:${gateId}`,
+        { test: gate.test === true },
+      );
     }
     // The gate's money is its settlement's now (final, or due in the settlement sweeper): the gate sweeper is done.
     await this.store.due.done(gateId);

@@ -1,7 +1,15 @@
 // x402 wallet policies: a wallet's versioned spending policy, its daily spend counted once per decision, and a
 // sponsor wallet's decision to pay for one gate, quote and request.
 import { errors, ServiceError, x402Error } from '../domain/errors.ts';
-import { evaluateDailyLimit, evaluateStaticPolicy, TOKEN_AUDIENCE, utcDay, WALLET_DECISION_TTL_SECONDS, type PolicyBreach, type WalletPolicy } from '../domain/x402.ts';
+import {
+  evaluateDailyLimit,
+  evaluateStaticPolicy,
+  TOKEN_AUDIENCE,
+  utcDay,
+  WALLET_DECISION_TTL_SECONDS,
+  type PolicyBreach,
+  type WalletPolicy,
+} from '../domain/x402.ts';
 import type { Runtime } from '../runtime.ts';
 import type { WalletDoc } from '../store/ledger.ts';
 import { OtherKeyTaken, type PolicyVersionDoc } from '../store/x402.ts';
@@ -30,7 +38,13 @@ export class X402WalletPolicies {
   /** A new policy version, by insert: concurrent updates each get a version and the last one is in force. */
   async putPolicy(tenantId: string, walletId: string, policy: WalletPolicy): Promise<PolicyVersionDoc> {
     await this.requireWallet(tenantId, walletId);
-    const doc = await this.store.policies.append(walletId, (version) => ({ tenantId, walletId, version, policy, at: new Date() }));
+    const doc = await this.store.policies.append(walletId, (version) => ({
+      tenantId,
+      walletId,
+      version,
+      policy,
+      at: new Date(),
+    }));
     await this.runtime.credentials.invalidate('policy', walletId); // every process reads the new version from now on
     return doc!;
   }
@@ -57,7 +71,14 @@ export class X402WalletPolicies {
    * (a sponsor's wallet decision, then its authorize-payment under the same key; a repeat) is never a breach: its
    * amount is in the total already, and weighing it again would refuse a decision within the limit.
    */
-  async spendDaily(walletId: string, policy: WalletPolicy, decisionKey: string, amount: number, now: Date, enforce: boolean): Promise<PolicyBreach | null> {
+  async spendDaily(
+    walletId: string,
+    policy: WalletPolicy,
+    decisionKey: string,
+    amount: number,
+    now: Date,
+    enforce: boolean,
+  ): Promise<PolicyBreach | null> {
     if (policy.dailyLimit === null && enforce) return null;
     let breach: PolicyBreach | null = null;
     try {
@@ -80,8 +101,15 @@ export class X402WalletPolicies {
     return x402Error('X402_WALLET_POLICY_VIOLATION', breach.message, { walletId, ...breach });
   }
 
-  async authorizeWallet(tenantId: string, walletId: string, input: { gateId: string; quoteId: string; requestSha256: string }): Promise<{ walletDecisionToken: string; expiresAt: Date }> {
-    const [wallet, found] = await Promise.allSettled([this.requireWallet(tenantId, walletId), this.gates.requireGate(tenantId, input.gateId)]);
+  async authorizeWallet(
+    tenantId: string,
+    walletId: string,
+    input: { gateId: string; quoteId: string; requestSha256: string },
+  ): Promise<{ walletDecisionToken: string; expiresAt: Date }> {
+    const [wallet, found] = await Promise.allSettled([
+      this.requireWallet(tenantId, walletId),
+      this.gates.requireGate(tenantId, input.gateId),
+    ]);
     valueOf(wallet);
     const gate = valueOf(found);
     // The decision's id is the quote's once the quote checks pass; everything is read at once, checked in order.
@@ -102,18 +130,39 @@ export class X402WalletPolicies {
     const now = new Date();
     const quote = this.quotes.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
     const existing = valueOf(decided);
-    if (existing && existing.expiresAt > now) return { walletDecisionToken: existing.token, expiresAt: existing.expiresAt };
+    if (existing && existing.expiresAt > now)
+      return { walletDecisionToken: existing.token, expiresAt: existing.expiresAt };
 
     const version = valueOf(policy);
-    if (!version) throw this.policyViolation({ rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' }, walletId);
+    if (!version)
+      throw this.policyViolation(
+        { rule: 'policy', message: 'the wallet has no policy; sponsor wallets refuse until one is set' },
+        walletId,
+      );
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
-    const breach = evaluateStaticPolicy(version.policy, call) ?? (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
+    const breach =
+      evaluateStaticPolicy(version.policy, call) ??
+      (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
     if (breach) throw this.policyViolation(breach, walletId);
 
     const expiresAt = new Date(Math.min(now.getTime() + WALLET_DECISION_TTL_SECONDS * 1000, quote.expiresAt.getTime()));
-    const token = await this.tokens.sign({ walletId, gateId: gate._id, quoteId: quote._id, requestSha256: quote.requestSha256, policyVersion: version.version }, TOKEN_AUDIENCE.walletDecision, walletId, expiresAt);
+    const token = await this.tokens.sign(
+      {
+        walletId,
+        gateId: gate._id,
+        quoteId: quote._id,
+        requestSha256: quote.requestSha256,
+        policyVersion: version.version,
+      },
+      TOKEN_AUDIENCE.walletDecision,
+      walletId,
+      expiresAt,
+    );
     // An expired decision is replaced; a concurrent one that got there first is the answer.
-    const recorded = await this.store.recordWalletDecision({ _id: decisionId, tenantId, token, expiresAt, at: now }, existing !== null);
+    const recorded = await this.store.recordWalletDecision(
+      { _id: decisionId, tenantId, token, expiresAt, at: now },
+      existing !== null,
+    );
     return { walletDecisionToken: recorded.token, expiresAt: recorded.expiresAt };
   }
 }

@@ -27,22 +27,29 @@ export class X402WindDown {
    * is cancelled and its escrow returned, its live quotes die with it, pending escalations are denied. Authorized
    * gates stay reserved for their verification. The summary is recorded once, so a repeat answers it unchanged.
    */
-  async windDown(tenantId: string, agentId: string, input: { reasonCode?: string; reasonMessage?: string }): Promise<WindDownSummary> {
+  async windDown(
+    tenantId: string,
+    agentId: string,
+    input: { reasonCode?: string; reasonMessage?: string },
+  ): Promise<WindDownSummary> {
     const { agents } = this.runtime.stores;
     if (!(await agents.belongsTo(tenantId, agentId))) throw errors.notFound('agent');
     const recorded = await this.store.windDownSummaryOf(agentId);
     if (recorded) return recorded;
-    await this.store.recordWindDown({ _id: agentId, tenantId, reasonCode: input.reasonCode ?? null, reasonMessage: input.reasonMessage ?? null, at: new Date() });
+    await this.store.recordWindDown({
+      _id: agentId,
+      tenantId,
+      reasonCode: input.reasonCode ?? null,
+      reasonMessage: input.reasonMessage ?? null,
+      at: new Date(),
+    });
     failpoint('x402.wind-down.recorded');
     // Every process caches whether an agent is wound down (requireLiveAgents): tell them at once, before the slower
     // unwinding below, so that staleness is bounded by the pub/sub latency (and this answer comes after it). If the
     // publish fails this answers 503 with the fact recorded: a repeat (the summary is not recorded yet) publishes
     // again and finishes the unwinding; meanwhile commitments and the create's exact re-read keep the money right.
     await this.runtime.credentials.invalidate('agent', agentId, { required: true });
-    const [fact] = await Promise.all([
-      this.store.windDownOf(agentId),
-      agents.markWoundDown(agentId),
-    ]);
+    const [fact] = await Promise.all([this.store.windDownOf(agentId), agents.markWoundDown(agentId)]);
     await this.runtime.credentials.invalidate('agent', agentId); // so cached documents show that status too
 
     const summary: WindDownSummary = {
@@ -80,7 +87,10 @@ export class X402WindDown {
       }
       const gate = await this.store.gateById(slot.ref);
       if (!gate) continue; // a gate whose funding was refused
-      const [existing, verification] = await Promise.all([this.store.commitmentOf(gate._id), this.store.verificationOf(gate._id)]);
+      const [existing, verification] = await Promise.all([
+        this.store.commitmentOf(gate._id),
+        this.store.verificationOf(gate._id),
+      ]);
       const commitment = existing ?? (verification ? null : await this.gates.cancelGate(gate, agentId));
       if (commitment?.kind === 'cancellation' && commitment.windDownOf === agentId) {
         if (existing) await this.gates.cancelGate(gate, agentId); // finish a return a crash may have left undone
@@ -99,11 +109,23 @@ export class X402WindDown {
       for (const escalationId of await this.escalations.gateEscalationIds(gate._id)) {
         const escalation = await this.store.escalationOf(escalationId);
         if (!escalation) continue;
-        const deny: ResolutionDoc = { _id: escalationId, action: 'deny', reason: 'agent wound down', by: { kind: 'wind-down', agentId }, at: new Date() };
+        const deny: ResolutionDoc = {
+          _id: escalationId,
+          action: 'deny',
+          reason: 'agent wound down',
+          by: { kind: 'wind-down', agentId },
+          at: new Date(),
+        };
         const { resolution } = await this.store.recordResolution(deny);
         if (resolution?.by.kind === 'wind-down' && resolution.by.agentId === agentId) {
           summary.escalationsDenied.push(escalationId);
-          await emitEvent(this.runtime, tenantId, 'x402.escalation.denied', escalationEvent(escalation, resolution), `x402.escalation.denied:${escalationId}`);
+          await emitEvent(
+            this.runtime,
+            tenantId,
+            'x402.escalation.denied',
+            escalationEvent(escalation, resolution),
+            `x402.escalation.denied:${escalationId}`,
+          );
         }
       }
     }

@@ -26,7 +26,14 @@ import { X402WalletPolicies } from './x402-wallet-policies.ts';
 import { X402WindDown } from './x402-wind-down.ts';
 
 export type { PaymentAuthorization } from './x402-authorization.ts';
-export { BULK_RESOLVE_LIMIT, deadlineOf, deciderName, escalationStatus, type BulkOutcome, type EscalationState } from './x402-escalations.ts';
+export {
+  BULK_RESOLVE_LIMIT,
+  deadlineOf,
+  deciderName,
+  escalationStatus,
+  type BulkOutcome,
+  type EscalationState,
+} from './x402-escalations.ts';
 export { gateSettlementId, x402EntryIds, type CreateGateInput, type GateState } from './x402-gates.ts';
 export type { QuoteResult } from './x402-quotes.ts';
 export type { VerifyOutcome } from './x402-verify.ts';
@@ -64,7 +71,14 @@ export class X402Service {
     this.policies = new X402WalletPolicies(runtime, this.gates, this.quotes, tokens);
     this.escalations = new X402Escalations(runtime, tokens);
     this.escalationDeadlines = new X402EscalationDeadlines(runtime, this.gates);
-    this.authorization = new X402Authorization(runtime, this.gates, this.quotes, this.policies, this.escalations, tokens);
+    this.authorization = new X402Authorization(
+      runtime,
+      this.gates,
+      this.quotes,
+      this.policies,
+      this.escalations,
+      tokens,
+    );
     this.verification = new X402Verification(runtime, this.gates);
     this.sessions = new X402Sessions(runtime, this.gates, this.policies);
     this.windDowns = new X402WindDown(runtime, this.gates, this.escalations, this.sessions);

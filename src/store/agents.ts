@@ -121,7 +121,9 @@ export class AgentStore {
     const agent = await this.get(tenantId, agentId);
     if (!agent) throw errors.notFound('agent');
     if (Object.hasOwn(agent.keys, key.keyId)) {
-      throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, { keyId: key.keyId });
+      throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, {
+        keyId: key.keyId,
+      });
     }
     // A key added concurrently to the same agent can be lost on FerretDB (docs/money.md, "Why unique inserts");
     // events it signs then fail closed with SIGNATURE_INVALID, and the key can be added again.
@@ -137,7 +139,10 @@ export class AgentStore {
     // If revoked concurrently, the first record stands.
     await insertFirst(this.revocations, { _id: `${agentId}#${keyId}`, agentId, keyId, revokedAt: now });
     // Cache only (see KeyRevocationDoc); reads overlay the records either way.
-    await this.agents.updateOne({ _id: agentId }, { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } });
+    await this.agents.updateOne(
+      { _id: agentId },
+      { $set: { [`keys.${keyId}.status`]: 'revoked', [`keys.${keyId}.revokedAt`]: now } },
+    );
     const after = (await this.get(tenantId, agentId))?.keys[keyId];
     if (!after) throw errors.notFound('agent key');
     return after;
@@ -145,5 +150,10 @@ export class AgentStore {
 }
 
 function namespaceTaken(namespace: string): ServiceError {
-  return new ServiceError(409, 'AGENT_NAMESPACE_TAKEN', `the namespace "${namespace}" belongs to another tenant; register agents in a namespace of your own`, { namespace });
+  return new ServiceError(
+    409,
+    'AGENT_NAMESPACE_TAKEN',
+    `the namespace "${namespace}" belongs to another tenant; register agents in a namespace of your own`,
+    { namespace },
+  );
 }

@@ -76,7 +76,14 @@ export class ApiKeyStore {
    * `secret` may be given (>= 32 bytes of key material, base64url) by a caller that must be able to present the same
    * token again after a crash without ever storing it (the first paid call derives it from the service's secret).
    */
-  async issue(input: { id?: string; secret?: string; tenantId: string; scopes: Scope[]; description?: string | null; expiresAt?: Date | null }): Promise<IssuedKey> {
+  async issue(input: {
+    id?: string;
+    secret?: string;
+    tenantId: string;
+    scopes: Scope[];
+    description?: string | null;
+    expiresAt?: Date | null;
+  }): Promise<IssuedKey> {
     const secret = input.secret ?? randomBytes(32).toString('base64url');
     if (!/^[A-Za-z0-9_-]{43,128}$/.test(secret)) throw new Error('an API key secret is 43-128 base64url characters');
     const key: ApiKeyDoc = {
@@ -97,7 +104,10 @@ export class ApiKeyStore {
 
   /** What revoke and rotate recorded for a key: the times from which it stops working. */
   private async endsOf(keyId: string): Promise<{ revokedAt: Date | null; rotation: KeyEndDoc | null }> {
-    const [revoked, rotation] = await Promise.all([this.ends.findOne({ _id: `${keyId}#revoke` }), this.ends.findOne({ _id: `${keyId}#rotate` })]);
+    const [revoked, rotation] = await Promise.all([
+      this.ends.findOne({ _id: `${keyId}#revoke` }),
+      this.ends.findOne({ _id: `${keyId}#rotate` }),
+    ]);
     return { revokedAt: revoked?.effectiveAt ?? null, rotation };
   }
 
@@ -107,7 +117,10 @@ export class ApiKeyStore {
     const rotationEnds = rotation?.effectiveAt ?? null;
     const endedByRotation = rotationEnds !== null && rotationEnds.getTime() <= now.getTime();
     const revoked = key.status === 'revoked' || revokedAt !== null || endedByRotation;
-    const expiresAt = rotationEnds && !endedByRotation && (!key.expiresAt || rotationEnds < key.expiresAt) ? rotationEnds : key.expiresAt;
+    const expiresAt =
+      rotationEnds && !endedByRotation && (!key.expiresAt || rotationEnds < key.expiresAt)
+        ? rotationEnds
+        : key.expiresAt;
     return {
       ...key,
       status: revoked ? 'revoked' : 'active',
@@ -137,7 +150,8 @@ export class ApiKeyStore {
     const key = await this.keys.findOne({ _id: keyId });
     if (!key) return null;
     await insertFirst(this.ends, { _id: `${keyId}#revoke`, keyId, kind: 'revoke', effectiveAt: now, rotatedTo: null }); // first revocation stands
-    if (key.status === 'active') await this.keys.updateOne({ _id: keyId }, { $set: { status: 'revoked', revokedAt: now } }); // cache
+    if (key.status === 'active')
+      await this.keys.updateOne({ _id: keyId }, { $set: { status: 'revoked', revokedAt: now } }); // cache
     return this.get(keyId);
   }
 
@@ -147,7 +161,11 @@ export class ApiKeyStore {
    * rotated once: the rotation is claimed by insert before the successor is issued. null when there is no such key;
    * `refused` (with the key as it stands) when it is revoked, expired or already rotated.
    */
-  async rotate(keyId: string, gracePeriodSeconds: number, now = new Date()): Promise<{ issued: IssuedKey; old: ApiKeyDoc } | { refused: ApiKeyDoc } | null> {
+  async rotate(
+    keyId: string,
+    gracePeriodSeconds: number,
+    now = new Date(),
+  ): Promise<{ issued: IssuedKey; old: ApiKeyDoc } | { refused: ApiKeyDoc } | null> {
     const stored = await this.keys.findOne({ _id: keyId });
     if (!stored) return null;
     const old = await this.resolve(stored, now);
@@ -155,9 +173,21 @@ export class ApiKeyStore {
     const graceEnds = new Date(now.getTime() + gracePeriodSeconds * 1000);
     const effectiveAt = old.expiresAt && old.expiresAt < graceEnds ? old.expiresAt : graceEnds;
     const successorId = newId(API_KEY_ID_PREFIX);
-    const claimed = await insertFirst(this.ends, { _id: `${keyId}#rotate`, keyId, kind: 'rotate', effectiveAt, rotatedTo: successorId });
+    const claimed = await insertFirst(this.ends, {
+      _id: `${keyId}#rotate`,
+      keyId,
+      kind: 'rotate',
+      effectiveAt,
+      rotatedTo: successorId,
+    });
     if (!claimed) return { refused: await this.resolve(stored, now) }; // rotated concurrently: that rotation stands
-    const issued = await this.issue({ id: successorId, tenantId: old.tenantId, scopes: old.scopes, description: old.description, expiresAt: old.expiresAt });
+    const issued = await this.issue({
+      id: successorId,
+      tenantId: old.tenantId,
+      scopes: old.scopes,
+      description: old.description,
+      expiresAt: old.expiresAt,
+    });
     await this.keys.updateOne({ _id: keyId }, { $set: { rotatedTo: successorId } }); // cache
     return { issued, old: await this.resolve(stored, now) };
   }

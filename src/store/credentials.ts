@@ -61,22 +61,37 @@ export class CredentialCache {
    * subscriber keeps reconnecting and the cache goes live once it has subscribed.
    */
   async start(): Promise<void> {
-    const subscriber = createRedisClient(this.redisUrl, { lazyConnect: true, maxRetriesPerRequest: null, retryStrategy: (n) => Math.min(n * 200, 2_000) });
+    const subscriber = createRedisClient(this.redisUrl, {
+      lazyConnect: true,
+      maxRetriesPerRequest: null,
+      retryStrategy: (n) => Math.min(n * 200, 2_000),
+    });
     this.subscriber = subscriber;
     // Its errors and reconnects count into the process's Redis outage, which lasts until this connection is back too.
     watchRedis(subscriber, this.outages);
     subscriber.on('close', () => this.goDark());
     subscriber.on('ready', () => {
       // ioredis re-subscribes on reconnect; until it confirms, stay dark (see the subscribe callback).
-      void subscriber.subscribe(this.channel).then(() => this.goLive()).catch((err: unknown) => {
-        this.goDark();
-        if (!this.outages.absorb(err)) this.logger.warn({ err: (err as Error).message }, 'credential cache: could not subscribe to invalidations; caching off');
-      });
+      void subscriber
+        .subscribe(this.channel)
+        .then(() => this.goLive())
+        .catch((err: unknown) => {
+          this.goDark();
+          if (!this.outages.absorb(err))
+            this.logger.warn(
+              { err: (err as Error).message },
+              'credential cache: could not subscribe to invalidations; caching off',
+            );
+        });
     });
     subscriber.on('message', (_channel: string, message: string) => this.drop(message));
     await subscriber.connect().catch((err: unknown) => {
       // A connection failure is counted already (watchRedis saw its 'error'); anything else is worth a line.
-      if (!unreachableDependency(err)) this.logger.warn({ err: (err as Error).message }, 'credential cache: invalidation channel unavailable; caching off until it is back');
+      if (!unreachableDependency(err))
+        this.logger.warn(
+          { err: (err as Error).message },
+          'credential cache: invalidation channel unavailable; caching off until it is back',
+        );
     });
   }
 
@@ -125,12 +140,20 @@ export class CredentialCache {
     this.drop(`${kind}:${id}`);
     await this.publisher.publish(this.channel, `${kind}:${id}`).catch((err: Error) => {
       // Another process may now serve the old entry until its TTL; say so loudly.
-      this.logger.error({ alert: 'credential_invalidation_failed', kind, id, err: err.message }, 'could not publish a credential invalidation');
+      this.logger.error(
+        { alert: 'credential_invalidation_failed', kind, id, err: err.message },
+        'could not publish a credential invalidation',
+      );
       if (options.required) throw errors.unavailable('could not tell the other processes of the change; retry');
     });
   }
 
-  private async cached<T>(map: Map<string, Entry<T>>, id: string, load: () => Promise<T>, usable: (value: T) => boolean = () => true): Promise<T> {
+  private async cached<T>(
+    map: Map<string, Entry<T>>,
+    id: string,
+    load: () => Promise<T>,
+    usable: (value: T) => boolean = () => true,
+  ): Promise<T> {
     if (!this.live) return load();
     const now = Date.now();
     const hit = map.get(id);
@@ -168,7 +191,9 @@ export class CredentialCache {
 
   /** Any tenant's agent with its keys' revocations applied; the caller checks the tenant. */
   async agent(store: AgentStore, agentId: string): Promise<AgentDoc | null> {
-    return (await this.cached(this.agents, agentId, async () => ({ doc: await store.getAny(agentId), woundDown: null }))).doc;
+    return (
+      await this.cached(this.agents, agentId, async () => ({ doc: await store.getAny(agentId), woundDown: null }))
+    ).doc;
   }
 
   /**
@@ -176,7 +201,11 @@ export class CredentialCache {
    * entry: the wind-down publishes the agent's invalidation right after recording its fact, so every process drops
    * the entry and reads the fact afresh. An entry cached without the fact (by `agent`) is read again here.
    */
-  async agentLifecycle(store: AgentStore, agentId: string, isWoundDown: (agentId: string) => Promise<boolean>): Promise<AgentLifecycle> {
+  async agentLifecycle(
+    store: AgentStore,
+    agentId: string,
+    isWoundDown: (agentId: string) => Promise<boolean>,
+  ): Promise<AgentLifecycle> {
     const entry = await this.cached(
       this.agents,
       agentId,

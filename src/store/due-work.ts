@@ -67,8 +67,10 @@ export class DueWorkStore {
     const due: DueRecord[] = [];
     const fixes = this.redis.pipeline();
     for (const [i, record] of records.entries()) {
-      if (!record) fixes.zrem(this.dueKey, ids[i]!); // its work was done (the record goes first)
-      else if (record.dueAt.getTime() > now.getTime()) fixes.zadd(this.dueKey, 'XX', record.dueAt.getTime(), record._id); // moved later
+      if (!record)
+        fixes.zrem(this.dueKey, ids[i]!); // its work was done (the record goes first)
+      else if (record.dueAt.getTime() > now.getTime())
+        fixes.zadd(this.dueKey, 'XX', record.dueAt.getTime(), record._id); // moved later
       else due.push(record);
     }
     if (fixes.length > 0) await fixes.exec();
@@ -92,7 +94,10 @@ export class DueWorkStore {
 
   /** Every record's id, at most `limit` (a scan of the records: only after Redis lost writes). */
   async allIds(limit: number): Promise<string[]> {
-    const records = await this.records.find({}, { projection: { _id: 1 }, comment: RECONCILIATION_COMMENT }).limit(limit).toArray();
+    const records = await this.records
+      .find({}, { projection: { _id: 1 }, comment: RECONCILIATION_COMMENT })
+      .limit(limit)
+      .toArray();
     return records.map((r) => r._id);
   }
 
@@ -108,7 +113,10 @@ export class DueWorkStore {
    */
   async audit(): Promise<{ read: number; restored: number; limit: number } | null> {
     if ((await this.redis.set(this.auditKey, '1', 'PX', AUDIT_EVERY_MS, 'NX')) !== 'OK') return null;
-    const records = await this.records.find({}, { projection: { dueAt: 1 }, comment: RECONCILIATION_COMMENT }).limit(AUDIT_LIMIT).toArray();
+    const records = await this.records
+      .find({}, { projection: { dueAt: 1 }, comment: RECONCILIATION_COMMENT })
+      .limit(AUDIT_LIMIT)
+      .toArray();
     let restored = 0;
     for (let i = 0; i < records.length; i += 1_000) {
       const pipeline = this.redis.pipeline();

@@ -33,7 +33,10 @@ async function ensureWebhookRetention(db: Db, options: IndexOptions): Promise<vo
     } catch (err) {
       const code = (err as { code?: number }).code;
       if (code === NOT_IMPLEMENTED) {
-        options.logger?.warn({ collection, field }, 'this MongoDB-compatible server has no TTL indexes: the webhook sweeper removes records past WEBHOOK_RETENTION_DAYS through its retention index alone');
+        options.logger?.warn(
+          { collection, field },
+          'this MongoDB-compatible server has no TTL indexes: the webhook sweeper removes records past WEBHOOK_RETENTION_DAYS through its retention index alone',
+        );
         return;
       }
       if (code !== INDEX_OPTIONS_CONFLICT) throw err;
@@ -61,6 +64,9 @@ export async function ensureIndexes(db: Db, options: IndexOptions = { webhookRet
     db.collection('x402_daily_spends').createIndex({ decisionKey: 1 }, { unique: true }),
     // Batches now keep their events in one string (store/runs.ts), so this index would see every batch of a run
     // as the same missing key; an event id's once-per-run rule is kept by the appender (store/event-id-index.ts).
-    db.collection('run_batches').dropIndex('runId_1_events.id_1').catch(() => undefined),
+    db
+      .collection('run_batches')
+      .dropIndex('runId_1_events.id_1')
+      .catch(() => undefined),
   ]);
 }

@@ -61,8 +61,10 @@ export interface AuditEntryDoc {
   firstAt: Date;
 }
 
-const RENEW_SCRIPT = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
-const RELEASE_SCRIPT = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+const RENEW_SCRIPT =
+  "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+const RELEASE_SCRIPT =
+  "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
 export class LedgerAuditStore {
   readonly accounts: Collection<AuditAccountDoc>;
@@ -121,7 +123,9 @@ export class LedgerAuditStore {
    * never per run), marked as a bounded reconciliation read.
    */
   async walletIds(): Promise<string[]> {
-    const docs = await this.ledger.wallets.find({}, { projection: { _id: 1 }, comment: RECONCILIATION_COMMENT }).toArray();
+    const docs = await this.ledger.wallets
+      .find({}, { projection: { _id: 1 }, comment: RECONCILIATION_COMMENT })
+      .toArray();
     return docs.map((d) => d._id);
   }
 
@@ -132,7 +136,9 @@ export class LedgerAuditStore {
 
   /** Positions `from`..`from+count-1` of an account's chain, each read by `_id` (null where none is stored). */
   postingsAt(account: string, from: number, count: number): Promise<Array<PostingDoc | null>> {
-    return Promise.all(Array.from({ length: count }, (_, i) => this.ledger.postings.findOne({ _id: positionId(account, from + i) })));
+    return Promise.all(
+      Array.from({ length: count }, (_, i) => this.ledger.postings.findOne({ _id: positionId(account, from + i) })),
+    );
   }
 
   /** An entry attempt by its ledger id. */
@@ -164,11 +170,25 @@ export class LedgerAuditStore {
 
   /** Writes these reserves' current state (each write after the previous write of the same reserve). */
   saveReserves(docs: AuditReserveDoc[]): Promise<unknown> {
-    return Promise.all(docs.map((d) => this.inOrder(`r:${d._id}`, () => this.reserves.replaceOne({ _id: d._id }, { ...d }, { upsert: true }))));
+    return Promise.all(
+      docs.map((d) =>
+        this.inOrder(`r:${d._id}`, () => this.reserves.replaceOne({ _id: d._id }, { ...d }, { upsert: true })),
+      ),
+    );
   }
 
   saveEntries(docs: AuditEntryDoc[]): Promise<unknown> {
-    return Promise.all(docs.map((d) => this.inOrder(`e:${d._id}`, () => this.entries.replaceOne({ _id: d._id }, { ...d, legs: [...d.legs], duplicates: [...d.duplicates] }, { upsert: true }))));
+    return Promise.all(
+      docs.map((d) =>
+        this.inOrder(`e:${d._id}`, () =>
+          this.entries.replaceOne(
+            { _id: d._id },
+            { ...d, legs: [...d.legs], duplicates: [...d.duplicates] },
+            { upsert: true },
+          ),
+        ),
+      ),
+    );
   }
 
   async deleteReserves(ids: string[]): Promise<void> {
@@ -180,7 +200,11 @@ export class LedgerAuditStore {
   }
 
   /** Deletes by exact `_id`, one statement each, in bulks (FerretDB uses its index only for that filter). */
-  private async deleteByIds<T extends { _id: string }>(collection: Collection<T>, ids: string[], tag: string): Promise<void> {
+  private async deleteByIds<T extends { _id: string }>(
+    collection: Collection<T>,
+    ids: string[],
+    tag: string,
+  ): Promise<void> {
     for (const id of ids) await this.writes.get(`${tag}:${id}`);
     for (let i = 0; i < ids.length; i += 500) {
       const ops = ids.slice(i, i + 500).map((_id) => ({ deleteOne: { filter: { _id } } }) as AnyBulkWriteOperation<T>);

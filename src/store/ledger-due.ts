@@ -59,7 +59,9 @@ export class LedgerDueIndex {
   }
 
   async startedBefore(before: Date, limit: number): Promise<StartedEntry[]> {
-    return (await this.redis.zrangebyscore(this.pendingKey, '-inf', before.getTime(), 'LIMIT', 0, limit)).map(startedEntry);
+    return (await this.redis.zrangebyscore(this.pendingKey, '-inf', before.getTime(), 'LIMIT', 0, limit)).map(
+      startedEntry,
+    );
   }
 
   /**
@@ -88,9 +90,13 @@ export class LedgerDueIndex {
   }
 
   /** Puts back what an audit found (existing members keep their scores). */
-  async restore(pending: Array<{ entryId: string; createdAt: Date }>, locks: Array<{ entryId: string; createdAt: Date }>): Promise<void> {
+  async restore(
+    pending: Array<{ entryId: string; createdAt: Date }>,
+    locks: Array<{ entryId: string; createdAt: Date }>,
+  ): Promise<void> {
     const pipeline = this.redis.pipeline();
-    for (const e of pending) pipeline.zadd(this.pendingKey, 'NX', e.createdAt.getTime(), `${e.entryId}@${e.createdAt.getTime()}`);
+    for (const e of pending)
+      pipeline.zadd(this.pendingKey, 'NX', e.createdAt.getTime(), `${e.entryId}@${e.createdAt.getTime()}`);
     for (const l of locks) pipeline.zadd(this.locksKey, 'NX', l.createdAt.getTime(), l.entryId);
     await pipeline.exec();
   }

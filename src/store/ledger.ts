@@ -93,10 +93,19 @@ export interface LegMarkDoc {
  * The legs claimed together, in leg order, whether the position of the one after them was found taken, and the heads
  * the claim started from (a head may have moved past the one read before the entry: see claimTogether).
  */
-type ClaimedLegs = { claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>; lost: boolean; heads?: AccountHead[] };
+type ClaimedLegs = {
+  claims: Array<{ mark: LegMarkDoc; written: Promise<unknown> }>;
+  lost: boolean;
+  heads?: AccountHead[];
+};
 
 /** Attempts waiting to be claimed together on the same accounts, in arrival order (see claimTogether). */
-type TogetherBatch = Array<{ attempt: LedgerEntryDoc; heads: AccountHead[]; resolve: (claimed: ClaimedLegs) => void; reject: (err: unknown) => void }>;
+type TogetherBatch = Array<{
+  attempt: LedgerEntryDoc;
+  heads: AccountHead[];
+  resolve: (claimed: ClaimedLegs) => void;
+  reject: (err: unknown) => void;
+}>;
 
 export interface Leg {
   walletId: string;
@@ -224,9 +233,12 @@ function insufficientFunds(walletId: string, currency: string, needed: number, a
  * moved nothing, so the next attempt may ask for another movement (a settle retried with terms the payer can cover).
  */
 function assertSameMovement(recorded: NewLedgerEntry, asked: NewLedgerEntry): void {
-  const movement = (e: NewLedgerEntry) => JSON.stringify([e.kind, e.currency, e.legs.map((l) => [l.walletId, l.bucket, l.delta])]);
+  const movement = (e: NewLedgerEntry) =>
+    JSON.stringify([e.kind, e.currency, e.legs.map((l) => [l.walletId, l.bucket, l.delta])]);
   if (movement(recorded) !== movement(asked)) {
-    throw errors.conflict('TRANSITION_ILLEGAL', `ledger entry ${asked._id} already records another movement`, { status: recorded.kind });
+    throw errors.conflict('TRANSITION_ILLEGAL', `ledger entry ${asked._id} already records another movement`, {
+      status: recorded.kind,
+    });
   }
 }
 
@@ -328,7 +340,8 @@ export class LedgerStore {
    */
   async apply(entry: NewLedgerEntry, options: ApplyOptions = {}): Promise<LedgerEntryDoc> {
     for (const [i, leg] of entry.legs.entries()) {
-      if (!Number.isSafeInteger(leg.delta) || leg.delta === 0) throw new Error(`entry ${entry._id} leg ${i}: delta must be a non-zero integer`);
+      if (!Number.isSafeInteger(leg.delta) || leg.delta === 0)
+        throw new Error(`entry ${entry._id} leg ${i}: delta must be a non-zero integer`);
       if (i > 0 && leg.delta < 0) throw new Error(`entry ${entry._id}: only the first leg may debit`);
     }
     if (entry.legs.reduce((sum, l) => sum + l.delta, 0) !== 0 && entry.kind !== 'credit') {
@@ -346,7 +359,12 @@ export class LedgerStore {
     // No attempt yet, or the last one was refused (it moved nothing): record the next one, due marker first. The
     // heads read for the floors are also where the legs start looking for the chains' ends.
     const accounts = entry.legs.map((l) => accountOf(l.walletId, entry.currency, l.bucket));
-    const given = options.prepared && options.prepared.accounts.length === accounts.length && options.prepared.accounts.every((a, i) => a === accounts[i]) ? options.prepared : null;
+    const given =
+      options.prepared &&
+      options.prepared.accounts.length === accounts.length &&
+      options.prepared.accounts.every((a, i) => a === accounts[i])
+        ? options.prepared
+        : null;
     const [marker, { heads }] = await Promise.all([this.due.entryStarted(entry._id), given ?? this.prepare(entry)]);
     failpoint('ledger.entry-started');
     // Every leg's limit before anything is recorded: a credit refused after its debit posted would make money vanish
@@ -355,7 +373,12 @@ export class LedgerStore {
     const over = entry.legs.findIndex((l, i) => l.delta > 0 && !Number.isSafeInteger(heads[i]!.balance + l.delta));
     if (over >= 0) {
       await this.due.entryDone(marker);
-      throw new ServiceError(409, 'BALANCE_LIMIT', `wallet ${entry.legs[over]!.walletId} would hold more ${entry.currency} than this ledger can count`, { walletId: entry.legs[over]!.walletId, currency: entry.currency });
+      throw new ServiceError(
+        409,
+        'BALANCE_LIMIT',
+        `wallet ${entry.legs[over]!.walletId} would hold more ${entry.currency} than this ledger can count`,
+        { walletId: entry.legs[over]!.walletId, currency: entry.currency },
+      );
     }
     const floors = heads.map((h) => h.seq);
     let told = false;
@@ -364,8 +387,17 @@ export class LedgerStore {
       told = true;
     };
     try {
-      for (let attempt = (latest?.attempt ?? 0) + 1; ; ) {
-        const doc: LedgerEntryDoc = { ...entry, _id: attemptId(entry._id, attempt), entryId: entry._id, attempt, floors, state: 'pending', createdAt: new Date(), settledAt: null };
+      for (let attempt = (latest?.attempt ?? 0) + 1; ;) {
+        const doc: LedgerEntryDoc = {
+          ...entry,
+          _id: attemptId(entry._id, attempt),
+          entryId: entry._id,
+          attempt,
+          floors,
+          state: 'pending',
+          createdAt: new Date(),
+          settledAt: null,
+        };
         let applied: LedgerEntryDoc;
         if (await insertFirst(this.entries, doc)) {
           recorded();
@@ -446,13 +478,25 @@ export class LedgerStore {
     const trailing: Array<Promise<unknown>> = [];
     try {
       const accounts = attempt.legs.map((l) => accountOf(l.walletId, attempt.currency, l.bucket));
-      const together = heads && this.claimableTogether(attempt, heads, accounts) ? await this.claimTogether(attempt, heads, accounts) : null;
+      const together =
+        heads && this.claimableTogether(attempt, heads, accounts)
+          ? await this.claimTogether(attempt, heads, accounts)
+          : null;
       for (const [leg, spec] of attempt.legs.entries()) {
-        const { mark, written } = together?.claims[leg] ?? (await this.resolveLeg(attempt, leg, spec, together?.heads?.[leg] ?? heads?.[leg], together?.lost === true && leg === together.claims.length));
+        const { mark, written } =
+          together?.claims[leg] ??
+          (await this.resolveLeg(
+            attempt,
+            leg,
+            spec,
+            together?.heads?.[leg] ?? heads?.[leg],
+            together?.lost === true && leg === together.claims.length,
+          ));
         trailing.push(written);
         if (mark.refused) {
           await Promise.all(trailing);
-          if (attempt.state !== 'rejected') await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'rejected', settledAt: new Date() } });
+          if (attempt.state !== 'rejected')
+            await this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'rejected', settledAt: new Date() } });
           throw insufficientFunds(spec.walletId, attempt.currency, -spec.delta, mark.balanceAfter);
         }
         this.failAfterLeg?.(attempt.entryId, leg);
@@ -462,7 +506,10 @@ export class LedgerStore {
       // by when it was applied, as its run is stored right after that.
       if (attempt.kind === RECONCILED_KIND) await this.due.lockApplied(attempt.entryId, new Date());
       const settledAt = new Date();
-      await Promise.all([...trailing, this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'applied', settledAt } })]);
+      await Promise.all([
+        ...trailing,
+        this.entries.updateOne({ _id: attempt._id }, { $set: { state: 'applied', settledAt } }),
+      ]);
       return { ...attempt, state: 'applied', settledAt };
     } catch (err) {
       await Promise.allSettled(trailing); // nothing left running behind a failure
@@ -471,7 +518,13 @@ export class LedgerStore {
   }
 
   /** The leg's marker, resolving the leg first (posting it, or refusing its debit) if no one has yet. */
-  private async resolveLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, head?: AccountHead, lost = false): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
+  private async resolveLeg(
+    attempt: LedgerEntryDoc,
+    leg: number,
+    spec: Leg,
+    head?: AccountHead,
+    lost = false,
+  ): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
     // The marker only saves a walk: claimLeg finds an earlier posting of the leg from the floor on its own, so a
     // fresh attempt (whose marker almost never exists) goes straight to it.
     if (!head) {
@@ -488,8 +541,14 @@ export class LedgerStore {
    */
   private claimableTogether(attempt: LedgerEntryDoc, heads: AccountHead[], accounts: string[]): boolean {
     const [debit, ...credits] = attempt.legs;
-    return attempt.legs.length >= 2 && debit!.delta < 0 && credits.every((c) => c.delta > 0) && heads.length === attempt.legs.length
-      && heads.every((h, i) => h.seq === attempt.floors[i]) && new Set(accounts).size === accounts.length;
+    return (
+      attempt.legs.length >= 2 &&
+      debit!.delta < 0 &&
+      credits.every((c) => c.delta > 0) &&
+      heads.length === attempt.legs.length &&
+      heads.every((h, i) => h.seq === attempt.floors[i]) &&
+      new Set(accounts).size === accounts.length
+    );
   }
 
   /**
@@ -554,10 +613,17 @@ export class LedgerStore {
       const roundStart = [...ends];
       for (const w of waiting) {
         const [debit, ...credits] = w.attempt.legs as [Leg, ...Leg[]];
-        const fits = ends[0]!.seq > 0 && ends[0]!.balance + debit.delta >= 0
-          && credits.every((c, i) => ends[i + 1]!.seq > 0 && Number.isSafeInteger(ends[i + 1]!.balance + c.delta));
-        const known = !placed.some((p) => p.w.attempt._id === w.attempt._id)
-          && accounts.every((a, i) => w.heads[i]!.seq >= roundStart[i]!.seq || this.knownFreeOfLeg(a, w.attempt, i, w.heads[i]!.seq + 1, roundStart[i]!.seq));
+        const fits =
+          ends[0]!.seq > 0 &&
+          ends[0]!.balance + debit.delta >= 0 &&
+          credits.every((c, i) => ends[i + 1]!.seq > 0 && Number.isSafeInteger(ends[i + 1]!.balance + c.delta));
+        const known =
+          !placed.some((p) => p.w.attempt._id === w.attempt._id) &&
+          accounts.every(
+            (a, i) =>
+              w.heads[i]!.seq >= roundStart[i]!.seq ||
+              this.knownFreeOfLeg(a, w.attempt, i, w.heads[i]!.seq + 1, roundStart[i]!.seq),
+          );
         if (!fits || !known || rest.length > 0) {
           // Placed after nothing it skipped: an attempt that does not fit ends this round's placements.
           if (!fits && placed.length === 0 && rest.length === 0) alone(w);
@@ -566,7 +632,9 @@ export class LedgerStore {
           continue;
         }
         const starts = [...ends];
-        const postings = w.attempt.legs.map((leg, i) => this.postingAt(w.attempt, i, leg, accounts[i]!, ends[i]!, false));
+        const postings = w.attempt.legs.map((leg, i) =>
+          this.postingAt(w.attempt, i, leg, accounts[i]!, ends[i]!, false),
+        );
         postings.forEach((p, i) => (ends[i] = { seq: p.seq, balance: p.balanceAfter }));
         placed.push({ w, starts, postings });
       }
@@ -576,7 +644,10 @@ export class LedgerStore {
       }
       let inserted: number;
       try {
-        inserted = await insertInOrder(this.postings, placed.flatMap((p) => p.postings));
+        inserted = await insertInOrder(
+          this.postings,
+          placed.flatMap((p) => p.postings),
+        );
       } catch (err) {
         for (const p of placed) p.w.reject(err);
         for (const w of rest) alone(w);
@@ -591,7 +662,11 @@ export class LedgerStore {
         else {
           // A crash point armed on one attempt's claim stops that attempt alone, as its own insert would have.
           try {
-            p.w.resolve({ claims: p.postings.slice(0, won).map((posting, leg) => this.claimed(p.w.attempt, leg, posting, false)), lost: won < p.postings.length, heads: p.starts });
+            p.w.resolve({
+              claims: p.postings.slice(0, won).map((posting, leg) => this.claimed(p.w.attempt, leg, posting, false)),
+              lost: won < p.postings.length,
+              heads: p.starts,
+            });
           } catch (err) {
             p.w.reject(err);
           }
@@ -624,7 +699,14 @@ export class LedgerStore {
   }
 
   /** The posting of a leg at the position after `end` (a refusal when it is a debit `end` cannot cover). */
-  private postingAt(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string, end: AccountHead, refused: boolean): PostingDoc {
+  private postingAt(
+    attempt: LedgerEntryDoc,
+    leg: number,
+    spec: Leg,
+    account: string,
+    end: AccountHead,
+    refused: boolean,
+  ): PostingDoc {
     return {
       _id: positionId(account, end.seq + 1),
       account,
@@ -644,7 +726,12 @@ export class LedgerStore {
   }
 
   /** What follows a won claim: the head learnt, the crash points, the marker (unless fresh) and the head cache. */
-  private claimed(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, writeMark: boolean): { mark: LegMarkDoc; written: Promise<unknown> } {
+  private claimed(
+    attempt: LedgerEntryDoc,
+    leg: number,
+    posting: PostingDoc,
+    writeMark: boolean,
+  ): { mark: LegMarkDoc; written: Promise<unknown> } {
     this.learnHead(posting.account, posting);
     this.rememberPosting(posting);
     this.failAfterClaim?.(attempt.entryId, leg);
@@ -658,7 +745,14 @@ export class LedgerStore {
    * insert says when that position is taken, and only then is the chain read on. `lost`: the position after `head`
    * was just claimed by another (read it first).
    */
-  private async claimLeg(attempt: LedgerEntryDoc, leg: number, spec: Leg, account: string, head?: AccountHead, lost = false): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
+  private async claimLeg(
+    attempt: LedgerEntryDoc,
+    leg: number,
+    spec: Leg,
+    account: string,
+    head?: AccountHead,
+    lost = false,
+  ): Promise<{ mark: LegMarkDoc; written: Promise<unknown> }> {
     await this.requireWallet(spec.walletId);
     const seen = new Map<number, PostingDoc>();
     const known = this.knownHeads.get(account);
@@ -673,7 +767,8 @@ export class LedgerStore {
       checkedUpTo = Math.max(checkedUpTo, end.seq);
 
       const balanceAfter = end.balance + spec.delta;
-      if (!Number.isSafeInteger(balanceAfter)) throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
+      if (!Number.isSafeInteger(balanceAfter))
+        throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
       if (end.seq === 0) await this.ensureCurrency(spec.walletId, attempt.currency); // before the chain can exist
       const posting = this.postingAt(attempt, leg, spec, account, end, balanceAfter < 0);
       // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,
@@ -707,11 +802,20 @@ export class LedgerStore {
   }
 
   /** A posting of this attempt's leg at positions from..to, if any (at most one can exist). */
-  private async findLegPosting(account: string, attempt: LedgerEntryDoc, leg: number, from: number, to: number, seen: Map<number, PostingDoc>): Promise<PostingDoc | null> {
+  private async findLegPosting(
+    account: string,
+    attempt: LedgerEntryDoc,
+    leg: number,
+    from: number,
+    to: number,
+    seen: Map<number, PostingDoc>,
+  ): Promise<PostingDoc | null> {
     for (let low = from; low <= to; low += CHAIN_READ_BATCH) {
       const seqs = Array.from({ length: Math.min(CHAIN_READ_BATCH, to - low + 1) }, (_, i) => low + i);
       const docs = await Promise.all(seqs.map((seq) => this.postingAtSeq(account, seq, seen)));
-      const found = docs.find((p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg);
+      const found = docs.find(
+        (p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg,
+      );
       if (found) return found;
     }
     return null;
@@ -721,11 +825,24 @@ export class LedgerStore {
    * The leg's marker (a loser's marker names the same posting: there is only one) and, when the posting lands on a
    * multiple of HEAD_CACHE_EVERY, the head cache: both written behind.
    */
-  private markLeg(attempt: LedgerEntryDoc, leg: number, posting: PostingDoc, account: string, writeMark = true): { mark: LegMarkDoc; written: Promise<unknown> } {
-    const mark: LegMarkDoc = { _id: `${attempt._id}#${leg}`, posting: posting._id, refused: posting.refused, balanceAfter: posting.balanceAfter };
+  private markLeg(
+    attempt: LedgerEntryDoc,
+    leg: number,
+    posting: PostingDoc,
+    account: string,
+    writeMark = true,
+  ): { mark: LegMarkDoc; written: Promise<unknown> } {
+    const mark: LegMarkDoc = {
+      _id: `${attempt._id}#${leg}`,
+      posting: posting._id,
+      refused: posting.refused,
+      balanceAfter: posting.balanceAfter,
+    };
     const written = Promise.all([
       writeMark ? insertFirst(this.legMarks, mark) : undefined,
-      posting.seq % HEAD_CACHE_EVERY === 0 ? this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter }) : undefined,
+      posting.seq % HEAD_CACHE_EVERY === 0
+        ? this.cacheHead(account, { seq: posting.seq, balance: posting.balanceAfter })
+        : undefined,
     ]);
     written.catch(() => undefined); // awaited by finish; this only keeps an early failure from going unhandled
     return { mark, written };
@@ -739,7 +856,11 @@ export class LedgerStore {
   /** Writes the head cache; a concurrent write may win or be lost, which only makes the next reader walk further. */
   private async cacheHead(account: string, head: AccountHead): Promise<void> {
     try {
-      await this.accounts.updateOne({ _id: account }, { $set: { seq: head.seq, balance: head.balance } }, { upsert: true });
+      await this.accounts.updateOne(
+        { _id: account },
+        { $set: { seq: head.seq, balance: head.balance } },
+        { upsert: true },
+      );
     } catch (err) {
       if (!isDuplicateKey(err)) throw err; // two first upserts: either one is a valid cache
     }
@@ -803,7 +924,8 @@ export class LedgerStore {
   private readonly knownPostings = new Map<string, PostingDoc>();
   private rememberPosting(posting: PostingDoc): void {
     if (this.knownPostings.has(posting._id)) return;
-    if (this.knownPostings.size >= POSTINGS_REMEMBERED) this.knownPostings.delete(this.knownPostings.keys().next().value!);
+    if (this.knownPostings.size >= POSTINGS_REMEMBERED)
+      this.knownPostings.delete(this.knownPostings.keys().next().value!);
     this.knownPostings.set(posting._id, posting);
   }
 
@@ -844,7 +966,8 @@ export class LedgerStore {
     if (!Array.isArray(heads)) return;
     for (const head of heads as Array<Partial<ReportedHead>>) {
       const { account, seq, balance } = head ?? {};
-      if (typeof account !== 'string' || !Number.isSafeInteger(seq) || seq! < 1 || !Number.isSafeInteger(balance)) continue;
+      if (typeof account !== 'string' || !Number.isSafeInteger(seq) || seq! < 1 || !Number.isSafeInteger(balance))
+        continue;
       if ((this.knownHeads.get(account)?.seq ?? 0) > seq!) continue; // this process knows a later one
       this.learnHead(account, { seq: seq!, balanceAfter: balance! });
       this.contended.delete(account);
@@ -900,10 +1023,14 @@ export class LedgerStore {
   /** Balances per currency: the ends of the wallet's chains, read from their cached heads forward. */
   async balances(walletId: string): Promise<Balances> {
     const currencies = (await this.currenciesOf(walletId)).map((c) => c.currency).sort();
-    const ends = await Promise.all(currencies.map(async (currency) => {
-      const [available, escrow] = await Promise.all(BUCKETS.map((bucket) => this.chainEnd(accountOf(walletId, currency, bucket))));
-      return [currency, { available: available!.balance, escrow: escrow!.balance }] as const;
-    }));
+    const ends = await Promise.all(
+      currencies.map(async (currency) => {
+        const [available, escrow] = await Promise.all(
+          BUCKETS.map((bucket) => this.chainEnd(accountOf(walletId, currency, bucket))),
+        );
+        return [currency, { available: available!.balance, escrow: escrow!.balance }] as const;
+      }),
+    );
     return Object.fromEntries(ends);
   }
 
@@ -912,25 +1039,40 @@ export class LedgerStore {
    * cursor's positions) by time. Refusals moved nothing and are left out. Null when the cursor is not one of ours.
    * The cursor holds a position per chain, so every posting is listed once across pages, whatever is posted meanwhile.
    */
-  async listPostings(walletId: string, limit: number, cursor?: string): Promise<{ items: PostingDoc[]; nextCursor: string | null } | null> {
+  async listPostings(
+    walletId: string,
+    limit: number,
+    cursor?: string,
+  ): Promise<{ items: PostingDoc[]; nextCursor: string | null } | null> {
     const currencies = await this.currenciesOf(walletId);
     const from = cursor === undefined ? null : decodeEntriesCursor(cursor);
-    if (from && [...from.keys()].some((key) => !currencies.some((c) => key === `${c.n}a` || key === `${c.n}e`))) return null;
+    if (from && [...from.keys()].some((key) => !currencies.some((c) => key === `${c.n}a` || key === `${c.n}e`)))
+      return null;
     if (cursor !== undefined && !from) return null;
     const batch = Math.ceil((limit + 1) / Math.max(1, currencies.length * BUCKETS.length)) + 1;
-    const readers = await Promise.all(currencies.flatMap(({ n, currency }) => BUCKETS.map(async (bucket) => {
-      const account = accountOf(walletId, currency, bucket);
-      // A chain the cursor does not name began after the first page: everything on it is newer than the listing.
-      // A cursor position past the chain's end is not one we issued; reading from the end keeps it harmless.
-      const end = (await this.chainEnd(account)).seq;
-      const start = from ? Math.min(from.get(`${n}${bucket[0]}`) ?? 0, end) : end;
-      return new ChainReader(this.postings, n, bucket, account, start, batch);
-    })));
+    const readers = await Promise.all(
+      currencies.flatMap(({ n, currency }) =>
+        BUCKETS.map(async (bucket) => {
+          const account = accountOf(walletId, currency, bucket);
+          // A chain the cursor does not name began after the first page: everything on it is newer than the listing.
+          // A cursor position past the chain's end is not one we issued; reading from the end keeps it harmless.
+          const end = (await this.chainEnd(account)).seq;
+          const start = from ? Math.min(from.get(`${n}${bucket[0]}`) ?? 0, end) : end;
+          return new ChainReader(this.postings, n, bucket, account, start, batch);
+        }),
+      ),
+    );
     const newest = async (): Promise<ChainReader | null> => {
       const heads = await Promise.all(readers.map(async (r) => ({ r, p: await r.peek() })));
       let best: { r: ChainReader; p: PostingDoc } | null = null;
       for (const h of heads) {
-        if (h.p && (!best || h.p.at.getTime() > best.p.at.getTime() || (h.p.at.getTime() === best.p.at.getTime() && h.p._id > best.p._id))) best = { r: h.r, p: h.p };
+        if (
+          h.p &&
+          (!best ||
+            h.p.at.getTime() > best.p.at.getTime() ||
+            (h.p.at.getTime() === best.p.at.getTime() && h.p._id > best.p._id))
+        )
+          best = { r: h.r, p: h.p };
       }
       return best?.r ?? null;
     };
@@ -940,7 +1082,11 @@ export class LedgerStore {
       if (posting.refused) continue;
       if (items.length === limit) {
         // One more real posting exists: the next page starts with it.
-        const remaining = readers.map((r) => ({ n: r.n, bucket: r.bucket, seq: r === reader ? posting.seq : r.remaining }));
+        const remaining = readers.map((r) => ({
+          n: r.n,
+          bucket: r.bucket,
+          seq: r === reader ? posting.seq : r.remaining,
+        }));
         return { items, nextCursor: encodeEntriesCursor(remaining.filter((r) => r.seq > 0)) };
       }
       items.push(posting);
@@ -1026,8 +1172,17 @@ export class LedgerStore {
   async auditDueIndex(): Promise<{ pending: number; locks: number } | null> {
     if (!(await this.due.claimAudit(AUDIT_EVERY_MS))) return null;
     const projection = { entryId: 1, createdAt: 1 };
-    const pending = await this.entries.find({ state: 'pending' }, { projection, comment: RECONCILIATION_COMMENT }).limit(AUDIT_LIMIT).toArray();
-    const locks = await this.entries.find({ kind: RECONCILED_KIND, state: 'applied', reconciled: { $ne: true } }, { projection, comment: RECONCILIATION_COMMENT }).limit(AUDIT_LIMIT).toArray();
+    const pending = await this.entries
+      .find({ state: 'pending' }, { projection, comment: RECONCILIATION_COMMENT })
+      .limit(AUDIT_LIMIT)
+      .toArray();
+    const locks = await this.entries
+      .find(
+        { kind: RECONCILED_KIND, state: 'applied', reconciled: { $ne: true } },
+        { projection, comment: RECONCILIATION_COMMENT },
+      )
+      .limit(AUDIT_LIMIT)
+      .toArray();
     await this.due.restore(pending, locks);
     return { pending: pending.length, locks: locks.length };
   }

@@ -86,7 +86,11 @@ export class ListIndex {
   }
 
   private keysOf(e: ListEntry): string[] {
-    return [this.key(e.kind, 'all'), this.key(e.kind, { tenantId: e.tenantId }), ...[...new Set(e.agentIds)].map((agentId) => this.key(e.kind, { agentId }))];
+    return [
+      this.key(e.kind, 'all'),
+      this.key(e.kind, { tenantId: e.tenantId }),
+      ...[...new Set(e.agentIds)].map((agentId) => this.key(e.kind, { agentId })),
+    ];
   }
 
   /**

@@ -1,4 +1,12 @@
-import { MongoBulkWriteError, MongoClient, MongoServerError, type Collection, type Db, type Document, type OptionalUnlessRequiredId } from 'mongodb';
+import {
+  MongoBulkWriteError,
+  MongoClient,
+  MongoServerError,
+  type Collection,
+  type Db,
+  type Document,
+  type OptionalUnlessRequiredId,
+} from 'mongodb';
 import type { Config } from '../config.ts';
 
 export function createMongoClient(config: Config): MongoClient {
@@ -22,7 +30,10 @@ export function createMongoClient(config: Config): MongoClient {
  * Concurrent claims on one collection travel together (group commit, see InsertGroup): each document still wins or
  * loses on its own, and a lone claim goes out at once, as its own command.
  */
-export function insertFirst<T extends Document>(collection: Collection<T>, doc: OptionalUnlessRequiredId<T>): Promise<boolean> {
+export function insertFirst<T extends Document>(
+  collection: Collection<T>,
+  doc: OptionalUnlessRequiredId<T>,
+): Promise<boolean> {
   let group = insertGroups.get(collection);
   if (!group) insertGroups.set(collection, (group = new InsertGroup(collection as unknown as Collection<Document>)));
   return group.insert(doc as Document);
@@ -70,11 +81,18 @@ class InsertGroup {
 
   private async commit(batch: InsertGroup['waiting']): Promise<void> {
     try {
-      await this.collection.insertMany(batch.map((w) => w.doc), { ordered: false });
+      await this.collection.insertMany(
+        batch.map((w) => w.doc),
+        { ordered: false },
+      );
       for (const w of batch) w.settle(true);
     } catch (err) {
       // Anything but per-document errors (the connection, or a write concern not met) leaves every claim unsure.
-      if (!(err instanceof MongoBulkWriteError) || !Array.isArray(err.writeErrors) || err.result?.getWriteConcernError()) {
+      if (
+        !(err instanceof MongoBulkWriteError) ||
+        !Array.isArray(err.writeErrors) ||
+        err.result?.getWriteConcernError()
+      ) {
         for (const w of batch) w.fail(err);
         return;
       }
@@ -94,12 +112,18 @@ class InsertGroup {
  * inserted (a prefix of `docs`). Document i is inserted only if every one before it was (an ordered insert, on
  * MongoDB and FerretDB alike), so a claim can be made on the condition that the claims before it won.
  */
-export async function insertInOrder<T extends Document>(collection: Collection<T>, docs: Array<OptionalUnlessRequiredId<T>>): Promise<number> {
+export async function insertInOrder<T extends Document>(
+  collection: Collection<T>,
+  docs: Array<OptionalUnlessRequiredId<T>>,
+): Promise<number> {
   try {
     await collection.insertMany(docs, { ordered: true });
     return docs.length;
   } catch (err) {
-    const first = err instanceof MongoBulkWriteError && Array.isArray(err.writeErrors) && !err.result?.getWriteConcernError() ? err.writeErrors[0] : undefined;
+    const first =
+      err instanceof MongoBulkWriteError && Array.isArray(err.writeErrors) && !err.result?.getWriteConcernError()
+        ? err.writeErrors[0]
+        : undefined;
     if (first?.code === 11000) return first.index;
     throw err; // the connection, or a write concern not met: unsure which were inserted
   }

@@ -115,15 +115,34 @@ export class OnboardingStore {
    * insert (two starts can never share one); the attempt record goes in first, so a crash in between leaves an
    * attempt that the next start with the same id finishes indexing.
    */
-  async startAttempt(input: { attemptId: string; tenantId: string; sponsorWalletId: string | null }): Promise<PaidCallAttemptDoc> {
+  async startAttempt(input: {
+    attemptId: string;
+    tenantId: string;
+    sponsorWalletId: string | null;
+  }): Promise<PaidCallAttemptDoc> {
     const existing = await this.attempt(input.attemptId);
     if (existing && existing.seq > 0) return existing;
-    const attempt: PaidCallAttemptDoc = existing ?? { _id: input.attemptId, tenantId: input.tenantId, seq: 0, sponsorWalletId: input.sponsorWalletId, createdAt: new Date(), lastFailure: null };
+    const attempt: PaidCallAttemptDoc = existing ?? {
+      _id: input.attemptId,
+      tenantId: input.tenantId,
+      seq: 0,
+      sponsorWalletId: input.sponsorWalletId,
+      createdAt: new Date(),
+      lastFailure: null,
+    };
     if (!existing && !(await insertFirst(this.attempts, attempt))) return (await this.attempt(input.attemptId))!; // started concurrently
     let seq = await this.lastSeq(input.tenantId);
     for (;;) {
       seq++;
-      if (await insertFirst(this.index, { _id: paidCallIndexId(input.tenantId, seq), tenantId: input.tenantId, seq, attemptId: input.attemptId })) break;
+      if (
+        await insertFirst(this.index, {
+          _id: paidCallIndexId(input.tenantId, seq),
+          tenantId: input.tenantId,
+          seq,
+          attemptId: input.attemptId,
+        })
+      )
+        break;
     }
     await this.attempts.updateOne({ _id: input.attemptId }, { $set: { seq } }); // cache of the claimed slot
     await this.heads.updateOne({ _id: input.tenantId }, { $max: { seq } }, { upsert: true }).catch(() => undefined); // a hint only
@@ -141,15 +160,24 @@ export class OnboardingStore {
   }
 
   /** A page of a tenant's attempts, newest first, below sequence `before` (exclusive; null = from the newest). */
-  async history(tenantId: string, limit: number, before: number | null): Promise<{ items: Array<{ seq: number; attempt: PaidCallAttemptDoc; result: PaidCallResultDoc | null }>; nextBefore: number | null }> {
+  async history(
+    tenantId: string,
+    limit: number,
+    before: number | null,
+  ): Promise<{
+    items: Array<{ seq: number; attempt: PaidCallAttemptDoc; result: PaidCallResultDoc | null }>;
+    nextBefore: number | null;
+  }> {
     const top = before === null ? await this.lastSeq(tenantId) : before - 1;
     const seqs = Array.from({ length: Math.max(0, Math.min(limit, top)) }, (_, i) => top - i);
     const slots = await Promise.all(seqs.map((seq) => this.index.findOne({ _id: paidCallIndexId(tenantId, seq) })));
     const items = await Promise.all(
-      slots.filter((slot): slot is PaidCallIndexDoc => slot !== null).map(async (slot) => {
-        const [attempt, result] = await Promise.all([this.attempt(slot.attemptId), this.result(slot.attemptId)]);
-        return { seq: slot.seq, attempt: attempt!, result };
-      }),
+      slots
+        .filter((slot): slot is PaidCallIndexDoc => slot !== null)
+        .map(async (slot) => {
+          const [attempt, result] = await Promise.all([this.attempt(slot.attemptId), this.result(slot.attemptId)]);
+          return { seq: slot.seq, attempt: attempt!, result };
+        }),
     );
     const lowest = seqs.at(-1);
     // A crash between claiming a slot and caching it can leave an attempt with two slots; it is listed at the cached one.

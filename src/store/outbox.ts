@@ -43,14 +43,29 @@ export class OutboxStore {
    * event with nobody to fan out to (`fanOut` false: its tenant has no webhook endpoint) is born fanned out, with no
    * due entry; `createdAt` is when the emitter started to look for endpoints (see emitEvent).
    */
-  async record(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string, options: { test: boolean; fanOut: boolean; createdAt: Date }): Promise<OutboxEventDoc> {
+  async record(
+    tenantId: string,
+    type: EventType,
+    data: Record<string, unknown>,
+    cause: string,
+    options: { test: boolean; fanOut: boolean; createdAt: Date },
+  ): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
     const { test, fanOut, createdAt } = options;
-    const event: OutboxEventDoc = { _id, tenantId, type, data, test, createdAt, fannedOutAt: fanOut ? null : createdAt };
+    const event: OutboxEventDoc = {
+      _id,
+      tenantId,
+      type,
+      data,
+      test,
+      createdAt,
+      fannedOutAt: fanOut ? null : createdAt,
+    };
     if (fanOut) await this.due.add({ kind: 'fan-out', tenantId, eventId: _id, dueAt: event.createdAt });
     // The run's events, for its deliveries (a Redis sorted set by time, read by the run's id alone); entered before
     // the record, so an id without a record is an event that was never made and is skipped.
-    if (typeof data.runId === 'string') await this.redis.zadd(this.runEventsKey(data.runId), event.createdAt.getTime(), _id);
+    if (typeof data.runId === 'string')
+      await this.redis.zadd(this.runEventsKey(data.runId), event.createdAt.getTime(), _id);
     // A repeat loses to the first record, which stands; the id is all callers need (the dispatcher reads the record).
     await insertFirst(this.events, event);
     return event;
@@ -69,7 +84,12 @@ export class OutboxStore {
    * Records an event meant for one endpoint (a test event): born fanned out, so no fan-out ever sends it to the
    * tenant's other endpoints; its one delivery is created by the caller. A repeat returns the first record.
    */
-  async recordForOneEndpoint(tenantId: string, type: EventType, data: Record<string, unknown>, cause: string): Promise<OutboxEventDoc> {
+  async recordForOneEndpoint(
+    tenantId: string,
+    type: EventType,
+    data: Record<string, unknown>,
+    cause: string,
+  ): Promise<OutboxEventDoc> {
     const _id = eventIdFor(cause);
     const now = new Date();
     const event: OutboxEventDoc = { _id, tenantId, type, data, createdAt: now, fannedOutAt: now };

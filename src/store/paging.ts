@@ -18,6 +18,7 @@ export function decodeCursor(token: string): PageCursor | null {
   if (space <= 0) return null;
   const ms = Number(text.slice(0, space));
   const id = text.slice(space + 1);
-  if (!/^\d+$/.test(text.slice(0, space)) || !Number.isSafeInteger(ms) || !/^[A-Za-z0-9_.:#|-]{1,300}$/.test(id)) return null;
+  if (!/^\d+$/.test(text.slice(0, space)) || !Number.isSafeInteger(ms) || !/^[A-Za-z0-9_.:#|-]{1,300}$/.test(id))
+    return null;
   return { at: new Date(ms), id };
 }

@@ -51,7 +51,9 @@ export class RevisionLog<T extends Revisioned & Document> {
   /** The document at exactly revision `rev` if that is still its latest; null otherwise (one round trip). */
   async getAt(id: string, rev: number): Promise<T | null> {
     const [atRev, next] = await Promise.all([
-      rev === 0 ? (this.docs.findOne({ _id: id } as never) as Promise<T | null>) : this.revisions.findOne({ _id: `${id}#${rev}` }).then((r) => r?.doc ?? null),
+      rev === 0
+        ? (this.docs.findOne({ _id: id } as never) as Promise<T | null>)
+        : this.revisions.findOne({ _id: `${id}#${rev}` }).then((r) => r?.doc ?? null),
       this.revisions.findOne({ _id: `${id}#${rev + 1}` }),
     ]);
     return atRev && atRev.rev === rev && !next ? atRev : null;

@@ -130,8 +130,16 @@ export function storedBatchEvents(events: EventEnvelope[]): Pick<RunBatchDoc, 'e
 /** What an append needs of a run. */
 export type AppendTarget = Pick<RunDoc, '_id' | 'tenantId' | 'agentId' | 'status'>;
 
-export function runListEntry(run: Pick<RunDoc, '_id' | 'tenantId' | 'agentId' | 'settlement' | 'createdAt'>): ListEntry {
-  return { kind: 'runs', id: run._id, tenantId: run.tenantId, at: run.createdAt, agentIds: [run.agentId, ...(run.settlement ? [run.settlement.payerAgentId] : [])] };
+export function runListEntry(
+  run: Pick<RunDoc, '_id' | 'tenantId' | 'agentId' | 'settlement' | 'createdAt'>,
+): ListEntry {
+  return {
+    kind: 'runs',
+    id: run._id,
+    tenantId: run.tenantId,
+    at: run.createdAt,
+    agentIds: [run.agentId, ...(run.settlement ? [run.settlement.payerAgentId] : [])],
+  };
 }
 
 export class RunStore {
@@ -162,7 +170,8 @@ export class RunStore {
     if (!(await insertFirst(this.runs, run))) {
       const existing = (await this.runs.findOne({ _id: run._id }))!;
       const same = (r: RunDoc) => canonicalize({ t: r.tenantId, a: r.agentId, terms: r.terms, s: r.settlement });
-      if (same(existing) !== same(run)) throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
+      if (same(existing) !== same(run))
+        throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
       return existing;
     }
     this.remember(run._id, { head: { seq: 0, chainHash: null }, sealed: false }); // a new run starts empty
@@ -247,11 +256,16 @@ export class RunStore {
   /** The head, and whether the run is sealed, as far as the cache knows (see repairHead for the truth). */
   async head(runId: string): Promise<{ head: ChainHead; sealed: boolean }> {
     const doc = await this.heads.findOne({ _id: runId });
-    return doc ? { head: { seq: doc.seq, chainHash: doc.chainHash }, sealed: doc.sealed } : { head: { seq: 0, chainHash: null }, sealed: false };
+    return doc
+      ? { head: { seq: doc.seq, chainHash: doc.chainHash }, sealed: doc.sealed }
+      : { head: { seq: 0, chainHash: null }, sealed: false };
   }
 
   /** Walks the stored batches forward from the cached head: the true head, and whether a seal ends the chain. */
-  async repairHead(runId: string, known?: { head: ChainHead; sealed: boolean }): Promise<{ head: ChainHead; sealed: boolean }> {
+  async repairHead(
+    runId: string,
+    known?: { head: ChainHead; sealed: boolean },
+  ): Promise<{ head: ChainHead; sealed: boolean }> {
     const cached = known ?? (await this.knownHead(runId));
     let { head, sealed } = cached;
     while (!sealed) {
@@ -268,9 +282,11 @@ export class RunStore {
   private async cacheHead(runId: string, head: ChainHead, sealed: boolean): Promise<void> {
     this.remember(runId, { head, sealed });
     // Best effort: a lost or stale cache write only means the next reader walks a little further.
-    await this.heads.updateOne({ _id: runId }, { $set: { seq: head.seq, chainHash: head.chainHash, sealed } }, { upsert: true }).catch((err) => {
-      if (!isDuplicateKey(err)) throw err;
-    });
+    await this.heads
+      .updateOne({ _id: runId }, { $set: { seq: head.seq, chainHash: head.chainHash, sealed } }, { upsert: true })
+      .catch((err) => {
+        if (!isDuplicateKey(err)) throw err;
+      });
   }
 
   /**
@@ -280,11 +296,25 @@ export class RunStore {
    */
   async findByEventIds(runId: string, head: ChainHead, ids: readonly string[]): Promise<EventEnvelope[]> {
     const from = this.eventIds.coveredUpTo(runId) + 1;
-    if (from <= head.seq) await this.walkBatches(runId, from, head.seq, (batch, events) => this.eventIds.add(runId, batch.firstSeq, batch.lastSeq, events.map((e) => e.id)));
+    if (from <= head.seq)
+      await this.walkBatches(runId, from, head.seq, (batch, events) =>
+        this.eventIds.add(
+          runId,
+          batch.firstSeq,
+          batch.lastSeq,
+          events.map((e) => e.id),
+        ),
+      );
     const wanted = new Set(ids);
     const starts = new Set(ids.flatMap((id) => this.eventIds.candidates(runId, id)));
     const batches = await Promise.all([...starts].map((seq) => this.batches.findOne({ _id: positionId(runId, seq) })));
-    return batches.flatMap((batch) => (batch && !batch.seal ? batchEvents(batch).filter((e) => wanted.has(e.id)).map(toEnvelope) : []));
+    return batches.flatMap((batch) =>
+      batch && !batch.seal
+        ? batchEvents(batch)
+            .filter((e) => wanted.has(e.id))
+            .map(toEnvelope)
+        : [],
+    );
   }
 
   /** Events 1..upToSeq in order, walking the run's batches by their position ids. */
@@ -293,7 +323,10 @@ export class RunStore {
   }
 
   /** Events 1..upToSeq in order, and the batches they came from (each whole, with its attestation). */
-  async readChain(runId: string, upToSeq: number): Promise<{ events: EventEnvelope[]; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
+  async readChain(
+    runId: string,
+    upToSeq: number,
+  ): Promise<{ events: EventEnvelope[]; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const events: EventEnvelope[] = [];
     const batches: Array<{ events: EventEnvelope[]; attestation: string | null }> = [];
     await this.walkBatches(runId, 1, upToSeq, (batch, stored) => {
@@ -311,7 +344,12 @@ export class RunStore {
    * together (up to MAX_READ_AHEAD at once, doubling while the guesses hold). A wrong guess costs one wasted read;
    * the walk itself stays exact.
    */
-  private async walkBatches(runId: string, fromSeq: number, upToSeq: number, visit: (batch: RunBatchDoc, events: StoredEvent[]) => void): Promise<void> {
+  private async walkBatches(
+    runId: string,
+    fromSeq: number,
+    upToSeq: number,
+    visit: (batch: RunBatchDoc, events: StoredEvent[]) => void,
+  ): Promise<void> {
     let seq = fromSeq;
     let size = 0;
     let window = 1;
@@ -334,15 +372,27 @@ export class RunStore {
    * Stores verified events that follow `expectedHead`, as one document: all of them or none. Exactly one writer
    * wins a position; the loser gets CHAIN_CONFLICT with the true head, or TRANSITION_ILLEGAL once the run is sealed.
    */
-  async append(run: Pick<RunDoc, '_id' | 'tenantId'>, expectedHead: ChainHead, events: EventEnvelope[], attestation?: string, now = new Date()): Promise<ChainHead> {
+  async append(
+    run: Pick<RunDoc, '_id' | 'tenantId'>,
+    expectedHead: ChainHead,
+    events: EventEnvelope[],
+    attestation?: string,
+    now = new Date(),
+  ): Promise<ChainHead> {
     const first = events[0]!;
     const last = events.at(-1)!;
     const batchId = positionId(run._id, first.seq);
     // An id names one event of the run: one the chain below this position already holds is refused.
     // (The same event found again is this batch's own earlier try: the position insert below recognises it.)
     const byId = new Map(events.map((e) => [e.id, e]));
-    const used = (await this.findByEventIds(run._id, expectedHead, [...byId.keys()])).find((e) => e.seq !== byId.get(e.id)!.seq || e.chainHash !== byId.get(e.id)!.chainHash);
-    if (used) throw errors.conflict('CHAIN_CONFLICT', `event id ${used.id} is already used by a different event`, { head: expectedHead, eventId: used.id });
+    const used = (await this.findByEventIds(run._id, expectedHead, [...byId.keys()])).find(
+      (e) => e.seq !== byId.get(e.id)!.seq || e.chainHash !== byId.get(e.id)!.chainHash,
+    );
+    if (used)
+      throw errors.conflict('CHAIN_CONFLICT', `event id ${used.id} is already used by a different event`, {
+        head: expectedHead,
+        eventId: used.id,
+      });
     const stored = await insertFirst(this.batches, {
       _id: batchId,
       tenantId: run.tenantId,
@@ -357,19 +407,29 @@ export class RunStore {
       const existing = await this.batches.findOne({ _id: batchId });
       // The same batch stored by an earlier try whose answer was lost (the head cache had not caught up): a resend.
       const existingEvents = existing && !existing.seal ? batchEvents(existing) : null;
-      const sameBatch = existingEvents !== null && existingEvents.length === events.length && existingEvents.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
+      const sameBatch =
+        existingEvents !== null &&
+        existingEvents.length === events.length &&
+        existingEvents.every((e, i) => e.id === events[i]!.id && e.chainHash === events[i]!.chainHash);
       const { head, sealed } = await this.repairHead(run._id);
       if (sameBatch) return { seq: last.seq, chainHash: last.chainHash };
       if (sealed) throw errors.transitionIllegal('the run is being finalized', 'finalizing');
       const positionTaken = existing !== null;
       throw errors.conflict(
         'CHAIN_CONFLICT',
-        positionTaken ? 'prevChainHash is not the run head; another event took this position' : 'an event id of this batch is already used in the run',
+        positionTaken
+          ? 'prevChainHash is not the run head; another event took this position'
+          : 'an event id of this batch is already used in the run',
         { head },
       );
     }
     const newHead: ChainHead = { seq: last.seq, chainHash: last.chainHash };
-    this.eventIds.add(run._id, first.seq, last.seq, events.map((e) => e.id));
+    this.eventIds.add(
+      run._id,
+      first.seq,
+      last.seq,
+      events.map((e) => e.id),
+    );
     if (expectedHead.seq + 1 === first.seq) {
       // The batch is stored, which is all the caller waits for: this process's hint moves now, and the head cache
       // document (for other processes) follows without holding the answer; a lost write only means a longer walk.
@@ -392,7 +452,19 @@ export class RunStore {
         continue;
       }
       const seal = { finalHead: head, sealedAt: now };
-      if (await insertFirst(this.batches, { _id: positionId(runId, head.seq + 1), tenantId, runId, firstSeq: head.seq + 1, lastSeq: head.seq, eventsJson: '[]', lastChainHash: null, seal, receivedAt: now })) {
+      if (
+        await insertFirst(this.batches, {
+          _id: positionId(runId, head.seq + 1),
+          tenantId,
+          runId,
+          firstSeq: head.seq + 1,
+          lastSeq: head.seq,
+          eventsJson: '[]',
+          lastChainHash: null,
+          seal,
+          receivedAt: now,
+        })
+      ) {
         // The seal is stored: the head cache document follows without holding the answer (as after an append).
         this.remember(runId, { head, sealed: true });
         void this.cacheHead(runId, head, true).catch(() => undefined);
@@ -448,9 +520,14 @@ export class RunStore {
     await this.moveToFinalized(runId, { artifactId: null, verdict: 'fail', finalizeError: error }, now);
   }
 
-  private async moveToFinalized(runId: string, outcome: Pick<RunDoc, 'artifactId' | 'verdict' | 'finalizeError'>, now: Date): Promise<void> {
+  private async moveToFinalized(
+    runId: string,
+    outcome: Pick<RunDoc, 'artifactId' | 'verdict' | 'finalizeError'>,
+    now: Date,
+  ): Promise<void> {
     const run = await this.runs.findOne({ _id: runId });
-    if (run?.status === 'finalizing') await this.runs.updateOne({ _id: runId }, { $set: { status: 'finalized', finalizedAt: now, ...outcome } });
+    if (run?.status === 'finalizing')
+      await this.runs.updateOne({ _id: runId }, { $set: { status: 'finalized', finalizedAt: now, ...outcome } });
     // The due record stays until run.finalized is recorded too (services/runs.ts finalizeRun removes it).
   }
 
@@ -469,7 +546,9 @@ export class RunStore {
   }
 
   /** The full artifact, and the batches its events came from (for their attestations). */
-  async loadArtifactChain(doc: ArtifactDoc): Promise<{ artifact: RunArtifact; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
+  async loadArtifactChain(
+    doc: ArtifactDoc,
+  ): Promise<{ artifact: RunArtifact; batches: Array<{ events: EventEnvelope[]; attestation: string | null }> }> {
     const header = this.artifactHeader(doc);
     const { events: items, batches } = await this.readChain(doc.runId, doc.eventCount);
     return { artifact: { ...header, events: { ...header.events, items } } as RunArtifact, batches };

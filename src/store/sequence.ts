@@ -16,7 +16,8 @@ import { insertFirst } from './mongo.ts';
 export type SequenceEntry<T> = T & { _id: string; owner: string; n: number };
 
 const GAP_LOOKAHEAD = 3;
-const RAISE_TO = "local c = tonumber(redis.call('get', KEYS[1]) or '0') if c < tonumber(ARGV[1]) then redis.call('set', KEYS[1], ARGV[1]) end return 0";
+const RAISE_TO =
+  "local c = tonumber(redis.call('get', KEYS[1]) or '0') if c < tonumber(ARGV[1]) then redis.call('set', KEYS[1], ARGV[1]) end return 0";
 
 export class Sequence<T extends Document> {
   readonly collection: Collection<SequenceEntry<T>>;

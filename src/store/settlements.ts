@@ -59,9 +59,17 @@ interface FactDoc {
   at: Date;
 }
 
-export function settlementListEntry(s: Pick<SettlementDoc, '_id' | 'tenantId' | 'createdAt' | 'payerWalletId' | 'payeeWalletId'>): ListEntry {
+export function settlementListEntry(
+  s: Pick<SettlementDoc, '_id' | 'tenantId' | 'createdAt' | 'payerWalletId' | 'payeeWalletId'>,
+): ListEntry {
   // A party's wallet id is its agent id (sponsor wallets are named otherwise and simply match no agent filter).
-  return { kind: 'settlements', id: s._id, tenantId: s.tenantId, at: s.createdAt, agentIds: [s.payerWalletId, s.payeeWalletId] };
+  return {
+    kind: 'settlements',
+    id: s._id,
+    tenantId: s.tenantId,
+    at: s.createdAt,
+    agentIds: [s.payerWalletId, s.payeeWalletId],
+  };
 }
 
 export class SettlementStore {
@@ -100,7 +108,10 @@ export class SettlementStore {
    * The settlement of an x402 gate, under an id derived from the gate (found by `_id`, never by a scan). It is not
    * due for the sweeper until its decision is recorded: advanceSettlement schedules it from then on.
    */
-  async createForGate(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'runId'> & { gateId: string }): Promise<SettlementDoc> {
+  async createForGate(
+    settlementId: string,
+    input: Omit<SettlementDoc, '_id' | 'createdAt' | 'runId'> & { gateId: string },
+  ): Promise<SettlementDoc> {
     const doc: SettlementDoc = {
       ...input,
       _id: settlementId,
@@ -115,7 +126,10 @@ export class SettlementStore {
    * The settlement of a payee of a closed x402 payment session, under an id derived from the session and the payee.
    * Its decision is claimed by the close right after; advanceSettlement schedules it from then on.
    */
-  async createForSession(settlementId: string, input: Omit<SettlementDoc, '_id' | 'createdAt' | 'runId'> & { sessionId: string }): Promise<SettlementDoc> {
+  async createForSession(
+    settlementId: string,
+    input: Omit<SettlementDoc, '_id' | 'createdAt' | 'runId'> & { sessionId: string },
+  ): Promise<SettlementDoc> {
     const doc: SettlementDoc = {
       ...input,
       _id: settlementId,
@@ -138,13 +152,26 @@ export class SettlementStore {
    * Records a fact once: the first writer wins, everyone gets the winning fact back. This is the only way a
    * settlement changes, and it rests on a unique insert, never on an update.
    */
-  async claim(settlementId: string, kind: 'decision', data: DecisionFact): Promise<{ won: boolean; fact: DecisionFact }>;
-  async claim(settlementId: string, kind: 'holdback', data: HoldbackFact): Promise<{ won: boolean; fact: HoldbackFact }>;
+  async claim(
+    settlementId: string,
+    kind: 'decision',
+    data: DecisionFact,
+  ): Promise<{ won: boolean; fact: DecisionFact }>;
+  async claim(
+    settlementId: string,
+    kind: 'holdback',
+    data: HoldbackFact,
+  ): Promise<{ won: boolean; fact: HoldbackFact }>;
   async claim(settlementId: string, kind: 'ruling', data: RulingFact): Promise<{ won: boolean; fact: RulingFact }>;
-  async claim(settlementId: string, kind: 'heldRuling', data: HeldRulingFact): Promise<{ won: boolean; fact: HeldRulingFact }>;
+  async claim(
+    settlementId: string,
+    kind: 'heldRuling',
+    data: HeldRulingFact,
+  ): Promise<{ won: boolean; fact: HeldRulingFact }>;
   async claim(settlementId: string, kind: FactKind, data: unknown): Promise<{ won: boolean; fact: unknown }> {
     const _id = `${settlementId}:${kind}`;
-    if (await insertFirst(this.facts, { _id, settlementId, kind, data, at: new Date() })) return { won: true, fact: data };
+    if (await insertFirst(this.facts, { _id, settlementId, kind, data, at: new Date() }))
+      return { won: true, fact: data };
     const winner = await this.facts.findOne({ _id });
     return { won: false, fact: winner!.data };
   }
@@ -153,7 +180,10 @@ export class SettlementStore {
    * Claims the settlement's decision: whether this claim won, and the facts as they then stand. A winner's are the
    * decision alone, read from nothing (every other fact needs the decision first); a loser reads them all.
    */
-  async claimDecision(settlementId: string, decision: DecisionFact): Promise<{ won: boolean; facts: SettlementFacts & { decision: DecisionFact } }> {
+  async claimDecision(
+    settlementId: string,
+    decision: DecisionFact,
+  ): Promise<{ won: boolean; facts: SettlementFacts & { decision: DecisionFact } }> {
     const claimed = await this.claim(settlementId, 'decision', decision);
     const others = claimed.won ? {} : await this.factsOf(settlementId);
     return { won: claimed.won, facts: { ...others, decision: claimed.fact } };
@@ -208,8 +238,14 @@ export function termsOf(s: SettlementDoc): SettlementTerms {
 
 /** Every ledger entry a settlement can ever use. */
 export function candidateEntries(s: SettlementDoc, facts: SettlementFacts): string[] {
-  const ids = [entryIds.release(s._id), entryIds.holdback(s._id), entryIds.held(s._id, 'release'), entryIds.held(s._id, 'refund')];
-  if (facts.holdback?.fate === 'dispute') ids.push(entryIds.disputeToPayer(facts.holdback.disputeId), entryIds.disputeToPayee(facts.holdback.disputeId));
+  const ids = [
+    entryIds.release(s._id),
+    entryIds.holdback(s._id),
+    entryIds.held(s._id, 'release'),
+    entryIds.held(s._id, 'refund'),
+  ];
+  if (facts.holdback?.fate === 'dispute')
+    ids.push(entryIds.disputeToPayer(facts.holdback.disputeId), entryIds.disputeToPayee(facts.holdback.disputeId));
   return ids;
 }
 
@@ -219,30 +255,50 @@ export function candidateEntries(s: SettlementDoc, facts: SettlementFacts): stri
  * ruling only after a fail; a dispute's entries only after its ruling), so a read costs what the settlement's state
  * involves: 2 lookups while pending, 4-5 once decided, instead of every fact and entry it might ever have (8).
  */
-export async function readSettlement(settlements: SettlementStore, ledger: LedgerStore, s: SettlementDoc, now = new Date()): Promise<SettlementState> {
+export async function readSettlement(
+  settlements: SettlementStore,
+  ledger: LedgerStore,
+  s: SettlementDoc,
+  now = new Date(),
+): Promise<SettlementState> {
   const release = entryIds.release(s._id);
-  const [{ decision }, releaseApplied] = await Promise.all([settlements.factsAmong(s._id, ['decision']), ledger.appliedAmong([release])]);
+  const [{ decision }, releaseApplied] = await Promise.all([
+    settlements.factsAmong(s._id, ['decision']),
+    ledger.appliedAmong([release]),
+  ]);
   const applied = new Set(releaseApplied);
   let facts: SettlementFacts = {};
   if (decision?.verdict === 'fail') {
     const held = [entryIds.held(s._id, 'release'), entryIds.held(s._id, 'refund')];
-    const [later, heldApplied] = await Promise.all([settlements.factsAmong(s._id, ['heldRuling']), ledger.appliedAmong(held)]);
+    const [later, heldApplied] = await Promise.all([
+      settlements.factsAmong(s._id, ['heldRuling']),
+      ledger.appliedAmong(held),
+    ]);
     facts = { decision, ...later };
     for (const id of heldApplied) applied.add(id);
   } else if (decision) {
     const holdback = decision.holdback > 0 ? [entryIds.holdback(s._id)] : [];
-    const [later, holdbackApplied] = await Promise.all([settlements.factsAmong(s._id, ['holdback', 'ruling']), ledger.appliedAmong(holdback)]);
+    const [later, holdbackApplied] = await Promise.all([
+      settlements.factsAmong(s._id, ['holdback', 'ruling']),
+      ledger.appliedAmong(holdback),
+    ]);
     facts = { decision, ...later };
     for (const id of holdbackApplied) applied.add(id);
     if (facts.holdback?.fate === 'dispute' && facts.ruling) {
       const dispute = facts.holdback.disputeId;
-      for (const id of await ledger.appliedAmong([entryIds.disputeToPayer(dispute), entryIds.disputeToPayee(dispute)])) applied.add(id);
+      for (const id of await ledger.appliedAmong([entryIds.disputeToPayer(dispute), entryIds.disputeToPayee(dispute)]))
+        applied.add(id);
     }
   }
   return { doc: s, facts, view: deriveSettlement(termsOf(s), facts, applied, now) };
 }
 
 /** The same, from facts and applied entries the caller already holds (the settle worker, after applying them). */
-export function settlementState(s: SettlementDoc, facts: SettlementFacts, applied: ReadonlySet<string>, now = new Date()): SettlementState {
+export function settlementState(
+  s: SettlementDoc,
+  facts: SettlementFacts,
+  applied: ReadonlySet<string>,
+  now = new Date(),
+): SettlementState {
   return { doc: s, facts, view: deriveSettlement(termsOf(s), facts, applied, now) };
 }

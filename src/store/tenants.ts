@@ -18,7 +18,12 @@ export class TenantStore {
   }
 
   async create(input: { name: string; rateLimit?: RateLimitPolicy | null }): Promise<TenantDoc> {
-    const doc: TenantDoc = { _id: newId('ten'), name: input.name, rateLimit: input.rateLimit ?? null, createdAt: new Date() };
+    const doc: TenantDoc = {
+      _id: newId('ten'),
+      name: input.name,
+      rateLimit: input.rateLimit ?? null,
+      createdAt: new Date(),
+    };
     await this.tenants.insertOne(doc);
     return doc;
   }

@@ -135,14 +135,23 @@ export class WebhookDeliveryStore {
    * The delivery of this event to this endpoint, created once. A delivery to a disabled endpoint is created
    * `abandoned` (and parked), so re-enabling the endpoint replays it.
    */
-  async ensure(input: { eventId: string; eventType: EventType; endpoint: WebhookEndpointDoc; now: Date }): Promise<WebhookDeliveryDoc> {
+  async ensure(input: {
+    eventId: string;
+    eventType: EventType;
+    endpoint: WebhookEndpointDoc;
+    now: Date;
+  }): Promise<WebhookDeliveryDoc> {
     const _id = deliveryIdFor(input.eventId, input.endpoint._id);
     const existing = await this.get(_id);
     if (existing) return existing;
     const { endpoint, now } = input;
     const disabled = endpoint.status !== 'active';
     const pulled = endpoint.delivery === 'pull';
-    const seq = await this.byEndpoint.append(deliveriesOwner(endpoint._id), { deliveryId: _id, indexedAt: now }, (slot) => this.retention.noteEntry(slot, now));
+    const seq = await this.byEndpoint.append(
+      deliveriesOwner(endpoint._id),
+      { deliveryId: _id, indexedAt: now },
+      (slot) => this.retention.noteEntry(slot, now),
+    );
     const doc: WebhookDeliveryDoc = {
       _id,
       tenantId: endpoint.tenantId,
@@ -181,9 +190,17 @@ export class WebhookDeliveryStore {
     attempt?: AttemptResult,
   ): Promise<WebhookDeliveryDoc | null> {
     const now = new Date();
-    const next = { ...current, ...changes, updatedAt: now, ...(changes.status === 'succeeded' ? { succeededAt: now } : {}) };
+    const next = {
+      ...current,
+      ...changes,
+      updatedAt: now,
+      ...(changes.status === 'succeeded' ? { succeededAt: now } : {}),
+    };
     const [n] = await Promise.all([attempt ? this.recordAttempt(current, attempt) : null, this.index(next)]);
-    const counted = n === null ? {} : { attemptCount: n, roundAttempts: current.roundAttempts + 1, lastStatusCode: attempt!.statusCode };
+    const counted =
+      n === null
+        ? {}
+        : { attemptCount: n, roundAttempts: current.roundAttempts + 1, lastStatusCode: attempt!.statusCode };
     return this.log.commit(current, { ...next, ...counted });
   }
 
@@ -193,7 +210,9 @@ export class WebhookDeliveryStore {
     if (d.status === 'pending' && d.nextAttemptAt) {
       await this.due.add({ kind: 'deliver', tenantId: d.tenantId, deliveryId: d._id, dueAt: d.nextAttemptAt });
     } else if (d.status === 'failed' || d.status === 'abandoned') {
-      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id, indexedAt: d.updatedAt }, (slot) => this.retention.noteEntry(slot, d.updatedAt));
+      await this.parked.append(parkedOwner(d.endpointId), { deliveryId: d._id, indexedAt: d.updatedAt }, (slot) =>
+        this.retention.noteEntry(slot, d.updatedAt),
+      );
     }
     await retained;
   }
@@ -204,14 +223,25 @@ export class WebhookDeliveryStore {
    */
   private async recordAttempt(current: WebhookDeliveryDoc, result: AttemptResult): Promise<number> {
     for (let n = current.attemptCount + 1; ; n++) {
-      const doc = { _id: `${current._id}#${n}`, tenantId: current.tenantId, deliveryId: current._id, endpointId: current.endpointId, attempt: n, ...result };
+      const doc = {
+        _id: `${current._id}#${n}`,
+        tenantId: current.tenantId,
+        deliveryId: current._id,
+        endpointId: current.endpointId,
+        attempt: n,
+        ...result,
+      };
       if (await insertFirst(this.attempts, doc)) return n;
     }
   }
 
   /** Every attempt of the delivery, oldest first. */
   async attemptsOf(delivery: WebhookDeliveryDoc): Promise<WebhookAttemptDoc[]> {
-    const known = await Promise.all(Array.from({ length: delivery.attemptCount }, (_, i) => this.attempts.findOne({ _id: `${delivery._id}#${i + 1}` })));
+    const known = await Promise.all(
+      Array.from({ length: delivery.attemptCount }, (_, i) =>
+        this.attempts.findOne({ _id: `${delivery._id}#${i + 1}` }),
+      ),
+    );
     const attempts = known.filter((a): a is WebhookAttemptDoc => a !== null);
     // Attempts recorded by a worker that died before updating the delivery follow the known ones.
     for (let n = delivery.attemptCount + 1; ; n++) {
@@ -234,7 +264,10 @@ export class WebhookDeliveryStore {
   }
 
   /** The entry at this position of the endpoint's delivery index and its delivery (null each when missing). */
-  async slotAt(endpointId: string, n: number): Promise<{ entry: IndexEntry | null; delivery: WebhookDeliveryDoc | null }> {
+  async slotAt(
+    endpointId: string,
+    n: number,
+  ): Promise<{ entry: IndexEntry | null; delivery: WebhookDeliveryDoc | null }> {
     const entry = await this.byEndpoint.get(deliveriesOwner(endpointId), n);
     return { entry, delivery: entry ? await this.get(entry.deliveryId) : null };
   }
@@ -280,8 +313,17 @@ export class WebhookDeliveryStore {
   }
 
   /** The recovery's claim on the delivery at `position` (first writer wins): the claim that stands, this one or an earlier. */
-  async claimRecoveryItem(recoveryId: string, position: number, delivery: WebhookDeliveryDoc): Promise<WebhookRecoveryItemDoc> {
-    const item: WebhookRecoveryItemDoc = { _id: recoveryItemId(recoveryId, position), deliveryId: delivery._id, fromRev: delivery.rev, at: new Date() };
+  async claimRecoveryItem(
+    recoveryId: string,
+    position: number,
+    delivery: WebhookDeliveryDoc,
+  ): Promise<WebhookRecoveryItemDoc> {
+    const item: WebhookRecoveryItemDoc = {
+      _id: recoveryItemId(recoveryId, position),
+      deliveryId: delivery._id,
+      fromRev: delivery.rev,
+      at: new Date(),
+    };
     if (await insertFirst(this.recoveryItems, item)) return item;
     return (await this.recoveryItems.findOne({ _id: item._id }))!;
   }

@@ -86,10 +86,16 @@ export class WebhookDueIndex {
    */
   async read(bucket: number): Promise<DueEntry[]> {
     const owner = String(bucket);
-    const [head, first, done] = await Promise.all([this.entries.head(owner), this.redis.get(this.firstKey(bucket)), this.redis.smembers(this.doneKey(bucket))]);
+    const [head, first, done] = await Promise.all([
+      this.entries.head(owner),
+      this.redis.get(this.firstKey(bucket)),
+      this.redis.smembers(this.doneKey(bucket)),
+    ]);
     const from = Math.max(1, Number(first ?? 1));
     const skip = new Set(done.map(Number));
-    const positions = Array.from({ length: Math.max(0, head - from + 1) }, (_, i) => from + i).filter((n) => !skip.has(n));
+    const positions = Array.from({ length: Math.max(0, head - from + 1) }, (_, i) => from + i).filter(
+      (n) => !skip.has(n),
+    );
     const slots = await Promise.all(positions.map((n) => this.entries.get(owner, n)));
     return slots.filter((e): e is DueEntry => e !== null);
   }
@@ -98,7 +104,8 @@ export class WebhookDueIndex {
   async remember(bucket: number, firstLive: number, done: number[]): Promise<void> {
     const pipeline = this.redis.multi().set(this.firstKey(bucket), String(firstLive), 'PX', HINT_TTL_MS);
     const after = done.filter((n) => n > firstLive);
-    if (after.length > 0) pipeline.sadd(this.doneKey(bucket), ...after.map(String)).pexpire(this.doneKey(bucket), HINT_TTL_MS);
+    if (after.length > 0)
+      pipeline.sadd(this.doneKey(bucket), ...after.map(String)).pexpire(this.doneKey(bucket), HINT_TTL_MS);
     await pipeline.exec();
   }
 

@@ -60,7 +60,8 @@ interface ActivityDoc {
   replayedThrough: number;
 }
 
-export type WebhookEndpoint = WebhookEndpointDoc & Pick<ActivityDoc, 'failingSince' | 'lastSuccessAt' | 'replayedThrough'>;
+export type WebhookEndpoint = WebhookEndpointDoc &
+  Pick<ActivityDoc, 'failingSince' | 'lastSuccessAt' | 'replayedThrough'>;
 
 /** Never more than this many secrets sign a delivery (the current one plus previous ones in their grace period). */
 const MAX_SECRETS = 5;
@@ -85,7 +86,16 @@ export class WebhookEndpointStore {
    * Registers an endpoint; the plaintext secret is returned once and only its sealed form is stored. The index
    * entry comes first: a crash before the endpoint's insert leaves an entry pointing at nothing, which readers skip.
    */
-  async create(tenantId: string, input: { url: string | null; delivery: EndpointDelivery; events: EventType[]; description: string | null; includeTestEvents: boolean }) {
+  async create(
+    tenantId: string,
+    input: {
+      url: string | null;
+      delivery: EndpointDelivery;
+      events: EventType[];
+      description: string | null;
+      includeTestEvents: boolean;
+    },
+  ) {
     const _id = newId('whe');
     const secret = generateWebhookSecret();
     const seq = await this.byTenant.append(tenantOwner(tenantId), { endpointId: _id });
@@ -133,7 +143,9 @@ export class WebhookEndpointStore {
     const entries = await Promise.all(Array.from({ length: head }, (_, i) => this.byTenant.get(owner, i + 1)));
     const endpoints = await Promise.all(entries.map((e) => (e ? this.get(e.endpointId) : null)));
     // An entry counts only if the endpoint was created with its position (see create()).
-    return endpoints.filter((e, i): e is WebhookEndpoint => e !== null && e.tenantId === tenantId && e.seq === entries[i]!.n);
+    return endpoints.filter(
+      (e, i): e is WebhookEndpoint => e !== null && e.tenantId === tenantId && e.seq === entries[i]!.n,
+    );
   }
 
   /** Applies one change as the endpoint's next revision; null when another change got there first. */
@@ -142,13 +154,20 @@ export class WebhookEndpointStore {
   }
 
   /** The secrets after a rotation: new current one; the old current keeps signing until now + grace (0 drops it). */
-  rotatedSecrets(current: WebhookEndpointDoc, graceSeconds: number, now: Date): { secrets: SealedSecret[]; secret: string } {
+  rotatedSecrets(
+    current: WebhookEndpointDoc,
+    graceSeconds: number,
+    now: Date,
+  ): { secrets: SealedSecret[]; secret: string } {
     const secret = generateWebhookSecret();
     const [head, ...older] = current.secrets;
     const previous: SealedSecret[] = [];
     if (head && graceSeconds > 0) previous.push({ ...head, expiresAt: new Date(now.getTime() + graceSeconds * 1000) });
     for (const s of older) if (s.expiresAt && s.expiresAt.getTime() > now.getTime()) previous.push(s);
-    const secrets = [{ sealed: encryptAtRest(this.encryptionKey, secret, current._id), createdAt: now, expiresAt: null }, ...previous.slice(0, MAX_SECRETS - 1)];
+    const secrets = [
+      { sealed: encryptAtRest(this.encryptionKey, secret, current._id), createdAt: now, expiresAt: null },
+      ...previous.slice(0, MAX_SECRETS - 1),
+    ];
     return { secrets, secret };
   }
 
@@ -193,7 +212,12 @@ function tenantOwner(tenantId: string): string {
 }
 
 function withActivity(doc: WebhookEndpointDoc, activity: ActivityDoc | null): WebhookEndpoint {
-  return { ...doc, failingSince: activity?.failingSince ?? null, lastSuccessAt: activity?.lastSuccessAt ?? null, replayedThrough: activity?.replayedThrough ?? 0 };
+  return {
+    ...doc,
+    failingSince: activity?.failingSince ?? null,
+    lastSuccessAt: activity?.lastSuccessAt ?? null,
+    replayedThrough: activity?.replayedThrough ?? 0,
+  };
 }
 
 function stripActivity(endpoint: WebhookEndpointDoc | WebhookEndpoint): WebhookEndpointDoc {

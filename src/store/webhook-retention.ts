@@ -14,14 +14,16 @@ import type { RedisClient } from '../redis.ts';
 // Beside it, per endpoint, the highest index position removed so far (`expired-through`): the pull feed starts
 // past it, so a cursor older than the retention does not walk through positions that no longer exist.
 
-export type RetentionMember = { kind: 'delivery'; id: string; member: string } | { kind: 'entry'; id: string; member: string };
+export type RetentionMember =
+  { kind: 'delivery'; id: string; member: string } | { kind: 'entry'; id: string; member: string };
 
 export interface DueMember {
   member: RetentionMember;
   score: number;
 }
 
-const RAISE_FIELD = "local c = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0') if c < tonumber(ARGV[2]) then redis.call('hset', KEYS[1], ARGV[1], ARGV[2]) end return 0";
+const RAISE_FIELD =
+  "local c = tonumber(redis.call('hget', KEYS[1], ARGV[1]) or '0') if c < tonumber(ARGV[2]) then redis.call('hset', KEYS[1], ARGV[1], ARGV[2]) end return 0";
 /** A failing member waits at most this long before it is tried again. */
 const MAX_BACKOFF_MS = 3_600_000;
 

@@ -198,7 +198,13 @@ return {'captured', value}
 function parseDebit(value: string): Debit {
   const [seq, amount, mode, payeeIndex, requestSha256] = value.split(':') as [string, string, string, string?, string?];
   if (mode !== 'h') return { seq: Number(seq), amount: Number(amount), mode: 'charge' };
-  const binding = payeeIndex === undefined ? undefined : { payeeIndex: Number(payeeIndex), requestSha256: !requestSha256 || requestSha256 === '-' ? null : requestSha256 };
+  const binding =
+    payeeIndex === undefined
+      ? undefined
+      : {
+          payeeIndex: Number(payeeIndex),
+          requestSha256: !requestSha256 || requestSha256 === '-' ? null : requestSha256,
+        };
   return { seq: Number(seq), amount: Number(amount), mode: 'hold', ...(binding ? { binding } : {}) };
 }
 
@@ -263,7 +269,13 @@ export class X402SessionStore {
 
   /** Records a session once; a repeat (same id) gets the first one back with `created` false. */
   async record(doc: SessionDoc): Promise<{ session: SessionDoc; created: boolean }> {
-    await this.listed.add({ kind: 'sessions', id: doc._id, tenantId: doc.tenantId, at: doc.createdAt, agentIds: [doc.payerAgentId, ...doc.payeeAgentIds] });
+    await this.listed.add({
+      kind: 'sessions',
+      id: doc._id,
+      tenantId: doc.tenantId,
+      at: doc.createdAt,
+      agentIds: [doc.payerAgentId, ...doc.payeeAgentIds],
+    });
     if (await insertFirst(this.sessions, doc)) return { session: doc, created: true };
     return { session: (await this.get(doc._id))!, created: false };
   }
@@ -294,10 +306,26 @@ export class X402SessionStore {
   }
 
   /** Debits `amount` under `paymentId`: a charge, or a hold bound to `binding` (what its verify was for). */
-  async debit(sessionId: string, paymentId: string, amount: number, mode: Debit['mode'], now: Date, binding?: HoldBinding): Promise<DebitResult> {
+  async debit(
+    sessionId: string,
+    paymentId: string,
+    amount: number,
+    mode: Debit['mode'],
+    now: Date,
+    binding?: HoldBinding,
+  ): Promise<DebitResult> {
     const [budget, payments] = this.keys(sessionId);
     const tag = mode === 'hold' ? `h:${bindingValue(binding ?? { payeeIndex: 0, requestSha256: null })}` : 'c';
-    const answer = (await this.redis.eval(DEBIT, 2, budget, payments, paymentId, String(amount), String(now.getTime()), tag)) as string[];
+    const answer = (await this.redis.eval(
+      DEBIT,
+      2,
+      budget,
+      payments,
+      paymentId,
+      String(amount),
+      String(now.getTime()),
+      tag,
+    )) as string[];
     const [kind, value, remaining] = answer as [string, string | undefined, string | undefined];
     if (kind === 'new') return { kind, ...parseDebit(value!), remaining: Number(remaining) };
     if (kind === 'repeat') return { kind, ...parseDebit(value!) };
@@ -307,8 +335,18 @@ export class X402SessionStore {
 
   async capture(sessionId: string, paymentId: string, amount: number, binding: HoldBinding): Promise<CaptureResult> {
     const [budget, payments] = this.keys(sessionId);
-    const [kind, value] = (await this.redis.eval(CAPTURE, 2, budget, payments, paymentId, String(amount), bindingValue(binding))) as [string, string | undefined];
-    return kind === 'unknown' ? { kind } : { kind: kind as 'captured' | 'repeat' | 'over' | 'mismatch', ...parseDebit(value!) };
+    const [kind, value] = (await this.redis.eval(
+      CAPTURE,
+      2,
+      budget,
+      payments,
+      paymentId,
+      String(amount),
+      bindingValue(binding),
+    )) as [string, string | undefined];
+    return kind === 'unknown'
+      ? { kind }
+      : { kind: kind as 'captured' | 'repeat' | 'over' | 'mismatch', ...parseDebit(value!) };
   }
 
   /** See REPAIR: `recorded` are the session's recorded charges (state `charged`). */
@@ -317,8 +355,16 @@ export class X402SessionStore {
     const highest = Math.max(0, ...recorded.map((c) => c.seq));
     const args = recorded.flatMap((c) => [String(c.seq), c.paymentId ?? '', String(c.amount)]);
     const answer = (await this.redis.eval(REPAIR, 2, budget, payments, String(highest), ...args)) as string[];
-    if (answer[0] === 'missing') return { missing: true, seqBefore: 0, seqAfter: 0, spentBefore: 0, spentAfter: 0, dropped: 0 };
-    const [, seqBefore, seqAfter, spentBefore, spentAfter, dropped] = answer.map(Number) as [number, number, number, number, number, number];
+    if (answer[0] === 'missing')
+      return { missing: true, seqBefore: 0, seqAfter: 0, spentBefore: 0, spentAfter: 0, dropped: 0 };
+    const [, seqBefore, seqAfter, spentBefore, spentAfter, dropped] = answer.map(Number) as [
+      number,
+      number,
+      number,
+      number,
+      number,
+      number,
+    ];
     return { missing: false, seqBefore, seqAfter, spentBefore, spentAfter, dropped };
   }
 
@@ -330,9 +376,24 @@ export class X402SessionStore {
   }
 
   /** Starts the budget (or rebuilds it after Redis lost it) unless it is there; `payments` maps payment ids to seq:amount:c. */
-  async initBudget(sessionId: string, s: BudgetState & { expiresAt: Date }, payments: Array<[string, string]> = []): Promise<void> {
+  async initBudget(
+    sessionId: string,
+    s: BudgetState & { expiresAt: Date },
+    payments: Array<[string, string]> = [],
+  ): Promise<void> {
     const [budget, paymentsKey] = this.keys(sessionId);
-    await this.redis.eval(INIT, 2, budget, paymentsKey, s.state, String(s.budget), String(s.spent), String(s.seq), String(s.expiresAt.getTime()), ...payments.flat());
+    await this.redis.eval(
+      INIT,
+      2,
+      budget,
+      paymentsKey,
+      s.state,
+      String(s.budget),
+      String(s.spent),
+      String(s.seq),
+      String(s.expiresAt.getTime()),
+      ...payments.flat(),
+    );
   }
 
   async budgetState(sessionId: string): Promise<BudgetState | null> {
@@ -352,7 +413,11 @@ export class X402SessionStore {
   /** A closed session's budget answers repeats for a while, then goes. */
   async retireBudget(sessionId: string): Promise<void> {
     const [budget, payments] = this.keys(sessionId);
-    await this.redis.pipeline().expire(budget, CLOSED_BUDGET_TTL_SECONDS).expire(payments, CLOSED_BUDGET_TTL_SECONDS).exec();
+    await this.redis
+      .pipeline()
+      .expire(budget, CLOSED_BUDGET_TTL_SECONDS)
+      .expire(payments, CLOSED_BUDGET_TTL_SECONDS)
+      .exec();
   }
 
   /** Records a debit as a charge, or as void: the unique insert decides; answers the charge that holds the seq. */
@@ -363,7 +428,18 @@ export class X402SessionStore {
 
   /** Decides a seq as void (no charge), unless a charge holds it already: answers what holds the seq. */
   recordVoid(sessionId: string, seq: number, at: Date): Promise<ChargeDoc> {
-    return this.recordCharge({ _id: chargeId(sessionId, seq), sessionId, seq, state: 'void', paymentId: null, payeeAgentId: null, amount: 0, requestSha256: null, at, receipt: null });
+    return this.recordCharge({
+      _id: chargeId(sessionId, seq),
+      sessionId,
+      seq,
+      state: 'void',
+      paymentId: null,
+      payeeAgentId: null,
+      amount: 0,
+      requestSha256: null,
+      at,
+      receipt: null,
+    });
   }
 
   getCharge(sessionId: string, seq: number): Promise<ChargeDoc | null> {

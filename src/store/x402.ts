@@ -170,7 +170,12 @@ export interface EscalationDoc {
 }
 
 /** Who decided an escalation, as events and views name them: the API key id, `admin`, `deadline`, `wind-down:<agent>`. */
-export type Decider = { kind: 'tenant' } | { kind: 'api-key'; keyId: string } | { kind: 'admin' } | { kind: 'deadline' } | { kind: 'wind-down'; agentId: string };
+export type Decider =
+  | { kind: 'tenant' }
+  | { kind: 'api-key'; keyId: string }
+  | { kind: 'admin' }
+  | { kind: 'deadline' }
+  | { kind: 'wind-down'; agentId: string };
 
 export interface ResolutionDoc {
   _id: string;
@@ -238,7 +243,8 @@ export class SlotChain<T extends Document & { _id: string }> {
   /** The highest position taken (0 for an empty chain). */
   async head(key: string): Promise<number> {
     let seq = this.headCache.get(key);
-    if (seq === undefined) seq = (this.heads && (await this.heads.findOne({ _id: `${this.headPrefix}:${key}` }))?.seq) || 0;
+    if (seq === undefined)
+      seq = (this.heads && (await this.heads.findOne({ _id: `${this.headPrefix}:${key}` }))?.seq) || 0;
     while (await this.records.findOne({ _id: this.id(key, seq + 1) } as never, { projection: { _id: 1 } })) seq++;
     this.noteHead(key, seq);
     return seq;
@@ -259,7 +265,10 @@ export class SlotChain<T extends Document & { _id: string }> {
    * Appends at the next free position. `build` sees the position and the record before it and returns the record,
    * or null to refuse (nothing is written). Throws OtherKeyTaken when the insert lost on another unique key.
    */
-  append(key: string, build: (seq: number, previous: T | null) => Promise<Omit<T, '_id'> | null> | Omit<T, '_id'> | null): Promise<T | null> {
+  append(
+    key: string,
+    build: (seq: number, previous: T | null) => Promise<Omit<T, '_id'> | null> | Omit<T, '_id'> | null,
+  ): Promise<T | null> {
     return this.serialized(key, async () => {
       // A remembered head is tried as is: when another process moved it on, the insert says so and we probe on.
       let seq = this.headCache.get(key) ?? (await this.head(key));
@@ -273,11 +282,14 @@ export class SlotChain<T extends Document & { _id: string }> {
           this.remember(doc._id, doc);
           if (this.heads && (seq + 1) % HEAD_WRITE_EVERY === 0) {
             // A cache for cold starts, written every few positions; it only shortens the probe of a cold process.
-            await this.heads.updateOne({ _id: `${this.headPrefix}:${key}` }, { $max: { seq: seq + 1 } }, { upsert: true }).catch(() => undefined);
+            await this.heads
+              .updateOne({ _id: `${this.headPrefix}:${key}` }, { $max: { seq: seq + 1 } }, { upsert: true })
+              .catch(() => undefined);
           }
           return doc;
         }
-        if (!(await this.records.findOne({ _id: doc._id } as never, { projection: { _id: 1 } }))) throw new OtherKeyTaken(doc._id);
+        if (!(await this.records.findOne({ _id: doc._id } as never, { projection: { _id: 1 } })))
+          throw new OtherKeyTaken(doc._id);
         seq++; // another writer took this position: build on theirs
       }
     });
@@ -380,7 +392,13 @@ export class X402Store {
   /** The gate and commitment a report carries copies of, remembered as if read (a copy that does not match is left). */
   rememberFactsOf(verification: VerificationDoc): void {
     const against = verification.against;
-    if (!against || against.gate._id !== verification._id || against.gate.tenantId !== verification.tenantId || against.commitment._id !== verification._id) return;
+    if (
+      !against ||
+      against.gate._id !== verification._id ||
+      against.gate.tenantId !== verification.tenantId ||
+      against.commitment._id !== verification._id
+    )
+      return;
     this.rememberGate(against.gate);
     this.rememberCommitment(against.commitment);
   }
@@ -395,7 +413,11 @@ export class X402Store {
   }
 
   /** A record that never changes once stored, from memory once seen (its absence is read again every time). */
-  private async immutableById<T extends { _id: string }>(known: Map<string, T>, collection: Collection<T>, id: string): Promise<T | null> {
+  private async immutableById<T extends { _id: string }>(
+    known: Map<string, T>,
+    collection: Collection<T>,
+    id: string,
+  ): Promise<T | null> {
     const cached = known.get(id);
     if (cached) return cached;
     const found = (await collection.findOne({ _id: id } as never)) as T | null;
@@ -426,7 +448,13 @@ export class X402Store {
    * 5xx: its id derives from the client's Idempotency-Key). `created` false hands back the earlier gate.
    */
   async recordGate(gate: GateDoc): Promise<{ created: boolean; gate: GateDoc }> {
-    await this.listed.add({ kind: 'gates', id: gate._id, tenantId: gate.tenantId, at: gate.createdAt, agentIds: [gate.payerAgentId, gate.payeeAgentId] });
+    await this.listed.add({
+      kind: 'gates',
+      id: gate._id,
+      tenantId: gate.tenantId,
+      at: gate.createdAt,
+      agentIds: [gate.payerAgentId, gate.payeeAgentId],
+    });
     if (await insertFirst(this.gates, gate)) return { created: true, gate };
     const existing = await this.gates.findOne({ _id: gate._id });
     if (!existing) throw new Error(`gate ${gate._id} collided but is not stored`);
@@ -532,7 +560,13 @@ export class X402Store {
 
   /** The escalation raised for one gate and quote (first writer wins): whether this one was recorded. */
   async recordEscalation(e: EscalationDoc): Promise<boolean> {
-    await this.listed.add({ kind: 'escalations', id: e._id, tenantId: e.tenantId, at: e.createdAt, agentIds: [e.payerAgentId, e.payeeAgentId] });
+    await this.listed.add({
+      kind: 'escalations',
+      id: e._id,
+      tenantId: e.tenantId,
+      at: e.createdAt,
+      agentIds: [e.payerAgentId, e.payeeAgentId],
+    });
     return insertFirst(this.escalations, e);
   }
 

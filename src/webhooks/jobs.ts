@@ -40,7 +40,8 @@ export async function acquireLease(redis: RedisClient, key: string, token: strin
   return (await redis.set(key, token, 'PX', ms, 'NX')) === 'OK';
 }
 
-const RELEASE_IF_OWNER = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+const RELEASE_IF_OWNER =
+  "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 
 export async function releaseLease(redis: RedisClient, key: string, token: string): Promise<void> {
   await redis.eval(RELEASE_IF_OWNER, 1, key, token);

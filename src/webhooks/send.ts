@@ -23,7 +23,14 @@ export interface SendOptions {
 
 export type SendResult =
   | { ok: true; statusCode: number; durationMs: number; retryAfter: string | null; address: string }
-  | { ok: false; statusCode: number | null; durationMs: number; retryAfter: string | null; error: string; refused: boolean };
+  | {
+      ok: false;
+      statusCode: number | null;
+      durationMs: number;
+      retryAfter: string | null;
+      error: string;
+      refused: boolean;
+    };
 
 const USER_AGENT = 'agent-settlement-webhooks/1.0';
 
@@ -38,8 +45,13 @@ async function resolveChecked(host: string, options: SendOptions): Promise<Looku
   for (const a of addresses) {
     const verdict = isAddressAllowed(a.address, options.allowPrivateAddresses);
     if (!verdict.allowed) {
-      const rule = verdict.class === 'metadata' || verdict.class === 'invalid' ? 'never allowed' : 'private destinations are not allowed';
-      throw new RefusedError(`refused: ${family ? host : `${host} resolves to ${a.address}, which`} is a ${verdict.class} address (${rule})`);
+      const rule =
+        verdict.class === 'metadata' || verdict.class === 'invalid'
+          ? 'never allowed'
+          : 'private destinations are not allowed';
+      throw new RefusedError(
+        `refused: ${family ? host : `${host} resolves to ${a.address}, which`} is a ${verdict.class} address (${rule})`,
+      );
     }
   }
   return addresses[0]!;
@@ -52,7 +64,8 @@ async function resolveChecked(host: string, options: SendOptions): Promise<Looku
 export async function destinationRefusal(url: string, options: Omit<SendOptions, 'timeoutMs'>): Promise<string | null> {
   try {
     const target = new URL(url);
-    if (target.protocol !== 'https:' && target.protocol !== 'http:') return `refused: unsupported scheme ${target.protocol}`;
+    if (target.protocol !== 'https:' && target.protocol !== 'http:')
+      return `refused: unsupported scheme ${target.protocol}`;
     await resolveChecked(target.hostname, { ...options, timeoutMs: 0 });
     return null;
   } catch (err) {
@@ -61,17 +74,25 @@ export async function destinationRefusal(url: string, options: Omit<SendOptions,
 }
 
 /** POSTs `body` to `url` with `headers`; never throws, every failure is a result with a readable error. */
-export async function sendWebhook(url: string, body: string, headers: Record<string, string>, options: SendOptions): Promise<SendResult> {
+export async function sendWebhook(
+  url: string,
+  body: string,
+  headers: Record<string, string>,
+  options: SendOptions,
+): Promise<SendResult> {
   const started = performance.now();
   const elapsed = () => Math.round(performance.now() - started);
   const controller = new AbortController();
   const timer = setTimeout(() => controller.abort(), options.timeoutMs);
   try {
     const target = new URL(url);
-    if (target.protocol !== 'https:' && target.protocol !== 'http:') throw new RefusedError(`refused: unsupported scheme ${target.protocol}`);
+    if (target.protocol !== 'https:' && target.protocol !== 'http:')
+      throw new RefusedError(`refused: unsupported scheme ${target.protocol}`);
     const pinned = await Promise.race([
       resolveChecked(target.hostname, options),
-      new Promise<never>((_, reject) => controller.signal.addEventListener('abort', () => reject(new Error('timed out resolving the host')))),
+      new Promise<never>((_, reject) =>
+        controller.signal.addEventListener('abort', () => reject(new Error('timed out resolving the host'))),
+      ),
     ]);
     const lookup: LookupFunction = (_hostname, opts, callback) => {
       // Whatever the socket asks for, it gets the address that was checked.
@@ -97,7 +118,10 @@ export async function sendWebhook(url: string, body: string, headers: Record<str
         (res) => {
           // The status is the answer; the body is not needed, so the connection (never reused: agent false) is
           // dropped at once rather than letting a slow body hold the attempt open.
-          resolve({ statusCode: res.statusCode ?? 0, retryAfter: typeof res.headers['retry-after'] === 'string' ? res.headers['retry-after'] : null });
+          resolve({
+            statusCode: res.statusCode ?? 0,
+            retryAfter: typeof res.headers['retry-after'] === 'string' ? res.headers['retry-after'] : null,
+          });
           res.destroy();
         },
       );
@@ -106,18 +130,46 @@ export async function sendWebhook(url: string, body: string, headers: Record<str
     });
     const durationMs = elapsed();
     if (outcome.statusCode >= 200 && outcome.statusCode < 300) {
-      return { ok: true, statusCode: outcome.statusCode, durationMs, retryAfter: outcome.retryAfter, address: pinned.address };
+      return {
+        ok: true,
+        statusCode: outcome.statusCode,
+        durationMs,
+        retryAfter: outcome.retryAfter,
+        address: pinned.address,
+      };
     }
     const redirect = outcome.statusCode >= 300 && outcome.statusCode < 400 ? ' (redirects are not followed)' : '';
-    return { ok: false, statusCode: outcome.statusCode, durationMs, retryAfter: outcome.retryAfter, error: `receiver answered HTTP ${outcome.statusCode}${redirect}`, refused: false };
+    return {
+      ok: false,
+      statusCode: outcome.statusCode,
+      durationMs,
+      retryAfter: outcome.retryAfter,
+      error: `receiver answered HTTP ${outcome.statusCode}${redirect}`,
+      refused: false,
+    };
   } catch (err) {
     const durationMs = elapsed();
-    if (err instanceof RefusedError) return { ok: false, statusCode: null, durationMs, retryAfter: null, error: err.message, refused: true };
+    if (err instanceof RefusedError)
+      return { ok: false, statusCode: null, durationMs, retryAfter: null, error: err.message, refused: true };
     if (controller.signal.aborted) {
-      return { ok: false, statusCode: null, durationMs, retryAfter: null, error: `timed out after ${options.timeoutMs} ms`, refused: false };
+      return {
+        ok: false,
+        statusCode: null,
+        durationMs,
+        retryAfter: null,
+        error: `timed out after ${options.timeoutMs} ms`,
+        refused: false,
+      };
     }
     const e = err as NodeJS.ErrnoException;
-    return { ok: false, statusCode: null, durationMs, retryAfter: null, error: `network error: ${e.message || e.code || 'unknown'}`, refused: false };
+    return {
+      ok: false,
+      statusCode: null,
+      durationMs,
+      retryAfter: null,
+      error: `network error: ${e.message || e.code || 'unknown'}`,
+      refused: false,
+    };
   } finally {
     clearTimeout(timer);
   }

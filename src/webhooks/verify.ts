@@ -74,7 +74,8 @@ function keyBytes(secret: WebhookSecret): Buffer {
     if (secret.byteLength === 0) throw new WebhookVerificationError('INVALID_SECRET', 'the webhook secret is empty');
     return Buffer.from(secret);
   }
-  if (typeof secret !== 'string') throw new WebhookVerificationError('INVALID_SECRET', 'the webhook secret must be a string or bytes');
+  if (typeof secret !== 'string')
+    throw new WebhookVerificationError('INVALID_SECRET', 'the webhook secret must be a string or bytes');
   const encoded = secret.startsWith('whsec_') ? secret.slice('whsec_'.length) : secret;
   if (!/^[A-Za-z0-9+/]+={0,2}$/.test(encoded)) {
     throw new WebhookVerificationError('INVALID_SECRET', 'the webhook secret is not whsec_ followed by base64');
@@ -106,16 +107,22 @@ export function verifyWebhook<T = Record<string, unknown>>(
     throw new WebhookVerificationError('INVALID_TIMESTAMP', 'webhook-timestamp is not unix seconds');
   }
   const timestamp = Number(timestampText.trim());
-  const nowMs = options.now === undefined ? Date.now() : typeof options.now === 'number' ? options.now : options.now.getTime();
+  const nowMs =
+    options.now === undefined ? Date.now() : typeof options.now === 'number' ? options.now : options.now.getTime();
   const now = Math.floor(nowMs / 1000);
   const tolerance = options.toleranceSeconds ?? DEFAULT_TOLERANCE_SECONDS;
-  if (now - timestamp > tolerance) throw new WebhookVerificationError('TIMESTAMP_TOO_OLD', 'the delivery timestamp is too old');
-  if (timestamp - now > tolerance) throw new WebhookVerificationError('TIMESTAMP_TOO_NEW', 'the delivery timestamp is in the future');
+  if (now - timestamp > tolerance)
+    throw new WebhookVerificationError('TIMESTAMP_TOO_OLD', 'the delivery timestamp is too old');
+  if (timestamp - now > tolerance)
+    throw new WebhookVerificationError('TIMESTAMP_TOO_NEW', 'the delivery timestamp is in the future');
 
   const secrets = (Array.isArray(secret) ? secret : [secret]).map(keyBytes);
   if (secrets.length === 0) throw new WebhookVerificationError('INVALID_SECRET', 'no webhook secret given');
 
-  const body = typeof rawBody === 'string' ? Buffer.from(rawBody, 'utf8') : Buffer.from(rawBody.buffer, rawBody.byteOffset, rawBody.byteLength);
+  const body =
+    typeof rawBody === 'string'
+      ? Buffer.from(rawBody, 'utf8')
+      : Buffer.from(rawBody.buffer, rawBody.byteOffset, rawBody.byteLength);
   const expected = secrets.map((key) =>
     createHmac('sha256', key).update(`${msgId}.${timestampText.trim()}.`).update(body).digest(),
   );
@@ -145,7 +152,14 @@ export function verifyWebhook<T = Record<string, unknown>>(
     throw new WebhookVerificationError('INVALID_PAYLOAD', 'the body is not JSON');
   }
   const e = event as Partial<WebhookEvent<T>> | null;
-  if (!e || typeof e !== 'object' || typeof e.id !== 'string' || typeof e.type !== 'string' || typeof e.data !== 'object' || e.data === null) {
+  if (
+    !e ||
+    typeof e !== 'object' ||
+    typeof e.id !== 'string' ||
+    typeof e.type !== 'string' ||
+    typeof e.data !== 'object' ||
+    e.data === null
+  ) {
     throw new WebhookVerificationError('INVALID_PAYLOAD', 'the body is not an event {id, type, createdAt, data}');
   }
   if (e.id !== msgId) throw new WebhookVerificationError('INVALID_PAYLOAD', 'the body id does not match webhook-id');

@@ -64,11 +64,15 @@ export function startWorkers(
       schedulerQueues.push(scheduler);
       // Upserting the same scheduler id from every worker process keeps exactly one schedule.
       void scheduler
-        .upsertJobScheduler(`${queue}-sweeper`, { every: config.sweeper.intervalMs }, {
-          name: SWEEP_JOB,
-          data: {},
-          opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
-        })
+        .upsertJobScheduler(
+          `${queue}-sweeper`,
+          { every: config.sweeper.intervalMs },
+          {
+            name: SWEEP_JOB,
+            data: {},
+            opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
+          },
+        )
         .catch((err) => {
           if (!outages.absorb(err)) logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper');
         });
@@ -104,7 +108,10 @@ export function startWorkers(
         if (final && job.name !== SWEEP_JOB) {
           // Out of retries: the sweepers will try again, but a person should look (logs and the metric below).
           jobsFailedForGood.inc({ queue });
-          log.error({ alert: 'job_failed_for_good', jobId: job.id, attempts: job.attemptsMade, err: err.message }, 'job failed after its last retry');
+          log.error(
+            { alert: 'job_failed_for_good', jobId: job.id, attempts: job.attemptsMade, err: err.message },
+            'job failed after its last retry',
+          );
         } else if (!outages.absorb(err)) {
           // A job that failed because Redis or MongoDB is away is one more failure of the outage, not a line.
           log.warn({ jobId: job?.id, attempt: job?.attemptsMade, err: err.message }, 'job failed');
@@ -132,17 +139,23 @@ export function startWorkers(
     // stayed blocked, each found only once jobs had waited on its own queue for two checks (the cluster fault
     // test: 10 s a queue, one after another, as the flow reached each). So the others that run nothing are
     // replaced with it.
-    watchdogs.push(setInterval(() => {
-      void watchQueue.getJobCounts('wait', 'prioritized').then((counts) => {
-        const waiting = (counts.wait ?? 0) + (counts.prioritized ?? 0);
-        slot.idleChecks = waiting > 0 && slot.current.running() === 0 ? slot.idleChecks + 1 : 0;
-        if (slot.idleChecks < 2 || closing) return;
-        slot.replace('worker idle while jobs wait; replacing it', waiting);
-        for (const other of slots) {
-          if (other !== slot && other.current.running() === 0) other.replace('worker of the same process replaced with it (a connection left behind blocks them all)');
-        }
-      }, () => undefined);
-    }, WATCHDOG_INTERVAL_MS));
+    watchdogs.push(
+      setInterval(() => {
+        void watchQueue.getJobCounts('wait', 'prioritized').then(
+          (counts) => {
+            const waiting = (counts.wait ?? 0) + (counts.prioritized ?? 0);
+            slot.idleChecks = waiting > 0 && slot.current.running() === 0 ? slot.idleChecks + 1 : 0;
+            if (slot.idleChecks < 2 || closing) return;
+            slot.replace('worker idle while jobs wait; replacing it', waiting);
+            for (const other of slots) {
+              if (other !== slot && other.current.running() === 0)
+                other.replace('worker of the same process replaced with it (a connection left behind blocks them all)');
+            }
+          },
+          () => undefined,
+        );
+      }, WATCHDOG_INTERVAL_MS),
+    );
     return slot;
   });
   logger.info({ queues }, 'workers started');
@@ -156,7 +169,10 @@ export function startWorkers(
       let timer: NodeJS.Timeout | undefined;
       const bounded = new Promise<void>((resolve) => {
         timer = setTimeout(() => {
-          logger.warn({ timeoutMs: config.shutdownTimeoutMs }, 'jobs still active at shutdown timeout; they will be retried');
+          logger.warn(
+            { timeoutMs: config.shutdownTimeoutMs },
+            'jobs still active at shutdown timeout; they will be retried',
+          );
           resolve();
         }, config.shutdownTimeoutMs);
       });

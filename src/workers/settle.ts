@@ -13,7 +13,9 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
   return {
     async process({ settlementId }) {
       const state = await advanceSettlement(runtime, settlementId);
-      return state ? { status: state.view.status, holdbackState: state.view.holdbackState } : { skipped: 'no such settlement' };
+      return state
+        ? { status: state.view.status, holdbackState: state.view.holdbackState }
+        : { skipped: 'no such settlement' };
     },
 
     /**
@@ -42,7 +44,15 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
 
       // The money invariant audit: at most every 10 minutes across all processes; it logs what it finds.
       await periodicLedgerAudit(runtime);
-      return { entries, entriesFailed: failed, settlements: settlements.looked, settlementsFailed: settlements.failed, locksChecked: locks.length, unlocked, reservesFailed };
+      return {
+        entries,
+        entriesFailed: failed,
+        settlements: settlements.looked,
+        settlementsFailed: settlements.failed,
+        locksChecked: locks.length,
+        unlocked,
+        reservesFailed,
+      };
     },
   };
 }

@@ -3,7 +3,14 @@ import type { Job } from 'bullmq';
 import type { Static } from 'typebox';
 import type { WebhookDeliverPayload } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
-import { attemptDelivery, fanOut, runRecovery, scheduleAttempt, sweepWebhookWork, type AttemptOutcome } from '../services/webhook-delivery.ts';
+import {
+  attemptDelivery,
+  fanOut,
+  runRecovery,
+  scheduleAttempt,
+  sweepWebhookWork,
+  type AttemptOutcome,
+} from '../services/webhook-delivery.ts';
 import { acquireLease, leaseKey, releaseLease } from '../webhooks/jobs.ts';
 import { sweepWebhookRetention } from '../services/webhook-retention.ts';
 import type { Resolver } from '../webhooks/send.ts';
@@ -21,7 +28,10 @@ export interface WebhookDispatchOptions {
   sweepBatch?: number;
 }
 
-export function createWebhookDispatchProcessor(runtime: Runtime, options: WebhookDispatchOptions = {}): QueueProcessor<'webhook-dispatch'> {
+export function createWebhookDispatchProcessor(
+  runtime: Runtime,
+  options: WebhookDispatchOptions = {},
+): QueueProcessor<'webhook-dispatch'> {
   const { config, redis } = runtime;
   // Long enough for DNS + the HTTP timeout + recording the result; after it a killed attempt is taken over.
   const leaseMs = 2 * config.webhooks.timeoutMs + 1_000;
@@ -37,7 +47,8 @@ export function createWebhookDispatchProcessor(runtime: Runtime, options: Webhoo
     let outcome: AttemptOutcome;
     try {
       const current = await runtime.stores.webhookDeliveries.getAt(deliveryId, rev);
-      if (!current || current.tenantId !== tenantId || current.status !== 'pending') return { skipped: 'stale revision' };
+      if (!current || current.tenantId !== tenantId || current.status !== 'pending')
+        return { skipped: 'stale revision' };
       outcome = await attemptDelivery(runtime, current, { resolver: options.resolver });
     } finally {
       await releaseLease(redis, key, token).catch(() => undefined);
@@ -55,10 +66,12 @@ export function createWebhookDispatchProcessor(runtime: Runtime, options: Webhoo
     async sweep() {
       const work = await sweepWebhookWork(runtime, { batch: options.sweepBatch ?? 500 });
       // Expiry after the due work, and on its own: a failing expiry must not hold up deliveries.
-      const retention = await sweepWebhookRetention(runtime, { batch: options.sweepBatch ?? 500 }).catch((err: Error) => {
-        runtime.logger.warn({ err: err.message }, 'webhook retention sweep failed; the next sweep tries again');
-        return null;
-      });
+      const retention = await sweepWebhookRetention(runtime, { batch: options.sweepBatch ?? 500 }).catch(
+        (err: Error) => {
+          runtime.logger.warn({ err: err.message }, 'webhook retention sweep failed; the next sweep tries again');
+          return null;
+        },
+      );
       return { ...work, retention };
     },
   };

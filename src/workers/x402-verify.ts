@@ -23,7 +23,12 @@ export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x40
         runtime.logger.warn({ err }, 'could not check whether Redis lost writes; the next sweep looks again');
         return null;
       });
-      return { ...(await expiry.sweep()), escalations: await service.escalationDeadlines.sweep(), sessions: await service.sessions.sweep(), redisReconciled: redis?.reconciled ?? false };
+      return {
+        ...(await expiry.sweep()),
+        escalations: await service.escalationDeadlines.sweep(),
+        sessions: await service.sessions.sweep(),
+        redisReconciled: redis?.reconciled ?? false,
+      };
     },
   };
 }

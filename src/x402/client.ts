@@ -10,7 +10,14 @@
 import type { PaymentPayloadResult, PaymentRequirements, SchemeNetworkClient } from '@x402/core/types';
 import { canonicalize } from '../domain/canonical-json.ts';
 import { sha256Hex } from '../domain/crypto.ts';
-import { MAX_QUOTE_TTL_SECONDS, requestBindingOf, X402_SCHEME, X402_USD_ASSET, x402RequestSha256, type X402RequestBinding } from '../domain/x402.ts';
+import {
+  MAX_QUOTE_TTL_SECONDS,
+  requestBindingOf,
+  X402_SCHEME,
+  X402_USD_ASSET,
+  x402RequestSha256,
+  type X402RequestBinding,
+} from '../domain/x402.ts';
 
 export interface EscrowGateClientOptions {
   /** The service's base URL, e.g. https://settlement.example.com */
@@ -62,7 +69,10 @@ export abstract class ServiceClientScheme {
   /** The request the requirement names (written by this project's server scheme of the same name), or an error. */
   protected bindingOf(requirements: PaymentRequirements): X402RequestBinding {
     const binding = requestBindingOf(requirements.extra);
-    if (!binding) throw new Error(`the payment requirements name no request (extra.method and extra.resource): the provider must use the ${this.scheme} server scheme`);
+    if (!binding)
+      throw new Error(
+        `the payment requirements name no request (extra.method and extra.resource): the provider must use the ${this.scheme} server scheme`,
+      );
     return binding;
   }
 
@@ -70,7 +80,11 @@ export abstract class ServiceClientScheme {
     for (let attempt = 0; ; attempt++) {
       const res = await this.fetch(`${this.serviceUrl}${path}`, {
         method: 'POST',
-        headers: { authorization: `Bearer ${this.service.apiKey}`, 'content-type': 'application/json', 'idempotency-key': idempotencyKey },
+        headers: {
+          authorization: `Bearer ${this.service.apiKey}`,
+          'content-type': 'application/json',
+          'idempotency-key': idempotencyKey,
+        },
         body: JSON.stringify(body),
       });
       const answer = (await res.json().catch(() => ({}))) as { code?: string; message?: string };
@@ -79,7 +93,11 @@ export abstract class ServiceClientScheme {
         await new Promise((resolve) => setTimeout(resolve, IN_PROGRESS_WAIT_MS));
         continue;
       }
-      throw new EscrowGatePaymentError(res.status, answer.code ?? 'HTTP_ERROR', answer.message ?? `the service answered ${res.status} to ${path}`);
+      throw new EscrowGatePaymentError(
+        res.status,
+        answer.code ?? 'HTTP_ERROR',
+        answer.message ?? `the service answered ${res.status} to ${path}`,
+      );
     }
   }
 }
@@ -108,15 +126,25 @@ export class EscrowGateClientScheme extends ServiceClientScheme implements Schem
       ...(this.options.sponsorWalletId ? { sponsorWalletId: this.options.sponsorWalletId } : {}),
     });
     const ttlSeconds = Math.min(Math.max(requirements.maxTimeoutSeconds, 1), MAX_QUOTE_TTL_SECONDS);
-    const quote = await this.post<{ quoteId: string }>('/x402/gate/quote', `${keyBase}:quote`, { gateId: gate.gateId, requestSha256, ttlSeconds });
+    const quote = await this.post<{ quoteId: string }>('/x402/gate/quote', `${keyBase}:quote`, {
+      gateId: gate.gateId,
+      requestSha256,
+      ttlSeconds,
+    });
     const bound = { gateId: gate.gateId, quoteId: quote.quoteId, requestSha256 };
     let walletDecisionToken: string | undefined;
     if (this.options.sponsorWalletId) {
-      const decision = await this.post<{ walletDecisionToken: string }>(`/x402/wallets/${encodeURIComponent(this.options.sponsorWalletId)}/authorize`, `${keyBase}:wallet`, bound);
+      const decision = await this.post<{ walletDecisionToken: string }>(
+        `/x402/wallets/${encodeURIComponent(this.options.sponsorWalletId)}/authorize`,
+        `${keyBase}:wallet`,
+        bound,
+      );
       walletDecisionToken = decision.walletDecisionToken;
     }
-    const authorization = await this.post<{ token: string }>('/x402/gate/authorize-payment', `${keyBase}:authorize`, { ...bound, ...(walletDecisionToken ? { walletDecisionToken } : {}) });
+    const authorization = await this.post<{ token: string }>('/x402/gate/authorize-payment', `${keyBase}:authorize`, {
+      ...bound,
+      ...(walletDecisionToken ? { walletDecisionToken } : {}),
+    });
     return { x402Version, payload: { token: authorization.token, ...bound } };
   }
-
 }

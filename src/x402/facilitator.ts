@@ -35,10 +35,19 @@ class EscrowGateFacilitatorClient extends HTTPFacilitatorClient {
     const supported = await super.getSupported();
     const now = Date.now();
     const legacy = supported.kinds.flatMap((kind) => {
-      const announced = (kind.extra as { deprecatedNetworks?: Array<{ network?: unknown; acceptedUntil?: unknown }> } | undefined)?.deprecatedNetworks ?? [];
+      const announced =
+        (kind.extra as { deprecatedNetworks?: Array<{ network?: unknown; acceptedUntil?: unknown }> } | undefined)
+          ?.deprecatedNetworks ?? [];
       return announced
-        .filter((d) => typeof d.network === 'string' && typeof d.acceptedUntil === 'string' && Date.parse(d.acceptedUntil) > now)
-        .map((d) => ({ x402Version: kind.x402Version, scheme: kind.scheme, network: d.network as typeof kind.network }));
+        .filter(
+          (d) =>
+            typeof d.network === 'string' && typeof d.acceptedUntil === 'string' && Date.parse(d.acceptedUntil) > now,
+        )
+        .map((d) => ({
+          x402Version: kind.x402Version,
+          scheme: kind.scheme,
+          network: d.network as typeof kind.network,
+        }));
     });
     return { ...supported, kinds: [...supported.kinds, ...legacy] };
   }

@@ -45,7 +45,9 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
   readonly scheme: string = X402_SCHEME;
   /** No asset transfer methods: the money moves inside the service's ledger. */
   readonly defaultAssetTransferMethod = 'default';
-  readonly paymentFlows: Readonly<Record<string, PaymentFlowConfig>> = { default: { supported: ['authorization'], default: 'authorization' } };
+  readonly paymentFlows: Readonly<Record<string, PaymentFlowConfig>> = {
+    default: { supported: ['authorization'], default: 'authorization' },
+  };
   /** A fresh nonce per 402 answer: the paid request's requirement matches the payer's whatever nonce it drew. */
   readonly dynamicExtraFields = ['paymentNonce'];
   private readonly terms: Record<string, unknown>;
@@ -62,12 +64,15 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
   /** `{amount, asset}` in minor units as it is; "$1.23", "1.23" or a number as USD cents. */
   async parsePrice(price: Price, network: Network): Promise<AssetAmount> {
     if (typeof price === 'object') {
-      if (!AMOUNT.test(price.amount) || !Number.isSafeInteger(Number(price.amount))) throw new Error(`escrow-gate amounts are integer minor units, got ${price.amount}`);
-      if (!new RegExp(CURRENCY_PATTERN).test(price.asset)) throw new Error(`escrow-gate assets are currencies like USD, got ${price.asset}`);
+      if (!AMOUNT.test(price.amount) || !Number.isSafeInteger(Number(price.amount)))
+        throw new Error(`escrow-gate amounts are integer minor units, got ${price.amount}`);
+      if (!new RegExp(CURRENCY_PATTERN).test(price.asset))
+        throw new Error(`escrow-gate assets are currencies like USD, got ${price.asset}`);
       return { amount: price.amount, asset: price.asset, ...(price.extra ? { extra: price.extra } : {}) };
     }
     const cents = usdToMinorUnits(price);
-    if (cents === null || cents < 1) throw new Error(`cannot price ${String(price)} on ${network}: use "$1.23" or {amount, asset}`);
+    if (cents === null || cents < 1)
+      throw new Error(`cannot price ${String(price)} on ${network}: use "$1.23" or {amount, asset}`);
     return { amount: String(cents), asset: X402_USD_ASSET.asset };
   }
 
@@ -81,11 +86,20 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
 
   /** Binds each of our requirements to the request being answered, and gives it its nonce (once). */
   async enrichPaymentRequiredResponse(context: SchemePaymentRequiredContext): Promise<PaymentRequirements[]> {
-    const method = (context.transportContext as { request?: { method?: string } } | undefined)?.request?.method ?? 'GET';
+    const method =
+      (context.transportContext as { request?: { method?: string } } | undefined)?.request?.method ?? 'GET';
     return context.requirements.map((r) =>
       r.scheme !== this.scheme || r.extra.paymentNonce !== undefined
         ? r
-        : { ...r, extra: { ...r.extra, method: method.toUpperCase(), resource: context.resourceInfo.url, paymentNonce: randomBytes(16).toString('hex') } },
+        : {
+            ...r,
+            extra: {
+              ...r.extra,
+              method: method.toUpperCase(),
+              resource: context.resourceInfo.url,
+              paymentNonce: randomBytes(16).toString('hex'),
+            },
+          },
     );
   }
 

@@ -55,7 +55,10 @@ export class EscrowSessionClientScheme extends ServiceClientScheme implements Sc
     const binding = this.bindingOf(requirements);
     const price = Number(requirements.amount);
     const session = await this.sessionFor(requirements, price);
-    return { x402Version, payload: { sessionId: session.sessionId, paymentId: randomUUID(), requestSha256: x402RequestSha256(binding) } };
+    return {
+      x402Version,
+      payload: { sessionId: session.sessionId, paymentId: randomUUID(), requestSha256: x402RequestSha256(binding) },
+    };
   }
 
   /** Closes every session this client opened: what they did not spend goes back to the wallet. */
@@ -69,7 +72,12 @@ export class EscrowSessionClientScheme extends ServiceClientScheme implements Sc
     const key = `${requirements.payTo}|${requirements.asset}`;
     const current = this.sessions.get(key);
     const session = current && (await current.catch(() => null));
-    if (session && session.committed + price <= this.options.budget && price <= session.maxPerCall && Date.now() < session.expiresAtMs - EXPIRY_MARGIN_MS) {
+    if (
+      session &&
+      session.committed + price <= this.options.budget &&
+      price <= session.maxPerCall &&
+      Date.now() < session.expiresAtMs - EXPIRY_MARGIN_MS
+    ) {
       session.committed += price;
       return session;
     }
@@ -89,18 +97,27 @@ export class EscrowSessionClientScheme extends ServiceClientScheme implements Sc
   private async openSession(requirements: PaymentRequirements): Promise<OpenSession> {
     const extra = requirements.extra;
     const maxPerCall = this.options.maxPerCall ?? this.options.budget;
-    const opened = await this.post<{ sessionId: string; expiresAt: string; maxPerCall: number }>('/x402/sessions', `x402ses-${randomUUID()}`, {
-      payerAgentId: this.options.payerAgentId,
-      payeeAgentIds: [requirements.payTo],
-      currency: requirements.asset,
-      budget: this.options.budget,
-      maxPerCall,
-      ...(this.options.ttlSeconds ? { ttlSeconds: this.options.ttlSeconds } : {}),
-      ...(typeof extra.holdbackBps === 'number' ? { holdbackBps: extra.holdbackBps } : {}),
-      ...(typeof extra.disputeWindowSeconds === 'number' ? { disputeWindowSeconds: extra.disputeWindowSeconds } : {}),
-      ...(this.options.sponsorWalletId ? { sponsorWalletId: this.options.sponsorWalletId } : {}),
-    });
-    return { sessionId: opened.sessionId, maxPerCall: opened.maxPerCall, expiresAtMs: Date.parse(opened.expiresAt), committed: 0 };
+    const opened = await this.post<{ sessionId: string; expiresAt: string; maxPerCall: number }>(
+      '/x402/sessions',
+      `x402ses-${randomUUID()}`,
+      {
+        payerAgentId: this.options.payerAgentId,
+        payeeAgentIds: [requirements.payTo],
+        currency: requirements.asset,
+        budget: this.options.budget,
+        maxPerCall,
+        ...(this.options.ttlSeconds ? { ttlSeconds: this.options.ttlSeconds } : {}),
+        ...(typeof extra.holdbackBps === 'number' ? { holdbackBps: extra.holdbackBps } : {}),
+        ...(typeof extra.disputeWindowSeconds === 'number' ? { disputeWindowSeconds: extra.disputeWindowSeconds } : {}),
+        ...(this.options.sponsorWalletId ? { sponsorWalletId: this.options.sponsorWalletId } : {}),
+      },
+    );
+    return {
+      sessionId: opened.sessionId,
+      maxPerCall: opened.maxPerCall,
+      expiresAtMs: Date.parse(opened.expiresAt),
+      committed: 0,
+    };
   }
 
   private closeSession(sessionId: string): Promise<unknown> {

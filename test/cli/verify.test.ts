@@ -60,9 +60,21 @@ beforeAll(async () => {
   const service = generateEd25519KeyPair();
   const events = signEvents(
     [
-      { id: 'evt_1', runId: RUN, type: 'sample', at: '2025-01-01T00:00:01Z', payload: { latencyMs: 120, correct: true } },
+      {
+        id: 'evt_1',
+        runId: RUN,
+        type: 'sample',
+        at: '2025-01-01T00:00:01Z',
+        payload: { latencyMs: 120, correct: true },
+      },
       { id: 'evt_2', runId: RUN, type: 'log', at: '2025-01-01T00:00:02Z', payload: { message: 'halfway' } },
-      { id: 'evt_3', runId: RUN, type: 'metric', at: '2025-01-01T00:00:03Z', payload: { name: 'accuracy', value: 0.93 } },
+      {
+        id: 'evt_3',
+        runId: RUN,
+        type: 'metric',
+        at: '2025-01-01T00:00:03Z',
+        payload: { name: 'accuracy', value: 0.93 },
+      },
     ],
     EMPTY_HEAD,
     agent.privateKey,
@@ -126,7 +138,10 @@ describe('agent-settlement verify', () => {
 
   it('fails when one byte of an event payload changes, naming eventSignatures', async () => {
     // 0.93 -> 0.94 inside evt_3's payload.
-    const path = await variant('payload.json', oneByteChange(artifactText, ['"items": [', '"id": "evt_3"', '"value": 0.9'], '3', '4'));
+    const path = await variant(
+      'payload.json',
+      oneByteChange(artifactText, ['"items": [', '"id": "evt_3"', '"value": 0.9'], '3', '4'),
+    );
     const r = await cli('verify', path, '--jwks', jwksPath);
     expect(r.code).toBe(1);
     expect(r.stdout).toMatch(/✗ eventSignatures\s+event #2 \(seq 3, evt_3\): PAYLOAD_HASH_MISMATCH/);

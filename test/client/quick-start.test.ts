@@ -20,20 +20,28 @@ afterAll(async () => {
   await t?.close();
 });
 
-it('examples/quick-start.ts registers, runs, signs events, finalizes, settles and verifies in one go', { timeout: 120_000 }, async () => {
-  expect(readFileSync(`${root}examples/quick-start.ts`, 'utf8').split('\n').length).toBeLessThanOrEqual(60);
-  const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', 'examples/quick-start.ts'], {
-    cwd: root,
-    env: { ...process.env, SETTLEMENT_URL: baseUrl, SETTLEMENT_ADMIN_KEY: t.env.adminKey },
-    timeout: 110_000,
-  });
-  const runId = /^run (\S+): finalized, verdict pass, 4 events$/m.exec(stdout)?.[1];
-  expect(runId, stdout).toBeDefined();
-  expect(stdout).toMatch(/^settlement \S+: completed, released 2500 USD$/m);
-  expect(stdout).toMatch(/^artifact art_[0-9a-f]{64}: verified$/m);
-  expect(stdout).toMatch(/^receipt [0-9a-f]{64}: verified$/m);
+it(
+  'examples/quick-start.ts registers, runs, signs events, finalizes, settles and verifies in one go',
+  { timeout: 120_000 },
+  async () => {
+    expect(readFileSync(`${root}examples/quick-start.ts`, 'utf8').split('\n').length).toBeLessThanOrEqual(60);
+    const { stdout } = await promisify(execFile)(process.execPath, ['--import', 'tsx', 'examples/quick-start.ts'], {
+      cwd: root,
+      env: { ...process.env, SETTLEMENT_URL: baseUrl, SETTLEMENT_ADMIN_KEY: t.env.adminKey },
+      timeout: 110_000,
+    });
+    const runId = /^run (\S+): finalized, verdict pass, 4 events$/m.exec(stdout)?.[1];
+    expect(runId, stdout).toBeDefined();
+    expect(stdout).toMatch(/^settlement \S+: completed, released 2500 USD$/m);
+    expect(stdout).toMatch(/^artifact art_[0-9a-f]{64}: verified$/m);
+    expect(stdout).toMatch(/^receipt [0-9a-f]{64}: verified$/m);
 
-  // What it printed is what the service holds: the run passed and its settlement paid the worker.
-  const verify = await fetch(`${baseUrl}/v1/verify/${runId}`).then((r) => r.json());
-  expect(verify).toMatchObject({ verified: true, verdict: 'pass', settlement: { status: 'completed', amount: 2500, currency: 'USD' } });
-});
+    // What it printed is what the service holds: the run passed and its settlement paid the worker.
+    const verify = await fetch(`${baseUrl}/v1/verify/${runId}`).then((r) => r.json());
+    expect(verify).toMatchObject({
+      verified: true,
+      verdict: 'pass',
+      settlement: { status: 'completed', amount: 2500, currency: 'USD' },
+    });
+  },
+);

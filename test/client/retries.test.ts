@@ -28,7 +28,14 @@ async function scripted(answers: Answer[], last: Answer) {
     let body = '';
     req.on('data', (d) => (body += d));
     req.on('end', () => {
-      seen.push({ method: req.method!, url: req.url!, idempotencyKey: req.headers['idempotency-key'] as string | undefined, authorization: req.headers.authorization, body, at: performance.now() });
+      seen.push({
+        method: req.method!,
+        url: req.url!,
+        idempotencyKey: req.headers['idempotency-key'] as string | undefined,
+        authorization: req.headers.authorization,
+        body,
+        at: performance.now(),
+      });
       (answers.shift() ?? last)(req, res);
     });
   });
@@ -37,13 +44,27 @@ async function scripted(answers: Answer[], last: Answer) {
   return { seen, baseUrl };
 }
 
-const json = (status: number, body: unknown, headers: Record<string, string> = {}): Answer => (_req, res) => {
-  res.writeHead(status, { 'content-type': 'application/json', ...headers });
-  res.end(JSON.stringify(body));
-};
+const json =
+  (status: number, body: unknown, headers: Record<string, string> = {}): Answer =>
+  (_req, res) => {
+    res.writeHead(status, { 'content-type': 'application/json', ...headers });
+    res.end(JSON.stringify(body));
+  };
 const busy = (status: 429 | 503, retryAfter?: string) =>
-  json(status, { code: status === 429 ? 'RATE_LIMITED' : 'UNAVAILABLE', message: 'try again', requestId: 'req_1' }, retryAfter ? { 'retry-after': retryAfter } : {});
-const created = json(201, { runId: 'run_1', status: 'in_progress', artifactId: null, agentId: 'a', terms: {}, settlement: null, createdAt: '2026-01-01T00:00:00.000Z' });
+  json(
+    status,
+    { code: status === 429 ? 'RATE_LIMITED' : 'UNAVAILABLE', message: 'try again', requestId: 'req_1' },
+    retryAfter ? { 'retry-after': retryAfter } : {},
+  );
+const created = json(201, {
+  runId: 'run_1',
+  status: 'in_progress',
+  artifactId: null,
+  agentId: 'a',
+  terms: {},
+  settlement: null,
+  createdAt: '2026-01-01T00:00:00.000Z',
+});
 const dropConnection: Answer = (req) => req.socket.destroy();
 
 describe('retries', () => {
@@ -73,10 +94,18 @@ describe('retries', () => {
   it('gives up after maxAttempts and surfaces the last answer as a typed error', async () => {
     const { seen, baseUrl } = await scripted([], busy(503));
     const retries: number[] = [];
-    const client = createSettlementClient({ baseUrl, retry: { maxAttempts: 3, baseDelayMs: 5, onRetry: (r) => retries.push(r.status!) } });
+    const client = createSettlementClient({
+      baseUrl,
+      retry: { maxAttempts: 3, baseDelayMs: 5, onRetry: (r) => retries.push(r.status!) },
+    });
     const err = await client.createRun({ body: { agentId: 'a' } }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(SettlementApiError);
-    expect(err).toMatchObject({ status: 503, code: 'UNAVAILABLE', message: expect.stringContaining('try again'), requestId: 'req_1' });
+    expect(err).toMatchObject({
+      status: 503,
+      code: 'UNAVAILABLE',
+      message: expect.stringContaining('try again'),
+      requestId: 'req_1',
+    });
     expect(seen).toHaveLength(3);
     expect(retries).toEqual([503, 503]);
     expect(new Set(seen.map((s) => s.idempotencyKey)).size).toBe(1);
@@ -91,7 +120,11 @@ describe('retries', () => {
   });
 
   it('retries a call whose first attempt is still running (409 IDEMPOTENCY_IN_PROGRESS) with the same key', async () => {
-    const inProgress = json(409, { code: 'IDEMPOTENCY_IN_PROGRESS', message: 'same key still being processed', requestId: 'r' }, { 'retry-after': '1' });
+    const inProgress = json(
+      409,
+      { code: 'IDEMPOTENCY_IN_PROGRESS', message: 'same key still being processed', requestId: 'r' },
+      { 'retry-after': '1' },
+    );
     const { seen, baseUrl } = await scripted([inProgress], created);
     const run = await createSettlementClient({ baseUrl }).createRun({ body: { agentId: 'a' } });
     expect(run.runId).toBe('run_1');
@@ -109,7 +142,14 @@ describe('retries', () => {
     const once = createSettlementClient({ baseUrl, retry: false });
     server!.removeAllListeners('request');
     server!.on('request', (req: IncomingMessage) => {
-      seen.push({ method: req.method!, url: req.url!, idempotencyKey: undefined, authorization: undefined, body: '', at: performance.now() });
+      seen.push({
+        method: req.method!,
+        url: req.url!,
+        idempotencyKey: undefined,
+        authorization: undefined,
+        body: '',
+        at: performance.now(),
+      });
       req.socket.destroy();
     });
     await expect(once.getRun({ params: { path: { runId: 'run_1' } } })).rejects.toThrow();
@@ -117,10 +157,25 @@ describe('retries', () => {
   });
 
   it('does not retry a refusal a retry cannot cure (4xx): it surfaces at once as a typed error', async () => {
-    const { seen, baseUrl } = await scripted([], json(422, { code: 'VALIDATION_FAILED', message: 'agentId is required', details: { field: 'agentId' }, requestId: 'req_9' }));
-    const err = await createSettlementClient({ baseUrl }).createRun({ body: { agentId: '' } }).catch((e: unknown) => e);
+    const { seen, baseUrl } = await scripted(
+      [],
+      json(422, {
+        code: 'VALIDATION_FAILED',
+        message: 'agentId is required',
+        details: { field: 'agentId' },
+        requestId: 'req_9',
+      }),
+    );
+    const err = await createSettlementClient({ baseUrl })
+      .createRun({ body: { agentId: '' } })
+      .catch((e: unknown) => e);
     expect(err).toBeInstanceOf(SettlementApiError);
-    expect(err).toMatchObject({ status: 422, code: 'VALIDATION_FAILED', details: { field: 'agentId' }, requestId: 'req_9' });
+    expect(err).toMatchObject({
+      status: 422,
+      code: 'VALIDATION_FAILED',
+      details: { field: 'agentId' },
+      requestId: 'req_9',
+    });
     expect(seen).toHaveLength(1);
   });
 });

@@ -35,7 +35,8 @@ afterAll(async () => {
   await t?.close();
 });
 
-const runOf = (agent: RegisteredAgent) => client.createRun({ body: { agentId: agent.agentId, terms: { accuracy: { min: 0.5 } } } });
+const runOf = (agent: RegisteredAgent) =>
+  client.createRun({ body: { agentId: agent.agentId, terms: { accuracy: { min: 0.5 } } } });
 
 describe('typed errors', () => {
   it('a refused call throws SettlementApiError with the service code, message and request id', async () => {
@@ -44,7 +45,9 @@ describe('typed errors', () => {
     expect(err).toMatchObject({ status: 404, code: 'NOT_FOUND', requestId: expect.any(String) });
 
     const agent = await client.createAgent({ name: 'twice' });
-    const again = await client.registerAgent({ body: { agentId: agent.agentId, publicKey: generateAgentKeyPair().publicKey } }).catch((e: unknown) => e);
+    const again = await client
+      .registerAgent({ body: { agentId: agent.agentId, publicKey: generateAgentKeyPair().publicKey } })
+      .catch((e: unknown) => e);
     expect(again).toMatchObject({ status: 409, code: 'AGENT_EXISTS' });
 
     const noScope = await client.listTenants().catch((e: unknown) => e);
@@ -81,17 +84,23 @@ describe('event signer', () => {
     const signer = new RunEventSigner(run.runId, agent);
     const [event] = signer.sign([{ type: 'metric', payload: { name: 'accuracy', value: 0.4 } }]);
     const tampered = { ...event!, payload: { name: 'accuracy', value: 0.99 } };
-    const refused = await client.appendRunEvents({ params: { path: { runId: run.runId } }, body: { event: tampered } }).catch((e: unknown) => e);
+    const refused = await client
+      .appendRunEvents({ params: { path: { runId: run.runId } }, body: { event: tampered } })
+      .catch((e: unknown) => e);
     expect(refused).toMatchObject({ status: 400, code: 'SIGNATURE_INVALID' });
 
     const stranger = new RunEventSigner(run.runId, generateAgentKeyPair());
-    const foreign = await client.appendEvents(stranger, [{ type: 'metric', payload: { name: 'accuracy', value: 0.99 } }]).catch((e: unknown) => e);
+    const foreign = await client
+      .appendEvents(stranger, [{ type: 'metric', payload: { name: 'accuracy', value: 0.99 } }])
+      .catch((e: unknown) => e);
     expect(foreign).toMatchObject({ status: 400, code: 'SIGNATURE_INVALID' });
     expect(stranger.head).toEqual({ seq: 0, chainHash: null }); // not accepted: the signer's head stays put
 
     expect((await client.getRun({ params: { path: { runId: run.runId } } })).head).toEqual({ seq: 0, chainHash: null });
     // The untouched event still goes in.
-    expect((await client.appendRunEvents({ params: { path: { runId: run.runId } }, body: { event: event! } })).head.seq).toBe(1);
+    expect(
+      (await client.appendRunEvents({ params: { path: { runId: run.runId } }, body: { event: event! } })).head.seq,
+    ).toBe(1);
   });
 });
 
@@ -99,9 +108,20 @@ describe('offline verification', () => {
   it('an artifact and a settlement receipt verify locally, and an altered copy or a foreign JWKS does not', async () => {
     const payer = await client.createAgent({ name: 'payer' });
     const worker = await client.createAgent({ name: 'worker' });
-    await admin.creditWallet({ params: { path: { walletId: payer.agentId } }, body: { amount: 1_000, currency: 'USD' } });
-    const run = await client.createRun({ body: { agentId: worker.agentId, terms: { accuracy: { min: 0.5 } }, settlement: { payerAgentId: payer.agentId, amount: 300, currency: 'USD' } } });
-    await client.appendEvents(await client.eventSigner(run.runId, worker), [{ type: 'metric', payload: { name: 'accuracy', value: 0.8 } }]);
+    await admin.creditWallet({
+      params: { path: { walletId: payer.agentId } },
+      body: { amount: 1_000, currency: 'USD' },
+    });
+    const run = await client.createRun({
+      body: {
+        agentId: worker.agentId,
+        terms: { accuracy: { min: 0.5 } },
+        settlement: { payerAgentId: payer.agentId, amount: 300, currency: 'USD' },
+      },
+    });
+    await client.appendEvents(await client.eventSigner(run.runId, worker), [
+      { type: 'metric', payload: { name: 'accuracy', value: 0.8 } },
+    ]);
     await client.finalizeRun({ params: { path: { runId: run.runId } } });
     const finalized = await client.waitForFinalized(run.runId);
     await client.settleRun({ params: { path: { runId: run.runId } } });
@@ -117,22 +137,34 @@ describe('offline verification', () => {
     artifact.metrics.accuracy = 0.99;
     expect(verifyArtifact(artifact, jwks)).toMatchObject({ verified: false, checks: { artifactHash: false } });
     const foreignJwks = { keys: jwks.keys.map((k) => ({ ...k, x: generateAgentKeyPair().publicKey })) };
-    expect(verifyArtifact(local.artifact, foreignJwks)).toMatchObject({ verified: false, checks: { serviceSignature: false } });
+    expect(verifyArtifact(local.artifact, foreignJwks)).toMatchObject({
+      verified: false,
+      checks: { serviceSignature: false },
+    });
 
     const signed = structuredClone(receipt.settlement.receipt) as unknown as { body: { releasedNow: number } };
     signed.body.releasedNow += 1;
     expect(verifyReceipt(signed, jwks)).toMatchObject({ verified: false, checks: { receiptHash: false } });
-    expect(verifyReceipt(receipt.settlement.receipt, jwks, { artifact: { runId: run.runId, artifactHash: '0'.repeat(64) } })).toMatchObject({ verified: false, checks: { artifact: false } });
+    expect(
+      verifyReceipt(receipt.settlement.receipt, jwks, { artifact: { runId: run.runId, artifactHash: '0'.repeat(64) } }),
+    ).toMatchObject({ verified: false, checks: { artifact: false } });
   });
 });
 
 describe('webhook verification', () => {
   it('accepts a delivery signed with the endpoint secret and refuses an altered body or another secret', () => {
     const secret = generateWebhookSecret();
-    const body = JSON.stringify({ id: 'evt_1', type: 'run.finalized', createdAt: new Date().toISOString(), data: { runId: 'run_1' } });
+    const body = JSON.stringify({
+      id: 'evt_1',
+      type: 'run.finalized',
+      createdAt: new Date().toISOString(),
+      data: { runId: 'run_1' },
+    });
     const headers = signedHeaders([secret], 'evt_1', Math.floor(Date.now() / 1000), body);
     expect(verifyWebhook(body, headers, secret)).toMatchObject({ type: 'run.finalized', data: { runId: 'run_1' } });
     expect(() => verifyWebhook(body.replace('run_1', 'run_2'), headers, secret)).toThrow(WebhookVerificationError);
-    expect(() => verifyWebhook(body, headers, generateWebhookSecret())).toThrow(expect.objectContaining({ code: 'NO_MATCHING_SIGNATURE' }));
+    expect(() => verifyWebhook(body, headers, generateWebhookSecret())).toThrow(
+      expect.objectContaining({ code: 'NO_MATCHING_SIGNATURE' }),
+    );
   });
 });

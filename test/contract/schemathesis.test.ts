@@ -24,9 +24,20 @@ interface Outcome {
 function schemathesis(base: string, env: Record<string, string>, selection: string[]): Promise<Outcome> {
   const started = Date.now();
   const args = [
-    '--config-file', `${root}test/contract/schemathesis.toml`, '--no-color',
-    'run', `${root}openapi/openapi.json`, '--url', base,
-    '--checks', 'all', '--max-examples', MAX_EXAMPLES, '--seed', SEED, ...selection,
+    '--config-file',
+    `${root}test/contract/schemathesis.toml`,
+    '--no-color',
+    'run',
+    `${root}openapi/openapi.json`,
+    '--url',
+    base,
+    '--checks',
+    'all',
+    '--max-examples',
+    MAX_EXAMPLES,
+    '--seed',
+    SEED,
+    ...selection,
   ];
   return new Promise((resolve) => {
     const child = spawn(st, args, { cwd: root, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
@@ -62,24 +73,51 @@ describe('schemathesis over the whole OpenAPI document', () => {
     // Production settings: https-only public webhook URLs, as the document describes them.
     // The admin key's budget is the default one: raised so the operator routes (lists, rulings, bulk decisions) are
     // fuzzed, not answered 429 after the first minute's 1,200 requests.
-    const serviceVars = serviceEnv(mongoUrl.toString(), inject('redisUrl'), { WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'false', WEBHOOK_ALLOW_INSECURE_URLS: 'false', RATE_LIMIT_MAX: '10000000' });
+    const serviceVars = serviceEnv(mongoUrl.toString(), inject('redisUrl'), {
+      WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'false',
+      WEBHOOK_ALLOW_INSECURE_URLS: 'false',
+      RATE_LIMIT_MAX: '10000000',
+    });
     api = await ServiceProcess.start('all', serviceVars);
     const admin = { authorization: `Bearer ${serviceVars.SERVICE_ADMIN_KEY}` };
     // A tenant whose budget the fuzzer cannot exhaust (429 would hide the routes behind it), with a key of every scope.
-    const { tenantId } = await must(api.url, 'POST', '/ops/tenants', 201, { headers: admin, body: { name: 'schemathesis', rateLimit: { limit: 10_000_000, windowSeconds: 60 } } });
-    const { token } = await must(api.url, 'POST', '/ops/api-keys', 201, { headers: admin, body: { tenantId, scopes: [...SCOPES] } });
+    const { tenantId } = await must(api.url, 'POST', '/ops/tenants', 201, {
+      headers: admin,
+      body: { name: 'schemathesis', rateLimit: { limit: 10_000_000, windowSeconds: 60 } },
+    });
+    const { token } = await must(api.url, 'POST', '/ops/api-keys', 201, {
+      headers: admin,
+      body: { tenantId, scopes: [...SCOPES] },
+    });
     // Records for the generated requests to find (schemathesis.toml [parameters]).
     const tenant = { authorization: `Bearer ${token}` };
     const agent = async (name: string) => {
       const publicKey = generateKeyPairSync('ed25519').publicKey.export({ type: 'spki', format: 'pem' }).toString();
-      return (await must(api.url, 'POST', '/v1/agents', 201, { headers: tenant, body: { namespace: 'fuzz', name, publicKey } })).agentId as string;
+      return (
+        await must(api.url, 'POST', '/v1/agents', 201, {
+          headers: tenant,
+          body: { namespace: 'fuzz', name, publicKey },
+        })
+      ).agentId as string;
     };
     const payer = await agent('payer');
     const payee = await agent('payee');
-    await must(api.url, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, 201, { headers: admin, body: { amount: 1_000_000, currency: 'USD' } });
-    const { runId } = await must(api.url, 'POST', '/v1/runs', 201, { headers: tenant, body: { agentId: payee, settlement: { payerAgentId: payer, amount: 100, currency: 'USD' } } });
-    const { gateId } = await must(api.url, 'POST', '/x402/gate/create', 201, { headers: tenant, body: { payerAgentId: payer, payeeAgentId: payee, amount: 10, currency: 'USD' } });
-    const endpoint = await must(api.url, 'POST', '/v1/webhooks', 201, { headers: tenant, body: { url: 'https://hooks.example.com/in', events: ['run.finalized'] } });
+    await must(api.url, 'POST', `/ops/wallets/${encodeURIComponent(payer)}/credit`, 201, {
+      headers: admin,
+      body: { amount: 1_000_000, currency: 'USD' },
+    });
+    const { runId } = await must(api.url, 'POST', '/v1/runs', 201, {
+      headers: tenant,
+      body: { agentId: payee, settlement: { payerAgentId: payer, amount: 100, currency: 'USD' } },
+    });
+    const { gateId } = await must(api.url, 'POST', '/x402/gate/create', 201, {
+      headers: tenant,
+      body: { payerAgentId: payer, payeeAgentId: payee, amount: 10, currency: 'USD' },
+    });
+    const endpoint = await must(api.url, 'POST', '/v1/webhooks', 201, {
+      headers: tenant,
+      body: { url: 'https://hooks.example.com/in', events: ['run.finalized'] },
+    });
     env = {
       ST_TENANT_KEY: token,
       ST_ADMIN_KEY: serviceVars.SERVICE_ADMIN_KEY!,
@@ -96,16 +134,26 @@ describe('schemathesis over the whole OpenAPI document', () => {
     await api?.stop();
   });
 
-  it('finds no failure on any operation but key rotation and revocation', async () => {
-    // Rotating or revoking keys would sooner or later revoke the key this run authenticates with; they run below.
-    const outcome = await schemathesis(api.url, env, ['--exclude-path-regex', '^/ops/api-keys/']);
-    console.log(`schemathesis, all but /ops/api-keys/*: ${summary(outcome.output)} in ${Math.round(outcome.ms / 1000)} s`);
-    expect(outcome.code, report(outcome)).toBe(0);
-  }, RUN_LIMIT_MS + 30_000);
+  it(
+    'finds no failure on any operation but key rotation and revocation',
+    async () => {
+      // Rotating or revoking keys would sooner or later revoke the key this run authenticates with; they run below.
+      const outcome = await schemathesis(api.url, env, ['--exclude-path-regex', '^/ops/api-keys/']);
+      console.log(
+        `schemathesis, all but /ops/api-keys/*: ${summary(outcome.output)} in ${Math.round(outcome.ms / 1000)} s`,
+      );
+      expect(outcome.code, report(outcome)).toBe(0);
+    },
+    RUN_LIMIT_MS + 30_000,
+  );
 
-  it('finds no failure on the ops routes, key rotation and revocation included', async () => {
-    const outcome = await schemathesis(api.url, env, ['--include-path-regex', '^/ops/']);
-    console.log(`schemathesis, /ops/*: ${summary(outcome.output)} in ${Math.round(outcome.ms / 1000)} s`);
-    expect(outcome.code, report(outcome)).toBe(0);
-  }, RUN_LIMIT_MS + 30_000);
+  it(
+    'finds no failure on the ops routes, key rotation and revocation included',
+    async () => {
+      const outcome = await schemathesis(api.url, env, ['--include-path-regex', '^/ops/']);
+      console.log(`schemathesis, /ops/*: ${summary(outcome.output)} in ${Math.round(outcome.ms / 1000)} s`);
+      expect(outcome.code, report(outcome)).toBe(0);
+    },
+    RUN_LIMIT_MS + 30_000,
+  );
 });

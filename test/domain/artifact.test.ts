@@ -32,8 +32,20 @@ const signer = { privateKey: service.privateKey, keyId: service.keyId };
 function runEvents(): EventEnvelope[] {
   const first = signEvents(
     [
-      { id: 'evt_a', runId: RUN, type: 'sample', at: '2025-01-01T00:00:01Z', payload: { latencyMs: 120, correct: true } },
-      { id: 'evt_b', runId: RUN, type: 'sample', at: '2025-01-01T00:00:02Z', payload: { latencyMs: 180, correct: true } },
+      {
+        id: 'evt_a',
+        runId: RUN,
+        type: 'sample',
+        at: '2025-01-01T00:00:01Z',
+        payload: { latencyMs: 120, correct: true },
+      },
+      {
+        id: 'evt_b',
+        runId: RUN,
+        type: 'sample',
+        at: '2025-01-01T00:00:02Z',
+        payload: { latencyMs: 180, correct: true },
+      },
     ],
     EMPTY_HEAD,
     agentKey.privateKey,
@@ -42,7 +54,15 @@ function runEvents(): EventEnvelope[] {
   const last = first[1] as EventEnvelope;
   // The agent rotated keys mid-run: both keys must appear in agentKeys.
   const second = signEvents(
-    [{ id: 'evt_c', runId: RUN, type: 'metric', at: '2025-01-01T00:00:03Z', payload: { name: 'accuracy', value: 0.93 } }],
+    [
+      {
+        id: 'evt_c',
+        runId: RUN,
+        type: 'metric',
+        at: '2025-01-01T00:00:03Z',
+        payload: { name: 'accuracy', value: 0.93 },
+      },
+    ],
     { seq: last.seq, chainHash: last.chainHash },
     rotatedKey.privateKey,
     rotatedKey.keyId,
@@ -120,13 +140,15 @@ describe('buildArtifactBody', () => {
     const events = runEvents();
     events[1] = { ...(events[1] as EventEnvelope), payload: { latencyMs: 1 } };
     expect(() => buildArtifactBody(input({ events }))).toThrow(ArtifactBuildError);
-    expect(() => buildArtifactBody(input({ agentKeys: [{ keyId: agentKey.keyId, publicKey: base64urlEncode(agentKey.raw) }] }))).toThrow(
-      /not among the agent's keys/,
-    );
+    expect(() =>
+      buildArtifactBody(input({ agentKeys: [{ keyId: agentKey.keyId, publicKey: base64urlEncode(agentKey.raw) }] })),
+    ).toThrow(/not among the agent's keys/);
     expect(() =>
       buildArtifactBody(input({ agentKeys: [{ keyId: agentKey.keyId, publicKey: base64urlEncode(rotatedKey.raw) }] })),
     ).toThrow(/does not match its public key/);
-    expect(() => buildArtifactBody(input({ terms: { accuracy: { min: 1, max: 2 } as never } }))).toThrow(ArtifactBuildError);
+    expect(() => buildArtifactBody(input({ terms: { accuracy: { min: 1, max: 2 } as never } }))).toThrow(
+      ArtifactBuildError,
+    );
     expect(() => buildArtifactBody(input({ runId: 'run_other' }))).toThrow(/RUN_MISMATCH/);
   });
 });
@@ -227,7 +249,9 @@ describe('verifyArtifact', () => {
 
   it('the signature must come from a JWKS key with the right kid', () => {
     const other = generateEd25519KeyPair();
-    expect(verifyArtifact(artifact, { keys: [rawToJwk(other.raw)] }).reasons.serviceSignature[0]).toMatch(/no key with kid/);
+    expect(verifyArtifact(artifact, { keys: [rawToJwk(other.raw)] }).reasons.serviceSignature[0]).toMatch(
+      /no key with kid/,
+    );
     // Right kid, wrong key material.
     const impostor = { keys: [rawToJwk(other.raw, service.keyId)] };
     expect(verifyArtifact(artifact, impostor).checks.serviceSignature).toBe(false);

@@ -28,8 +28,7 @@ import {
 const RFC8032 = {
   seed: '9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60',
   pub: 'd75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a',
-  sig:
-    'e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b',
+  sig: 'e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b',
 };
 
 function reasonOf(fn: () => unknown): string {
@@ -174,11 +173,15 @@ describe('Ed25519 signatures', () => {
     const other = generateEd25519KeyPair().publicKey;
     const message = Buffer.from(sha256Hex('event'), 'hex');
     const good = signBytes(privateKey, message);
-    const flipped = (buf: Buffer, at: number) => Buffer.concat([buf.subarray(0, at), Buffer.from([buf[at]! ^ 1]), buf.subarray(at + 1)]);
+    const flipped = (buf: Buffer, at: number) =>
+      Buffer.concat([buf.subarray(0, at), Buffer.from([buf[at]! ^ 1]), buf.subarray(at + 1)]);
     // S + L: the same signature with a non-canonical scalar, which RFC 8032 says to refuse.
     const L = 2n ** 252n + 27742317777372353535851937790883648493n;
     const s = BigInt(`0x${Buffer.from(good.subarray(32)).reverse().toString('hex')}`) + L;
-    const sPlusL = Buffer.concat([good.subarray(0, 32), Buffer.from(s.toString(16).padStart(64, '0'), 'hex').reverse()]);
+    const sPlusL = Buffer.concat([
+      good.subarray(0, 32),
+      Buffer.from(s.toString(16).padStart(64, '0'), 'hex').reverse(),
+    ]);
     const cases: Array<[string, Buffer, Buffer, typeof publicKey]> = [
       ['valid', message, good, publicKey],
       ['tampered message', flipped(message, 3), good, publicKey],
@@ -187,7 +190,11 @@ describe('Ed25519 signatures', () => {
       ['another key', message, good, other],
       ['non-canonical S', message, sPlusL, publicKey],
     ];
-    const answers = cases.map(([name, m, sig, key]) => [name, verifyBytes(key, m, sig), opensslVerify(null, m, key, sig)]);
+    const answers = cases.map(([name, m, sig, key]) => [
+      name,
+      verifyBytes(key, m, sig),
+      opensslVerify(null, m, key, sig),
+    ]);
     expect(answers).toEqual(cases.map(([name], i) => [name, i === 0, i === 0]));
   });
 });

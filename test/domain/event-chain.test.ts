@@ -49,7 +49,14 @@ function resign(e: EventEnvelope, edit: Partial<EventEnvelope>): EventEnvelope {
 describe('event hashes and signatures (contract section 5)', () => {
   it('computes payloadHash, chainHash and signature exactly as specified', () => {
     const e = signEvent(
-      { id: 'evt_1', runId: RUN, seq: 1, type: 'metric', at: '2025-01-01T00:00:00Z', payload: { name: 'accuracy', value: 0.9 } },
+      {
+        id: 'evt_1',
+        runId: RUN,
+        seq: 1,
+        type: 'metric',
+        at: '2025-01-01T00:00:00Z',
+        payload: { name: 'accuracy', value: 0.9 },
+      },
       null,
       agent.privateKey,
       agent.keyId,
@@ -134,16 +141,38 @@ describe('verifyEventBatch', () => {
   });
 
   it.each([
-    ['payload changed after signing', (e: EventEnvelope) => ({ ...e, payload: { latencyMs: 101 } }), 'PAYLOAD_HASH_MISMATCH'],
+    [
+      'payload changed after signing',
+      (e: EventEnvelope) => ({ ...e, payload: { latencyMs: 101 } }),
+      'PAYLOAD_HASH_MISMATCH',
+    ],
     ['type changed after signing', (e: EventEnvelope) => ({ ...e, type: 'log' }), 'PAYLOAD_HASH_MISMATCH'],
-    ['chainHash not recomputable', (e: EventEnvelope) => ({ ...e, chainHash: sha256Hex('forged') }), 'CHAIN_HASH_MISMATCH'],
-    ['signature over something else', (e: EventEnvelope) => ({ ...e, signature: signEvent({ ...e, id: 'evt_other' }, null, agent.privateKey, agent.keyId).signature }), 'SIGNATURE_MISMATCH'],
+    [
+      'chainHash not recomputable',
+      (e: EventEnvelope) => ({ ...e, chainHash: sha256Hex('forged') }),
+      'CHAIN_HASH_MISMATCH',
+    ],
+    [
+      'signature over something else',
+      (e: EventEnvelope) => ({
+        ...e,
+        signature: signEvent({ ...e, id: 'evt_other' }, null, agent.privateKey, agent.keyId).signature,
+      }),
+      'SIGNATURE_MISMATCH',
+    ],
     ['signature garbage', (e: EventEnvelope) => ({ ...e, signature: 'not-a-signature' }), 'SIGNATURE_MISMATCH'],
     ['unknown signer', (e: EventEnvelope) => ({ ...e, signerKeyId: 'key_000000000000000000000000' }), 'UNKNOWN_SIGNER'],
     ['wrong version', (e: EventEnvelope) => ({ ...e, v: 2 }) as unknown as EventEnvelope, 'VERSION_UNSUPPORTED'],
     ['another run', (e: EventEnvelope) => resign(e, { runId: 'run_other' }), 'RUN_MISMATCH'],
     ['lone surrogate in payload', (e: EventEnvelope) => ({ ...e, payload: { note: '\ud800' } }), 'EVENT_MALFORMED'],
-    ['missing payload', (e: EventEnvelope) => { const { payload: _p, ...rest } = e; return rest as EventEnvelope; }, 'EVENT_MALFORMED'],
+    [
+      'missing payload',
+      (e: EventEnvelope) => {
+        const { payload: _p, ...rest } = e;
+        return rest as EventEnvelope;
+      },
+      'EVENT_MALFORMED',
+    ],
     ['uppercase hash', (e: EventEnvelope) => ({ ...e, payloadHash: e.payloadHash.toUpperCase() }), 'EVENT_MALFORMED'],
     ['fractional seq', (e: EventEnvelope) => ({ ...e, seq: 1.5 }), 'EVENT_MALFORMED'],
   ])('reports SIGNATURE_INVALID for %s', (_name, tamper, reason) => {
@@ -185,7 +214,10 @@ describe('verifyEventBatch', () => {
     const r = verifyEventBatch([staleAndForged], headOf(events[1] as EventEnvelope), activeKeys, RUN);
     expect(r).toMatchObject({ code: 'CHAIN_CONFLICT' });
     // Within a batch too: a bad signature at index 0 and a broken link at index 1 -> CHAIN_CONFLICT.
-    const mixed = [{ ...(events[0] as EventEnvelope), signature: 'AAAA' }, { ...(events[1] as EventEnvelope), seq: 5 }];
+    const mixed = [
+      { ...(events[0] as EventEnvelope), signature: 'AAAA' },
+      { ...(events[1] as EventEnvelope), seq: 5 },
+    ];
     expect(verifyEventBatch(mixed, EMPTY_HEAD, activeKeys, RUN)).toMatchObject({ code: 'CHAIN_CONFLICT', index: 1 });
   });
 
@@ -199,7 +231,12 @@ describe('verifyChain', () => {
   it('accepts a whole chain, and an empty one', () => {
     const events = chainOf(4);
     const r = verifyChain(events, activeKeys, RUN);
-    expect(r).toMatchObject({ ok: true, checks: { eventSignatures: true, chain: true }, failures: [], firstFailure: null });
+    expect(r).toMatchObject({
+      ok: true,
+      checks: { eventSignatures: true, chain: true },
+      failures: [],
+      firstFailure: null,
+    });
     expect(r.head).toEqual(headOf(events[3] as EventEnvelope));
     expect(verifyChain([], activeKeys)).toMatchObject({ ok: true, head: EMPTY_HEAD });
   });
@@ -234,7 +271,11 @@ describe('verifyChain', () => {
 
   it('reports both checks, ordered by index, and stops at a malformed event', () => {
     const events = chainOf(3);
-    const broken = [events[0], { ...(events[1] as EventEnvelope), signature: 'AAAA' }, { ...(events[2] as EventEnvelope), seq: 9 }];
+    const broken = [
+      events[0],
+      { ...(events[1] as EventEnvelope), signature: 'AAAA' },
+      { ...(events[2] as EventEnvelope), seq: 9 },
+    ];
     const r = verifyChain(broken, activeKeys, RUN);
     expect(r.failures.map((f) => [f.check, f.index])).toEqual([
       ['eventSignatures', 1],
@@ -275,8 +316,14 @@ describe('batch attestations (signatures verified once, at append)', () => {
     // A trusted signature is not re-checked (the service verified it at append) ...
     expect(verifyChain(badSignature, activeKeys, RUN, (e) => trusted.has(signatureKey(e))).ok).toBe(true);
     // ... while without the trust it fails, and a trusted event with an altered payload still fails its hash.
-    expect(verifyChain(badSignature, activeKeys, RUN).firstFailure).toMatchObject({ index: 2, reason: 'SIGNATURE_MISMATCH' });
+    expect(verifyChain(badSignature, activeKeys, RUN).firstFailure).toMatchObject({
+      index: 2,
+      reason: 'SIGNATURE_MISMATCH',
+    });
     const altered = events.map((e, i) => (i === 1 ? { ...e, payload: { latencyMs: 1 } } : e));
-    expect(verifyChain(altered, activeKeys, RUN, () => true).firstFailure).toMatchObject({ index: 1, reason: 'PAYLOAD_HASH_MISMATCH' });
+    expect(verifyChain(altered, activeKeys, RUN, () => true).firstFailure).toMatchObject({
+      index: 1,
+      reason: 'PAYLOAD_HASH_MISMATCH',
+    });
   });
 });

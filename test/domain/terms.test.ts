@@ -60,7 +60,12 @@ describe('collectMetrics', () => {
   });
 
   it('accuracy counts only samples that carry a boolean correct', () => {
-    const events = [sample({ correct: true }), sample({ correct: false }), sample({ latencyMs: 3 }), sample({ correct: 1 })];
+    const events = [
+      sample({ correct: true }),
+      sample({ correct: false }),
+      sample({ latencyMs: 3 }),
+      sample({ correct: 1 }),
+    ];
     expect(collectMetrics(events, { accuracy: { min: 0 } })).toEqual({ accuracy: 0.5 });
     expect(collectMetrics([sample({ latencyMs: 3 })], { accuracy: { min: 0 } })).toEqual({ accuracy: null });
   });

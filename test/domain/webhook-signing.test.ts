@@ -25,7 +25,12 @@ describe('webhook secrets and signatures', () => {
 
   it('signs exactly as a stock Standard Webhooks library does', () => {
     const secret = generateWebhookSecret();
-    const body = JSON.stringify({ id: 'evt_1', type: 'run.finalized', createdAt: '2025-01-01T00:00:00.000Z', data: { runId: 'run_1' } });
+    const body = JSON.stringify({
+      id: 'evt_1',
+      type: 'run.finalized',
+      createdAt: '2025-01-01T00:00:00.000Z',
+      data: { runId: 'run_1' },
+    });
     const ts = Math.floor(Date.now() / 1000);
     const lib = new Webhook(secret);
     expect(signatureFor(secret, 'evt_1', ts, body)).toBe(lib.sign('evt_1', new Date(ts * 1000), body));

@@ -38,7 +38,9 @@ function statusesOf(settlements: SettlementDoc[], facts: FactRecord[], entries: 
   for (const f of facts) factsOf.set(f.settlementId, { ...factsOf.get(f.settlementId), [f.kind]: f.data });
   const applied = new Set(entries.filter((e) => e.state === 'applied').map((e) => e.entryId));
   const now = new Date();
-  return new Map(settlements.map((s) => [s._id, deriveSettlement(termsOf(s), factsOf.get(s._id) ?? {}, applied, now).status]));
+  return new Map(
+    settlements.map((s) => [s._id, deriveSettlement(termsOf(s), factsOf.get(s._id) ?? {}, applied, now).status]),
+  );
 }
 
 export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise<AuditResult> {
@@ -55,7 +57,11 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
     }
     // One artifact per run.
     const artifacts = await db.collection<any>('artifacts').find({}).toArray();
-    for (const runId of runIds) expect(artifacts.filter((a) => a.runId === runId), `artifacts of ${runId}`).toHaveLength(1);
+    for (const runId of runIds)
+      expect(
+        artifacts.filter((a) => a.runId === runId),
+        `artifacts of ${runId}`,
+      ).toHaveLength(1);
 
     // Settlements: one per run, each decided once, none pending.
     const settlements = await db.collection<any>('settlements').find({}).toArray();
@@ -68,20 +74,30 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
       const decisions = facts.filter((f) => f.kind === 'decision' && f.settlementId === mine[0]._id);
       expect(decisions, `decisions of ${runId}`).toHaveLength(1);
     }
-    for (const status of statusesOf(settlements, facts, entries).values()) statusCount[status] = (statusCount[status] ?? 0) + 1;
+    for (const status of statusesOf(settlements, facts, entries).values())
+      statusCount[status] = (statusCount[status] ?? 0) + 1;
     expect(statusCount.pending ?? 0, 'settlements still pending').toBe(0);
 
     // Outbox: exactly one run.finalized per run and one settlement.completed|held per settlement.
     const outbox = await db.collection<any>('outbox_events').find({}).toArray();
     for (const runId of runIds) {
-      expect(outbox.filter((e) => e.type === 'run.finalized' && e.data.runId === runId), `run.finalized of ${runId}`).toHaveLength(1);
+      expect(
+        outbox.filter((e) => e.type === 'run.finalized' && e.data.runId === runId),
+        `run.finalized of ${runId}`,
+      ).toHaveLength(1);
     }
     for (const s of settlements) {
-      expect(outbox.filter((e) => e.type.startsWith('settlement.') && e.data.settlementId === s._id), `settlement events of ${s._id}`).toHaveLength(1);
+      expect(
+        outbox.filter((e) => e.type.startsWith('settlement.') && e.data.settlementId === s._id),
+        `settlement events of ${s._id}`,
+      ).toHaveLength(1);
     }
 
     // Ledger: nothing pending, every leg posted once, every chain gapless and never negative, every currency balanced.
-    expect(entries.filter((e) => e.state === 'pending'), 'pending ledger entries').toHaveLength(0);
+    expect(
+      entries.filter((e) => e.state === 'pending'),
+      'pending ledger entries',
+    ).toHaveLength(0);
     const postings = await db.collection<any>('ledger_postings').find({}).toArray();
     expect(new Set(postings.map((p) => `${p.entryId}#${p.leg}`)).size, 'each leg posted once').toBe(postings.length);
     const chains = new Map<string, any[]>();
@@ -100,17 +116,31 @@ export async function auditDatabase(mongoUrl: string, runIds: string[]): Promise
     }
     const credited: Record<string, number> = {};
     for (const e of entries.filter((x) => x.kind === 'credit' && x.state === 'applied')) {
-      credited[e.currency] = (credited[e.currency] ?? 0) + e.legs.reduce((sum: number, l: { delta: number }) => sum + l.delta, 0);
+      credited[e.currency] =
+        (credited[e.currency] ?? 0) + e.legs.reduce((sum: number, l: { delta: number }) => sum + l.delta, 0);
     }
     expect(held, 'available + escrow per currency = credited').toEqual(credited);
 
     // Nothing left behind: no run waiting in the finalize due list, and no settlement overdue in its due list (a
     // held or completed settlement stays listed until its ruling or its window's end, which is in the future).
     const finalizeDue = await db.collection<any>('due_finalize').find({}).toArray();
-    expect(finalizeDue.filter((d) => runIds.includes(d._id)), 'runs left finalizing').toEqual([]);
+    expect(
+      finalizeDue.filter((d) => runIds.includes(d._id)),
+      'runs left finalizing',
+    ).toEqual([]);
     const settleDue = await db.collection<any>('due_settlements').find({}).toArray();
-    expect(settleDue.filter((d) => d.dueAt.getTime() < Date.now() - 10_000), 'overdue settlements').toEqual([]);
-    return { runs: runIds.length, verdicts, settlements: statusCount, outboxEvents: outbox.map((e) => ({ _id: e._id, type: e.type })), credited, held };
+    expect(
+      settleDue.filter((d) => d.dueAt.getTime() < Date.now() - 10_000),
+      'overdue settlements',
+    ).toEqual([]);
+    return {
+      runs: runIds.length,
+      verdicts,
+      settlements: statusCount,
+      outboxEvents: outbox.map((e) => ({ _id: e._id, type: e.type })),
+      credited,
+      held,
+    };
   } finally {
     await client.close();
   }

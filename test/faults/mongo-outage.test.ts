@@ -15,15 +15,18 @@ describe('FerretDB hangs, then is stopped for 10 s and restarted (a FerretDB of 
   });
 
   it('answers 503 within 1 s throughout, recovers within 5 s, and finishes every run exactly once', async () => {
-    const figures = await outageScenario({
-      name: 'ferretdb',
-      mongoUrl: ferret.url('faults'),
-      redisUrl: inject('redisUrl'),
-      freeze: () => ferret.freeze(),
-      thaw: () => ferret.thaw(),
-      down: () => ferret.down(),
-      up: () => ferret.up(),
-    }, processes);
+    const figures = await outageScenario(
+      {
+        name: 'ferretdb',
+        mongoUrl: ferret.url('faults'),
+        redisUrl: inject('redisUrl'),
+        freeze: () => ferret.freeze(),
+        thaw: () => ferret.thaw(),
+        down: () => ferret.down(),
+        up: () => ferret.up(),
+      },
+      processes,
+    );
     console.log(`fault figures: ${JSON.stringify(figures)}`);
     expect(figures.recoveryMs).toBeLessThan(5_000);
   });

@@ -8,7 +8,19 @@
 //      and the database audit finds each effect once and every currency balanced.
 import { expect } from 'vitest';
 import { auditDatabase, eventuallyAnnounced } from './audit.ts';
-import { call, createRunWithEvidence, createTenant, credit, eventually, expectErrorShape, must, registerAgent, ServiceProcess, serviceEnv, type Answer } from './service.ts';
+import {
+  call,
+  createRunWithEvidence,
+  createTenant,
+  credit,
+  eventually,
+  expectErrorShape,
+  must,
+  registerAgent,
+  ServiceProcess,
+  serviceEnv,
+  type Answer,
+} from './service.ts';
 
 export interface Backend {
   name: string;
@@ -49,21 +61,25 @@ export async function outageScenario(backend: Backend, processes: ServiceProcess
   const payee = await registerAgent(base, tenant);
   await credit(base, env.SERVICE_ADMIN_KEY!, payer.agentId, 100_000);
   const runIds: string[] = [];
-  for (let i = 0; i < RUNS; i++) runIds.push(await createRunWithEvidence(base, tenant, payer, payee, { pass: i % 2 === 0, amount: 100 + i }));
+  for (let i = 0; i < RUNS; i++)
+    runIds.push(await createRunWithEvidence(base, tenant, payer, payee, { pass: i % 2 === 0, amount: 100 + i }));
 
   // 1. A hang under load: four clients keep asking while the server is frozen for 2 s.
   const answers: Array<Answer & { startedAt: number; endedAt: number }> = [];
   const streamUntil = performance.now() + 3_500;
   let freezeAt = 0;
   let thawAt = 0;
-  const stream = Promise.all(Array.from({ length: 4 }, async (_, client) => {
-    for (let n = 0; performance.now() < streamUntil && n < 1_000; n++) {
-      const startedAt = performance.now();
-      const path = n % 2 === 0 ? `/v1/runs/${runIds[(client + n) % RUNS]}` : `/v1/wallets/${encodeURIComponent(payer.agentId)}`;
-      const answer = await call(base, 'GET', path, { headers: tenant.auth, timeoutMs: 15_000 });
-      answers.push({ ...answer, startedAt, endedAt: performance.now() });
-    }
-  }));
+  const stream = Promise.all(
+    Array.from({ length: 4 }, async (_, client) => {
+      for (let n = 0; performance.now() < streamUntil && n < 1_000; n++) {
+        const startedAt = performance.now();
+        const path =
+          n % 2 === 0 ? `/v1/runs/${runIds[(client + n) % RUNS]}` : `/v1/wallets/${encodeURIComponent(payer.agentId)}`;
+        const answer = await call(base, 'GET', path, { headers: tenant.auth, timeoutMs: 15_000 });
+        answers.push({ ...answer, startedAt, endedAt: performance.now() });
+      }
+    }),
+  );
   await new Promise((r) => setTimeout(r, 700));
   freezeAt = performance.now();
   backend.freeze();
@@ -86,7 +102,11 @@ export async function outageScenario(backend: Backend, processes: ServiceProcess
   expect(inFlight.maxMs, `slowest answer while ${backend.name} hung`).toBeLessThan(CONTRACT_503_MS);
 
   // Let the service see the server again before the next fault.
-  await eventually(async () => (await call(base, 'GET', `/v1/runs/${runIds[0]}`, { headers: tenant.auth })).status === 200, 15_000, 'service back after the hang');
+  await eventually(
+    async () => (await call(base, 'GET', `/v1/runs/${runIds[0]}`, { headers: tenant.auth })).status === 200,
+    15_000,
+    'service back after the hang',
+  );
 
   // 2. Finalize jobs accepted, then the server is gone for 10 s.
   for (const runId of runIds) await must(base, 'POST', `/v1/runs/${runId}/finalize`, 202, { headers: tenant.auth });
@@ -95,9 +115,14 @@ export async function outageScenario(backend: Backend, processes: ServiceProcess
   const during: Answer[] = [];
   for (let n = 0; Date.now() - downSince < OUTAGE_MS && n < 200; n++) {
     const runId = runIds[n % RUNS]!;
-    const answer = n % 2 === 0
-      ? await call(base, 'GET', `/v1/runs/${runId}`, { headers: tenant.auth, timeoutMs: 15_000 })
-      : await call(base, 'POST', `/v1/runs/${runId}/settle`, { headers: { ...tenant.auth, 'idempotency-key': `outage-${n}` }, body: {}, timeoutMs: 15_000 });
+    const answer =
+      n % 2 === 0
+        ? await call(base, 'GET', `/v1/runs/${runId}`, { headers: tenant.auth, timeoutMs: 15_000 })
+        : await call(base, 'POST', `/v1/runs/${runId}/settle`, {
+            headers: { ...tenant.auth, 'idempotency-key': `outage-${n}` },
+            body: {},
+            timeoutMs: 15_000,
+          });
     during.push(answer);
     expectErrorShape(answer, 503, 'UNAVAILABLE');
     expect(answer.headers.get('retry-after')).toBe('1');
@@ -114,16 +139,39 @@ export async function outageScenario(backend: Backend, processes: ServiceProcess
   // 3. Back: requests succeed within 5 s, the worker resumes, everything finalizes and settles.
   await backend.up();
   const upAt = Date.now();
-  await eventually(async () => (await call(base, 'GET', `/v1/runs/${runIds[0]}`, { headers: tenant.auth, timeoutMs: 5_000 })).status === 200, 30_000, 'the first success after restart', 50);
+  await eventually(
+    async () =>
+      (await call(base, 'GET', `/v1/runs/${runIds[0]}`, { headers: tenant.auth, timeoutMs: 5_000 })).status === 200,
+    30_000,
+    'the first success after restart',
+    50,
+  );
   const recoveryMs = Date.now() - upAt;
   expect(recoveryMs, `first success after ${backend.name} restarted`).toBeLessThan(CONTRACT_RECOVERY_MS);
 
   for (const runId of runIds) {
-    await eventually(async () => (await call(base, 'GET', `/v1/runs/${runId}`, { headers: tenant.auth })).body?.status === 'finalized', FINISH_WITHIN_MS, `run ${runId} finalized`, 250);
+    await eventually(
+      async () => (await call(base, 'GET', `/v1/runs/${runId}`, { headers: tenant.auth })).body?.status === 'finalized',
+      FINISH_WITHIN_MS,
+      `run ${runId} finalized`,
+      250,
+    );
   }
-  for (const runId of runIds) await must(base, 'POST', `/v1/runs/${runId}/settle`, 202, { headers: { ...tenant.auth, 'idempotency-key': `settle-${runId}` }, body: {} });
+  for (const runId of runIds)
+    await must(base, 'POST', `/v1/runs/${runId}/settle`, 202, {
+      headers: { ...tenant.auth, 'idempotency-key': `settle-${runId}` },
+      body: {},
+    });
   for (const runId of runIds) {
-    await eventually(async () => ['completed', 'held'].includes((await call(base, 'GET', `/runs/${runId}/settlement`, { headers: tenant.auth })).body?.status), 60_000, `settlement of ${runId}`, 250);
+    await eventually(
+      async () =>
+        ['completed', 'held'].includes(
+          (await call(base, 'GET', `/runs/${runId}/settlement`, { headers: tenant.auth })).body?.status,
+        ),
+      60_000,
+      `settlement of ${runId}`,
+      250,
+    );
   }
   const settledAfterMs = Date.now() - upAt;
 

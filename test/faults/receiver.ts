@@ -37,7 +37,9 @@ export class CountingReceiver {
   }
 
   count(type: string): number {
-    return [...this.types.values()].filter((t) => t === type || (type === 'settlement.*' && t.startsWith('settlement.'))).length;
+    return [...this.types.values()].filter(
+      (t) => t === type || (type === 'settlement.*' && t.startsWith('settlement.')),
+    ).length;
   }
 
   get duplicates(): number {
@@ -49,4 +51,3 @@ export class CountingReceiver {
     await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
   }
 }
-

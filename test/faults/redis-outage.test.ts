@@ -19,15 +19,18 @@ describe('Redis hangs, then is stopped for 10 s and restarted (a Redis of this t
   it('answers 503 within 1 s throughout, recovers within 5 s, and finishes every run exactly once', async () => {
     const mongoUrl = new URL(inject('mongoUrl'));
     mongoUrl.pathname = `/f_redis_${randomBytes(4).toString('hex')}`;
-    const figures = await outageScenario({
-      name: 'redis',
-      mongoUrl: mongoUrl.toString(),
-      redisUrl: redis.url,
-      freeze: () => redis.freeze(),
-      thaw: () => redis.thaw(),
-      down: () => redis.down(),
-      up: () => redis.up(),
-    }, processes);
+    const figures = await outageScenario(
+      {
+        name: 'redis',
+        mongoUrl: mongoUrl.toString(),
+        redisUrl: redis.url,
+        freeze: () => redis.freeze(),
+        thaw: () => redis.thaw(),
+        down: () => redis.down(),
+        up: () => redis.up(),
+      },
+      processes,
+    );
     console.log(`fault figures: ${JSON.stringify(figures)}`);
     expect(figures.recoveryMs).toBeLessThan(5_000);
   });

@@ -77,8 +77,12 @@ abstract class ServerProcess {
     this.child = child;
     const deadline = Date.now() + READY_WITHIN_MS;
     while (!(await this.answers())) {
-      if (child.exitCode !== null || child.signalCode !== null) throw new Error(`${bin} on port ${this.port} exited before it answered: ${this.output.slice(-2_000)}`);
-      if (Date.now() > deadline) throw new Error(`${bin} on port ${this.port} did not answer within ${READY_WITHIN_MS} ms: ${this.output.slice(-2_000)}`);
+      if (child.exitCode !== null || child.signalCode !== null)
+        throw new Error(`${bin} on port ${this.port} exited before it answered: ${this.output.slice(-2_000)}`);
+      if (Date.now() > deadline)
+        throw new Error(
+          `${bin} on port ${this.port} did not answer within ${READY_WITHIN_MS} ms: ${this.output.slice(-2_000)}`,
+        );
       await new Promise((r) => setTimeout(r, 100));
     }
   }
@@ -113,7 +117,10 @@ abstract class ServerProcess {
 }
 
 export class RedisServer extends ServerProcess {
-  constructor(port: number, private readonly extraArgs: string[] = []) {
+  constructor(
+    port: number,
+    private readonly extraArgs: string[] = [],
+  ) {
     super(port);
   }
 
@@ -128,7 +135,24 @@ export class RedisServer extends ServerProcess {
   }
 
   protected command(): [string, string[]] {
-    return ['redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir, '--maxmemory-policy', 'noeviction', ...this.extraArgs]];
+    return [
+      'redis-server',
+      [
+        '--port',
+        String(this.port),
+        '--bind',
+        '127.0.0.1',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--dir',
+        this.dir,
+        '--maxmemory-policy',
+        'noeviction',
+        ...this.extraArgs,
+      ],
+    ];
   }
 }
 
@@ -148,15 +172,18 @@ export class FerretDbServer extends ServerProcess {
   }
 
   protected command(): [string, string[]] {
-    return [FERRETDB_BIN, [
-      '--handler=sqlite',
-      `--sqlite-url=file:${this.dir}/data/?_pragma=synchronous(normal)`,
-      `--state-dir=${this.dir}/state`,
-      `--listen-addr=127.0.0.1:${this.port}`,
-      '--debug-addr=127.0.0.1:0',
-      '--telemetry=disable',
-      '--log-level=warn',
-    ]];
+    return [
+      FERRETDB_BIN,
+      [
+        '--handler=sqlite',
+        `--sqlite-url=file:${this.dir}/data/?_pragma=synchronous(normal)`,
+        `--state-dir=${this.dir}/state`,
+        `--listen-addr=127.0.0.1:${this.port}`,
+        '--debug-addr=127.0.0.1:0',
+        '--telemetry=disable',
+        '--log-level=warn',
+      ],
+    ];
   }
 
   override async up(): Promise<void> {
@@ -167,7 +194,11 @@ export class FerretDbServer extends ServerProcess {
   /** Ready when it answers a ping: a port that accepts connections is not yet a server that answers commands. */
   protected override async answers(): Promise<boolean> {
     if (!(await portAccepts(this.port))) return false;
-    const client = new MongoClient(this.url('admin'), { directConnection: true, serverSelectionTimeoutMS: 2_000, connectTimeoutMS: 2_000 });
+    const client = new MongoClient(this.url('admin'), {
+      directConnection: true,
+      serverSelectionTimeoutMS: 2_000,
+      connectTimeoutMS: 2_000,
+    });
     try {
       await client.db('admin').command({ ping: 1 });
       return true;
@@ -189,11 +220,24 @@ export class RedisCluster {
       for (let i = 0; i < 6; i++) {
         // cluster-node-timeout is what failover waits for (1 s keeps the test short); no delay before a replica's
         // first sync, which a replica needs before it may take over.
-        const node = new RedisServer(await freePort(), ['--cluster-enabled', 'yes', '--cluster-node-timeout', '1000', '--cluster-config-file', 'nodes.conf', '--repl-diskless-sync-delay', '0']);
+        const node = new RedisServer(await freePort(), [
+          '--cluster-enabled',
+          'yes',
+          '--cluster-node-timeout',
+          '1000',
+          '--cluster-config-file',
+          'nodes.conf',
+          '--repl-diskless-sync-delay',
+          '0',
+        ]);
         nodes.push(node);
         await node.up();
       }
-      await run('redis-cli', ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '1', '--cluster-yes'], { timeout: 30_000 });
+      await run(
+        'redis-cli',
+        ['--cluster', 'create', ...nodes.map((n) => `127.0.0.1:${n.port}`), '--cluster-replicas', '1', '--cluster-yes'],
+        { timeout: 30_000 },
+      );
       const cluster = new RedisCluster(nodes);
       await cluster.waitHealthy(20_000);
       return cluster;
@@ -205,7 +249,10 @@ export class RedisCluster {
 
   /** The service's REDIS_URL for this cluster (seed nodes; the client discovers the rest). */
   get url(): string {
-    return `redis+cluster://${this.nodes.slice(0, 3).map((n) => `127.0.0.1:${n.port}`).join(',')}`;
+    return `redis+cluster://${this.nodes
+      .slice(0, 3)
+      .map((n) => `127.0.0.1:${n.port}`)
+      .join(',')}`;
   }
 
   async cli(port: number, ...args: string[]): Promise<string> {
@@ -217,7 +264,10 @@ export class RedisCluster {
   async masters(): Promise<RedisServer[]> {
     const alive = this.nodes.filter((n) => n.pid !== undefined);
     const text = await this.cli(alive[0]!.port, 'cluster', 'nodes');
-    const masterPorts = text.split('\n').filter((l) => / master /.test(l.replace(/myself,/, '')) && !/fail/.test(l)).map((l) => Number(l.split(' ')[1]!.split(':')[1]!.split('@')[0]));
+    const masterPorts = text
+      .split('\n')
+      .filter((l) => / master /.test(l.replace(/myself,/, '')) && !/fail/.test(l))
+      .map((l) => Number(l.split(' ')[1]!.split(':')[1]!.split('@')[0]));
     return alive.filter((n) => masterPorts.includes(n.port));
   }
 
@@ -227,11 +277,16 @@ export class RedisCluster {
       const alive = this.nodes.filter((n) => n.pid !== undefined);
       // Healthy: every node sees the cluster ok, and every replica has synced with its master (a replica that never
       // did cannot be promoted, and killing its master then leaves the cluster down).
-      const states = await Promise.all(alive.map(async (n) => {
-        const info = await this.cli(n.port, 'cluster', 'info').catch(() => '');
-        const replication = await this.cli(n.port, 'info', 'replication').catch(() => '');
-        return /cluster_state:ok/.test(info) && (!/role:slave/.test(replication) || /master_link_status:up/.test(replication));
-      }));
+      const states = await Promise.all(
+        alive.map(async (n) => {
+          const info = await this.cli(n.port, 'cluster', 'info').catch(() => '');
+          const replication = await this.cli(n.port, 'info', 'replication').catch(() => '');
+          return (
+            /cluster_state:ok/.test(info) &&
+            (!/role:slave/.test(replication) || /master_link_status:up/.test(replication))
+          );
+        }),
+      );
       if (states.every(Boolean)) return;
       if (Date.now() > deadline) throw new Error('the cluster did not become healthy');
       await new Promise((r) => setTimeout(r, 200));
@@ -252,7 +307,12 @@ export async function redisCli(port: number, ...args: string[]): Promise<string>
 /** `INFO replication` of a Redis as field -> value; empty when it does not answer. */
 export async function replicationInfo(port: number): Promise<Record<string, string>> {
   const text = await redisCli(port, 'info', 'replication').catch(() => '');
-  return Object.fromEntries(text.split(/\r?\n/).filter((l) => l.includes(':')).map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 1).trim()]));
+  return Object.fromEntries(
+    text
+      .split(/\r?\n/)
+      .filter((l) => l.includes(':'))
+      .map((l) => [l.slice(0, l.indexOf(':')), l.slice(l.indexOf(':') + 1).trim()]),
+  );
 }
 
 async function pollUntil(check: () => Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
@@ -272,7 +332,10 @@ async function pollUntil(check: () => Promise<boolean>, timeoutMs: number, what:
  * frozen sits in the kernel's socket buffers and is applied when it thaws.)
  */
 export class RedisReplicaPair {
-  private constructor(readonly primary: RedisServer, readonly replica: RedisServer) {}
+  private constructor(
+    readonly primary: RedisServer,
+    readonly replica: RedisServer,
+  ) {}
 
   static async start(): Promise<RedisReplicaPair> {
     // No delay before a replica's first sync (the default waits 5 s for more replicas).
@@ -281,7 +344,11 @@ export class RedisReplicaPair {
     const replica = new RedisServer(await freePort(), ['--replicaof', '127.0.0.1', String(primary.port)]);
     try {
       await replica.up();
-      await pollUntil(async () => (await replicationInfo(replica.port)).master_link_status === 'up', 30_000, 'the replica\'s first sync');
+      await pollUntil(
+        async () => (await replicationInfo(replica.port)).master_link_status === 'up',
+        30_000,
+        "the replica's first sync",
+      );
     } catch (err) {
       await replica.destroy();
       await primary.destroy();
@@ -293,17 +360,25 @@ export class RedisReplicaPair {
   /** Waits until the replica has applied everything the primary had written when this was called. */
   async waitCaughtUp(timeoutMs = 30_000): Promise<{ offset: number }> {
     const target = Number((await replicationInfo(this.primary.port)).master_repl_offset);
-    await pollUntil(async () => {
-      const info = await replicationInfo(this.replica.port);
-      return info.master_link_status === 'up' && Number(info.slave_repl_offset) >= target;
-    }, timeoutMs, `the replica caught up with offset ${target}`);
+    await pollUntil(
+      async () => {
+        const info = await replicationInfo(this.replica.port);
+        return info.master_link_status === 'up' && Number(info.slave_repl_offset) >= target;
+      },
+      timeoutMs,
+      `the replica caught up with offset ${target}`,
+    );
     return { offset: target };
   }
 
   /** SIGSTOPs the replica, then waits until the primary has dropped it: from then on it lags for good. */
   async freezeReplica(timeoutMs = 30_000): Promise<void> {
     this.replica.freeze();
-    await pollUntil(async () => (await replicationInfo(this.primary.port)).connected_slaves === '0', timeoutMs, 'the primary dropping its frozen replica');
+    await pollUntil(
+      async () => (await replicationInfo(this.primary.port)).connected_slaves === '0',
+      timeoutMs,
+      'the primary dropping its frozen replica',
+    );
   }
 
   /**
@@ -315,10 +390,18 @@ export class RedisReplicaPair {
     await this.primary.down();
     this.replica.thaw();
     // Thawed, it applies what its socket still held, then sees its primary gone.
-    await pollUntil(async () => (await replicationInfo(this.replica.port)).master_link_status === 'down', timeoutMs, 'the thawed replica seeing its primary gone');
+    await pollUntil(
+      async () => (await replicationInfo(this.replica.port)).master_link_status === 'down',
+      timeoutMs,
+      'the thawed replica seeing its primary gone',
+    );
     const replicaOffset = Number((await replicationInfo(this.replica.port)).master_repl_offset);
     await redisCli(this.replica.port, 'replicaof', 'no', 'one');
-    await pollUntil(async () => (await replicationInfo(this.replica.port)).role === 'master', timeoutMs, 'the replica promoted');
+    await pollUntil(
+      async () => (await replicationInfo(this.replica.port)).role === 'master',
+      timeoutMs,
+      'the replica promoted',
+    );
     return { primaryOffset, replicaOffset };
   }
 

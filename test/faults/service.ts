@@ -13,7 +13,11 @@ import { freePort, killAndWait, track } from './servers.ts';
 const root = fileURLToPath(new URL('../..', import.meta.url));
 
 /** Environment of one service deployment under test: its own database, Redis prefix, keys and fast sweeps. */
-export function serviceEnv(mongoUrl: string, redisUrl: string, overrides: Record<string, string> = {}): Record<string, string> {
+export function serviceEnv(
+  mongoUrl: string,
+  redisUrl: string,
+  overrides: Record<string, string> = {},
+): Record<string, string> {
   return {
     NODE_ENV: 'test',
     LOG_LEVEL: 'warn',
@@ -36,25 +40,43 @@ export function serviceEnv(mongoUrl: string, redisUrl: string, overrides: Record
 export class ServiceProcess {
   readonly child: ChildProcess;
   logs = '';
-  private constructor(readonly mode: string, readonly env: Record<string, string>, readonly port: number | null, args: string[]) {
-    this.child = track(spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', mode, ...args], {
-      cwd: root,
-      env: { ...process.env, ...env, ...(port ? { PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` } : {}) },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    }));
+  private constructor(
+    readonly mode: string,
+    readonly env: Record<string, string>,
+    readonly port: number | null,
+    args: string[],
+  ) {
+    this.child = track(
+      spawn(process.execPath, ['--import', 'tsx', 'src/main.ts', mode, ...args], {
+        cwd: root,
+        env: {
+          ...process.env,
+          ...env,
+          ...(port ? { PORT: String(port), PUBLIC_BASE_URL: `http://127.0.0.1:${port}` } : {}),
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      }),
+    );
     this.child.stdout!.on('data', (d) => (this.logs += d));
     this.child.stderr!.on('data', (d) => (this.logs += d));
   }
 
   /** Starts `api` or `all` and waits until /healthz answers; `worker` is returned at once. */
-  static async start(mode: 'api' | 'worker' | 'all', env: Record<string, string>, args: string[] = []): Promise<ServiceProcess> {
+  static async start(
+    mode: 'api' | 'worker' | 'all',
+    env: Record<string, string>,
+    args: string[] = [],
+  ): Promise<ServiceProcess> {
     const port = mode === 'worker' ? null : await freePort();
     const service = new ServiceProcess(mode, env, port, args);
     if (port) {
       const deadline = Date.now() + 30_000;
       for (;;) {
         if (service.child.exitCode !== null) throw new Error(`${mode} exited: ${service.logs.slice(-2000)}`);
-        const ok = await fetch(`${service.url}/healthz`).then((r) => r.ok, () => false);
+        const ok = await fetch(`${service.url}/healthz`).then(
+          (r) => r.ok,
+          () => false,
+        );
         if (ok) break;
         if (Date.now() > deadline) throw new Error(`${mode} did not answer /healthz: ${service.logs.slice(-2000)}`);
         await new Promise((r) => setTimeout(r, 100));
@@ -90,7 +112,12 @@ export interface Answer {
 }
 
 /** One HTTP call to the service, timed; a network error is status 0. Never waits more than `timeoutMs`. */
-export async function call(base: string, method: string, path: string, options: { body?: unknown; headers?: Record<string, string>; timeoutMs?: number } = {}): Promise<Answer> {
+export async function call(
+  base: string,
+  method: string,
+  path: string,
+  options: { body?: unknown; headers?: Record<string, string>; timeoutMs?: number } = {},
+): Promise<Answer> {
   const started = performance.now();
   try {
     const res = await fetch(`${base}${path}`, {
@@ -113,7 +140,13 @@ export async function call(base: string, method: string, path: string, options: 
 }
 
 /** A call that must answer `expected`; retried on 503 (a loaded machine) a few times, bounded. */
-export async function must(base: string, method: string, path: string, expected: number, options: { body?: unknown; headers?: Record<string, string> } = {}): Promise<any> {
+export async function must(
+  base: string,
+  method: string,
+  path: string,
+  expected: number,
+  options: { body?: unknown; headers?: Record<string, string> } = {},
+): Promise<any> {
   let last: Answer | null = null;
   const seen: string[] = [];
   for (let attempt = 1; attempt <= 8; attempt++) {
@@ -123,7 +156,9 @@ export async function must(base: string, method: string, path: string, expected:
     if (last.status !== 503 && last.status !== 0 && last.status !== 409) break;
     await new Promise((r) => setTimeout(r, 250 * attempt));
   }
-  throw new Error(`${method} ${path}: expected ${expected}, got ${last?.status} ${JSON.stringify(last?.body)} (attempts: ${seen.join('; ')})`);
+  throw new Error(
+    `${method} ${path}: expected ${expected}, got ${last?.status} ${JSON.stringify(last?.body)} (attempts: ${seen.join('; ')})`,
+  );
 }
 
 export interface Agent {
@@ -140,7 +175,10 @@ export interface Tenant {
 
 export async function createTenant(base: string, adminKey: string): Promise<Tenant> {
   const admin = { authorization: `Bearer ${adminKey}` };
-  const { tenantId } = await must(base, 'POST', '/ops/tenants', 201, { headers: { ...admin, 'idempotency-key': newId('k') }, body: { name: 'faults' } });
+  const { tenantId } = await must(base, 'POST', '/ops/tenants', 201, {
+    headers: { ...admin, 'idempotency-key': newId('k') },
+    body: { name: 'faults' },
+  });
   const { token } = await must(base, 'POST', '/ops/api-keys', 201, {
     headers: { ...admin, 'idempotency-key': newId('k') },
     body: { tenantId, scopes: ['agents:write', 'runs:write', 'wallets:write', 'webhooks:write'] },
@@ -151,11 +189,25 @@ export async function createTenant(base: string, adminKey: string): Promise<Tena
 export async function registerAgent(base: string, tenant: Tenant): Promise<Agent & { privateKeyPem: string }> {
   const pair = generateEd25519KeyPair();
   const publicKey = pair.keyObject.export({ type: 'spki', format: 'pem' }).toString();
-  const body = await must(base, 'POST', '/v1/agents', 201, { headers: { ...tenant.auth, 'idempotency-key': newId('k') }, body: { name: newId('a'), publicKey } });
-  return { agentId: body.agentId, keyId: body.keyId, privateKey: pair.privateKey, privateKeyPem: privateKeyToPem(pair.privateKey) };
+  const body = await must(base, 'POST', '/v1/agents', 201, {
+    headers: { ...tenant.auth, 'idempotency-key': newId('k') },
+    body: { name: newId('a'), publicKey },
+  });
+  return {
+    agentId: body.agentId,
+    keyId: body.keyId,
+    privateKey: pair.privateKey,
+    privateKeyPem: privateKeyToPem(pair.privateKey),
+  };
 }
 
-export async function credit(base: string, adminKey: string, walletId: string, amount: number, currency = 'USD'): Promise<void> {
+export async function credit(
+  base: string,
+  adminKey: string,
+  walletId: string,
+  amount: number,
+  currency = 'USD',
+): Promise<void> {
   await must(base, 'POST', `/ops/wallets/${encodeURIComponent(walletId)}/credit`, 201, {
     headers: { authorization: `Bearer ${adminKey}`, 'idempotency-key': newId('k') },
     body: { amount, currency },
@@ -166,23 +218,53 @@ export async function credit(base: string, adminKey: string, walletId: string, a
  * A run with settlement terms and one metric event that passes (`accuracy` 1) or fails (0) `accuracy >= 0.9`; every
  * POST carries an idempotency key and is retried on 503, so the flow survives an outage in its middle.
  */
-export async function createRunWithEvidence(base: string, tenant: Tenant, payer: Agent, worker: Agent, opts: { pass: boolean; amount: number; holdbackBps?: number; currency?: string }): Promise<string> {
+export async function createRunWithEvidence(
+  base: string,
+  tenant: Tenant,
+  payer: Agent,
+  worker: Agent,
+  opts: { pass: boolean; amount: number; holdbackBps?: number; currency?: string },
+): Promise<string> {
   const headers = () => ({ ...tenant.auth, 'idempotency-key': newId('k') });
   const { runId } = await must(base, 'POST', '/v1/runs', 201, {
     headers: headers(),
     body: {
       agentId: worker.agentId,
       terms: { accuracy: { min: 0.9 } },
-      settlement: { payerAgentId: payer.agentId, amount: opts.amount, currency: opts.currency ?? 'USD', holdbackBps: opts.holdbackBps ?? 0, disputeWindowSeconds: 3600 },
+      settlement: {
+        payerAgentId: payer.agentId,
+        amount: opts.amount,
+        currency: opts.currency ?? 'USD',
+        holdbackBps: opts.holdbackBps ?? 0,
+        disputeWindowSeconds: 3600,
+      },
     },
   });
-  const [event] = signEvents([{ id: newId('evt'), runId, type: 'metric', at: new Date().toISOString(), payload: { name: 'accuracy', value: opts.pass ? 1 : 0 } }], { seq: 0, chainHash: null }, worker.privateKey, worker.keyId);
+  const [event] = signEvents(
+    [
+      {
+        id: newId('evt'),
+        runId,
+        type: 'metric',
+        at: new Date().toISOString(),
+        payload: { name: 'accuracy', value: opts.pass ? 1 : 0 },
+      },
+    ],
+    { seq: 0, chainHash: null },
+    worker.privateKey,
+    worker.keyId,
+  );
   await must(base, 'POST', `/v1/runs/${runId}/events`, 201, { headers: headers(), body: { event } });
   return runId;
 }
 
 /** Polls until `check` holds, at most `timeoutMs`. */
-export async function eventually(check: () => Promise<boolean> | boolean, timeoutMs: number, what: string, everyMs = 200): Promise<number> {
+export async function eventually(
+  check: () => Promise<boolean> | boolean,
+  timeoutMs: number,
+  what: string,
+  everyMs = 200,
+): Promise<number> {
   const started = Date.now();
   while (!(await check())) {
     if (Date.now() - started > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);

@@ -2,16 +2,27 @@ import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { auditDatabase } from './audit.ts';
 import { CountingReceiver } from './receiver.ts';
-import { createRunWithEvidence, createTenant, credit, eventually, must, registerAgent, ServiceProcess, serviceEnv } from './service.ts';
+import {
+  createRunWithEvidence,
+  createTenant,
+  credit,
+  eventually,
+  must,
+  registerAgent,
+  ServiceProcess,
+  serviceEnv,
+} from './service.ts';
 
 const RUNS = 200;
 const CONCURRENCY = 8;
 
 async function pool<T>(items: T[], width: number, work: (item: T) => Promise<void>): Promise<void> {
   const queue = [...items];
-  await Promise.all(Array.from({ length: width }, async () => {
-    while (queue.length > 0) await work(queue.shift()!);
-  }));
+  await Promise.all(
+    Array.from({ length: width }, async () => {
+      while (queue.length > 0) await work(queue.shift()!);
+    }),
+  );
 }
 
 describe('a worker process killed with SIGKILL mid-batch, twice, and restarted', () => {
@@ -34,16 +45,29 @@ describe('a worker process killed with SIGKILL mid-batch, twice, and restarted',
     const base = api.url;
     const admin = env.SERVICE_ADMIN_KEY!;
     const tenant = await createTenant(base, admin);
-    const hook = await must(base, 'POST', '/v1/webhooks', 201, { headers: tenant.auth, body: { url: receiver.url, events: ['run.finalized', 'settlement.completed', 'settlement.held'] } });
+    const hook = await must(base, 'POST', '/v1/webhooks', 201, {
+      headers: tenant.auth,
+      body: { url: receiver.url, events: ['run.finalized', 'settlement.completed', 'settlement.held'] },
+    });
     receiver.secret = hook.secret;
     const payer = await registerAgent(base, tenant);
     const payee = await registerAgent(base, tenant);
     await credit(base, admin, payer.agentId, RUNS * 1_000);
     const runIds: string[] = [];
-    await pool(Array.from({ length: RUNS }, (_, i) => i), CONCURRENCY, async (i) => {
-      // Two in three pass (some with a holdback that stays in escrow), one in three fails and is held.
-      runIds.push(await createRunWithEvidence(base, tenant, payer, payee, { pass: i % 3 !== 0, amount: 100 + i, holdbackBps: i % 5 === 0 ? 1_000 : 0 }));
-    });
+    await pool(
+      Array.from({ length: RUNS }, (_, i) => i),
+      CONCURRENCY,
+      async (i) => {
+        // Two in three pass (some with a holdback that stays in escrow), one in three fails and is held.
+        runIds.push(
+          await createRunWithEvidence(base, tenant, payer, payee, {
+            pass: i % 3 !== 0,
+            amount: 100 + i,
+            holdbackBps: i % 5 === 0 ? 1_000 : 0,
+          }),
+        );
+      },
+    );
 
     const kills: Array<{ phase: string; signal: string | null; deliveredBefore: number }> = [];
     const killWorkerWhen = async (phase: string, ready: () => boolean, current: ServiceProcess) => {
@@ -67,7 +91,10 @@ describe('a worker process killed with SIGKILL mid-batch, twice, and restarted',
 
     // Settle: the same, a third of the way through the decisions.
     await pool(runIds, CONCURRENCY, async (runId) => {
-      await must(base, 'POST', `/v1/runs/${runId}/settle`, 202, { headers: { ...tenant.auth, 'idempotency-key': `settle-${runId}` }, body: {} });
+      await must(base, 'POST', `/v1/runs/${runId}/settle`, 202, {
+        headers: { ...tenant.auth, 'idempotency-key': `settle-${runId}` },
+        body: {},
+      });
     });
     worker = await killWorkerWhen('settle', () => receiver.count('settlement.*') >= RUNS / 3, worker);
     await eventually(() => receiver.count('settlement.*') === RUNS, 180_000, 'every settlement event delivered', 200);
@@ -85,6 +112,8 @@ describe('a worker process killed with SIGKILL mid-batch, twice, and restarted',
     expect(receiver.badSignatures).toBe(0);
     expect(kills.map((k) => k.signal)).toEqual(['SIGKILL', 'SIGKILL']);
     // Receivers dedupe by id, so a repeat after a kill is allowed; it is counted and reported, not hidden.
-    console.log(`fault figures (worker kill -9): ${JSON.stringify({ runs: RUNS, kills, events: outboxIds.length, deliveries: [...receiver.seen.values()].reduce((a, b) => a + b, 0), duplicates: receiver.duplicates, audit: { verdicts: audit.verdicts, settlements: audit.settlements, credited: audit.credited, heldInAccounts: audit.held } })}`);
+    console.log(
+      `fault figures (worker kill -9): ${JSON.stringify({ runs: RUNS, kills, events: outboxIds.length, deliveries: [...receiver.seen.values()].reduce((a, b) => a + b, 0), duplicates: receiver.duplicates, audit: { verdicts: audit.verdicts, settlements: audit.settlements, credited: audit.credited, heldInAccounts: audit.held } })}`,
+    );
   }, 600_000);
 });

@@ -17,18 +17,32 @@ export interface TestAgent {
 export async function registerAgent(t: TestApp, auth: Record<string, string>, name = newId('a')): Promise<TestAgent> {
   const pair = generateEd25519KeyPair();
   const publicKeyPem = pair.keyObject.export({ type: 'spki', format: 'pem' }).toString();
-  const res = await t.app.inject({ method: 'POST', url: '/v1/agents', headers: auth, payload: { name, publicKey: publicKeyPem } });
+  const res = await t.app.inject({
+    method: 'POST',
+    url: '/v1/agents',
+    headers: auth,
+    payload: { name, publicKey: publicKeyPem },
+  });
   expect(res.statusCode, res.body).toBe(201);
   return { agentId: res.json().agentId, keyId: res.json().keyId, privateKey: pair.privateKey, publicKeyPem };
 }
 
-export async function createRun(t: TestApp, auth: Record<string, string>, body: Record<string, unknown>): Promise<string> {
+export async function createRun(
+  t: TestApp,
+  auth: Record<string, string>,
+  body: Record<string, unknown>,
+): Promise<string> {
   const res = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: auth, payload: body });
   expect(res.statusCode, res.body).toBe(201);
   return res.json().runId;
 }
 
-export function events(runId: string, head: ChainHead, agent: Pick<TestAgent, 'privateKey' | 'keyId'>, payloads: Array<{ type: string; payload: JsonValue }>): EventEnvelope[] {
+export function events(
+  runId: string,
+  head: ChainHead,
+  agent: Pick<TestAgent, 'privateKey' | 'keyId'>,
+  payloads: Array<{ type: string; payload: JsonValue }>,
+): EventEnvelope[] {
   return signEvents(
     payloads.map((p) => ({ id: newId('evt'), runId, type: p.type, at: new Date().toISOString(), payload: p.payload })),
     head,
@@ -38,7 +52,12 @@ export function events(runId: string, head: ChainHead, agent: Pick<TestAgent, 'p
 }
 
 export function appendEvents(t: TestApp, auth: Record<string, string>, runId: string, batch: EventEnvelope[]) {
-  return t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/events`, headers: auth, payload: batch.length === 1 ? { event: batch[0] } : { events: batch } });
+  return t.app.inject({
+    method: 'POST',
+    url: `/v1/runs/${runId}/events`,
+    headers: auth,
+    payload: batch.length === 1 ? { event: batch[0] } : { events: batch },
+  });
 }
 
 /** Polls GET /v1/runs/{id} until the run is finalized (a worker must be running). */

@@ -62,7 +62,10 @@ export interface TestApp {
   env: TestEnv;
   admin: Record<string, string>;
   /** Creates a tenant and a key with these scopes; returns its bearer header. */
-  tenantWithKey(scopes: Scope[], name?: string): Promise<{ tenantId: string; keyId: string; token: string; auth: Record<string, string> }>;
+  tenantWithKey(
+    scopes: Scope[],
+    name?: string,
+  ): Promise<{ tenantId: string; keyId: string; token: string; auth: Record<string, string> }>;
   close(): Promise<void>;
 }
 
@@ -75,7 +78,9 @@ export async function startTestApp(
   await connectRuntime(runtime, 10_000);
   const app = await buildApp(runtime, { logger: false });
   await app.ready();
-  const workers = options.workers ? startWorkers(config, runtime.logger, createProcessors(runtime), options.workers) : null;
+  const workers = options.workers
+    ? startWorkers(config, runtime.logger, createProcessors(runtime), options.workers)
+    : null;
   const admin = { authorization: `Bearer ${env.adminKey}` };
   return {
     app,
@@ -87,7 +92,12 @@ export async function startTestApp(
       const tenant = await app.inject({ method: 'POST', url: '/ops/tenants', headers: admin, payload: { name } });
       if (tenant.statusCode !== 201) throw new Error(`POST /ops/tenants answered ${tenant.statusCode}: ${tenant.body}`);
       const tenantId = tenant.json().tenantId as string;
-      const key = await app.inject({ method: 'POST', url: '/ops/api-keys', headers: admin, payload: { tenantId, scopes } });
+      const key = await app.inject({
+        method: 'POST',
+        url: '/ops/api-keys',
+        headers: admin,
+        payload: { tenantId, scopes },
+      });
       if (key.statusCode !== 201) throw new Error(`POST /ops/api-keys answered ${key.statusCode}: ${key.body}`);
       const { keyId, token } = key.json() as { keyId: string; token: string };
       return { tenantId, keyId, token, auth: { authorization: `Bearer ${token}` } };

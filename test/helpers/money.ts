@@ -3,7 +3,12 @@ import type { TestApp } from './context.ts';
 import { appendEvents, createRun, events, registerAgent, waitFinalized, type TestAgent } from './agents.ts';
 
 export async function credit(t: TestApp, walletId: string, amount: number, currency = 'USD') {
-  const res = await t.app.inject({ method: 'POST', url: `/ops/wallets/${encodeURIComponent(walletId)}/credit`, headers: t.admin, payload: { amount, currency } });
+  const res = await t.app.inject({
+    method: 'POST',
+    url: `/ops/wallets/${encodeURIComponent(walletId)}/credit`,
+    headers: t.admin,
+    payload: { amount, currency },
+  });
   expect(res.statusCode, res.body).toBe(201);
   return res.json();
 }
@@ -36,20 +41,41 @@ export async function finalizedRun(
   const runId = await createRun(t, auth, {
     agentId: p.worker.agentId,
     terms: { accuracy: { min: 0.9 } },
-    settlement: { payerAgentId: p.payer.agentId, amount: opts.amount, currency: opts.currency ?? 'USD', holdbackBps: opts.holdbackBps ?? 0, disputeWindowSeconds: opts.disputeWindowSeconds ?? 3600 },
+    settlement: {
+      payerAgentId: p.payer.agentId,
+      amount: opts.amount,
+      currency: opts.currency ?? 'USD',
+      holdbackBps: opts.holdbackBps ?? 0,
+      disputeWindowSeconds: opts.disputeWindowSeconds ?? 3600,
+    },
   });
-  const batch = events(runId, { seq: 0, chainHash: null }, p.worker, [{ type: 'metric', payload: { name: 'accuracy', value: opts.pass ? 1 : 0 } }]);
+  const batch = events(runId, { seq: 0, chainHash: null }, p.worker, [
+    { type: 'metric', payload: { name: 'accuracy', value: opts.pass ? 1 : 0 } },
+  ]);
   expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
-  expect((await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth })).statusCode).toBe(202);
+  expect((await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth })).statusCode).toBe(
+    202,
+  );
   await waitFinalized(t, auth, runId);
   return runId;
 }
 
-export async function settle(t: TestApp, auth: Record<string, string>, runId: string, body: Record<string, unknown> = {}) {
+export async function settle(
+  t: TestApp,
+  auth: Record<string, string>,
+  runId: string,
+  body: Record<string, unknown> = {},
+) {
   return t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/settle`, headers: auth, payload: body });
 }
 
-export async function waitSettlement(t: TestApp, auth: Record<string, string>, runId: string, until: (s: Record<string, any>) => boolean, timeoutMs = 20_000) {
+export async function waitSettlement(
+  t: TestApp,
+  auth: Record<string, string>,
+  runId: string,
+  until: (s: Record<string, any>) => boolean,
+  timeoutMs = 20_000,
+) {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const res = await t.app.inject({ method: 'GET', url: `/runs/${runId}/settlement`, headers: auth });

@@ -21,7 +21,10 @@ export async function waitForPort(port: number, open: boolean, timeoutMs = 5_000
   while (Date.now() < deadline) {
     const isOpen = await new Promise<boolean>((resolve) => {
       const socket = connect(port, '127.0.0.1');
-      socket.once('connect', () => { socket.destroy(); resolve(true); });
+      socket.once('connect', () => {
+        socket.destroy();
+        resolve(true);
+      });
       socket.once('error', () => resolve(false));
     });
     if (isOpen === open) return;
@@ -49,7 +52,11 @@ export class RedisInstance {
 
   async up(): Promise<void> {
     if (this.child) return;
-    const child = spawn('redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir], { stdio: 'ignore' });
+    const child = spawn(
+      'redis-server',
+      ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', this.dir],
+      { stdio: 'ignore' },
+    );
     this.child = child;
     // A test process that ends without its afterAll (a timeout, an interrupt) must not leave this server behind.
     process.once('exit', () => child.kill('SIGKILL'));

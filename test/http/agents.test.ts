@@ -13,14 +13,20 @@ describe('agents', () => {
   });
   afterAll(() => t.close());
 
-  const register = (body: Record<string, unknown>, headers = auth, url = '/v1/agents') => t.app.inject({ method: 'POST', url, headers, payload: body });
+  const register = (body: Record<string, unknown>, headers = auth, url = '/v1/agents') =>
+    t.app.inject({ method: 'POST', url, headers, payload: body });
 
   it('registers an agent from a raw base64url key; keyId is key_ + 24 hex of sha256(raw key)', async () => {
     const pair = generateEd25519KeyPair();
     const raw = Buffer.from(pair.raw).toString('base64url');
     const res = await register({ agentId: 'acme:agent:alpha', publicKey: raw, displayName: 'Alpha' });
     expect(res.statusCode, res.body).toBe(201);
-    expect(res.json()).toEqual({ agentId: 'acme:agent:alpha', keyId: keyIdFor(pair.raw), status: 'active', createdAt: expect.any(String) });
+    expect(res.json()).toEqual({
+      agentId: 'acme:agent:alpha',
+      keyId: keyIdFor(pair.raw),
+      status: 'active',
+      createdAt: expect.any(String),
+    });
     expect(res.json().keyId).toMatch(/^key_[0-9a-f]{24}$/);
   });
 
@@ -38,7 +44,10 @@ describe('agents', () => {
   it('refuses a key that is not Ed25519, and a malformed agent id, with 400', async () => {
     const notAKey = await register({ name: 'x', publicKey: 'A'.repeat(43) + 'x' });
     expect(notAKey.statusCode).toBe(400);
-    const badId = await register({ agentId: 'no-colons', publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') });
+    const badId = await register({
+      agentId: 'no-colons',
+      publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url'),
+    });
     expect(badId.statusCode).toBe(400);
     expect(badId.json().details.errors[0].path).toBe('body.agentId');
   });
@@ -46,12 +55,27 @@ describe('agents', () => {
   it('adds and revokes keys, and shows them on the agent', async () => {
     const first = generateEd25519KeyPair();
     const second = generateEd25519KeyPair();
-    const agentId = (await register({ name: 'keys', publicKey: Buffer.from(first.raw).toString('base64url') })).json().agentId;
-    const added = await t.app.inject({ method: 'POST', url: `/v1/agents/${agentId}/keys`, headers: auth, payload: { publicKey: Buffer.from(second.raw).toString('base64url') } });
+    const agentId = (await register({ name: 'keys', publicKey: Buffer.from(first.raw).toString('base64url') })).json()
+      .agentId;
+    const added = await t.app.inject({
+      method: 'POST',
+      url: `/v1/agents/${agentId}/keys`,
+      headers: auth,
+      payload: { publicKey: Buffer.from(second.raw).toString('base64url') },
+    });
     expect(added.statusCode).toBe(201);
-    const again = await t.app.inject({ method: 'POST', url: `/v1/agents/${agentId}/keys`, headers: auth, payload: { publicKey: Buffer.from(second.raw).toString('base64url') } });
+    const again = await t.app.inject({
+      method: 'POST',
+      url: `/v1/agents/${agentId}/keys`,
+      headers: auth,
+      payload: { publicKey: Buffer.from(second.raw).toString('base64url') },
+    });
     expect(again.statusCode).toBe(409);
-    const revoked = await t.app.inject({ method: 'POST', url: `/v1/agents/${agentId}/keys/${keyIdFor(first.raw)}/revoke`, headers: auth });
+    const revoked = await t.app.inject({
+      method: 'POST',
+      url: `/v1/agents/${agentId}/keys/${keyIdFor(first.raw)}/revoke`,
+      headers: auth,
+    });
     expect(revoked.json()).toMatchObject({ keyId: keyIdFor(first.raw), status: 'revoked' });
     const agent = (await t.app.inject({ method: 'GET', url: `/v1/agents/${agentId}`, headers: auth })).json();
     expect(agent.keys.map((k: { keyId: string; status: string }) => [k.keyId, k.status])).toEqual([
@@ -62,16 +86,30 @@ describe('agents', () => {
 
   it("answers 404 for another tenant's agent, for reads and writes alike", async () => {
     const pair = generateEd25519KeyPair();
-    const agentId = (await register({ name: 'private', publicKey: Buffer.from(pair.raw).toString('base64url') })).json().agentId;
-    expect((await t.app.inject({ method: 'GET', url: `/v1/agents/${agentId}`, headers: otherTenant })).statusCode).toBe(404);
-    const addKey = await t.app.inject({ method: 'POST', url: `/v1/agents/${agentId}/keys`, headers: otherTenant, payload: { publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') } });
+    const agentId = (await register({ name: 'private', publicKey: Buffer.from(pair.raw).toString('base64url') })).json()
+      .agentId;
+    expect((await t.app.inject({ method: 'GET', url: `/v1/agents/${agentId}`, headers: otherTenant })).statusCode).toBe(
+      404,
+    );
+    const addKey = await t.app.inject({
+      method: 'POST',
+      url: `/v1/agents/${agentId}/keys`,
+      headers: otherTenant,
+      payload: { publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') },
+    });
     expect(addKey.statusCode).toBe(404);
-    const revoke = await t.app.inject({ method: 'POST', url: `/v1/agents/${agentId}/keys/${keyIdFor(pair.raw)}/revoke`, headers: otherTenant });
+    const revoke = await t.app.inject({
+      method: 'POST',
+      url: `/v1/agents/${agentId}/keys/${keyIdFor(pair.raw)}/revoke`,
+      headers: otherTenant,
+    });
     expect(revoke.statusCode).toBe(404);
-    expect((await t.app.inject({ method: 'GET', url: `/v1/agents/${agentId}`, headers: auth })).json().keys[0].status).toBe('active');
+    expect(
+      (await t.app.inject({ method: 'GET', url: `/v1/agents/${agentId}`, headers: auth })).json().keys[0].status,
+    ).toBe('active');
   });
 
-  it('tells another tenant nothing about which agent ids exist: a namespace is the first registrant\'s', async () => {
+  it("tells another tenant nothing about which agent ids exist: a namespace is the first registrant's", async () => {
     const key = () => Buffer.from(generateEd25519KeyPair().raw).toString('base64url');
     expect((await register({ agentId: 'nsx:agent:held', publicKey: key() })).statusCode).toBe(201);
     // The same answer for an id that exists and one that does not: the namespace is taken, that is all.
@@ -80,7 +118,11 @@ describe('agents', () => {
     const byName = await register({ namespace: 'nsx', name: 'held', publicKey: key() }, otherTenant);
     for (const res of [held, free, byName]) {
       expect(res.statusCode).toBe(409);
-      expect(res.json()).toMatchObject({ code: 'AGENT_NAMESPACE_TAKEN', message: expect.not.stringContaining('held'), details: { namespace: 'nsx' } });
+      expect(res.json()).toMatchObject({
+        code: 'AGENT_NAMESPACE_TAKEN',
+        message: expect.not.stringContaining('held'),
+        details: { namespace: 'nsx' },
+      });
     }
     // Inside its own namespace the owner still learns of its own duplicates.
     expect((await register({ agentId: 'nsx:agent:held', publicKey: key() })).json().code).toBe('AGENT_EXISTS');
@@ -105,7 +147,10 @@ describe('agents', () => {
 
   it('requires agents:write to register (403 with runs:read only)', async () => {
     const reader = (await t.tenantWithKey(['runs:read'])).auth;
-    const res = await register({ name: 'nope', publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') }, reader);
+    const res = await register(
+      { name: 'nope', publicKey: Buffer.from(generateEd25519KeyPair().raw).toString('base64url') },
+      reader,
+    );
     expect(res.statusCode).toBe(403);
   });
 });

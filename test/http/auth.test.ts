@@ -18,7 +18,8 @@ describe('authentication and scopes', () => {
   });
   afterAll(() => t.close());
 
-  const listTenants = (headers: Record<string, string>) => t.app.inject({ method: 'GET', url: '/ops/tenants', headers });
+  const listTenants = (headers: Record<string, string>) =>
+    t.app.inject({ method: 'GET', url: '/ops/tenants', headers });
 
   it('refuses a missing, garbled or unknown credential with 401 in the contract body', async () => {
     const cases: Array<Record<string, string>> = [
@@ -58,7 +59,10 @@ describe('authentication and scopes', () => {
     expect(JSON.stringify(stored)).not.toContain(token.split('.')[1]);
     const list = await t.app.inject({ method: 'GET', url: '/ops/api-keys', headers: t.admin });
     expect(list.body).not.toContain(token.split('.')[1]);
-    expect(list.json().items.find((k: { keyId: string }) => k.keyId === keyId)).toMatchObject({ status: 'active', scopes: ['runs:write'] });
+    expect(list.json().items.find((k: { keyId: string }) => k.keyId === keyId)).toMatchObject({
+      status: 'active',
+      scopes: ['runs:write'],
+    });
   });
 
   it('issues API key ids as ak_… (agent key ids are key_…), and keys issued before with key_… ids keep working', async () => {
@@ -67,7 +71,11 @@ describe('authentication and scopes', () => {
     const legacy = await t.runtime.stores.apiKeys.issue({ id: `key_${'c'.repeat(22)}`, tenantId, scopes: ['ops'] });
     expect(legacy.token).toMatch(/^sk_key_c{22}\./);
     expect((await listTenants({ authorization: `Bearer ${legacy.token}` })).statusCode).toBe(200);
-    const revoked = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${legacy.key._id}/revoke`, headers: t.admin });
+    const revoked = await t.app.inject({
+      method: 'POST',
+      url: `/ops/api-keys/${legacy.key._id}/revoke`,
+      headers: t.admin,
+    });
     expect(revoked.statusCode, revoked.body).toBe(200);
     expect((await listTenants({ authorization: `Bearer ${legacy.token}` })).statusCode).toBe(401);
   });
@@ -84,7 +92,9 @@ describe('authentication and scopes', () => {
     const ops = await t.tenantWithKey(['ops']);
     await t.app.inject({ method: 'POST', url: `/ops/api-keys/${ops.keyId}/revoke`, headers: t.admin });
     // What a concurrent update on FerretDB can do: write back the document as read before the revocation.
-    await t.runtime.db.collection('api_keys').updateOne({ _id: ops.keyId as never }, { $set: { status: 'active', revokedAt: null } });
+    await t.runtime.db
+      .collection('api_keys')
+      .updateOne({ _id: ops.keyId as never }, { $set: { status: 'active', revokedAt: null } });
     expect((await listTenants(ops.auth)).statusCode).toBe(401);
     const listed = (await t.app.inject({ method: 'GET', url: '/ops/api-keys', headers: t.admin })).json().items;
     expect(listed.find((k: { keyId: string }) => k.keyId === ops.keyId).status).toBe('revoked');
@@ -97,25 +107,47 @@ describe('authentication and scopes', () => {
       const agent = await registerAgent(t, auth);
       const runId = await createRun(t, auth, { agentId: agent.agentId });
       // Warm the other process's caches: the key (authentication) and the agent (signature checks).
-      const [e1, e2] = events(runId, { seq: 0, chainHash: null }, agent, [{ type: 'log', payload: 1 }, { type: 'log', payload: 2 }]);
+      const [e1, e2] = events(runId, { seq: 0, chainHash: null }, agent, [
+        { type: 'log', payload: 1 },
+        { type: 'log', payload: 2 },
+      ]);
       expect((await appendEvents(other, auth, runId, [e1!])).statusCode).toBe(201);
 
-      const revokedKey = await t.app.inject({ method: 'POST', url: `/v1/agents/${agent.agentId}/keys/${agent.keyId}/revoke`, headers: auth });
+      const revokedKey = await t.app.inject({
+        method: 'POST',
+        url: `/v1/agents/${agent.agentId}/keys/${agent.keyId}/revoke`,
+        headers: auth,
+      });
       expect(revokedKey.statusCode).toBe(200);
       await waitUntil(async () => (await appendEvents(other, auth, runId, [e2!])).statusCode === 400, 1_000);
 
-      const keyId = (await other.app.inject({ method: 'GET', url: '/v1/whoami', headers: auth })).json().keyId as string;
-      expect((await t.app.inject({ method: 'POST', url: `/ops/api-keys/${keyId}/revoke`, headers: t.admin })).statusCode).toBe(200);
-      await waitUntil(async () => (await other.app.inject({ method: 'GET', url: '/v1/whoami', headers: auth })).statusCode === 401, 1_000);
+      const keyId = (await other.app.inject({ method: 'GET', url: '/v1/whoami', headers: auth })).json()
+        .keyId as string;
+      expect(
+        (await t.app.inject({ method: 'POST', url: `/ops/api-keys/${keyId}/revoke`, headers: t.admin })).statusCode,
+      ).toBe(200);
+      await waitUntil(
+        async () => (await other.app.inject({ method: 'GET', url: '/v1/whoami', headers: auth })).statusCode === 401,
+        1_000,
+      );
     } finally {
       await other.close();
     }
   });
 
   it('refuses an expired key with 401', async () => {
-    const tenant = (await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: t.admin, payload: { name: 'exp' } })).json();
+    const tenant = (
+      await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: t.admin, payload: { name: 'exp' } })
+    ).json();
     const expiresAt = new Date(Date.now() + 1_500).toISOString();
-    const key = (await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['ops'], expiresAt } })).json();
+    const key = (
+      await t.app.inject({
+        method: 'POST',
+        url: '/ops/api-keys',
+        headers: t.admin,
+        payload: { tenantId: tenant.tenantId, scopes: ['ops'], expiresAt },
+      })
+    ).json();
     const auth = { authorization: `Bearer ${key.token}` };
     expect((await listTenants(auth)).statusCode).toBe(200);
     await new Promise((r) => setTimeout(r, 1_700));
@@ -124,7 +156,12 @@ describe('authentication and scopes', () => {
 
   it('rotates a key: the successor works, the old one stops after its grace period', async () => {
     const ops = await t.tenantWithKey(['ops']);
-    const rotated = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${ops.keyId}/rotate`, headers: t.admin, payload: { gracePeriodSeconds: 0 } });
+    const rotated = await t.app.inject({
+      method: 'POST',
+      url: `/ops/api-keys/${ops.keyId}/rotate`,
+      headers: t.admin,
+      payload: { gracePeriodSeconds: 0 },
+    });
     expect(rotated.statusCode).toBe(201);
     const { current, previous } = rotated.json();
     expect(previous).toMatchObject({ keyId: ops.keyId, status: 'revoked', rotatedTo: current.keyId });
@@ -132,17 +169,36 @@ describe('authentication and scopes', () => {
     expect((await listTenants({ authorization: `Bearer ${current.token}` })).statusCode).toBe(200);
     expect((await listTenants(ops.auth)).statusCode).toBe(401);
 
-    const graced = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${current.keyId}/rotate`, headers: t.admin, payload: { gracePeriodSeconds: 60 } });
+    const graced = await t.app.inject({
+      method: 'POST',
+      url: `/ops/api-keys/${current.keyId}/rotate`,
+      headers: t.admin,
+      payload: { gracePeriodSeconds: 60 },
+    });
     expect(graced.json().previous.status).toBe('active');
-    const noBody = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${graced.json().current.keyId}/rotate`, headers: t.admin });
+    const noBody = await t.app.inject({
+      method: 'POST',
+      url: `/ops/api-keys/${graced.json().current.keyId}/rotate`,
+      headers: t.admin,
+    });
     expect(noBody.statusCode).toBe(201);
     expect((await listTenants({ authorization: `Bearer ${current.token}` })).statusCode).toBe(200);
   });
 
   it('refuses to issue a key for an unknown tenant or with an unknown scope', async () => {
-    const unknownTenant = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: 'ten_nope', scopes: ['ops'] } });
+    const unknownTenant = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: t.admin,
+      payload: { tenantId: 'ten_nope', scopes: ['ops'] },
+    });
     expect(unknownTenant.statusCode).toBe(404);
-    const badScope = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: 'ten_nope', scopes: ['root'] } });
+    const badScope = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: t.admin,
+      payload: { tenantId: 'ten_nope', scopes: ['root'] },
+    });
     expect(badScope.statusCode).toBe(400);
     expect(badScope.json().code).toBe('VALIDATION_FAILED');
   });

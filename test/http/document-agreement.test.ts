@@ -24,7 +24,7 @@ describe('the service does what the document says', () => {
     expect((await t.app.inject({ method: 'GET', url: '/v1/webhooks?limit=2', headers: auth })).statusCode).toBe(200);
   });
 
-  it('answers 405 with the fixed path\'s own methods where a parametric route would also match', async () => {
+  it("answers 405 with the fixed path's own methods where a parametric route would also match", async () => {
     const get = await t.app.inject({ method: 'GET', url: '/x402/gate/create', headers: auth });
     expect(get.statusCode).toBe(405);
     expect(get.headers.allow).toBe('POST');
@@ -40,7 +40,12 @@ describe('the service does what the document says', () => {
   });
 
   it('refuses a body with a "__proto__" key with 422 (valid JSON, refused by rule), creating nothing', async () => {
-    const res = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: { ...auth, 'content-type': 'application/json' }, payload: '{"url":"https://hooks.example.com/","events":["run.finalized"],"x":{"__proto__":{"admin":true}}}' });
+    const res = await t.app.inject({
+      method: 'POST',
+      url: '/v1/webhooks',
+      headers: { ...auth, 'content-type': 'application/json' },
+      payload: '{"url":"https://hooks.example.com/","events":["run.finalized"],"x":{"__proto__":{"admin":true}}}',
+    });
     expect(res.statusCode).toBe(422);
     expect(res.json()).toMatchObject({ code: 'VALIDATION_FAILED', requestId: expect.any(String) });
     expect((await t.app.inject({ method: 'GET', url: '/v1/webhooks', headers: auth })).json().items).toEqual([]);
@@ -52,18 +57,32 @@ describe('the service does what the document says', () => {
     const none = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/settle`, headers: auth });
     expect(none.statusCode).not.toBe(400); // reaches the run: 409, it is not finalized
     expect(none.json().code).toBe('TRANSITION_ILLEGAL');
-    const nullBody = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/settle`, headers: { ...auth, 'content-type': 'application/json' }, payload: 'null' });
+    const nullBody = await t.app.inject({
+      method: 'POST',
+      url: `/v1/runs/${runId}/settle`,
+      headers: { ...auth, 'content-type': 'application/json' },
+      payload: 'null',
+    });
     expect(nullBody.statusCode).toBe(400);
   });
 
   it('answers a second rotation of the same key 409 TRANSITION_ILLEGAL, not 404: the key exists', async () => {
     const { tenantId } = await t.tenantWithKey(['runs:read']);
-    const issued = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId, scopes: ['runs:read'] } });
+    const issued = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: t.admin,
+      payload: { tenantId, scopes: ['runs:read'] },
+    });
     const keyId = issued.json().keyId;
-    expect((await t.app.inject({ method: 'POST', url: `/ops/api-keys/${keyId}/rotate`, headers: t.admin })).statusCode).toBe(201);
+    expect(
+      (await t.app.inject({ method: 'POST', url: `/ops/api-keys/${keyId}/rotate`, headers: t.admin })).statusCode,
+    ).toBe(201);
     const again = await t.app.inject({ method: 'POST', url: `/ops/api-keys/${keyId}/rotate`, headers: t.admin });
     expect(again.statusCode).toBe(409);
     expect(again.json()).toMatchObject({ code: 'TRANSITION_ILLEGAL', details: { status: 'rotated' } });
-    expect((await t.app.inject({ method: 'POST', url: '/ops/api-keys/key_none/rotate', headers: t.admin })).statusCode).toBe(404);
+    expect(
+      (await t.app.inject({ method: 'POST', url: '/ops/api-keys/key_none/rotate', headers: t.admin })).statusCode,
+    ).toBe(404);
   });
 });

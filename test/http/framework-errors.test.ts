@@ -15,7 +15,10 @@ function raw(port: number, text: string): Promise<RawAnswer> {
   return new Promise((resolve, reject) => {
     const socket = connect(port, '127.0.0.1');
     const chunks: Buffer[] = [];
-    const timer = setTimeout(() => { socket.destroy(); reject(new Error('no answer within 5 s')); }, 5_000);
+    const timer = setTimeout(() => {
+      socket.destroy();
+      reject(new Error('no answer within 5 s'));
+    }, 5_000);
     socket.on('data', (c) => {
       chunks.push(c);
       const text = Buffer.concat(chunks).toString('utf8');
@@ -28,9 +31,14 @@ function raw(port: number, text: string): Promise<RawAnswer> {
     socket.on('close', () => {
       clearTimeout(timer);
       const text = Buffer.concat(chunks).toString('utf8');
-      const [head = '', body = ''] = [text.slice(0, text.indexOf('\r\n\r\n')), text.slice(text.indexOf('\r\n\r\n') + 4)];
+      const [head = '', body = ''] = [
+        text.slice(0, text.indexOf('\r\n\r\n')),
+        text.slice(text.indexOf('\r\n\r\n') + 4),
+      ];
       const [statusLine, ...lines] = head.split('\r\n');
-      const headers = Object.fromEntries(lines.map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()]));
+      const headers = Object.fromEntries(
+        lines.map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()]),
+      );
       let parsed: unknown = body;
       try {
         parsed = JSON.parse(body);
@@ -45,7 +53,9 @@ function raw(port: number, text: string): Promise<RawAnswer> {
 
 function expectContractError(answer: RawAnswer, status: number, code: string) {
   expect(answer.status, JSON.stringify(answer.body)).toBe(status);
-  expect(answer.body).toEqual(expect.objectContaining({ code, message: expect.any(String), requestId: expect.stringMatching(/^\S+$/) }));
+  expect(answer.body).toEqual(
+    expect.objectContaining({ code, message: expect.any(String), requestId: expect.stringMatching(/^\S+$/) }),
+  );
   expect(answer.headers['x-request-id']).toBe(answer.body.requestId);
   expect(answer.headers['content-type']).toMatch(/^application\/json/);
 }
@@ -70,13 +80,19 @@ describe('errors raised before the handlers leave in the contract shape, with a 
 
   it('answers a URL over 8 KiB with 414, whether Node parses it (10 KiB) or refuses it (20 KiB)', async () => {
     for (const length of [10_000, 20_000]) {
-      const answer = await raw(port, `GET /v1/runs/${'a'.repeat(length)} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n`);
+      const answer = await raw(
+        port,
+        `GET /v1/runs/${'a'.repeat(length)} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n`,
+      );
       expectContractError(answer, 414, 'URI_TOO_LONG');
     }
   });
 
   it('answers headers over 16 KiB with 431', async () => {
-    const answer = await raw(port, `GET /healthz HTTP/1.1\r\nHost: localhost\r\nx-filler: ${'b'.repeat(20_000)}\r\n\r\n`);
+    const answer = await raw(
+      port,
+      `GET /healthz HTTP/1.1\r\nHost: localhost\r\nx-filler: ${'b'.repeat(20_000)}\r\n\r\n`,
+    );
     expectContractError(answer, 431, 'HEADERS_TOO_LARGE');
   });
 
@@ -88,12 +104,31 @@ describe('errors raised before the handlers leave in the contract shape, with a 
   it('answers a body over 1 MiB with 413 over a real connection', async () => {
     const body = JSON.stringify({ name: 'x'.repeat(1024 * 1024 + 10) });
     const answer = await new Promise<RawAnswer>((resolve, reject) => {
-      const req = httpRequest({ host: '127.0.0.1', port, method: 'POST', path: '/ops/tenants', headers: { ...t.admin, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode!, headers: res.headers as Record<string, string>, body: JSON.parse(Buffer.concat(chunks).toString('utf8')) }));
-      });
-      req.on('error', (err) => ((err as NodeJS.ErrnoException).code === 'EPIPE' || (err as NodeJS.ErrnoException).code === 'ECONNRESET' ? undefined : reject(err)));
+      const req = httpRequest(
+        {
+          host: '127.0.0.1',
+          port,
+          method: 'POST',
+          path: '/ops/tenants',
+          headers: { ...t.admin, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('end', () =>
+            resolve({
+              status: res.statusCode!,
+              headers: res.headers as Record<string, string>,
+              body: JSON.parse(Buffer.concat(chunks).toString('utf8')),
+            }),
+          );
+        },
+      );
+      req.on('error', (err) =>
+        (err as NodeJS.ErrnoException).code === 'EPIPE' || (err as NodeJS.ErrnoException).code === 'ECONNRESET'
+          ? undefined
+          : reject(err),
+      );
       req.end(body);
     });
     expectContractError(answer, 413, 'BODY_TOO_LARGE');

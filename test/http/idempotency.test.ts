@@ -29,14 +29,24 @@ describe('Idempotency-Key (Redis, shared by every API process)', () => {
 
   it('keeps replayable responses encrypted in Redis, so a token shown once is not stored in the clear', async () => {
     const tenant = (await createTenant(t, 'for-key', 'keyed')).json();
-    const issued = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: { ...t.admin, 'idempotency-key': 'issue-1' }, payload: { tenantId: tenant.tenantId, scopes: ['runs:read'] } });
+    const issued = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: { ...t.admin, 'idempotency-key': 'issue-1' },
+      payload: { tenantId: tenant.tenantId, scopes: ['runs:read'] },
+    });
     const token = issued.json().token as string;
     const keys = await t.runtime.redis.keys(`${t.env.redisPrefix}:idem:*issue-1`);
     expect(keys).toHaveLength(1);
     const stored = (await t.runtime.redis.get(keys[0]!))!;
     expect(stored).not.toContain(token.split('.')[1]);
     expect(stored).not.toContain(tenant.tenantId);
-    const replay = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: { ...t.admin, 'idempotency-key': 'issue-1' }, payload: { tenantId: tenant.tenantId, scopes: ['runs:read'] } });
+    const replay = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: { ...t.admin, 'idempotency-key': 'issue-1' },
+      payload: { tenantId: tenant.tenantId, scopes: ['runs:read'] },
+    });
     expect(replay.json().token).toBe(token);
   });
 
@@ -57,7 +67,9 @@ describe('Idempotency-Key (Redis, shared by every API process)', () => {
 
   it('answers 409 IDEMPOTENCY_IN_PROGRESS to a concurrent duplicate, and still creates exactly once', async () => {
     const pairs = await Promise.all(
-      Array.from({ length: 20 }, (_, i) => Promise.all([createTenant(t, `race-${i}`, `race-${i}`), createTenant(other, `race-${i}`, `race-${i}`)])),
+      Array.from({ length: 20 }, (_, i) =>
+        Promise.all([createTenant(t, `race-${i}`, `race-${i}`), createTenant(other, `race-${i}`, `race-${i}`)]),
+      ),
     );
     let inProgress = 0;
     for (const pair of pairs) {
@@ -98,7 +110,12 @@ describe('Idempotency-Key (Redis, shared by every API process)', () => {
   it('scopes keys by credential: another caller using the same key string is a new request', async () => {
     const ops = await t.tenantWithKey(['ops']);
     const mine = await createTenant(t, 'shared-key', 'mine');
-    const theirs = await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: { ...ops.auth, 'idempotency-key': 'shared-key' }, payload: { name: 'theirs' } });
+    const theirs = await t.app.inject({
+      method: 'POST',
+      url: '/ops/tenants',
+      headers: { ...ops.auth, 'idempotency-key': 'shared-key' },
+      payload: { name: 'theirs' },
+    });
     expect(theirs.statusCode).toBe(201);
     expect(theirs.json().tenantId).not.toBe(mine.json().tenantId);
   });

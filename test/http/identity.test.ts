@@ -18,8 +18,14 @@ describe('GET /v1/whoami', () => {
   });
 
   it('refuses a missing or unknown credential (401) and the admin key, which belongs to no tenant (403)', async () => {
-    expect((await t.app.inject({ method: 'GET', url: '/v1/whoami' })).json()).toMatchObject({ code: 'UNAUTHENTICATED' });
-    const unknown = await t.app.inject({ method: 'GET', url: '/v1/whoami', headers: { authorization: `Bearer sk_key_${'a'.repeat(22)}.${'b'.repeat(43)}` } });
+    expect((await t.app.inject({ method: 'GET', url: '/v1/whoami' })).json()).toMatchObject({
+      code: 'UNAUTHENTICATED',
+    });
+    const unknown = await t.app.inject({
+      method: 'GET',
+      url: '/v1/whoami',
+      headers: { authorization: `Bearer sk_key_${'a'.repeat(22)}.${'b'.repeat(43)}` },
+    });
     expect(unknown.statusCode).toBe(401);
     const admin = await t.app.inject({ method: 'GET', url: '/v1/whoami', headers: t.admin });
     expect(admin.statusCode).toBe(403);

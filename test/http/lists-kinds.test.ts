@@ -31,7 +31,12 @@ describe('lists of settlements, disputes, gates, escalations and sessions', () =
 
   it('settlements and disputes: newest first, by status and agent, one tenant only', async () => {
     const p = await parties(t, a.auth, 10_000);
-    const passed = await finalizedRun(t, a.auth, p, { pass: true, amount: 1_000, holdbackBps: 2_000, disputeWindowSeconds: 3_600 });
+    const passed = await finalizedRun(t, a.auth, p, {
+      pass: true,
+      amount: 1_000,
+      holdbackBps: 2_000,
+      disputeWindowSeconds: 3_600,
+    });
     await settle(t, a.auth, passed);
     const completed = await waitSettlement(t, a.auth, passed, (s) => s.status === 'completed');
     const failed = await finalizedRun(t, a.auth, p, { pass: false, amount: 500 });
@@ -41,17 +46,33 @@ describe('lists of settlements, disputes, gates, escalations and sessions', () =
     const settlementIds = field('settlementId');
     expect(settlementIds(await list('/v1/settlements'))).toEqual([held.settlementId, completed.settlementId]);
     expect(settlementIds(await list('/v1/settlements?status=held'))).toEqual([held.settlementId]);
-    expect(settlementIds(await list(`/v1/settlements?agentId=${encodeURIComponent(p.worker.agentId)}&limit=1`))).toEqual([held.settlementId]);
+    expect(
+      settlementIds(await list(`/v1/settlements?agentId=${encodeURIComponent(p.worker.agentId)}&limit=1`)),
+    ).toEqual([held.settlementId]);
     expect((await list('/v1/settlements', b.auth)).items).toEqual([]);
 
-    const opened = await t.app.inject({ method: 'POST', url: `/v1/runs/${passed}/disputes`, headers: a.auth, payload: { reason: 'output was wrong' } });
+    const opened = await t.app.inject({
+      method: 'POST',
+      url: `/v1/runs/${passed}/disputes`,
+      headers: a.auth,
+      payload: { reason: 'output was wrong' },
+    });
     expect(opened.statusCode, opened.body).toBe(201);
     const disputes = await list('/v1/disputes');
-    expect(disputes.items).toEqual([expect.objectContaining({ disputeId: opened.json().disputeId, status: 'open', settlementId: completed.settlementId, runId: passed })]);
+    expect(disputes.items).toEqual([
+      expect.objectContaining({
+        disputeId: opened.json().disputeId,
+        status: 'open',
+        settlementId: completed.settlementId,
+        runId: passed,
+      }),
+    ]);
     expect(field('disputeId')(await list('/v1/disputes?status=open'))).toEqual([opened.json().disputeId]);
     expect((await list('/v1/disputes?status=resolved')).items).toEqual([]);
     expect((await list('/v1/disputes', b.auth)).items).toEqual([]);
-    expect(field('disputeId')(await list(`/ops/disputes?tenantId=${a.tenantId}`, t.admin))).toEqual([opened.json().disputeId]);
+    expect(field('disputeId')(await list(`/ops/disputes?tenantId=${a.tenantId}`, t.admin))).toEqual([
+      opened.json().disputeId,
+    ]);
   });
 
   it('gates and sessions: newest first, by status, one tenant only', async () => {
@@ -65,7 +86,13 @@ describe('lists of settlements, disputes, gates, escalations and sessions', () =
     expect(gateIds(await list(`/v1/gates?agentId=${encodeURIComponent(payee)}&limit=1`))).toEqual([second.gateId]);
     expect((await list('/v1/gates', b.auth)).items).toEqual([]);
 
-    const opened = await post(t, a.auth, '/x402/sessions', { currency: 'USD', payerAgentId: payer, payeeAgentIds: [payee], budget: 300, maxPerCall: 50 }, { 'idempotency-key': newId('k') });
+    const opened = await post(
+      t,
+      a.auth,
+      '/x402/sessions',
+      { currency: 'USD', payerAgentId: payer, payeeAgentIds: [payee], budget: 300, maxPerCall: 50 },
+      { 'idempotency-key': newId('k') },
+    );
     expect(opened.statusCode, opened.body).toBe(201);
     const sessionId = opened.json().sessionId;
     expect(field('sessionId')(await list('/v1/sessions'))).toEqual([sessionId]);
@@ -76,17 +103,29 @@ describe('lists of settlements, disputes, gates, escalations and sessions', () =
 
   it(`escalations: a waiting one is found behind decided ones; behind more than ${SCAN_BUDGET} a page comes back short, with a cursor that leads to it`, async () => {
     const { payer, payee } = await gateParties(t, a.auth, 5_000);
-    await t.app.inject({ method: 'PUT', url: `/x402/wallets/${encodeURIComponent(payer)}/policy`, headers: a.auth, payload: { currency: 'USD', perCallLimit: 100 } });
+    await t.app.inject({
+      method: 'PUT',
+      url: `/x402/wallets/${encodeURIComponent(payer)}/policy`,
+      headers: a.auth,
+      payload: { currency: 'USD', perCallLimit: 100 },
+    });
     const escalate = async () => {
       const gate = await createGate(t, a.auth, { payerAgentId: payer, payeeAgentId: payee, amount: 500 });
       const q = await quote(t, a.auth, gate.gateId);
-      const breach = await post(t, a.auth, '/x402/gate/authorize-payment', { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
+      const breach = await post(t, a.auth, '/x402/gate/authorize-payment', {
+        gateId: gate.gateId,
+        quoteId: q.quoteId,
+        requestSha256: q.requestSha256,
+      });
       expect(breach.statusCode, breach.body).toBe(409);
       return breach.json().details.escalationId as string;
     };
     const waiting = await escalate();
     const decided = await escalate();
-    expect((await post(t, a.auth, `/x402/gate/escalations/${decided}/resolve`, { action: 'deny', reason: 'not this one' })).statusCode).toBe(200);
+    expect(
+      (await post(t, a.auth, `/x402/gate/escalations/${decided}/resolve`, { action: 'deny', reason: 'not this one' }))
+        .statusCode,
+    ).toBe(200);
     const ids = field('escalationId');
     expect(ids(await list('/v1/escalations'))).toEqual([decided, waiting]);
     expect(ids(await list('/v1/escalations?status=pending'))).toEqual([waiting]);
@@ -103,7 +142,15 @@ describe('lists of settlements, disputes, gates, escalations and sessions', () =
       const docs = Array.from({ length: count }, (_, i) => copy(from + i));
       await x402.escalations.insertMany(docs);
       await x402.resolutions.insertMany(docs.map((d): ResolutionDoc => ({ ...resolution, _id: d._id })));
-      await lists.addMany(docs.map((d): ListEntry => ({ kind: 'escalations', id: d._id, tenantId: d.tenantId, at: d.createdAt, agentIds: [d.payerAgentId, d.payeeAgentId] })));
+      await lists.addMany(
+        docs.map((d): ListEntry => ({
+          kind: 'escalations',
+          id: d._id,
+          tenantId: d.tenantId,
+          at: d.createdAt,
+          agentIds: [d.payerAgentId, d.payeeAgentId],
+        })),
+      );
     };
     await insertDecided(0, 300);
     // Within the bound: one page finds it.

@@ -29,9 +29,19 @@ describe('lists with LIST_RETENTION_DAYS', () => {
     const recent = await createRun(t, a.auth, { agentId: alice.agentId });
     // A run from two days ago, listed before the retention was set (an index without one, over the same sets).
     const { runs } = t.runtime.stores;
-    const old = { ...(await runs.runs.findOne({ _id: recent }))!, _id: newId('run'), createdAt: new Date(Date.now() - 2 * 86_400_000) };
+    const old = {
+      ...(await runs.runs.findOne({ _id: recent }))!,
+      _id: newId('run'),
+      createdAt: new Date(Date.now() - 2 * 86_400_000),
+    };
     await runs.runs.insertOne(old);
-    await new ListIndex(t.runtime.redis, t.env.redisPrefix).add({ kind: 'runs', id: old._id, tenantId: a.tenantId, at: old.createdAt, agentIds: [alice.agentId] });
+    await new ListIndex(t.runtime.redis, t.env.redisPrefix).add({
+      kind: 'runs',
+      id: old._id,
+      tenantId: a.tenantId,
+      at: old.createdAt,
+      agentIds: [alice.agentId],
+    });
     expect(await ids('/v1/runs?limit=10')).toEqual([recent, old._id]);
     expect(await t.runtime.stores.lists.size('runs', 'all')).toBeGreaterThanOrEqual(2);
 

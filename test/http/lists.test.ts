@@ -18,7 +18,8 @@ describe('lists', () => {
     b = await t.tenantWithKey(['agents:write', 'runs:write']);
     alice = await registerAgent(t, a.auth);
     bob = await registerAgent(t, a.auth);
-    for (let i = 0; i < 5; i++) runsOfA.push(await createRun(t, a.auth, { agentId: i % 2 === 0 ? alice.agentId : bob.agentId }));
+    for (let i = 0; i < 5; i++)
+      runsOfA.push(await createRun(t, a.auth, { agentId: i % 2 === 0 ? alice.agentId : bob.agentId }));
     const carol = await registerAgent(t, b.auth);
     await createRun(t, b.auth, { agentId: carol.agentId });
   });
@@ -44,7 +45,9 @@ describe('lists', () => {
   it('filters by agent, status and creation time', async () => {
     const byBob = (await get(`/v1/runs?agentId=${bob.agentId}`, a.auth)).json();
     expect(ids(byBob)).toEqual([runsOfA[3], runsOfA[1]]);
-    expect((await t.app.inject({ method: 'POST', url: `/v1/runs/${runsOfA[1]}/finalize`, headers: a.auth })).statusCode).toBe(202);
+    expect(
+      (await t.app.inject({ method: 'POST', url: `/v1/runs/${runsOfA[1]}/finalize`, headers: a.auth })).statusCode,
+    ).toBe(202);
     const finalizing = (await get('/v1/runs?status=finalizing', a.auth)).json();
     expect(ids(finalizing)).toEqual([runsOfA[1]]);
     expect(ids((await get('/v1/runs?status=in_progress', a.auth)).json())).not.toContain(runsOfA[1]);
@@ -60,11 +63,15 @@ describe('lists', () => {
   it('refuses a cursor it never issued, an empty time range and a limit out of range, in the contract shape', async () => {
     const bad = await get(`/v1/runs?cursor=${Buffer.from('nonsense').toString('base64url')}`, a.auth);
     expect(bad.statusCode).toBe(422);
-    expect(bad.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'querystring.cursor' }] } });
+    expect(bad.json()).toMatchObject({
+      code: 'VALIDATION_FAILED',
+      details: { errors: [{ path: 'querystring.cursor' }] },
+    });
     const range = await get('/v1/runs?createdAfter=2026-01-02T00:00:00Z&createdBefore=2026-01-01T00:00:00Z', a.auth);
     expect(range.statusCode).toBe(422);
     expect(range.json().details.errors[0].path).toBe('querystring.createdAfter');
-    for (const limit of [0, 201]) expect((await get(`/v1/runs?limit=${limit}`, a.auth)).json().code).toBe('VALIDATION_FAILED');
+    for (const limit of [0, 201])
+      expect((await get(`/v1/runs?limit=${limit}`, a.auth)).json().code).toBe('VALIDATION_FAILED');
     expect((await get('/v1/runs?status=done', a.auth)).statusCode).toBe(400);
   });
 
@@ -85,7 +92,13 @@ describe('lists', () => {
 
   it('never shows an entry whose object was never stored, and removes it once no writer can be on its way', async () => {
     const { lists } = t.runtime.stores;
-    const fresh = { kind: 'runs' as const, id: newId('run'), tenantId: a.tenantId, at: new Date(), agentIds: [alice.agentId] };
+    const fresh = {
+      kind: 'runs' as const,
+      id: newId('run'),
+      tenantId: a.tenantId,
+      at: new Date(),
+      agentIds: [alice.agentId],
+    };
     const old = { ...fresh, id: newId('run'), at: new Date(Date.now() - LIST_ENTRY_REPAIR_AFTER_MS - 60_000) };
     await lists.add(fresh); // as if the process died between the index write and the insert
     await lists.add(old);

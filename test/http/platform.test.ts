@@ -15,7 +15,12 @@ describe('HTTP platform', () => {
   });
 
   it('reports schema failures as 400 VALIDATION_FAILED with the failing paths, and stores nothing', async () => {
-    const res = await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: t.admin, payload: { name: '', extra: 1 } });
+    const res = await t.app.inject({
+      method: 'POST',
+      url: '/ops/tenants',
+      headers: t.admin,
+      payload: { name: '', extra: 1 },
+    });
     expect(res.statusCode).toBe(400);
     const body = res.json();
     expect(body.code).toBe('VALIDATION_FAILED');
@@ -25,13 +30,28 @@ describe('HTTP platform', () => {
   });
 
   it('answers malformed JSON with 400, other media types with 415 and bodies over 1 MiB with 413', async () => {
-    const bad = await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: { ...t.admin, 'content-type': 'application/json' }, payload: '{"name":' });
+    const bad = await t.app.inject({
+      method: 'POST',
+      url: '/ops/tenants',
+      headers: { ...t.admin, 'content-type': 'application/json' },
+      payload: '{"name":',
+    });
     expect(bad.statusCode).toBe(400);
     expect(bad.json().code).toBe('VALIDATION_FAILED');
-    const text = await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: { ...t.admin, 'content-type': 'text/plain' }, payload: 'hi' });
+    const text = await t.app.inject({
+      method: 'POST',
+      url: '/ops/tenants',
+      headers: { ...t.admin, 'content-type': 'text/plain' },
+      payload: 'hi',
+    });
     expect(text.statusCode).toBe(415);
     expect(text.json().code).toBe('UNSUPPORTED_MEDIA_TYPE');
-    const big = await t.app.inject({ method: 'POST', url: '/ops/tenants', headers: { ...t.admin, 'content-type': 'application/json' }, payload: JSON.stringify({ name: 'x'.repeat(1024 * 1024 + 10) }) });
+    const big = await t.app.inject({
+      method: 'POST',
+      url: '/ops/tenants',
+      headers: { ...t.admin, 'content-type': 'application/json' },
+      payload: JSON.stringify({ name: 'x'.repeat(1024 * 1024 + 10) }),
+    });
     expect(big.statusCode).toBe(413);
     expect(big.json().code).toBe('BODY_TOO_LARGE');
   });
@@ -39,7 +59,11 @@ describe('HTTP platform', () => {
   it('echoes a sane x-request-id and replaces an unsafe one', async () => {
     const echoed = await t.app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': 'abc-123' } });
     expect(echoed.headers['x-request-id']).toBe('abc-123');
-    const replaced = await t.app.inject({ method: 'GET', url: '/healthz', headers: { 'x-request-id': 'bad id\u0000<script>' } });
+    const replaced = await t.app.inject({
+      method: 'GET',
+      url: '/healthz',
+      headers: { 'x-request-id': 'bad id\u0000<script>' },
+    });
     expect(replaced.headers['x-request-id']).toMatch(/^req_/);
   });
 
@@ -69,15 +93,29 @@ describe('HTTP platform', () => {
     expect(page.body).toContain('Agent Settlement queues');
     const api = await t.app.inject({ method: 'GET', url: '/admin/queues/api/queues', headers: t.admin });
     expect(api.statusCode).toBe(200);
-    expect(api.json().queues.map((q: { name: string }) => q.name).sort()).toEqual(['finalize', 'settle', 'smoke-test', 'webhook-dispatch', 'x402-verify']);
+    expect(
+      api
+        .json()
+        .queues.map((q: { name: string }) => q.name)
+        .sort(),
+    ).toEqual(['finalize', 'settle', 'smoke-test', 'webhook-dispatch', 'x402-verify']);
   });
 
   it('never puts secrets in logs: the auth header and tokens are redacted', async () => {
     const lines: string[] = [];
     const { pino } = await import('pino');
     const { REDACT_PATHS } = await import('../../src/logger.ts');
-    const capture = pino({ redact: { paths: REDACT_PATHS, censor: '[redacted]' } }, { write: (s: string) => lines.push(s) });
-    capture.info({ req: { headers: { authorization: 'Bearer sk_key_x.SECRET1' } }, body: { token: 'SECRET2', secret: 'whsec_SECRET3' } }, 'hello');
+    const capture = pino(
+      { redact: { paths: REDACT_PATHS, censor: '[redacted]' } },
+      { write: (s: string) => lines.push(s) },
+    );
+    capture.info(
+      {
+        req: { headers: { authorization: 'Bearer sk_key_x.SECRET1' } },
+        body: { token: 'SECRET2', secret: 'whsec_SECRET3' },
+      },
+      'hello',
+    );
     expect(lines.join('')).not.toMatch(/SECRET/);
     expect(lines.join('')).toContain('[redacted]');
   });

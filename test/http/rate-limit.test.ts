@@ -34,15 +34,22 @@ describe('rate limits (Redis, shared by every API process)', () => {
     // The admin budget is spent by the test above; set up through the stores so this key starts fresh.
     const tenant = await a.runtime.stores.tenants.create({ name: 'fresh' });
     const { token } = await a.runtime.stores.apiKeys.issue({ tenantId: tenant._id, scopes: ['ops'] });
-    const first = await a.app.inject({ method: 'GET', url: '/ops/tenants', headers: { authorization: `Bearer ${token}` } });
+    const first = await a.app.inject({
+      method: 'GET',
+      url: '/ops/tenants',
+      headers: { authorization: `Bearer ${token}` },
+    });
     expect(first.statusCode).toBe(200);
     expect(first.headers['ratelimit']).toMatch(/^"default";r=5;t=\d+$/);
   });
 
   it('applies a tenant override of the limit to every key of that tenant', async () => {
     const tenant = await a.runtime.stores.tenants.create({ name: 'small', rateLimit: { limit: 2, windowSeconds: 60 } });
-    const keys = await Promise.all([1, 2].map(() => a.runtime.stores.apiKeys.issue({ tenantId: tenant._id, scopes: ['ops'] })));
-    const call = (token: string) => b.app.inject({ method: 'GET', url: '/ops/tenants', headers: { authorization: `Bearer ${token}` } });
+    const keys = await Promise.all(
+      [1, 2].map(() => a.runtime.stores.apiKeys.issue({ tenantId: tenant._id, scopes: ['ops'] })),
+    );
+    const call = (token: string) =>
+      b.app.inject({ method: 'GET', url: '/ops/tenants', headers: { authorization: `Bearer ${token}` } });
     const first = await call(keys[0]!.token);
     expect(first.headers['ratelimit-policy']).toBe('"default";q=2;w=60');
     expect((await call(keys[0]!.token)).statusCode).toBe(200);

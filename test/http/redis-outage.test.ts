@@ -28,15 +28,31 @@ describe('Redis outage (a private Redis instance, stopped and restarted)', () =>
   }
 
   const post = () =>
-    t.app.inject({ method: 'POST', url: '/ops/tenants', headers: { ...t.admin, 'idempotency-key': `k-${Math.random()}` }, payload: { name: 'outage' } });
+    t.app.inject({
+      method: 'POST',
+      url: '/ops/tenants',
+      headers: { ...t.admin, 'idempotency-key': `k-${Math.random()}` },
+      payload: { name: 'outage' },
+    });
 
   it('answers 503 to a paid session call while Redis is down; it charged nothing, and its retry charges once', async () => {
     const { auth } = await t.tenantWithKey([...X402_SCOPES]);
     const { payer, payee } = await gateParties(t, auth, 1_000);
-    const opened = await postAs(t, auth, '/x402/sessions', { currency: 'USD', payerAgentId: payer, payeeAgentIds: [payee], budget: 500, maxPerCall: 10 }, { 'idempotency-key': `open-${payer}` });
+    const opened = await postAs(
+      t,
+      auth,
+      '/x402/sessions',
+      { currency: 'USD', payerAgentId: payer, payeeAgentIds: [payee], budget: 500, maxPerCall: 10 },
+      { 'idempotency-key': `open-${payer}` },
+    );
     expect(opened.statusCode, opened.body).toBe(201);
     const { sessionId } = opened.json() as { sessionId: string };
-    const charge = (n: number) => postAs(t, auth, `/x402/sessions/${sessionId}/charges`, { paymentId: `pay-${n}`, payeeAgentId: payee, amount: 10 });
+    const charge = (n: number) =>
+      postAs(t, auth, `/x402/sessions/${sessionId}/charges`, {
+        paymentId: `pay-${n}`,
+        payeeAgentId: payee,
+        amount: 10,
+      });
     for (let n = 0; n < 4; n++) expect((await charge(n)).statusCode).toBe(201);
     await redis.down();
     const refused = await charge(4);

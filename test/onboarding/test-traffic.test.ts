@@ -43,7 +43,11 @@ describe('onboarding test traffic', () => {
     await receiver.start();
     t = await startListeningApp({
       workers: ['x402-verify', 'settle', 'webhook-dispatch'],
-      overrides: { WEBHOOK_ALLOW_INSECURE_URLS: 'true', WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true', WEBHOOK_RETRY_SCALE: '0.001' },
+      overrides: {
+        WEBHOOK_ALLOW_INSECURE_URLS: 'true',
+        WEBHOOK_ALLOW_PRIVATE_ADDRESSES: 'true',
+        WEBHOOK_RETRY_SCALE: '0.001',
+      },
     });
   });
   afterAll(async () => {
@@ -53,20 +57,44 @@ describe('onboarding test traffic', () => {
 
   it('reaches only endpoints that include test events, marked "test": true', { timeout: 60_000 }, async () => {
     const tenant = await onboardingTenant(t);
-    const key = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['webhooks:write'] } });
+    const key = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: t.admin,
+      payload: { tenantId: tenant.tenantId, scopes: ['webhooks:write'] },
+    });
     expect(key.statusCode, key.body).toBe(201);
     const auth = { authorization: `Bearer ${key.json().token}` };
     const events = ['settlement.completed', 'settlement.refunded', 'x402.gate.expired'];
-    const normal = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { url: `${receiver.base}/normal`, events } });
+    const normal = await t.app.inject({
+      method: 'POST',
+      url: '/v1/webhooks',
+      headers: auth,
+      payload: { url: `${receiver.base}/normal`, events },
+    });
     expect(normal.statusCode, normal.body).toBe(201);
     expect(normal.json().includeTestEvents).toBe(false);
-    const subscribed = await t.app.inject({ method: 'POST', url: '/x402/webhooks/endpoints', headers: auth, payload: { url: `${receiver.base}/test`, events, includeTestEvents: true } });
+    const subscribed = await t.app.inject({
+      method: 'POST',
+      url: '/x402/webhooks/endpoints',
+      headers: auth,
+      payload: { url: `${receiver.base}/test`, events, includeTestEvents: true },
+    });
     expect(subscribed.statusCode, subscribed.body).toBe(201);
     expect(subscribed.json().includeTestEvents).toBe(true);
     const listed = await t.app.inject({ method: 'GET', url: '/v1/webhooks', headers: auth });
-    expect(Object.fromEntries(listed.json().items.map((e: { id: string; includeTestEvents: boolean }) => [e.id, e.includeTestEvents]))).toEqual({ [normal.json().id]: false, [subscribed.json().id]: true });
+    expect(
+      Object.fromEntries(
+        listed.json().items.map((e: { id: string; includeTestEvents: boolean }) => [e.id, e.includeTestEvents]),
+      ),
+    ).toEqual({ [normal.json().id]: false, [subscribed.json().id]: true });
 
-    const paid = await t.app.inject({ method: 'POST', url: `/v1/tenants/${tenant.tenantId}/onboarding/first-paid-call`, headers: tenant.headers, payload: {} });
+    const paid = await t.app.inject({
+      method: 'POST',
+      url: `/v1/tenants/${tenant.tenantId}/onboarding/first-paid-call`,
+      headers: tenant.headers,
+      payload: {},
+    });
     expect(paid.statusCode, paid.body).toBe(200);
     const { gateId, settlementId } = paid.json().ids;
 
@@ -76,10 +104,20 @@ describe('onboarding test traffic', () => {
       await new Promise((r) => setTimeout(r, 100));
     }
     expect(receiver.received('/test')).toEqual([
-      { id: expect.stringMatching(/^evt_/), type: 'settlement.completed', createdAt: expect.any(String), test: true, data: { runId: null, gateId, sessionId: null, settlementId, amount: 100, holdback: 0, currency: 'USD' } },
+      {
+        id: expect.stringMatching(/^evt_/),
+        type: 'settlement.completed',
+        createdAt: expect.any(String),
+        test: true,
+        data: { runId: null, gateId, sessionId: null, settlementId, amount: 100, holdback: 0, currency: 'USD' },
+      },
     ]);
     // Deliveries are created together, one per subscribed endpoint, when the event fans out: the other has none.
-    const deliveries = await t.app.inject({ method: 'GET', url: `/v1/webhooks/${normal.json().id}/deliveries`, headers: auth });
+    const deliveries = await t.app.inject({
+      method: 'GET',
+      url: `/v1/webhooks/${normal.json().id}/deliveries`,
+      headers: auth,
+    });
     expect(deliveries.statusCode, deliveries.body).toBe(200);
     expect(deliveries.json().items).toEqual([]);
     expect(receiver.received('/normal')).toEqual([]);

@@ -32,9 +32,17 @@ export interface Outcome {
   stderr: string;
 }
 
-export function run(command: string, args: string[], options: { cwd?: string; timeoutMs?: number } = {}): Promise<Outcome> {
+export function run(
+  command: string,
+  args: string[],
+  options: { cwd?: string; timeoutMs?: number } = {},
+): Promise<Outcome> {
   return new Promise((resolve) => {
-    const child = spawn(command, args, { cwd: options.cwd ?? root, env: process.env, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(command, args, {
+      cwd: options.cwd ?? root,
+      env: process.env,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (d) => (stdout += d));
@@ -72,7 +80,9 @@ export async function startService(mode: 'api' | 'all', scopes: Scope[]): Promis
     auth,
     async agent(name) {
       const publicKey = generateEd25519KeyPair().publicKey.export({ type: 'spki', format: 'pem' }).toString();
-      return (await must(api.url, 'POST', '/v1/agents', 201, { headers: auth, body: { namespace: 'peers', name, publicKey } })).agentId as string;
+      return (
+        await must(api.url, 'POST', '/v1/agents', 201, { headers: auth, body: { namespace: 'peers', name, publicKey } })
+      ).agentId as string;
     },
   };
 }

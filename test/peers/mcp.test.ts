@@ -13,7 +13,13 @@ const expectedFailures = fileURLToPath(new URL('mcp-expected-failures.yml', impo
 function relay(target: URL, token: string): Promise<Server> {
   const server = createServer((req, res) => {
     const upstream = request(
-      { host: target.hostname, port: target.port, path: target.pathname, method: req.method, headers: { ...req.headers, authorization: `Bearer ${token}` } },
+      {
+        host: target.hostname,
+        port: target.port,
+        path: target.pathname,
+        method: req.method,
+        headers: { ...req.headers, authorization: `Bearer ${token}` },
+      },
       (answer) => {
         res.writeHead(answer.statusCode ?? 502, answer.headers);
         answer.pipe(res);
@@ -40,12 +46,26 @@ describe('MCP peer suite: @modelcontextprotocol/conformance 0.1.11 server scenar
     await s?.api.stop();
   });
 
-  it('passes every scenario but those needing the suite\'s fixtures, dns-rebinding-protection included', async () => {
+  it("passes every scenario but those needing the suite's fixtures, dns-rebinding-protection included", async () => {
     const url = `http://127.0.0.1:${(proxy.address() as { port: number }).port}/mcp`;
-    const out = await run(process.execPath, [mcpConformance, 'server', '--url', url, '--expected-failures', expectedFailures, '-o', reportsDir('mcp-conformance')], { timeoutMs: 240_000 });
+    const out = await run(
+      process.execPath,
+      [
+        mcpConformance,
+        'server',
+        '--url',
+        url,
+        '--expected-failures',
+        expectedFailures,
+        '-o',
+        reportsDir('mcp-conformance'),
+      ],
+      { timeoutMs: 240_000 },
+    );
     const summary = out.stdout.slice(out.stdout.indexOf('=== SUMMARY ==='));
     expect(out.code, `${summary}\n${out.stderr.slice(-4000)}`).toBe(0);
-    for (const scenario of ['server-initialize', 'ping', 'tools-list', 'tools-call-error']) expect(summary).toMatch(new RegExp(`✓ ${scenario}: \\d+ passed, 0 failed`));
+    for (const scenario of ['server-initialize', 'ping', 'tools-list', 'tools-call-error'])
+      expect(summary).toMatch(new RegExp(`✓ ${scenario}: \\d+ passed, 0 failed`));
     expect(summary).toContain('✓ dns-rebinding-protection: 2 passed, 0 failed');
   }, 300_000);
 });

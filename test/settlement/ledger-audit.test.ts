@@ -22,7 +22,10 @@ describe('GET /ops/ledger/audit on real flows', () => {
   let t: TestApp;
   let auth: Record<string, string>;
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['finalize', 'settle'], overrides: { SWEEP_INTERVAL_MS: '500', SWEEP_STALE_AFTER_MS: '0' } });
+    t = await startTestApp({
+      workers: ['finalize', 'settle'],
+      overrides: { SWEEP_INTERVAL_MS: '500', SWEEP_STALE_AFTER_MS: '0' },
+    });
     auth = (await t.tenantWithKey(['agents:write', 'runs:write', 'wallets:write'])).auth;
   });
   afterAll(() => t.close());
@@ -31,27 +34,71 @@ describe('GET /ops/ledger/audit on real flows', () => {
     const p = await parties(t, auth, 20_000);
     await credit(t, p.payer.agentId, 700, 'EUR');
     // Pass with a holdback released at the window's end.
-    const passed = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 1_500, disputeWindowSeconds: 1 });
+    const passed = await finalizedRun(t, auth, p, {
+      pass: true,
+      amount: 1_000,
+      holdbackBps: 1_500,
+      disputeWindowSeconds: 1,
+    });
     await settle(t, auth, passed);
     // Fail, held, then ruled both ways.
-    const [failA, failB] = [await finalizedRun(t, auth, p, { pass: false, amount: 700 }), await finalizedRun(t, auth, p, { pass: false, amount: 300, currency: 'EUR' })];
+    const [failA, failB] = [
+      await finalizedRun(t, auth, p, { pass: false, amount: 700 }),
+      await finalizedRun(t, auth, p, { pass: false, amount: 300, currency: 'EUR' }),
+    ];
     await settle(t, auth, failA);
     await settle(t, auth, failB);
     // A dispute ruled as a split.
-    const disputed = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 2_000, disputeWindowSeconds: 3_600 });
+    const disputed = await finalizedRun(t, auth, p, {
+      pass: true,
+      amount: 1_000,
+      holdbackBps: 2_000,
+      disputeWindowSeconds: 3_600,
+    });
     await settle(t, auth, disputed);
     // A run still in progress keeps its reserve: open, and legitimately so.
-    await createRun(t, auth, { agentId: p.worker.agentId, settlement: { payerAgentId: p.payer.agentId, amount: 400, currency: 'USD' } });
+    await createRun(t, auth, {
+      agentId: p.worker.agentId,
+      settlement: { payerAgentId: p.payer.agentId, amount: 400, currency: 'USD' },
+    });
 
     await waitSettlement(t, auth, passed, (s) => s.holdbackState === 'released');
     const heldA = await waitSettlement(t, auth, failA, (s) => s.status === 'held');
     const heldB = await waitSettlement(t, auth, failB, (s) => s.status === 'held');
-    expect((await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldA.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'release' } })).statusCode).toBe(200);
-    expect((await t.app.inject({ method: 'POST', url: `/ops/settlements/${heldB.settlementId}/resolve`, headers: t.admin, payload: { outcome: 'refund' } })).statusCode).toBe(200);
+    expect(
+      (
+        await t.app.inject({
+          method: 'POST',
+          url: `/ops/settlements/${heldA.settlementId}/resolve`,
+          headers: t.admin,
+          payload: { outcome: 'release' },
+        })
+      ).statusCode,
+    ).toBe(200);
+    expect(
+      (
+        await t.app.inject({
+          method: 'POST',
+          url: `/ops/settlements/${heldB.settlementId}/resolve`,
+          headers: t.admin,
+          payload: { outcome: 'refund' },
+        })
+      ).statusCode,
+    ).toBe(200);
     await waitSettlement(t, auth, disputed, (s) => s.status === 'completed');
-    const opened = await t.app.inject({ method: 'POST', url: `/v1/runs/${disputed}/disputes`, headers: auth, payload: { reason: 'wrong' } });
+    const opened = await t.app.inject({
+      method: 'POST',
+      url: `/v1/runs/${disputed}/disputes`,
+      headers: auth,
+      payload: { reason: 'wrong' },
+    });
     expect(opened.statusCode).toBe(201);
-    const ruled = await t.app.inject({ method: 'POST', url: `/ops/disputes/${opened.json().disputeId}/resolve`, headers: t.admin, payload: { outcome: 'split', payerShareBps: 2_500 } });
+    const ruled = await t.app.inject({
+      method: 'POST',
+      url: `/ops/disputes/${opened.json().disputeId}/resolve`,
+      headers: t.admin,
+      payload: { outcome: 'split', payerShareBps: 2_500 },
+    });
     expect(ruled.json()).toMatchObject({ status: 'partially_refunded' });
 
     // A pass that dies halfway (after some accounts' checkpoints) leaves the next pass right.
@@ -90,7 +137,9 @@ describe('GET /ops/ledger/audit on real flows', () => {
     expect(after).toMatchObject({ clean: true });
     expect(after.currencies.USD!.credits).toBe(first.currencies.USD!.credits + 5);
 
-    expect(await processMetrics.getSingleMetricAsString('ledger_audit_last_run_timestamp_seconds')).toMatch(/ledger_audit_last_run_timestamp_seconds \d/);
+    expect(await processMetrics.getSingleMetricAsString('ledger_audit_last_run_timestamp_seconds')).toMatch(
+      /ledger_audit_last_run_timestamp_seconds \d/,
+    );
   }, 60_000);
 
   it('is for the admin only', async () => {
@@ -121,7 +170,19 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
       if (entryId === 'test:half-posted' && leg === 0) throw new Error('crash between legs');
     };
     try {
-      await expect(ledger.apply({ _id: 'test:half-posted', tenantId, kind: 'test_transfer', currency: 'USD', legs: [{ walletId: p.payer.agentId, bucket: 'available', delta: -10 }, { walletId: p.worker.agentId, bucket: 'available', delta: 10 }], ref: {} })).rejects.toThrow('crash between legs');
+      await expect(
+        ledger.apply({
+          _id: 'test:half-posted',
+          tenantId,
+          kind: 'test_transfer',
+          currency: 'USD',
+          legs: [
+            { walletId: p.payer.agentId, bucket: 'available', delta: -10 },
+            { walletId: p.worker.agentId, bucket: 'available', delta: 10 },
+          ],
+          ref: {},
+        }),
+      ).rejects.toThrow('crash between legs');
     } finally {
       ledger.failAfterLeg = null;
     }
@@ -132,7 +193,9 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
 
     await new Promise((r) => setTimeout(r, SWEEP_MS + 200));
     const late = await audit(t);
-    expect(late.violations).toContainEqual(expect.objectContaining({ kind: 'entry_overdue', detail: expect.stringContaining('test:half-posted') }));
+    expect(late.violations).toContainEqual(
+      expect.objectContaining({ kind: 'entry_overdue', detail: expect.stringContaining('test:half-posted') }),
+    );
     expect(kinds(late)).not.toContain('sum_mismatch');
 
     // Finished by the sweeper's first duty: nothing left.
@@ -146,7 +209,17 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
     const p = await parties(t, auth, 1_000);
     await t.runtime.stores.ledger.ensureWallet(p.worker.agentId, tenantId, 'agent');
     const { ledger } = t.runtime.stores;
-    const entry = { _id: 'test:died-after-marker', tenantId, kind: 'test_transfer', currency: 'USD', legs: [{ walletId: p.payer.agentId, bucket: 'available' as const, delta: -10 }, { walletId: p.worker.agentId, bucket: 'available' as const, delta: 10 }], ref: {} };
+    const entry = {
+      _id: 'test:died-after-marker',
+      tenantId,
+      kind: 'test_transfer',
+      currency: 'USD',
+      legs: [
+        { walletId: p.payer.agentId, bucket: 'available' as const, delta: -10 },
+        { walletId: p.worker.agentId, bucket: 'available' as const, delta: 10 },
+      ],
+      ref: {},
+    };
     armFailpoint('ledger.entry-started');
     await expect(ledger.apply(entry)).rejects.toThrow(FailpointCrash);
     expect(await ledger.finishStalledEntries(new Date(), 100)).toMatchObject({ failed: 0 });
@@ -168,20 +241,48 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
     const p = await parties(t, auth, 1_000);
     await t.runtime.stores.ledger.ensureWallet(p.worker.agentId, tenantId, 'agent');
     const settlement = { payerAgentId: p.payer.agentId, currency: 'USD' };
-    const returned = await createRun(t, auth, { agentId: p.worker.agentId, settlement: { ...settlement, amount: 200 } });
+    const returned = await createRun(t, auth, {
+      agentId: p.worker.agentId,
+      settlement: { ...settlement, amount: 200 },
+    });
     await createRun(t, auth, { agentId: p.worker.agentId, settlement: { ...settlement, amount: 300 } });
     expect(kinds(await audit(t))).toEqual([]);
 
     // Issue 22's bug, written straight to the ledger: the reserve goes back, then its settlement pays from escrow.
     const { ledger } = t.runtime.stores;
-    await ledger.apply({ _id: escrowEntryIds.unlock(returned), tenantId, kind: 'escrow_unlock', currency: 'USD', legs: bucketMove(p.payer.agentId, 'escrow', 'available', 200), ref: { runId: returned, generation: '1' } });
+    await ledger.apply({
+      _id: escrowEntryIds.unlock(returned),
+      tenantId,
+      kind: 'escrow_unlock',
+      currency: 'USD',
+      legs: bucketMove(p.payer.agentId, 'escrow', 'available', 200),
+      ref: { runId: returned, generation: '1' },
+    });
     const settlementId = settlementIdFor(returned);
-    await ledger.apply({ _id: entryIds.release(settlementId), tenantId, kind: 'settlement_release', currency: 'USD', legs: [{ walletId: p.payer.agentId, bucket: 'escrow', delta: -200 }, { walletId: p.worker.agentId, bucket: 'available', delta: 200 }], ref: { settlementId, runId: returned } });
+    await ledger.apply({
+      _id: entryIds.release(settlementId),
+      tenantId,
+      kind: 'settlement_release',
+      currency: 'USD',
+      legs: [
+        { walletId: p.payer.agentId, bucket: 'escrow', delta: -200 },
+        { walletId: p.worker.agentId, bucket: 'available', delta: 200 },
+      ],
+      ref: { settlementId, runId: returned },
+    });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 700, escrow: 100 });
 
     const found = await audit(t);
     expect(found.clean).toBe(false);
-    expect(found.violations).toContainEqual(expect.objectContaining({ kind: 'reserve_negative', owner: settlementId, walletId: p.payer.agentId, currency: 'USD', amount: -200 }));
+    expect(found.violations).toContainEqual(
+      expect.objectContaining({
+        kind: 'reserve_negative',
+        owner: settlementId,
+        walletId: p.payer.agentId,
+        currency: 'USD',
+        amount: -200,
+      }),
+    );
     expect(kinds(found)).not.toContain('escrow_mismatch'); // the escrow still equals its reserves' sum: 300 - 200
     const full = await audit(t, '?full=true');
     expect(full.violations).toContainEqual(expect.objectContaining({ kind: 'reserve_negative', owner: settlementId }));
@@ -193,12 +294,26 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
   it('reports a reserve whose run does not exist, once a sweep has passed', async () => {
     const p = await parties(t, auth, 500);
     const ghost = 'run_doesnotexist';
-    await t.runtime.stores.ledger.apply({ _id: escrowEntryIds.lock(ghost), tenantId, kind: 'escrow_lock', currency: 'USD', legs: bucketMove(p.payer.agentId, 'available', 'escrow', 50), ref: { runId: ghost, generation: '1' } });
+    await t.runtime.stores.ledger.apply({
+      _id: escrowEntryIds.lock(ghost),
+      tenantId,
+      kind: 'escrow_lock',
+      currency: 'USD',
+      legs: bucketMove(p.payer.agentId, 'available', 'escrow', 50),
+      ref: { runId: ghost, generation: '1' },
+    });
     const early = await audit(t);
     expect(early.violations.filter((v) => v.owner === settlementIdFor(ghost))).toEqual([]);
     await new Promise((r) => setTimeout(r, SWEEP_MS + 200));
     const late = await audit(t);
-    expect(late.violations).toContainEqual(expect.objectContaining({ kind: 'reserve_owner_missing', owner: settlementIdFor(ghost), amount: 50, walletId: p.payer.agentId }));
+    expect(late.violations).toContainEqual(
+      expect.objectContaining({
+        kind: 'reserve_owner_missing',
+        owner: settlementIdFor(ghost),
+        amount: 50,
+        walletId: p.payer.agentId,
+      }),
+    );
   });
 
   it('reports a settlement due for over an hour, or parked by its sweeper while still due', async () => {
@@ -217,10 +332,21 @@ describe('GET /ops/ledger/audit finds money moved wrongly', () => {
   it('reports escrow that belongs to no reserve', async () => {
     const p = await parties(t, auth, 0);
     await t.runtime.stores.ledger.ensureWallet(p.payer.agentId, tenantId, 'agent');
-    await t.runtime.stores.ledger.apply({ _id: 'test:credit-into-escrow', tenantId, kind: 'credit', currency: 'USD', legs: [{ walletId: p.payer.agentId, bucket: 'escrow', delta: 5 }], ref: {} });
+    await t.runtime.stores.ledger.apply({
+      _id: 'test:credit-into-escrow',
+      tenantId,
+      kind: 'credit',
+      currency: 'USD',
+      legs: [{ walletId: p.payer.agentId, bucket: 'escrow', delta: 5 }],
+      ref: {},
+    });
     const found = await audit(t);
-    expect(found.violations).toContainEqual(expect.objectContaining({ kind: 'escrow_unattributed', walletId: p.payer.agentId, amount: 5 }));
-    expect(found.violations).toContainEqual(expect.objectContaining({ kind: 'escrow_mismatch', walletId: p.payer.agentId, amount: 5 }));
+    expect(found.violations).toContainEqual(
+      expect.objectContaining({ kind: 'escrow_unattributed', walletId: p.payer.agentId, amount: 5 }),
+    );
+    expect(found.violations).toContainEqual(
+      expect.objectContaining({ kind: 'escrow_mismatch', walletId: p.payer.agentId, amount: 5 }),
+    );
     // The mismatch is a standing fact of the checkpoints, so every later pass says it again.
     expect(kinds(await audit(t))).toContain('escrow_mismatch');
   });

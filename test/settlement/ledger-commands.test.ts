@@ -8,7 +8,14 @@ import { startTestApp, type TestApp } from '../helpers/context.ts';
 
 // On FerretDB only a filter that is exactly {_id: <string>} uses an index; anything else reads the whole
 // collection. This watches what the ledger sends to MongoDB and refuses any other filter on its collections.
-const LEDGER_COLLECTIONS = new Set(['wallets', 'wallet_currencies', 'ledger_accounts', 'ledger_postings', 'ledger_legs', 'ledger_entries']);
+const LEDGER_COLLECTIONS = new Set([
+  'wallets',
+  'wallet_currencies',
+  'ledger_accounts',
+  'ledger_postings',
+  'ledger_legs',
+  'ledger_entries',
+]);
 const FILTERS_OF: Record<string, (command: Record<string, any>) => unknown[]> = {
   find: (c) => [c.filter],
   update: (c) => (c.updates as Array<{ q: unknown }>).map((u) => u.q),
@@ -17,7 +24,12 @@ const FILTERS_OF: Record<string, (command: Record<string, any>) => unknown[]> = 
 };
 
 function isExactIdFilter(filter: unknown): boolean {
-  return typeof filter === 'object' && filter !== null && Object.keys(filter).length === 1 && typeof (filter as { _id?: unknown })._id === 'string';
+  return (
+    typeof filter === 'object' &&
+    filter !== null &&
+    Object.keys(filter).length === 1 &&
+    typeof (filter as { _id?: unknown })._id === 'string'
+  );
 }
 
 class Crash extends Error {}
@@ -39,18 +51,36 @@ describe('ledger commands: exact _id filters only (what FerretDB can serve from 
     await t.close();
   });
 
-  const ledgerCommands = () => commands.filter((e) => LEDGER_COLLECTIONS.has(String(e.command[e.commandName] ?? e.command.collection)));
+  const ledgerCommands = () =>
+    commands.filter((e) => LEDGER_COLLECTIONS.has(String(e.command[e.commandName] ?? e.command.collection)));
   /** Every ledger command that is not an insert or an exact-_id find, update or delete. */
   const scans = () =>
     ledgerCommands()
       .filter((e) => !FILTERS_OF[e.commandName] || !FILTERS_OF[e.commandName]!(e.command).every(isExactIdFilter))
-      .map((e) => ({ command: e.commandName, collection: e.command[e.commandName], filter: e.command.filter ?? e.command.query ?? e.command.updates ?? e.command.deletes ?? null }));
+      .map((e) => ({
+        command: e.commandName,
+        collection: e.command[e.commandName],
+        filter: e.command.filter ?? e.command.query ?? e.command.updates ?? e.command.deletes ?? null,
+      }));
 
-  const credit = (walletId: string, id: string, amount: number, currency: string): NewLedgerEntry =>
-    ({ _id: id, tenantId: 'ten_a', kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: {} });
+  const credit = (walletId: string, id: string, amount: number, currency: string): NewLedgerEntry => ({
+    _id: id,
+    tenantId: 'ten_a',
+    kind: 'credit',
+    currency,
+    legs: [{ walletId, bucket: 'available', delta: amount }],
+    ref: {},
+  });
   const lock = (walletId: string, runId: string, amount: number): NewLedgerEntry => ({
-    _id: `escrow:${runId}:lock`, tenantId: 'ten_a', kind: 'escrow_lock', currency: 'USD',
-    legs: [{ walletId, bucket: 'available', delta: -amount }, { walletId, bucket: 'escrow', delta: amount }], ref: { runId },
+    _id: `escrow:${runId}:lock`,
+    tenantId: 'ten_a',
+    kind: 'escrow_lock',
+    currency: 'USD',
+    legs: [
+      { walletId, bucket: 'available', delta: -amount },
+      { walletId, bucket: 'escrow', delta: amount },
+    ],
+    ref: { runId },
   });
 
   it('applies, resumes, reads balances, lists entries and sweeps due work by _id alone', async () => {
@@ -68,13 +98,18 @@ describe('ledger commands: exact _id filters only (what FerretDB can serve from 
     };
     await expect(ledger.apply(lock('payer', 'run_lost', 200))).rejects.toBeInstanceOf(Crash);
     ledger.failAfterLeg = null;
-    await expect(ledger.apply(lock('payer', 'run_refused', 5_000))).rejects.toMatchObject({ code: 'INSUFFICIENT_FUNDS' });
+    await expect(ledger.apply(lock('payer', 'run_refused', 5_000))).rejects.toMatchObject({
+      code: 'INSUFFICIENT_FUNDS',
+    });
 
     const before = commands.length;
     await ledger.apply(credit('payer', 'credit:payer:usd', 1_000, 'USD'));
     expect(commands.length - before).toBe(1); // an applied entry: one read
 
-    expect(await ledger.balances('payer')).toEqual({ EUR: { available: 500, escrow: 0 }, USD: { available: 700, escrow: 100 } });
+    expect(await ledger.balances('payer')).toEqual({
+      EUR: { available: 500, escrow: 0 },
+      USD: { available: 700, escrow: 100 },
+    });
     const first = (await ledger.listPostings('payer', 2))!;
     const second = (await ledger.listPostings('payer', 10, first.nextCursor!))!;
     expect(first.items.length + second.items.length).toBe(5); // 2 credits, a lock, the lost lock's first leg; no refusal
@@ -90,24 +125,37 @@ describe('ledger commands: exact _id filters only (what FerretDB can serve from 
     expect(await sweep()).toMatchObject({ entries: 0, locksChecked: 0, unlocked: 0 });
     await ledger.resume('escrow:run_lost:lock');
     await ledger.getEntry('escrow:run_refused:lock');
-    expect(await ledger.balances('payer')).toEqual({ EUR: { available: 500, escrow: 0 }, USD: { available: 900, escrow: 100 } });
+    expect(await ledger.balances('payer')).toEqual({
+      EUR: { available: 500, escrow: 0 },
+      USD: { available: 900, escrow: 100 },
+    });
 
     expect(ledgerCommands().length).toBeGreaterThan(50);
     expect(scans()).toEqual([]);
   });
 
-  it('claims a fresh entry\'s debit and all its credits in one insert (a metered release: to the payee, the rest back)', async () => {
+  it("claims a fresh entry's debit and all its credits in one insert (a metered release: to the payee, the rest back)", async () => {
     await Promise.all(['split-payer', 'split-payee'].map((w) => ledger.ensureWallet(w, 'ten_a', 'agent')));
     await ledger.apply(credit('split-payer', 'credit:split-payer', 1_000, 'USD'));
     await ledger.apply(credit('split-payee', 'credit:split-payee', 1, 'USD'));
     await ledger.apply(lock('split-payer', 'run_split', 300));
     commands = [];
     const release: NewLedgerEntry = {
-      _id: 'release:split', tenantId: 'ten_a', kind: 'settlement_release', currency: 'USD', ref: {},
-      legs: [{ walletId: 'split-payer', bucket: 'escrow', delta: -300 }, { walletId: 'split-payee', bucket: 'available', delta: 180 }, { walletId: 'split-payer', bucket: 'available', delta: 120 }],
+      _id: 'release:split',
+      tenantId: 'ten_a',
+      kind: 'settlement_release',
+      currency: 'USD',
+      ref: {},
+      legs: [
+        { walletId: 'split-payer', bucket: 'escrow', delta: -300 },
+        { walletId: 'split-payee', bucket: 'available', delta: 180 },
+        { walletId: 'split-payer', bucket: 'available', delta: 120 },
+      ],
     };
     await ledger.apply(release, { expectNew: true });
-    expect(ledgerCommands().filter((e) => e.commandName === 'insert' && e.command.insert === 'ledger_postings')).toHaveLength(1);
+    expect(
+      ledgerCommands().filter((e) => e.commandName === 'insert' && e.command.insert === 'ledger_postings'),
+    ).toHaveLength(1);
     expect(await ledger.balances('split-payer')).toEqual({ USD: { available: 820, escrow: 0 } });
     expect(await ledger.balances('split-payee')).toEqual({ USD: { available: 181, escrow: 0 } });
     // Applied again (a retried job), it moves nothing more.

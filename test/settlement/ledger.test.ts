@@ -2,7 +2,13 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ServiceError } from '../../src/domain/errors.ts';
 import { armFailpoint, disarmFailpoints, FailpointCrash } from '../../src/domain/failpoints.ts';
 import { LedgerDueIndex } from '../../src/store/ledger-due.ts';
-import { LedgerStore, RUN_GRACE_MS, type Bucket, type NewLedgerEntry, type PostingDoc } from '../../src/store/ledger.ts';
+import {
+  LedgerStore,
+  RUN_GRACE_MS,
+  type Bucket,
+  type NewLedgerEntry,
+  type PostingDoc,
+} from '../../src/store/ledger.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 
 class Crash extends Error {}
@@ -22,7 +28,9 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
 
   // Verification reads the whole chain by its fields: a test may scan, the store never does.
   const chainOf = async (walletId: string, currency: string, bucket: Bucket) =>
-    (await t.runtime.stores.ledger.postings.find({ walletId, currency, bucket }).toArray()).sort((a, b) => a.seq - b.seq);
+    (await t.runtime.stores.ledger.postings.find({ walletId, currency, bucket }).toArray()).sort(
+      (a, b) => a.seq - b.seq,
+    );
   const expectSound = (chain: PostingDoc[]) => {
     let running = 0;
     chain.forEach((p, i) => {
@@ -32,96 +40,148 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
       expect(p.balanceAfter).toBeGreaterThanOrEqual(0);
     });
   };
-  const credit = (walletId: string, id: string, amount: number, currency = 'USD'): NewLedgerEntry =>
-    ({ _id: id, tenantId: 'ten_a', kind: 'credit', currency, legs: [{ walletId, bucket: 'available', delta: amount }], ref: {} });
-  const lock = (walletId: string, id: string, amount: number, currency = 'USD'): NewLedgerEntry => ({
-    _id: id, tenantId: 'ten_a', kind: 'escrow_lock', currency,
-    legs: [{ walletId, bucket: 'available', delta: -amount }, { walletId, bucket: 'escrow', delta: amount }], ref: { runId: `run_${id}` },
+  const credit = (walletId: string, id: string, amount: number, currency = 'USD'): NewLedgerEntry => ({
+    _id: id,
+    tenantId: 'ten_a',
+    kind: 'credit',
+    currency,
+    legs: [{ walletId, bucket: 'available', delta: amount }],
+    ref: {},
   });
-  const postedLegs = (chain: PostingDoc[]) => chain.filter((p) => !p.refused).map((p) => `${p.entryId}#${p.attempt}#${p.leg}`);
+  const lock = (walletId: string, id: string, amount: number, currency = 'USD'): NewLedgerEntry => ({
+    _id: id,
+    tenantId: 'ten_a',
+    kind: 'escrow_lock',
+    currency,
+    legs: [
+      { walletId, bucket: 'available', delta: -amount },
+      { walletId, bucket: 'escrow', delta: amount },
+    ],
+    ref: { runId: `run_${id}` },
+  });
+  const postedLegs = (chain: PostingDoc[]) =>
+    chain.filter((p) => !p.refused).map((p) => `${p.entryId}#${p.attempt}#${p.leg}`);
 
   it('applies an entry once however often it is applied, and heads match their chains', async () => {
     const { ledger } = t.runtime.stores;
     await ledger.ensureWallet('w1', 'ten_a', 'sponsor');
-    await Promise.all([ledger.apply(credit('w1', 'credit:w1:1', 100)), ledger.apply(credit('w1', 'credit:w1:1', 100)), other.apply(credit('w1', 'credit:w1:1', 100))]);
+    await Promise.all([
+      ledger.apply(credit('w1', 'credit:w1:1', 100)),
+      ledger.apply(credit('w1', 'credit:w1:1', 100)),
+      other.apply(credit('w1', 'credit:w1:1', 100)),
+    ]);
     expect(await ledger.balances('w1')).toEqual({ USD: { available: 100, escrow: 0 } });
     expect(await chainOf('w1', 'USD', 'available')).toHaveLength(1);
   });
 
-  it('serialises many concurrent entries on one account, refusing what the balance cannot cover', async () => {
-    const { ledger } = t.runtime.stores;
-    await ledger.ensureWallet('w2', 'ten_a', 'sponsor');
-    await ledger.apply(credit('w2', 'credit:w2', 1_000));
-    const outcomes = await Promise.allSettled(Array.from({ length: 30 }, (_, i) => (i % 2 ? other : ledger).apply(lock('w2', `lock:w2:${i}`, 50))));
-    expect(outcomes.filter((o) => o.status === 'fulfilled')).toHaveLength(20);
-    for (const o of outcomes) if (o.status === 'rejected') expect((o.reason as ServiceError).code).toBe('INSUFFICIENT_FUNDS');
-    expect(await ledger.balances('w2')).toEqual({ USD: { available: 0, escrow: 1_000 } });
-    const available = await chainOf('w2', 'USD', 'available');
-    expectSound(available);
-    expect(available.filter((p) => !p.refused)).toHaveLength(21);
-    expect(available.filter((p) => p.refused)).toHaveLength(10); // each refusal holds the position it was judged at
-    expect((await chainOf('w2', 'USD', 'escrow')).map((p) => p.seq)).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
-    for (const o of outcomes.entries()) {
-      expect((await ledger.getEntry(`lock:w2:${o[0]}`))!.state).toBe(o[1].status === 'fulfilled' ? 'applied' : 'rejected');
-    }
-  }, RACE_TIMEOUT_MS);
-
-  it('posts each leg once when two stores post the same entries at once', async () => {
-    const { ledger } = t.runtime.stores;
-    await ledger.ensureWallet('w-race', 'ten_a', 'sponsor');
-    await ledger.apply(credit('w-race', 'credit:w-race', 10_000));
-    const ids = Array.from({ length: 12 }, (_, i) => `lock:race:${i}`);
-    await Promise.all(ids.flatMap((id) => [ledger.apply(lock('w-race', id, 100)), other.apply(lock('w-race', id, 100)), other.resume(id).catch(() => undefined)]));
-    const available = await chainOf('w-race', 'USD', 'available');
-    const escrow = await chainOf('w-race', 'USD', 'escrow');
-    expectSound(available);
-    expectSound(escrow);
-    const legs = [...postedLegs(available), ...postedLegs(escrow)];
-    expect(new Set(legs).size).toBe(legs.length);
-    expect(legs).toHaveLength(1 + 2 * ids.length);
-    expect(await other.balances('w-race')).toEqual({ USD: { available: 10_000 - 1_200, escrow: 1_200 } });
-  }, RACE_TIMEOUT_MS);
-
-  it('keeps balances exact under 40 racing credits and debits on one account from two stores', async () => {
-    const { ledger } = t.runtime.stores;
-    await ledger.ensureWallet('w-mixed', 'ten_a', 'sponsor');
-    await ledger.apply(credit('w-mixed', 'credit:w-mixed:seed', 500));
-    const work = Array.from({ length: 40 }, (_, i) => {
-      const store = i % 3 === 0 ? other : ledger;
-      return i % 2 ? store.apply(credit('w-mixed', `credit:w-mixed:${i}`, 7 + i)) : store.apply(lock('w-mixed', `lock:w-mixed:${i}`, 30 + i));
-    });
-    const outcomes = await Promise.allSettled(work);
-    let available = 500;
-    let escrow = 0;
-    outcomes.forEach((o, i) => {
-      if (o.status === 'rejected') return expect((o.reason as ServiceError).code).toBe('INSUFFICIENT_FUNDS');
-      if (i % 2) available += 7 + i;
-      else {
-        available -= 30 + i;
-        escrow += 30 + i;
+  it(
+    'serialises many concurrent entries on one account, refusing what the balance cannot cover',
+    async () => {
+      const { ledger } = t.runtime.stores;
+      await ledger.ensureWallet('w2', 'ten_a', 'sponsor');
+      await ledger.apply(credit('w2', 'credit:w2', 1_000));
+      const outcomes = await Promise.allSettled(
+        Array.from({ length: 30 }, (_, i) => (i % 2 ? other : ledger).apply(lock('w2', `lock:w2:${i}`, 50))),
+      );
+      expect(outcomes.filter((o) => o.status === 'fulfilled')).toHaveLength(20);
+      for (const o of outcomes)
+        if (o.status === 'rejected') expect((o.reason as ServiceError).code).toBe('INSUFFICIENT_FUNDS');
+      expect(await ledger.balances('w2')).toEqual({ USD: { available: 0, escrow: 1_000 } });
+      const available = await chainOf('w2', 'USD', 'available');
+      expectSound(available);
+      expect(available.filter((p) => !p.refused)).toHaveLength(21);
+      expect(available.filter((p) => p.refused)).toHaveLength(10); // each refusal holds the position it was judged at
+      expect((await chainOf('w2', 'USD', 'escrow')).map((p) => p.seq)).toEqual(
+        Array.from({ length: 20 }, (_, i) => i + 1),
+      );
+      for (const o of outcomes.entries()) {
+        expect((await ledger.getEntry(`lock:w2:${o[0]}`))!.state).toBe(
+          o[1].status === 'fulfilled' ? 'applied' : 'rejected',
+        );
       }
-    });
-    expect(await ledger.balances('w-mixed')).toEqual({ USD: { available, escrow } });
-    expectSound(await chainOf('w-mixed', 'USD', 'available'));
-    expectSound(await chainOf('w-mixed', 'USD', 'escrow'));
-  }, RACE_TIMEOUT_MS);
+    },
+    RACE_TIMEOUT_MS,
+  );
 
-  it('posts from a process that was away while another posted on the account hundreds of times', async () => {
-    // An API process that locked a payer's escrow once, while other processes locked and released it 250 times: it
-    // still remembers the old head. It used to step one position per lost claim, sleeping between, and gave up after
-    // 200 with a 503 (a verify job took seconds behind a payer's earlier creates).
-    const { ledger } = t.runtime.stores;
-    await ledger.ensureWallet('w-away', 'ten_a', 'sponsor');
-    await other.apply(credit('w-away', 'credit:w-away:first', 1));
-    for (let i = 0; i < 250; i += 25) await Promise.all(Array.from({ length: 25 }, (_, k) => ledger.apply(credit('w-away', `credit:w-away:${i + k}`, 2))));
-    const late = await other.apply(credit('w-away', 'credit:w-away:late', 5));
-    expect(late.state).toBe('applied');
-    expect(await other.balances('w-away')).toEqual({ USD: { available: 1 + 250 * 2 + 5, escrow: 0 } });
-    const chain = await chainOf('w-away', 'USD', 'available');
-    expectSound(chain);
-    expect(chain).toHaveLength(252);
-    expect(chain.at(-1)!.entryId).toBe('credit:w-away:late');
-  }, RACE_TIMEOUT_MS);
+  it(
+    'posts each leg once when two stores post the same entries at once',
+    async () => {
+      const { ledger } = t.runtime.stores;
+      await ledger.ensureWallet('w-race', 'ten_a', 'sponsor');
+      await ledger.apply(credit('w-race', 'credit:w-race', 10_000));
+      const ids = Array.from({ length: 12 }, (_, i) => `lock:race:${i}`);
+      await Promise.all(
+        ids.flatMap((id) => [
+          ledger.apply(lock('w-race', id, 100)),
+          other.apply(lock('w-race', id, 100)),
+          other.resume(id).catch(() => undefined),
+        ]),
+      );
+      const available = await chainOf('w-race', 'USD', 'available');
+      const escrow = await chainOf('w-race', 'USD', 'escrow');
+      expectSound(available);
+      expectSound(escrow);
+      const legs = [...postedLegs(available), ...postedLegs(escrow)];
+      expect(new Set(legs).size).toBe(legs.length);
+      expect(legs).toHaveLength(1 + 2 * ids.length);
+      expect(await other.balances('w-race')).toEqual({ USD: { available: 10_000 - 1_200, escrow: 1_200 } });
+    },
+    RACE_TIMEOUT_MS,
+  );
+
+  it(
+    'keeps balances exact under 40 racing credits and debits on one account from two stores',
+    async () => {
+      const { ledger } = t.runtime.stores;
+      await ledger.ensureWallet('w-mixed', 'ten_a', 'sponsor');
+      await ledger.apply(credit('w-mixed', 'credit:w-mixed:seed', 500));
+      const work = Array.from({ length: 40 }, (_, i) => {
+        const store = i % 3 === 0 ? other : ledger;
+        return i % 2
+          ? store.apply(credit('w-mixed', `credit:w-mixed:${i}`, 7 + i))
+          : store.apply(lock('w-mixed', `lock:w-mixed:${i}`, 30 + i));
+      });
+      const outcomes = await Promise.allSettled(work);
+      let available = 500;
+      let escrow = 0;
+      outcomes.forEach((o, i) => {
+        if (o.status === 'rejected') return expect((o.reason as ServiceError).code).toBe('INSUFFICIENT_FUNDS');
+        if (i % 2) available += 7 + i;
+        else {
+          available -= 30 + i;
+          escrow += 30 + i;
+        }
+      });
+      expect(await ledger.balances('w-mixed')).toEqual({ USD: { available, escrow } });
+      expectSound(await chainOf('w-mixed', 'USD', 'available'));
+      expectSound(await chainOf('w-mixed', 'USD', 'escrow'));
+    },
+    RACE_TIMEOUT_MS,
+  );
+
+  it(
+    'posts from a process that was away while another posted on the account hundreds of times',
+    async () => {
+      // An API process that locked a payer's escrow once, while other processes locked and released it 250 times: it
+      // still remembers the old head. It used to step one position per lost claim, sleeping between, and gave up after
+      // 200 with a 503 (a verify job took seconds behind a payer's earlier creates).
+      const { ledger } = t.runtime.stores;
+      await ledger.ensureWallet('w-away', 'ten_a', 'sponsor');
+      await other.apply(credit('w-away', 'credit:w-away:first', 1));
+      for (let i = 0; i < 250; i += 25)
+        await Promise.all(
+          Array.from({ length: 25 }, (_, k) => ledger.apply(credit('w-away', `credit:w-away:${i + k}`, 2))),
+        );
+      const late = await other.apply(credit('w-away', 'credit:w-away:late', 5));
+      expect(late.state).toBe('applied');
+      expect(await other.balances('w-away')).toEqual({ USD: { available: 1 + 250 * 2 + 5, escrow: 0 } });
+      const chain = await chainOf('w-away', 'USD', 'available');
+      expectSound(chain);
+      expect(chain).toHaveLength(252);
+      expect(chain.at(-1)!.entryId).toBe('credit:w-away:late');
+    },
+    RACE_TIMEOUT_MS,
+  );
 
   it('repairs a crash between a position claim and its leg marker without posting twice', async () => {
     const { ledger } = t.runtime.stores;
@@ -143,7 +203,10 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     const chain = await chainOf('w3', 'USD', 'available');
     expectSound(chain);
     expect(chain.map((p) => p.entryId)).toEqual(['credit:w3:1', 'credit:w3:2', 'spend:w3']);
-    expect(await ledger.legMarks.findOne({ _id: 'credit:w3:2#0' })).toMatchObject({ posting: 'w3|USD|available#2', refused: false });
+    expect(await ledger.legMarks.findOne({ _id: 'credit:w3:2#0' })).toMatchObject({
+      posting: 'w3|USD|available#2',
+      refused: false,
+    });
     expect((await ledger.getEntry('credit:w3:2'))!.state).toBe('applied');
   });
 
@@ -159,7 +222,11 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect(await ledger.balances('w4')).toEqual({ USD: { available: 60, escrow: 0 } });
 
     // Redis forgot everything due (and the audit claim): the audit finds the entry again, the sweep finishes it.
-    await t.runtime.redis.del(`${t.config.redisPrefix}:{ledger}:pending`, `${t.config.redisPrefix}:{ledger}:locks`, `${t.config.redisPrefix}:{ledger}:audit`);
+    await t.runtime.redis.del(
+      `${t.config.redisPrefix}:{ledger}:pending`,
+      `${t.config.redisPrefix}:{ledger}:locks`,
+      `${t.config.redisPrefix}:{ledger}:audit`,
+    );
     expect(await ledger.finishStalledEntries(new Date(), 100)).toEqual({ looked: 0, failed: 0 });
     expect(await ledger.auditDueIndex()).toMatchObject({ pending: 1 });
     expect(await ledger.auditDueIndex()).toBeNull(); // one audit per period, whoever asks
@@ -191,8 +258,15 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
       await other.apply(credit(payee, `credit:${payee}`, 1));
       if (lastPositionTaken) await ledger.apply(credit(payer, `credit:${payer}:late`, 5)); // unknown to `other`
       const release: NewLedgerEntry = {
-        _id: `release:${payer}`, tenantId: 'ten_a', kind: 'x402_release', currency: 'USD',
-        legs: [{ walletId: payer, bucket: 'escrow', delta: -1_000 }, { walletId: payee, bucket: 'available', delta: 370 }, { walletId: payer, bucket: 'available', delta: 630 }],
+        _id: `release:${payer}`,
+        tenantId: 'ten_a',
+        kind: 'x402_release',
+        currency: 'USD',
+        legs: [
+          { walletId: payer, bucket: 'escrow', delta: -1_000 },
+          { walletId: payee, bucket: 'available', delta: 370 },
+          { walletId: payer, bucket: 'available', delta: 630 },
+        ],
         ref: {},
       };
       armFailpoint('ledger.position-claimed');
@@ -206,9 +280,18 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
       const late = lastPositionTaken ? 5 : 0;
       expect(await ledger.balances(payer)).toEqual({ USD: { available: 630 + late, escrow: 0 } });
       expect(await ledger.balances(payee)).toEqual({ USD: { available: 371, escrow: 0 } });
-      const chains = await Promise.all([chainOf(payer, 'USD', 'available'), chainOf(payer, 'USD', 'escrow'), chainOf(payee, 'USD', 'available')]);
+      const chains = await Promise.all([
+        chainOf(payer, 'USD', 'available'),
+        chainOf(payer, 'USD', 'escrow'),
+        chainOf(payee, 'USD', 'available'),
+      ]);
       chains.forEach(expectSound);
-      expect(chains.flatMap(postedLegs).filter((leg) => leg.startsWith(release._id)).sort()).toEqual([0, 1, 2].map((leg) => `${release._id}#1#${leg}`));
+      expect(
+        chains
+          .flatMap(postedLegs)
+          .filter((leg) => leg.startsWith(release._id))
+          .sort(),
+      ).toEqual([0, 1, 2].map((leg) => `${release._id}#1#${leg}`));
       expect((await ledger.getEntry(release._id))!.state).toBe('applied');
     });
   }
@@ -217,7 +300,10 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     const { ledger } = t.runtime.stores;
     await ledger.ensureWallet('w5', 'ten_a', 'sponsor');
     await ledger.apply(credit('w5', 'credit:w5:1', 30));
-    const refused = await Promise.allSettled([ledger.apply(lock('w5', 'lock:w5', 50)), other.apply(lock('w5', 'lock:w5', 50))]);
+    const refused = await Promise.allSettled([
+      ledger.apply(lock('w5', 'lock:w5', 50)),
+      other.apply(lock('w5', 'lock:w5', 50)),
+    ]);
     expect(refused.map((o) => o.status)).toEqual(['rejected', 'rejected']);
     expect((await ledger.getEntry('lock:w5'))!.state).toBe('rejected');
     expect(await ledger.balances('w5')).toEqual({ USD: { available: 30, escrow: 0 } });
@@ -231,39 +317,59 @@ describe('ledger postings (real FerretDB/MongoDB, no transactions)', () => {
     expect((await ledger.appliedAmong(['lock:w5'])).has('lock:w5')).toBe(true);
     const available = await chainOf('w5', 'USD', 'available');
     expectSound(available);
-    expect(available.filter((p) => p.entryId === 'lock:w5').map((p) => [p.attempt, p.refused])).toEqual([[1, true], [2, false]]);
+    expect(available.filter((p) => p.entryId === 'lock:w5').map((p) => [p.attempt, p.refused])).toEqual([
+      [1, true],
+      [2, false],
+    ]);
   });
 
   it('shows every currency of a wallet', async () => {
     const { ledger } = t.runtime.stores;
     await ledger.ensureWallet('w6', 'ten_a', 'sponsor');
-    await Promise.all(['USD', 'EUR', 'USDC'].flatMap((currency, i) => [ledger.apply(credit('w6', `credit:w6:${currency}`, 100 * (i + 1), currency)), other.apply(credit('w6', `credit:w6:${currency}:2`, 1, currency))]));
+    await Promise.all(
+      ['USD', 'EUR', 'USDC'].flatMap((currency, i) => [
+        ledger.apply(credit('w6', `credit:w6:${currency}`, 100 * (i + 1), currency)),
+        other.apply(credit('w6', `credit:w6:${currency}:2`, 1, currency)),
+      ]),
+    );
     await ledger.apply(lock('w6', 'lock:w6', 150, 'EUR'));
-    expect(await other.balances('w6')).toEqual({ EUR: { available: 51, escrow: 150 }, USD: { available: 101, escrow: 0 }, USDC: { available: 301, escrow: 0 } });
-    expect(new Set((await ledger.walletCurrencies.find({ walletId: 'w6' }).toArray()).map((c) => c.currency)).size).toBe(3);
+    expect(await other.balances('w6')).toEqual({
+      EUR: { available: 51, escrow: 150 },
+      USD: { available: 101, escrow: 0 },
+      USDC: { available: 301, escrow: 0 },
+    });
+    expect(
+      new Set((await ledger.walletCurrencies.find({ walletId: 'w6' }).toArray()).map((c) => c.currency)).size,
+    ).toBe(3);
   });
 
-  it('pages through a wallet\'s postings newest first, each exactly once, while new ones arrive', async () => {
-    const { ledger } = t.runtime.stores;
-    await ledger.ensureWallet('w7', 'ten_a', 'sponsor');
-    for (let i = 0; i < 9; i++) await ledger.apply(credit('w7', `credit:w7:${i}`, 10 + i, ['USD', 'EUR', 'USDC'][i % 3]));
-    for (let i = 0; i < 4; i++) await ledger.apply(lock('w7', `lock:w7:${i}`, 5, ['USD', 'EUR'][i % 2]));
-    await ledger.apply(lock('w7', 'lock:w7:refused', 1_000)).catch(() => undefined);
-    const all = (await ledger.postings.find({ walletId: 'w7' }).toArray()).filter((p) => !p.refused);
-    expect(all).toHaveLength(17);
+  it(
+    "pages through a wallet's postings newest first, each exactly once, while new ones arrive",
+    async () => {
+      const { ledger } = t.runtime.stores;
+      await ledger.ensureWallet('w7', 'ten_a', 'sponsor');
+      for (let i = 0; i < 9; i++)
+        await ledger.apply(credit('w7', `credit:w7:${i}`, 10 + i, ['USD', 'EUR', 'USDC'][i % 3]));
+      for (let i = 0; i < 4; i++) await ledger.apply(lock('w7', `lock:w7:${i}`, 5, ['USD', 'EUR'][i % 2]));
+      await ledger.apply(lock('w7', 'lock:w7:refused', 1_000)).catch(() => undefined);
+      const all = (await ledger.postings.find({ walletId: 'w7' }).toArray()).filter((p) => !p.refused);
+      expect(all).toHaveLength(17);
 
-    const seen: PostingDoc[] = [];
-    let cursor: string | undefined;
-    for (let page = 0; page < 20; page++) {
-      const listed = (await ledger.listPostings('w7', 4, cursor))!;
-      seen.push(...listed.items);
-      if (page === 0) await ledger.apply(credit('w7', 'credit:w7:late', 1)); // after the first page: not listed
-      if (!listed.nextCursor) break;
-      expect(listed.items).toHaveLength(4);
-      cursor = listed.nextCursor;
-    }
-    expect(seen.map((p) => p._id).sort()).toEqual(all.map((p) => p._id).sort());
-    for (let i = 1; i < seen.length; i++) if (seen[i]!.account === seen[i - 1]!.account) expect(seen[i]!.seq).toBeLessThan(seen[i - 1]!.seq);
-    expect(await ledger.listPostings('w7', 4, 'bm90IG91cnM')).toBeNull();
-  }, RACE_TIMEOUT_MS);
+      const seen: PostingDoc[] = [];
+      let cursor: string | undefined;
+      for (let page = 0; page < 20; page++) {
+        const listed = (await ledger.listPostings('w7', 4, cursor))!;
+        seen.push(...listed.items);
+        if (page === 0) await ledger.apply(credit('w7', 'credit:w7:late', 1)); // after the first page: not listed
+        if (!listed.nextCursor) break;
+        expect(listed.items).toHaveLength(4);
+        cursor = listed.nextCursor;
+      }
+      expect(seen.map((p) => p._id).sort()).toEqual(all.map((p) => p._id).sort());
+      for (let i = 1; i < seen.length; i++)
+        if (seen[i]!.account === seen[i - 1]!.account) expect(seen[i]!.seq).toBeLessThan(seen[i - 1]!.seq);
+      expect(await ledger.listPostings('w7', 4, 'bm90IG91cnM')).toBeNull();
+    },
+    RACE_TIMEOUT_MS,
+  );
 });

@@ -34,7 +34,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
   let second: Runtime; // another "worker process": its own connections to the same servers
   const seed = Number(process.env.SETTLE_SEED ?? Date.now() % 1_000_000);
   const random = rng(seed);
-  const pick = <T,>(items: readonly T[]) => items[Math.floor(random() * items.length)]!;
+  const pick = <T>(items: readonly T[]) => items[Math.floor(random() * items.length)]!;
 
   beforeAll(async () => {
     t = await startTestApp({ overrides: { SWEEP_STALE_AFTER_MS: '0' } });
@@ -53,7 +53,14 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     const tenantId = tenant._id;
     const mkAgent = async (role: string) => {
       const agentId = `rand:agent:${role}-${newId('x')}`;
-      await rt.stores.agents.create(tenantId, { _id: agentId, displayName: null, metadataJson: null, status: 'active', keys: {}, createdAt: new Date() });
+      await rt.stores.agents.create(tenantId, {
+        _id: agentId,
+        displayName: null,
+        metadataJson: null,
+        status: 'active',
+        keys: {},
+        createdAt: new Date(),
+      });
       await rt.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
       return agentId;
     };
@@ -63,7 +70,14 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     for (const payer of payers) {
       for (const currency of CURRENCIES) {
         const amount = 20_000 + Math.floor(random() * 200_000);
-        await rt.stores.ledger.apply({ _id: `credit:${payer}:${currency}`, tenantId, kind: 'credit', currency, legs: [{ walletId: payer, bucket: 'available', delta: amount }], ref: {} });
+        await rt.stores.ledger.apply({
+          _id: `credit:${payer}:${currency}`,
+          tenantId,
+          kind: 'credit',
+          currency,
+          legs: [{ walletId: payer, bucket: 'available', delta: amount }],
+          ref: {},
+        });
         credited[currency]! += amount;
       }
     }
@@ -78,7 +92,14 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         if (random() < 0.03) throw new Crash('killed between a position claim and its leg marker');
       };
     }
-    const steps = ['released', 'decided', 'holdback-released', 'dispute-payer-paid', 'dispute-payee-paid', 'held-resolved'];
+    const steps = [
+      'released',
+      'decided',
+      'holdback-released',
+      'dispute-payer-paid',
+      'dispute-payee-paid',
+      'held-resolved',
+    ];
     const crashy = () => {
       const at = random() < 0.35 ? pick(steps) : null;
       return (step: string) => {
@@ -99,7 +120,8 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       for (let tries = 0; tries < 20 && !(await attempt(rt, settlementId)); tries++);
       await duplicate;
     };
-    const read = async (settlementId: string) => readSettlement(rt.stores.settlements, rt.stores.ledger, (await rt.stores.settlements.get(settlementId))!);
+    const read = async (settlementId: string) =>
+      readSettlement(rt.stores.settlements, rt.stores.ledger, (await rt.stores.settlements.get(settlementId))!);
 
     let refused = 0;
     const settled: string[] = [];
@@ -116,8 +138,19 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       const runId = newId('run');
       const insertRun = () =>
         rt.stores.runs.createOrResume({
-          _id: runId, tenantId, agentId: payee, terms: {}, settlement: terms, status: 'finalized', verdict: random() < 0.7 ? 'pass' : 'fail',
-          artifactId: `art_${sha256Hex(runId)}`, createdAt: new Date(), finalizeRequestedAt: new Date(), finalHead: { seq: 0, chainHash: null }, finalizedAt: new Date(), finalizeError: null,
+          _id: runId,
+          tenantId,
+          agentId: payee,
+          terms: {},
+          settlement: terms,
+          status: 'finalized',
+          verdict: random() < 0.7 ? 'pass' : 'fail',
+          artifactId: `art_${sha256Hex(runId)}`,
+          createdAt: new Date(),
+          finalizeRequestedAt: new Date(),
+          finalHead: { seq: 0, chainHash: null },
+          finalizedAt: new Date(),
+          finalizeError: null,
         });
       try {
         await withRunEscrow(rt, tenantId, runId, payee, terms, insertRun);
@@ -129,7 +162,16 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         if (err instanceof Crash) return; // the request died between the lock's legs: the sweeper must give it back
         throw err;
       }
-      const s = await rt.stores.settlements.createOrGet({ tenantId, runId, payerWalletId: payer, payeeWalletId: payee, amount: terms.amount, currency: terms.currency, holdbackBps: terms.holdbackBps, disputeWindowSeconds: terms.disputeWindowSeconds });
+      const s = await rt.stores.settlements.createOrGet({
+        tenantId,
+        runId,
+        payerWalletId: payer,
+        payeeWalletId: payee,
+        amount: terms.amount,
+        currency: terms.currency,
+        holdbackBps: terms.holdbackBps,
+        disputeWindowSeconds: terms.disputeWindowSeconds,
+      });
       settled.push(s._id);
       await job(s._id);
 
@@ -137,24 +179,41 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       if (view.status === 'completed' && terms.disputeWindowSeconds === 3_600 && random() < 0.5) {
         const disputeId = newId('dsp');
         const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
-        const opened = await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'dispute', disputeId, reason: 'random', evidenceJson: null, frozenAmount, at: new Date().toISOString() });
+        const opened = await rt.stores.settlements.claim(s._id, 'holdback', {
+          fate: 'dispute',
+          disputeId,
+          reason: 'random',
+          evidenceJson: null,
+          frozenAmount,
+          at: new Date().toISOString(),
+        });
         expect(opened.won).toBe(true);
         if (random() < 0.8) {
           const outcome = pick(['payee', 'payer', 'split'] as const);
           const bps = outcome === 'split' ? Math.floor(random() * 10_001) : undefined;
-          await rt.stores.settlements.claim(s._id, 'ruling', { outcome, payerShareBps: bps ?? null, ...disputeSplit(frozenAmount, outcome, bps), at: new Date().toISOString() });
+          await rt.stores.settlements.claim(s._id, 'ruling', {
+            outcome,
+            payerShareBps: bps ?? null,
+            ...disputeSplit(frozenAmount, outcome, bps),
+            at: new Date().toISOString(),
+          });
           await job(s._id);
         }
       } else if (view.status === 'held' && !facts.heldRuling && random() < 0.6) {
-        await rt.stores.settlements.claim(s._id, 'heldRuling', { outcome: pick(['release', 'refund'] as const), at: new Date().toISOString() });
+        await rt.stores.settlements.claim(s._id, 'heldRuling', {
+          outcome: pick(['release', 'refund'] as const),
+          at: new Date().toISOString(),
+        });
         await job(s._id);
       }
     });
     // Ten at a time, so payers' accounts see real contention.
     const queue = [...work];
-    await Promise.all(Array.from({ length: 10 }, async () => {
-      while (queue.length > 0) await queue.shift()!();
-    }));
+    await Promise.all(
+      Array.from({ length: 10 }, async () => {
+        while (queue.length > 0) await queue.shift()!();
+      }),
+    );
 
     // Stop crashing; let the windows of 1 s end; then the sweepers of both processes repair everything, twice.
     for (const r of [rt, second]) {
@@ -166,8 +225,12 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     // A lock the sweep itself finished is checked against its run RUN_GRACE_MS later, so quiet must last that long.
     let busyAt = Date.now();
     for (let round = 0; round < 60; round++) {
-      const outcomes = (await Promise.all([createSettleProcessor(rt).sweep!(), createSettleProcessor(second).sweep!()])) as Array<Record<string, number>>;
-      if (!outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0)) busyAt = Date.now();
+      const outcomes = (await Promise.all([
+        createSettleProcessor(rt).sweep!(),
+        createSettleProcessor(second).sweep!(),
+      ])) as Array<Record<string, number>>;
+      if (!outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0))
+        busyAt = Date.now();
       else if (Date.now() - busyAt > RUN_GRACE_MS) break;
       await new Promise((r) => setTimeout(r, 250));
     }
@@ -210,25 +273,47 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       const lean = await readSettlement(rt.stores.settlements, rt.stores.ledger, doc, now);
       const facts = await rt.stores.settlements.factsOf(doc._id);
       const applied = await rt.stores.ledger.appliedAmong(candidateEntries(doc, facts));
-      expect({ facts: lean.facts, view: lean.view }, doc._id).toEqual({ facts, view: deriveSettlement(termsOf(doc), facts, applied, now) });
+      expect({ facts: lean.facts, view: lean.view }, doc._id).toEqual({
+        facts,
+        view: deriveSettlement(termsOf(doc), facts, applied, now),
+      });
     }
     expect(new Set(views.map((v) => `${v.view.status}/${v.view.holdbackState}`)).size).toBeGreaterThanOrEqual(5);
     const outstanding = ({ view, doc }: (typeof views)[number]) =>
-      view.status === 'held' || view.status === 'pending' ? doc.amount : ['held', 'frozen', 'resolving', 'releasing'].includes(view.holdbackState) ? view.holdback : 0;
+      view.status === 'held' || view.status === 'pending'
+        ? doc.amount
+        : ['held', 'frozen', 'resolving', 'releasing'].includes(view.holdbackState)
+          ? view.holdback
+          : 0;
     const escrowByPayer = new Map<string, number>();
     const receivedByPayee = new Map<string, number>();
     for (const st of views) {
       const { doc, view } = st;
       expect(view.status, doc._id).not.toBe('pending');
       expect(['resolving', 'releasing']).not.toContain(view.holdbackState);
-      expect(view.releasedAmount + view.refundedAmount + outstanding(st), `${doc._id} ${view.status}/${view.holdbackState}`).toBe(doc.amount);
-      escrowByPayer.set(`${doc.payerWalletId}|${doc.currency}`, (escrowByPayer.get(`${doc.payerWalletId}|${doc.currency}`) ?? 0) + outstanding(st));
-      receivedByPayee.set(`${doc.payeeWalletId}|${doc.currency}`, (receivedByPayee.get(`${doc.payeeWalletId}|${doc.currency}`) ?? 0) + view.releasedAmount);
+      expect(
+        view.releasedAmount + view.refundedAmount + outstanding(st),
+        `${doc._id} ${view.status}/${view.holdbackState}`,
+      ).toBe(doc.amount);
+      escrowByPayer.set(
+        `${doc.payerWalletId}|${doc.currency}`,
+        (escrowByPayer.get(`${doc.payerWalletId}|${doc.currency}`) ?? 0) + outstanding(st),
+      );
+      receivedByPayee.set(
+        `${doc.payeeWalletId}|${doc.currency}`,
+        (receivedByPayee.get(`${doc.payeeWalletId}|${doc.currency}`) ?? 0) + view.releasedAmount,
+      );
       if (view.holdbackState === 'held') expect(doc.disputeWindowSeconds).toBe(3_600);
     }
     for (const currency of CURRENCIES) {
-      for (const payee of payees) expect(balances.get(payee)![currency]?.available ?? 0, `${payee} received`).toBe(receivedByPayee.get(`${payee}|${currency}`) ?? 0);
-      for (const payer of payers) expect(balances.get(payer)![currency]?.escrow ?? 0, `${payer} escrow`).toBe(escrowByPayer.get(`${payer}|${currency}`) ?? 0);
+      for (const payee of payees)
+        expect(balances.get(payee)![currency]?.available ?? 0, `${payee} received`).toBe(
+          receivedByPayee.get(`${payee}|${currency}`) ?? 0,
+        );
+      for (const payer of payers)
+        expect(balances.get(payer)![currency]?.escrow ?? 0, `${payer} escrow`).toBe(
+          escrowByPayer.get(`${payer}|${currency}`) ?? 0,
+        );
     }
 
     // 3. Every event was emitted once: one id per cause, and one decision event per settlement.
@@ -236,7 +321,8 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     expect(new Set(events.map((e) => e._id)).size).toBe(events.length);
     const decisions = events.filter((e) => e.type === 'settlement.completed' || e.type === 'settlement.held');
     const perSettlement = new Map<string, number>();
-    for (const e of decisions) perSettlement.set(String(e.data.settlementId), (perSettlement.get(String(e.data.settlementId)) ?? 0) + 1);
+    for (const e of decisions)
+      perSettlement.set(String(e.data.settlementId), (perSettlement.get(String(e.data.settlementId)) ?? 0) + 1);
     for (const { doc, facts } of views) {
       const heldThenReleased = facts.heldRuling?.outcome === 'release';
       expect(perSettlement.get(doc._id), doc._id).toBe(heldThenReleased ? 2 : 1);

@@ -23,9 +23,13 @@ async function failuresCounted(sweeper: string): Promise<number> {
 /** A run of the worker without settlement terms, finalized with a passing metric. */
 async function finalizedRunWithoutTerms(t: TestApp, auth: Record<string, string>, p: Parties): Promise<string> {
   const runId = await createRun(t, auth, { agentId: p.worker.agentId, terms: { accuracy: { min: 0.9 } } });
-  const batch = events(runId, { seq: 0, chainHash: null }, p.worker, [{ type: 'metric', payload: { name: 'accuracy', value: 1 } }]);
+  const batch = events(runId, { seq: 0, chainHash: null }, p.worker, [
+    { type: 'metric', payload: { name: 'accuracy', value: 1 } },
+  ]);
   expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
-  expect((await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth })).statusCode).toBe(202);
+  expect((await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth })).statusCode).toBe(
+    202,
+  );
   await waitFinalized(t, auth, runId);
   return runId;
 }
@@ -35,7 +39,10 @@ describe('escrow reserves: one owner, one fate', () => {
   let auth: Record<string, string>;
   let sweep: () => Promise<Record<string, number>>;
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['finalize'], overrides: { SWEEP_INTERVAL_MS: '3600000', SWEEP_STALE_AFTER_MS: '0' } });
+    t = await startTestApp({
+      workers: ['finalize'],
+      overrides: { SWEEP_INTERVAL_MS: '3600000', SWEEP_STALE_AFTER_MS: '0' },
+    });
     auth = (await t.tenantWithKey(['agents:write', 'runs:write', 'wallets:write'])).auth;
     const processor = createSettleProcessor(t.runtime);
     sweep = () => processor.sweep!() as Promise<Record<string, number>>;
@@ -57,7 +64,9 @@ describe('escrow reserves: one owner, one fate', () => {
     await sleep(RUN_GRACE_MS + 100);
     expect(await sweep()).toMatchObject({ unlocked: 1, reservesFailed: 0 });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 700, escrow: 300 });
-    expect(await t.runtime.stores.outbox.events.countDocuments({ type: 'escrow.returned', 'data.runId': runId })).toBe(1);
+    expect(await t.runtime.stores.outbox.events.countDocuments({ type: 'escrow.returned', 'data.runId': runId })).toBe(
+      1,
+    );
 
     // The client's honest retry: a new reserve is locked for the run, and the settlement pays from it.
     const retry = await settle(t, keyed, runId, terms);
@@ -69,7 +78,9 @@ describe('escrow reserves: one owner, one fate', () => {
     // The other run's reserve is intact and settles in full.
     expect((await settle(t, auth, other)).statusCode).toBe(202);
     await sweep();
-    expect((await t.app.inject({ method: 'GET', url: `/runs/${other}/settlement`, headers: auth })).json()).toMatchObject({ status: 'completed', releasedAmount: 300 });
+    expect(
+      (await t.app.inject({ method: 'GET', url: `/runs/${other}/settlement`, headers: auth })).json(),
+    ).toMatchObject({ status: 'completed', releasedAmount: 300 });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 500, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 500, escrow: 0 });
     // Nothing left for the reserve sweeper to return: both reserves were captured by their settlements.
@@ -92,7 +103,10 @@ describe('escrow reserves: one owner, one fate', () => {
     await sweep();
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 600, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 400, escrow: 0 });
-    expect(await t.runtime.stores.reserves.fateOf(`escrow:${runId}:lock:2`)).toMatchObject({ fate: 'captured', by: settlementIdFor(runId) });
+    expect(await t.runtime.stores.reserves.fateOf(`escrow:${runId}:lock:2`)).toMatchObject({
+      fate: 'captured',
+      by: settlementIdFor(runId),
+    });
     // The sweeper's second look at the returned reserve changes nothing.
     expect(await reconcileRunReserve(t.runtime, lock)).toBe(true);
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 600, escrow: 0 });
@@ -100,10 +114,15 @@ describe('escrow reserves: one owner, one fate', () => {
 
   it('a run create that failed after its lock is finished by the retry with the same key, never made twice', async () => {
     const p = await parties(t, auth, 1_000);
-    const body = { agentId: p.worker.agentId, settlement: { payerAgentId: p.payer.agentId, amount: 250, currency: 'USD' } };
+    const body = {
+      agentId: p.worker.agentId,
+      settlement: { payerAgentId: p.payer.agentId, amount: 250, currency: 'USD' },
+    };
     const keyed = { ...auth, 'idempotency-key': `create-${p.worker.agentId}` };
     armFailpoint('run.escrow.locked');
-    expect((await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed, payload: body })).statusCode).toBe(500);
+    expect((await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed, payload: body })).statusCode).toBe(
+      500,
+    );
     const retry = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed, payload: body });
     expect(retry.statusCode, retry.body).toBe(201);
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 750, escrow: 250 });
@@ -116,7 +135,9 @@ describe('escrow reserves: one owner, one fate', () => {
     // The retry after the run was stored (its answer lost, say) answers the same run.
     armFailpoint('run.escrow.attached');
     const keyed2 = { ...auth, 'idempotency-key': `create2-${p.worker.agentId}` };
-    expect((await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed2, payload: body })).statusCode).toBe(500);
+    expect((await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed2, payload: body })).statusCode).toBe(
+      500,
+    );
     const again = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed2, payload: body });
     expect(again.statusCode, again.body).toBe(201);
     expect(await t.runtime.db.collection('runs').countDocuments({ agentId: p.worker.agentId })).toBe(2);
@@ -125,8 +146,15 @@ describe('escrow reserves: one owner, one fate', () => {
     // A key reused for another request, after the first failed, is refused and moves nothing.
     armFailpoint('run.escrow.attached');
     const keyed3 = { ...auth, 'idempotency-key': `create3-${p.worker.agentId}` };
-    expect((await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed3, payload: body })).statusCode).toBe(500);
-    const reused = await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed3, payload: { ...body, terms: { accuracy: { min: 0.5 } } } });
+    expect((await t.app.inject({ method: 'POST', url: '/v1/runs', headers: keyed3, payload: body })).statusCode).toBe(
+      500,
+    );
+    const reused = await t.app.inject({
+      method: 'POST',
+      url: '/v1/runs',
+      headers: keyed3,
+      payload: { ...body, terms: { accuracy: { min: 0.5 } } },
+    });
     expect(reused.statusCode).toBe(422);
     expect(reused.json()).toMatchObject({ code: 'IDEMPOTENCY_KEY_REUSED' });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 250, escrow: 750 });
@@ -140,9 +168,21 @@ describe('escrow reserves: one owner, one fate', () => {
   it('one failing settlement backs off alone: the sweep settles every other one, and counts the failure', async () => {
     const p = await parties(t, auth, 1_000);
     // A settlement the worker cannot advance (its run was never finalized), due before the good one.
-    const stuckRun = await createRun(t, auth, { agentId: p.worker.agentId, settlement: { payerAgentId: p.payer.agentId, amount: 100, currency: 'USD' } });
+    const stuckRun = await createRun(t, auth, {
+      agentId: p.worker.agentId,
+      settlement: { payerAgentId: p.payer.agentId, amount: 100, currency: 'USD' },
+    });
     const run = (await t.runtime.stores.runs.getAny(stuckRun))!;
-    await t.runtime.stores.settlements.createOrGet({ tenantId: run.tenantId, runId: stuckRun, payerWalletId: p.payer.agentId, payeeWalletId: p.worker.agentId, amount: 100, currency: 'USD', holdbackBps: 0, disputeWindowSeconds: 60 });
+    await t.runtime.stores.settlements.createOrGet({
+      tenantId: run.tenantId,
+      runId: stuckRun,
+      payerWalletId: p.payer.agentId,
+      payeeWalletId: p.worker.agentId,
+      amount: 100,
+      currency: 'USD',
+      holdbackBps: 0,
+      disputeWindowSeconds: 60,
+    });
     const goodRun = await finalizedRun(t, auth, p, { pass: true, amount: 300 });
     expect((await settle(t, auth, goodRun)).statusCode).toBe(202);
 
@@ -165,7 +205,12 @@ describe('escrow reserves: one owner, one fate', () => {
     expect(await t.runtime.stores.ledger.getEntry(`settle:${settlementIdFor(runId)}:release`)).toBeNull();
 
     // A plain credit past the limit: 409, nothing recorded, nothing for the ledger sweeper to retry forever.
-    const res = await t.app.inject({ method: 'POST', url: `/ops/wallets/${p.worker.agentId}/credit`, headers: t.admin, payload: { amount: 100, currency: 'USD', reference: 'too-much' } });
+    const res = await t.app.inject({
+      method: 'POST',
+      url: `/ops/wallets/${p.worker.agentId}/credit`,
+      headers: t.admin,
+      payload: { amount: 100, currency: 'USD', reference: 'too-much' },
+    });
     expect(res.statusCode).toBe(409);
     expect(res.json()).toMatchObject({ code: 'BALANCE_LIMIT' });
     await sleep(10);
@@ -175,11 +220,27 @@ describe('escrow reserves: one owner, one fate', () => {
   it('an entry id asked again for another movement (another wallet, amount or currency) is refused whole', async () => {
     const p = await parties(t, auth, 500);
     const { ledger } = t.runtime.stores;
-    const entry = (walletId: string, amount: number) => ({ _id: `test:${p.payer.agentId}:move`, tenantId: 'ten_x', kind: 'test_move', currency: 'USD', legs: [{ walletId, bucket: 'available' as const, delta: -amount }, { walletId, bucket: 'escrow' as const, delta: amount }], ref: {} });
+    const entry = (walletId: string, amount: number) => ({
+      _id: `test:${p.payer.agentId}:move`,
+      tenantId: 'ten_x',
+      kind: 'test_move',
+      currency: 'USD',
+      legs: [
+        { walletId, bucket: 'available' as const, delta: -amount },
+        { walletId, bucket: 'escrow' as const, delta: amount },
+      ],
+      ref: {},
+    });
     await ledger.apply(entry(p.payer.agentId, 100));
     await ledger.ensureWallet(p.worker.agentId, 'ten_x', 'agent');
-    await expect(ledger.apply(entry(p.worker.agentId, 100))).rejects.toMatchObject({ status: 409, code: 'TRANSITION_ILLEGAL' });
-    await expect(ledger.apply(entry(p.payer.agentId, 101))).rejects.toMatchObject({ status: 409, code: 'TRANSITION_ILLEGAL' });
+    await expect(ledger.apply(entry(p.worker.agentId, 100))).rejects.toMatchObject({
+      status: 409,
+      code: 'TRANSITION_ILLEGAL',
+    });
+    await expect(ledger.apply(entry(p.payer.agentId, 101))).rejects.toMatchObject({
+      status: 409,
+      code: 'TRANSITION_ILLEGAL',
+    });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 400, escrow: 100 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 0, escrow: 0 });
   });
@@ -188,10 +249,16 @@ describe('escrow reserves: one owner, one fate', () => {
     const p = await parties(t, auth, 1_000);
     const runId = await finalizedRunWithoutTerms(t, auth, p);
     armFailpoint('run.escrow.locked');
-    expect((await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 300, currency: 'USD' } })).statusCode).toBe(500);
+    expect(
+      (await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 300, currency: 'USD' } }))
+        .statusCode,
+    ).toBe(500);
     await sleep(RUN_GRACE_MS + 100);
     expect(await sweep()).toMatchObject({ unlocked: 1 });
-    expect((await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 250, currency: 'USD' } })).statusCode).toBe(202);
+    expect(
+      (await settle(t, auth, runId, { settlement: { payerAgentId: p.payer.agentId, amount: 250, currency: 'USD' } }))
+        .statusCode,
+    ).toBe(202);
     await sweep();
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 750, escrow: 0 });
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 250, escrow: 0 });
@@ -199,8 +266,18 @@ describe('escrow reserves: one owner, one fate', () => {
 
   it('credit references cannot collide across wallet ids that contain ":"', async () => {
     const { tenantId } = await t.tenantWithKey(['wallets:write']);
-    const a = await t.app.inject({ method: 'POST', url: `/ops/wallets/${encodeURIComponent('acme:ops')}/credit`, headers: t.admin, payload: { tenantId, amount: 100, currency: 'USD', reference: 'x' } });
-    const b = await t.app.inject({ method: 'POST', url: `/ops/wallets/acme/credit`, headers: t.admin, payload: { tenantId, amount: 100, currency: 'USD', reference: 'ops:x' } });
+    const a = await t.app.inject({
+      method: 'POST',
+      url: `/ops/wallets/${encodeURIComponent('acme:ops')}/credit`,
+      headers: t.admin,
+      payload: { tenantId, amount: 100, currency: 'USD', reference: 'x' },
+    });
+    const b = await t.app.inject({
+      method: 'POST',
+      url: `/ops/wallets/acme/credit`,
+      headers: t.admin,
+      payload: { tenantId, amount: 100, currency: 'USD', reference: 'ops:x' },
+    });
     expect([a.statusCode, b.statusCode]).toEqual([201, 201]);
     expect(a.json().balances.USD).toEqual({ available: 100, escrow: 0 });
     expect(b.json().balances.USD).toEqual({ available: 100, escrow: 0 });
@@ -217,7 +294,14 @@ describe('escrow reserves: deadlines', () => {
   let t: TestApp;
   let auth: Record<string, string>;
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['finalize'], overrides: { SWEEP_INTERVAL_MS: '3600000', SWEEP_STALE_AFTER_MS: '0', RUN_RESERVE_DEADLINE_SECONDS: String(DEADLINE_SECONDS) } });
+    t = await startTestApp({
+      workers: ['finalize'],
+      overrides: {
+        SWEEP_INTERVAL_MS: '3600000',
+        SWEEP_STALE_AFTER_MS: '0',
+        RUN_RESERVE_DEADLINE_SECONDS: String(DEADLINE_SECONDS),
+      },
+    });
     auth = (await t.tenantWithKey(['agents:write', 'runs:write', 'wallets:write'])).auth;
   });
   afterAll(() => t.close());

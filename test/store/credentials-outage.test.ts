@@ -24,12 +24,15 @@ describe('credential cache subscriber during a Redis outage (a private Redis ins
   let cache: CredentialCache;
   const lines: Array<Record<string, any>> = [];
   // The outage log and the cache write to one log, as in a process: every line either writes is here.
-  const logger = pino({ level: 'info' }, new Writable({
-    write(chunk, _enc, done) {
-      for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
-      done();
-    },
-  }));
+  const logger = pino(
+    { level: 'info' },
+    new Writable({
+      write(chunk, _enc, done) {
+        for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
+        done();
+      },
+    }),
+  );
   const outages = new DependencyOutages(logger);
 
   beforeAll(async () => {
@@ -55,8 +58,11 @@ describe('credential cache subscriber during a Redis outage (a private Redis ins
     await redis.up();
     await until(() => cache.isLive(), 'the cache to go live');
     await until(() => !outages.isDown('redis'), 'the outage to end');
-    expect(lines.map((l) => [l.dependency, l.state])).toEqual([['redis', 'down'], ['redis', 'up']]);
-    expect(lines[1]!.failures, 'the subscriber\'s failed attempts, counted').toBeGreaterThanOrEqual(2);
+    expect(lines.map((l) => [l.dependency, l.state])).toEqual([
+      ['redis', 'down'],
+      ['redis', 'up'],
+    ]);
+    expect(lines[1]!.failures, "the subscriber's failed attempts, counted").toBeGreaterThanOrEqual(2);
   });
 
   it('a later outage: dark while Redis is away, one line each way, live again by itself', async () => {
@@ -66,7 +72,12 @@ describe('credential cache subscriber during a Redis outage (a private Redis ins
     await new Promise((r) => setTimeout(r, 1_500));
     await redis.up();
     await until(() => cache.isLive() && !outages.isDown('redis'), 'the cache to go live and the outage to end');
-    expect(lines.map((l) => [l.dependency, l.state])).toEqual([['redis', 'down'], ['redis', 'up'], ['redis', 'down'], ['redis', 'up']]);
+    expect(lines.map((l) => [l.dependency, l.state])).toEqual([
+      ['redis', 'down'],
+      ['redis', 'up'],
+      ['redis', 'down'],
+      ['redis', 'up'],
+    ]);
     expect(lines[3]!.failures).toBeGreaterThanOrEqual(1);
   });
 });

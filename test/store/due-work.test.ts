@@ -24,7 +24,10 @@ describe('due-work index', () => {
     store = new DueWorkStore(client.db(), 'things', redis, env.redisPrefix);
   });
   afterAll(async () => {
-    await client.db().dropDatabase().catch(() => undefined);
+    await client
+      .db()
+      .dropDatabase()
+      .catch(() => undefined);
     await client.close();
     await redis.del(`${env.redisPrefix}:{due:things}:at`, `${env.redisPrefix}:{due:things}:audit`);
     redis.disconnect();
@@ -66,6 +69,8 @@ describe('due-work index', () => {
     expect((await store.due(new Date(now), 200)).map((r) => r._id)).toEqual(['due_c']);
     expect(await store.audit()).toBeNull(); // another process (or this one) audited just now
     // The audit is the one read of the whole collection, and says so.
-    expect(reads.filter((e) => Object.keys(e.command.filter ?? {}).length === 0).map((e) => e.command.comment)).toEqual(['due-index-reconciliation']);
+    expect(reads.filter((e) => Object.keys(e.command.filter ?? {}).length === 0).map((e) => e.command.comment)).toEqual(
+      ['due-index-reconciliation'],
+    );
   });
 });

@@ -14,7 +14,10 @@ describe('lookups by _id use the _id index', () => {
     await client.connect();
   });
   afterAll(async () => {
-    await client.db().dropDatabase().catch(() => undefined);
+    await client
+      .db()
+      .dropDatabase()
+      .catch(() => undefined);
     await client.close();
   });
 

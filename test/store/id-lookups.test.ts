@@ -69,19 +69,47 @@ describe('every request and job path looks records up by exact _id', () => {
   it('runs tenant, agents, runs, events, finalize, settle, dispute, webhooks and wallet reads without a scan', async () => {
     t.runtime.mongo.on('commandStarted', (e) => commands.push(e));
     const { auth } = await t.tenantWithKey(['agents:write', 'runs:write', 'wallets:write', 'webhooks:write']);
-    const endpoint = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { url: receiver.url, events: ['run.finalized', 'settlement.completed', 'dispute.opened'] } });
+    const endpoint = await t.app.inject({
+      method: 'POST',
+      url: '/v1/webhooks',
+      headers: auth,
+      payload: { url: receiver.url, events: ['run.finalized', 'settlement.completed', 'dispute.opened'] },
+    });
     expect(endpoint.statusCode, endpoint.body).toBe(201);
     const p = await parties(t, auth, 5_000);
     await credit(t, p.payer.agentId, 1_000, 'USDC');
-    const runId = await finalizedRun(t, auth, p, { pass: true, amount: 1_000, holdbackBps: 1_000, disputeWindowSeconds: 3_600 });
+    const runId = await finalizedRun(t, auth, p, {
+      pass: true,
+      amount: 1_000,
+      holdbackBps: 1_000,
+      disputeWindowSeconds: 3_600,
+    });
     expect((await settle(t, auth, runId)).statusCode).toBe(202);
     await waitSettlement(t, auth, runId, (s) => s.status === 'completed');
-    const dispute = await t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/disputes`, headers: auth, payload: { reason: 'wrong' } });
+    const dispute = await t.app.inject({
+      method: 'POST',
+      url: `/v1/runs/${runId}/disputes`,
+      headers: auth,
+      payload: { reason: 'wrong' },
+    });
     expect(dispute.statusCode).toBe(201);
-    await t.app.inject({ method: 'POST', url: `/ops/disputes/${dispute.json().disputeId}/resolve`, headers: t.admin, payload: { outcome: 'payer' } });
+    await t.app.inject({
+      method: 'POST',
+      url: `/ops/disputes/${dispute.json().disputeId}/resolve`,
+      headers: t.admin,
+      payload: { outcome: 'payer' },
+    });
     await receiver.waitFor(3, 15_000);
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 900, escrow: 0 });
-    for (const url of [`/v1/runs/${runId}`, `/runs/${runId}/settlement`, `/runs/${runId}/verification`, `/v1/verify/${runId}`, `/v1/wallets/${p.payer.agentId}/entries`, `/v1/webhooks/${endpoint.json().id}/deliveries`, '/v1/webhooks']) {
+    for (const url of [
+      `/v1/runs/${runId}`,
+      `/runs/${runId}/settlement`,
+      `/runs/${runId}/verification`,
+      `/v1/verify/${runId}`,
+      `/v1/wallets/${p.payer.agentId}/entries`,
+      `/v1/webhooks/${endpoint.json().id}/deliveries`,
+      '/v1/webhooks',
+    ]) {
       const res = await t.app.inject({ method: 'GET', url, headers: auth });
       expect(res.statusCode, `${url}: ${res.body}`).toBe(200);
     }

@@ -19,7 +19,10 @@ describe('insertFirst', () => {
     await client.connect();
   });
   afterAll(async () => {
-    await client.db().dropDatabase().catch(() => undefined);
+    await client
+      .db()
+      .dropDatabase()
+      .catch(() => undefined);
     await client.close();
   });
 
@@ -30,7 +33,9 @@ describe('insertFirst', () => {
   const insertsSince = (from: number) => inserts.slice(from);
 
   it('gives a contested key to exactly one of 50 concurrent claimants, and stores only that one', async () => {
-    const results = await Promise.all(Array.from({ length: 50 }, (_, by) => insertFirst(claims(), { _id: 'contested', by })));
+    const results = await Promise.all(
+      Array.from({ length: 50 }, (_, by) => insertFirst(claims(), { _id: 'contested', by })),
+    );
     expect(results.filter(Boolean)).toHaveLength(1);
     const winner = results.indexOf(true);
     expect(await claims().findOne({ _id: 'contested' })).toEqual({ _id: 'contested', by: winner });
@@ -55,7 +60,11 @@ describe('insertFirst', () => {
 
   it('fails only the claim the server refuses for another reason; the rest of its command lands', async () => {
     const coll = claims() as unknown as Collection<{ _id: string | string[] }>;
-    const outcomes = await Promise.allSettled([insertFirst(coll, { _id: 'beside_bad_1' }), insertFirst(coll, { _id: ['an', 'array'] }), insertFirst(coll, { _id: 'beside_bad_2' })]);
+    const outcomes = await Promise.allSettled([
+      insertFirst(coll, { _id: 'beside_bad_1' }),
+      insertFirst(coll, { _id: ['an', 'array'] }),
+      insertFirst(coll, { _id: 'beside_bad_2' }),
+    ]);
     expect(outcomes[0]).toEqual({ status: 'fulfilled', value: true });
     expect(outcomes[1]!.status).toBe('rejected');
     expect(outcomes[2]).toEqual({ status: 'fulfilled', value: true });

@@ -4,7 +4,15 @@ import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { createWebhookHandler, type WebhookHooks } from '../../examples/receiver/server.ts';
 import { deliveryIdFor } from '../../src/store/webhook-deliveries.ts';
 import { verifyWebhook } from '../../src/webhooks/verify.ts';
-import { DELIVERY_OVERRIDES, signatureHeaders, startHarness, startReceiver, waitUntil, type Harness, type Receiver } from './harness.ts';
+import {
+  DELIVERY_OVERRIDES,
+  signatureHeaders,
+  startHarness,
+  startReceiver,
+  waitUntil,
+  type Harness,
+  type Receiver,
+} from './harness.ts';
 
 // Real deliveries: the app, in-process webhook-dispatch workers and HTTP receivers on 127.0.0.1, with the retry
 // schedule scaled to 1/1000 (5 min -> 300 ms, 30 min -> 1.8 s).
@@ -37,7 +45,13 @@ describe('webhook delivery', () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const r = await receiver();
     const ep = await endpoint(auth, r.url, ['run.finalized']);
-    const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_1', verdict: 'pass' }, 'run.finalized:run_1');
+    const event = await emitEvent(
+      h.runtime,
+      tenantId,
+      'run.finalized',
+      { runId: 'run_1', verdict: 'pass' },
+      'run.finalized:run_1',
+    );
     await emitEvent(h.runtime, tenantId, 'settlement.held', { runId: 'run_1' }, 'settlement.held:run_1'); // not subscribed
     const [req] = await r.waitFor(1);
 
@@ -48,12 +62,22 @@ describe('webhook delivery', () => {
     expect(req!.headers['service-signature']).toBe(req!.headers['webhook-signature']);
     const stored = (await h.runtime.stores.outbox.get(event._id))!;
     // The envelope: every delivery says whether it is test traffic (see test/onboarding/test-traffic.test.ts).
-    expect(req!.body).toBe(JSON.stringify({ id: event._id, type: 'run.finalized', createdAt: stored.createdAt.toISOString(), test: false, data: { runId: 'run_1', verdict: 'pass' } }));
+    expect(req!.body).toBe(
+      JSON.stringify({
+        id: event._id,
+        type: 'run.finalized',
+        createdAt: stored.createdAt.toISOString(),
+        test: false,
+        data: { runId: 'run_1', verdict: 'pass' },
+      }),
+    );
 
     const stock = new Webhook(ep.secret);
     expect(stock.verify(req!.body, signatureHeaders(req!))).toEqual(JSON.parse(req!.body));
     expect(verifyWebhook(req!.body, req!.headers, ep.secret).id).toBe(event._id);
-    expect(() => stock.verify(req!.body.replace('pass', 'fail'), signatureHeaders(req!))).toThrow(/No matching signature/);
+    expect(() => stock.verify(req!.body.replace('pass', 'fail'), signatureHeaders(req!))).toThrow(
+      /No matching signature/,
+    );
     // The same delivery replayed six minutes later is refused.
     const later = vi.spyOn(Date, 'now').mockReturnValue(Date.now() + 6 * 60_000);
     try {
@@ -62,22 +86,45 @@ describe('webhook delivery', () => {
       later.mockRestore();
     }
 
-    await waitUntil(async () => (await deliveriesOf(auth, ep.id)).items[0]?.status === 'succeeded', 5_000, 'delivery recorded');
+    await waitUntil(
+      async () => (await deliveriesOf(auth, ep.id)).items[0]?.status === 'succeeded',
+      5_000,
+      'delivery recorded',
+    );
     const list = await deliveriesOf(auth, ep.id);
     expect(list.items).toHaveLength(1); // settlement.held was not subscribed
-    expect(list.items[0]).toMatchObject({ eventId: event._id, eventType: 'run.finalized', status: 'succeeded', attemptCount: 1, nextAttemptAt: null });
+    expect(list.items[0]).toMatchObject({
+      eventId: event._id,
+      eventType: 'run.finalized',
+      status: 'succeeded',
+      attemptCount: 1,
+      nextAttemptAt: null,
+    });
     expect(list.items[0].attempts).toEqual([
-      expect.objectContaining({ attempt: 1, statusCode: 204, error: null, succeeded: true, durationMs: expect.any(Number) }),
+      expect.objectContaining({
+        attempt: 1,
+        statusCode: 204,
+        error: null,
+        succeeded: true,
+        durationMs: expect.any(Number),
+      }),
     ]);
     await new Promise((resolve) => setTimeout(resolve, 300));
     expect(r.received).toHaveLength(1);
   });
 
-  it('signs with both secrets during a rotation\'s grace period, and with the new one only after it', async () => {
+  it("signs with both secrets during a rotation's grace period, and with the new one only after it", async () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const r = await receiver();
     const ep = await endpoint(auth, r.url);
-    const rotated = (await h.app.inject({ method: 'POST', url: `/v1/webhooks/${ep.id}/rotate-secret`, headers: auth, payload: { gracePeriodSeconds: 2 } })).json();
+    const rotated = (
+      await h.app.inject({
+        method: 'POST',
+        url: `/v1/webhooks/${ep.id}/rotate-secret`,
+        headers: auth,
+        payload: { gracePeriodSeconds: 2 },
+      })
+    ).json();
     secrets.push(rotated.secret);
 
     await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'run_r1', amount: 100 }, 'rot:1');
@@ -100,7 +147,14 @@ describe('webhook delivery', () => {
     const count = () => {
       processedCount++;
     };
-    const hooks: WebhookHooks = { 'run.finalized': count, 'settlement.completed': count, 'settlement.held': count, 'dispute.opened': count, 'dispute.resolved': count, x402: count };
+    const hooks: WebhookHooks = {
+      'run.finalized': count,
+      'settlement.completed': count,
+      'settlement.held': count,
+      'dispute.opened': count,
+      'dispute.resolved': count,
+      x402: count,
+    };
     const r = await receiver();
     const ep = await endpoint(auth, r.url);
     const handle = createWebhookHandler({ secrets: [ep.secret], hooks });
@@ -112,7 +166,11 @@ describe('webhook delivery', () => {
     };
     const event = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_retry' }, 'retry:1');
     const got = await r.waitFor(4, 20_000);
-    await waitUntil(async () => (await deliveriesOf(auth, ep.id)).items[0]?.status === 'succeeded', 5_000, 'delivery succeeded');
+    await waitUntil(
+      async () => (await deliveriesOf(auth, ep.id)).items[0]?.status === 'succeeded',
+      5_000,
+      'delivery succeeded',
+    );
 
     expect(got.map((g) => g.headers['webhook-id'])).toEqual([event._id, event._id, event._id, event._id]);
     expect(new Set(got.map((g) => g.body)).size).toBe(1);
@@ -135,11 +193,21 @@ describe('webhook delivery', () => {
     const ep = await endpoint(auth, r.url);
     const first = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_gone' }, 'gone:1');
     await r.waitFor(1);
-    await waitUntil(async () => (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json().status === 'disabled', 5_000, 'endpoint disabled');
+    await waitUntil(
+      async () =>
+        (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json().status ===
+        'disabled',
+      5_000,
+      'endpoint disabled',
+    );
     const disabled = (await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).json();
     expect(disabled.disabledReason).toMatch(/410/);
     const second = await emitEvent(h.runtime, tenantId, 'settlement.completed', { runId: 'run_gone' }, 'gone:2');
-    await waitUntil(async () => (await deliveriesOf(auth, ep.id)).items.length === 2, 5_000, 'second delivery recorded');
+    await waitUntil(
+      async () => (await deliveriesOf(auth, ep.id)).items.length === 2,
+      5_000,
+      'second delivery recorded',
+    );
     const abandoned = (await deliveriesOf(auth, ep.id)).items;
     expect(abandoned.map((d: { status: string }) => d.status)).toEqual(['abandoned', 'abandoned']);
     await new Promise((resolve) => setTimeout(resolve, 300));
@@ -150,12 +218,24 @@ describe('webhook delivery', () => {
     expect(enabled.statusCode).toBe(200);
     expect(enabled.json()).toMatchObject({ status: 'active', disabledReason: null, replayed: 2 });
     const got = await r.waitFor(3);
-    expect(got.slice(1).map((g) => g.headers['webhook-id']).sort()).toEqual([first._id, second._id].sort());
-    await waitUntil(async () => (await deliveriesOf(auth, ep.id, '?status=succeeded')).items.length === 2, 5_000, 'replays succeeded');
+    expect(
+      got
+        .slice(1)
+        .map((g) => g.headers['webhook-id'])
+        .sort(),
+    ).toEqual([first._id, second._id].sort());
+    await waitUntil(
+      async () => (await deliveriesOf(auth, ep.id, '?status=succeeded')).items.length === 2,
+      5_000,
+      'replays succeeded',
+    );
     // Paged one at a time, newest first: both deliveries, no repeats, then no cursor.
     const page1 = await deliveriesOf(auth, ep.id, '?limit=1');
     const page2 = await deliveriesOf(auth, ep.id, `?limit=1&cursor=${page1.nextCursor}`);
-    expect([...page1.items, ...page2.items].map((d: { eventId: string }) => d.eventId)).toEqual([second._id, first._id]);
+    expect([...page1.items, ...page2.items].map((d: { eventId: string }) => d.eventId)).toEqual([
+      second._id,
+      first._id,
+    ]);
     expect(page2.nextCursor).toBeNull(); // nothing older
     expect(page2.items[0].attempts.map((a: { statusCode: number }) => a.statusCode)).toEqual([410, 204]);
   });
@@ -169,15 +249,30 @@ describe('webhook delivery', () => {
     const deliveries = h.runtime.stores.webhookDeliveries;
     const id = deliveryIdFor(event._id, ep.id);
     await waitUntil(async () => (await deliveries.get(id))?.attemptCount === 1, 5_000, 'first attempt recorded');
-    expect((await h.app.inject({ method: 'DELETE', url: `/v1/webhooks/${ep.id}`, headers: auth })).statusCode).toBe(204);
+    expect((await h.app.inject({ method: 'DELETE', url: `/v1/webhooks/${ep.id}`, headers: auth })).statusCode).toBe(
+      204,
+    );
     // What a stale writer can do: put back the endpoint's cached document as it was before the deletion. The
     // deletion is an inserted revision, so it holds all the same.
     const endpoints = h.runtime.stores.webhookEndpoints.log;
     const deleted = (await endpoints.get(ep.id))!;
-    await endpoints.docs.replaceOne({ _id: ep.id }, { ...deleted, rev: deleted.rev - 1, status: 'active', revokedAt: null });
+    await endpoints.docs.replaceOne(
+      { _id: ep.id },
+      { ...deleted, rev: deleted.rev - 1, status: 'active', revokedAt: null },
+    );
     expect((await h.app.inject({ method: 'GET', url: `/v1/webhooks/${ep.id}`, headers: auth })).statusCode).toBe(404);
-    await waitUntil(async () => (await deliveries.get(id))?.status === 'cancelled', 5_000, 'the retry to be cancelled', 200);
-    expect(await deliveries.get(id)).toMatchObject({ status: 'cancelled', nextAttemptAt: null, lastError: 'endpoint deleted', attemptCount: 1 });
+    await waitUntil(
+      async () => (await deliveries.get(id))?.status === 'cancelled',
+      5_000,
+      'the retry to be cancelled',
+      200,
+    );
+    expect(await deliveries.get(id)).toMatchObject({
+      status: 'cancelled',
+      nextAttemptAt: null,
+      lastError: 'endpoint deleted',
+      attemptCount: 1,
+    });
     const later = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_del2' }, 'deleted:2');
     await waitUntil(async () => Boolean((await h.runtime.stores.outbox.get(later._id))?.fannedOutAt), 5_000, 'fan-out');
     expect(await deliveries.get(deliveryIdFor(later._id, ep.id))).toBeNull();

@@ -3,7 +3,12 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createReceiverServer, createWebhookHandler, FileProcessedIds, type WebhookHooks } from '../../examples/receiver/server.ts';
+import {
+  createReceiverServer,
+  createWebhookHandler,
+  FileProcessedIds,
+  type WebhookHooks,
+} from '../../examples/receiver/server.ts';
 import { generateWebhookSecret, signedHeaders } from '../../src/domain/webhook-signing.ts';
 
 // The example receiver over real HTTP on 127.0.0.1 (the delivery tests drive its processing logic with real deliveries).
@@ -18,7 +23,14 @@ describe('example webhook receiver', () => {
     }
     calls.push(`${e.type}:${e.id}`);
   };
-  const hooks: WebhookHooks = { 'run.finalized': hook, 'settlement.completed': hook, 'settlement.held': hook, 'dispute.opened': hook, 'dispute.resolved': hook, x402: hook };
+  const hooks: WebhookHooks = {
+    'run.finalized': hook,
+    'settlement.completed': hook,
+    'settlement.held': hook,
+    'dispute.opened': hook,
+    'dispute.resolved': hook,
+    x402: hook,
+  };
   const server = createReceiverServer(createWebhookHandler({ secrets: [secret], hooks }));
   let base = '';
   beforeAll(async () => {
@@ -30,7 +42,11 @@ describe('example webhook receiver', () => {
   const deliver = (id: string, type: string, tamper = false, path = '/webhooks') => {
     const body = JSON.stringify({ id, type, createdAt: new Date().toISOString(), data: { n: 1 } });
     const headers = signedHeaders([secret], id, Math.floor(Date.now() / 1000), body);
-    return fetch(`${base}${path}`, { method: 'POST', headers: { ...headers, 'content-type': 'application/json' }, body: tamper ? body.replace('"n":1', '"n":2') : body });
+    return fetch(`${base}${path}`, {
+      method: 'POST',
+      headers: { ...headers, 'content-type': 'application/json' },
+      body: tamper ? body.replace('"n":1', '"n":2') : body,
+    });
   };
 
   it('answers 204 and processes each event id once; 401 for anything that does not verify', async () => {

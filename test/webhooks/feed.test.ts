@@ -55,11 +55,24 @@ describe('webhook pull feed', () => {
     expect(item).toMatchObject({ eventId, eventType: 'run.finalized' });
     expect(item.body).toBe(delivered!.body); // byte for byte what the receiver was POSTed
     expect(item.headers['webhook-id']).toBe(delivered!.headers['webhook-id']);
-    expect(new Webhook(ep.secret).verify(item.body, item.headers)).toMatchObject({ id: eventId, type: 'run.finalized', data: { runId: 'run_same_bytes' } });
-    expect(() => new Webhook(ep.secret).verify(item.body.replace('run_same_bytes', 'run_other_bytes'), item.headers)).toThrow();
+    expect(new Webhook(ep.secret).verify(item.body, item.headers)).toMatchObject({
+      id: eventId,
+      type: 'run.finalized',
+      data: { runId: 'run_same_bytes' },
+    });
+    expect(() =>
+      new Webhook(ep.secret).verify(item.body.replace('run_same_bytes', 'run_other_bytes'), item.headers),
+    ).toThrow();
 
     // After a rotation the items are signed with the new secret (and the previous one during its grace period).
-    const rotated = (await h.app.inject({ method: 'POST', url: `/v1/webhooks/${ep.id}/rotate-secret`, headers: auth, payload: { gracePeriodSeconds: 0 } })).json();
+    const rotated = (
+      await h.app.inject({
+        method: 'POST',
+        url: `/v1/webhooks/${ep.id}/rotate-secret`,
+        headers: auth,
+        payload: { gracePeriodSeconds: 0 },
+      })
+    ).json();
     const after = (await get(feedUrl(ep.id), auth)).json().items[0] as FeedItem;
     expect(new Webhook(rotated.secret).verify(after.body, after.headers)).toMatchObject({ id: eventId });
     expect(() => new Webhook(ep.secret).verify(after.body, after.headers)).toThrow();
@@ -83,7 +96,10 @@ describe('webhook pull feed', () => {
       expect(res.statusCode, res.body).toBe(200);
       const page = res.json();
       for (const item of page.items as FeedItem[]) {
-        expect(new Webhook(ep.secret).verify(item.body, item.headers)).toMatchObject({ id: item.eventId, type: 'run.finalized' });
+        expect(new Webhook(ep.secret).verify(item.body, item.headers)).toMatchObject({
+          id: item.eventId,
+          type: 'run.finalized',
+        });
         seen.push(item.eventId);
       }
       expect(typeof page.nextCursor).toBe('string');
@@ -99,7 +115,7 @@ describe('webhook pull feed', () => {
     expect((await get(feedUrl(ep.id, cursor), auth)).json().items.map((i: FeedItem) => i.eventId)).toEqual([latest]);
   });
 
-  it("pauses at a position whose delivery is not written yet and goes past it once its writer must be dead", async () => {
+  it('pauses at a position whose delivery is not written yet and goes past it once its writer must be dead', async () => {
     const { tenantId, auth } = await h.tenantWithKey();
     const ep = await h.createEndpoint(auth, 'https://pull-only.example.com/gap', ['run.finalized']);
     const first = await emit(tenantId, 'run.finalized', 'run_before_gap');
@@ -110,7 +126,13 @@ describe('webhook pull feed', () => {
     const now = await readFeed(h.runtime, tenantId, ep.id, {});
     expect(now.items.map((i) => i.delivery.eventId)).toEqual([first]);
     expect(now.hasMore).toBe(false);
-    const later = await readFeed(h.runtime, tenantId, ep.id, { after: now.nextCursor }, new Date(Date.now() + FEED_GAP_GRACE_MS + 1_000));
+    const later = await readFeed(
+      h.runtime,
+      tenantId,
+      ep.id,
+      { after: now.nextCursor },
+      new Date(Date.now() + FEED_GAP_GRACE_MS + 1_000),
+    );
     expect(later.items.map((i) => i.delivery.eventId)).toEqual([behind]);
 
     // A run of missing positions longer than one page may read does not hold the feed either.
@@ -120,7 +142,11 @@ describe('webhook pull feed', () => {
     const across = await readFeed(h.runtime, tenantId, ep.id, { after: later.nextCursor }, afterGrace);
     expect(across.items).toEqual([]);
     expect(across.hasMore).toBe(true);
-    expect((await readFeed(h.runtime, tenantId, ep.id, { after: across.nextCursor }, afterGrace)).items.map((i) => i.delivery.eventId)).toEqual([farBehind]);
+    expect(
+      (await readFeed(h.runtime, tenantId, ep.id, { after: across.nextCursor }, afterGrace)).items.map(
+        (i) => i.delivery.eventId,
+      ),
+    ).toEqual([farBehind]);
     // Before the grace has passed it waits at the run instead.
     const waiting = await readFeed(h.runtime, tenantId, ep.id, { after: later.nextCursor });
     expect(waiting).toMatchObject({ items: [], hasMore: false, nextCursor: later.nextCursor });
@@ -136,7 +162,10 @@ describe('webhook pull feed', () => {
 
     const bad = await get(feedUrl(ep.id, Buffer.from('nonsense').toString('base64url')), auth);
     expect(bad.statusCode).toBe(422);
-    expect(bad.json()).toMatchObject({ code: 'VALIDATION_FAILED', details: { errors: [{ path: 'querystring.after' }] } });
+    expect(bad.json()).toMatchObject({
+      code: 'VALIDATION_FAILED',
+      details: { errors: [{ path: 'querystring.after' }] },
+    });
     expect((await get(feedUrl(ep.id, 'not a cursor!'), auth)).statusCode).toBe(400);
     expect((await get(`/v1/webhooks/${ep.id}/events?limit=0`, auth)).statusCode).toBe(400);
 
@@ -144,42 +173,71 @@ describe('webhook pull feed', () => {
     const owner = await h.tenantWithKey();
     const own = await h.createEndpoint(owner.auth, 'https://pull-only.example.com/own', ['run.finalized']);
     const ownerId = (await h.runtime.stores.webhookEndpoints.get(own.id))!.tenantId;
-    const issued = await h.app.inject({ method: 'POST', url: '/ops/api-keys', headers: { authorization: `Bearer ${h.env.adminKey}` }, payload: { tenantId: ownerId, scopes: ['webhooks:read'] } });
+    const issued = await h.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: { authorization: `Bearer ${h.env.adminKey}` },
+      payload: { tenantId: ownerId, scopes: ['webhooks:read'] },
+    });
     expect(issued.statusCode, issued.body).toBe(201);
     const reader = { authorization: `Bearer ${issued.json().token}` };
     expect((await get(feedUrl(own.id), reader)).statusCode).toBe(200);
     expect((await get(`/v1/webhooks/${own.id}/deliveries`, reader)).statusCode).toBe(200);
-    expect((await h.app.inject({ method: 'POST', url: `/v1/webhooks/${own.id}/test`, headers: reader })).statusCode).toBe(403);
+    expect(
+      (await h.app.inject({ method: 'POST', url: `/v1/webhooks/${own.id}/test`, headers: reader })).statusCode,
+    ).toBe(403);
     const runsOnly = await h.tenantWithKey(['runs:read']);
     expect((await get(feedUrl(ep.id), runsOnly.auth)).statusCode).toBe(403);
   });
 
   it('a pull endpoint (no url) is never sent to: its events are stored for the feed, signed like deliveries', async () => {
     const { tenantId, auth } = await h.tenantWithKey();
-    const post = (url: string, payload: Record<string, unknown>) => h.app.inject({ method: 'POST', url, headers: auth, payload });
+    const post = (url: string, payload: Record<string, unknown>) =>
+      h.app.inject({ method: 'POST', url, headers: auth, payload });
     // A push endpoint needs a url; a pull endpoint must not have one. Both refusals register nothing.
     expect((await post('/v1/webhooks', { events: ['run.finalized'] })).statusCode).toBe(422);
-    expect((await post('/v1/webhooks', { delivery: 'pull', url: 'https://hooks.example.com/in', events: ['run.finalized'] })).statusCode).toBe(422);
+    expect(
+      (await post('/v1/webhooks', { delivery: 'pull', url: 'https://hooks.example.com/in', events: ['run.finalized'] }))
+        .statusCode,
+    ).toBe(422);
     expect((await get('/v1/webhooks', auth)).json().items).toEqual([]);
 
     const created = await post('/v1/webhooks', { delivery: 'pull', events: ['run.finalized'] });
     expect(created.statusCode, created.body).toBe(201);
     const ep = created.json();
-    expect(ep).toMatchObject({ url: null, delivery: 'pull', status: 'active', secret: expect.stringMatching(/^whsec_/) });
+    expect(ep).toMatchObject({
+      url: null,
+      delivery: 'pull',
+      status: 'active',
+      secret: expect.stringMatching(/^whsec_/),
+    });
 
     const eventId = await emit(tenantId, 'run.finalized', 'run_pulled');
     const test = await post(`/v1/webhooks/${ep.id}/test`, {});
     expect(test.statusCode, test.body).toBe(202);
     const items = (await get(feedUrl(ep.id), auth)).json().items as FeedItem[];
     expect(items.map((x) => x.eventType)).toEqual(['run.finalized', 'webhook.test']);
-    expect(new Webhook(ep.secret).verify(items[0]!.body, items[0]!.headers)).toMatchObject({ id: eventId, data: { runId: 'run_pulled' } });
+    expect(new Webhook(ep.secret).verify(items[0]!.body, items[0]!.headers)).toMatchObject({
+      id: eventId,
+      data: { runId: 'run_pulled' },
+    });
 
     // Stored, never attempted, so nothing to resend or recover.
-    const deliveries = (await get(`/v1/webhooks/${ep.id}/deliveries`, auth)).json().items as Array<{ id?: string; deliveryId?: string; status: string; attempts: unknown[] }>;
-    expect(deliveries.map((d) => [d.status, d.attempts.length])).toEqual([['stored', 0], ['stored', 0]]);
+    const deliveries = (await get(`/v1/webhooks/${ep.id}/deliveries`, auth)).json().items as Array<{
+      id?: string;
+      deliveryId?: string;
+      status: string;
+      attempts: unknown[];
+    }>;
+    expect(deliveries.map((d) => [d.status, d.attempts.length])).toEqual([
+      ['stored', 0],
+      ['stored', 0],
+    ]);
     const resend = await post(`/v1/webhooks/${ep.id}/deliveries/${items[0]!.deliveryId}/resend`, {});
     expect(resend.statusCode, resend.body).toBe(409);
     expect(resend.json().code).toBe('WEBHOOK_ENDPOINT_PULL');
-    expect((await post(`/v1/webhooks/${ep.id}/recoveries`, { since: new Date(0).toISOString() })).json().code).toBe('WEBHOOK_ENDPOINT_PULL');
+    expect((await post(`/v1/webhooks/${ep.id}/recoveries`, { since: new Date(0).toISOString() })).json().code).toBe(
+      'WEBHOOK_ENDPOINT_PULL',
+    );
   });
 });

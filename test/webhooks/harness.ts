@@ -38,7 +38,9 @@ export interface Harness {
   close(): Promise<void>;
 }
 
-export async function startHarness(options: { overrides?: Record<string, string>; workers?: boolean } = {}): Promise<Harness> {
+export async function startHarness(
+  options: { overrides?: Record<string, string>; workers?: boolean } = {},
+): Promise<Harness> {
   const env = testEnv({ LOG_LEVEL: 'debug', ...options.overrides });
   const config = loadConfig(env.vars);
   let captured = '';
@@ -64,16 +66,30 @@ export async function startHarness(options: { overrides?: Record<string, string>
     env,
     logs: () => captured,
     async tenantWithKey(scopes = ['webhooks:write']) {
-      const tenant = await setupCall(() => app.inject({ method: 'POST', url: '/ops/tenants', headers: admin, payload: { name: 't' } }), 201);
+      const tenant = await setupCall(
+        () => app.inject({ method: 'POST', url: '/ops/tenants', headers: admin, payload: { name: 't' } }),
+        201,
+      );
       const tenantId = tenant.tenantId as string;
-      const key = await setupCall(() => app.inject({ method: 'POST', url: '/ops/api-keys', headers: admin, payload: { tenantId, scopes } }), 201);
+      const key = await setupCall(
+        () => app.inject({ method: 'POST', url: '/ops/api-keys', headers: admin, payload: { tenantId, scopes } }),
+        201,
+      );
       return { tenantId, auth: { authorization: `Bearer ${key.token}` } };
     },
     async createEndpoint(auth, url, events = ['run.finalized', 'settlement.completed']) {
-      return (await setupCall(() => app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { url, events } }), 201)) as { id: string; secret: string };
+      return (await setupCall(
+        () => app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { url, events } }),
+        201,
+      )) as { id: string; secret: string };
     },
     startWorkers(workerOptions = {}) {
-      const workers = startWorkers(config, logger, { 'webhook-dispatch': createWebhookDispatchProcessor(runtime, workerOptions) }, ['webhook-dispatch']);
+      const workers = startWorkers(
+        config,
+        logger,
+        { 'webhook-dispatch': createWebhookDispatchProcessor(runtime, workerOptions) },
+        ['webhook-dispatch'],
+      );
       running.push(workers);
       return workers;
     },
@@ -98,7 +114,10 @@ export async function startHarness(options: { overrides?: Record<string, string>
  * A setup request that must succeed; retried on 503, which a heavily loaded shared test server can answer (the
  * service answers 503 fast rather than hanging when MongoDB is slow to respond).
  */
-async function setupCall(send: () => Promise<{ statusCode: number; body: string; json(): any }>, expected: number): Promise<any> {
+async function setupCall(
+  send: () => Promise<{ statusCode: number; body: string; json(): any }>,
+  expected: number,
+): Promise<any> {
   for (let attempt = 1; ; attempt++) {
     const res = await send();
     if (res.statusCode === expected) return res.json();
@@ -117,7 +136,13 @@ export interface ReceivedRequest {
 }
 
 /** What the receiver does with a request: a status (and headers), or 'hold' to keep it open without answering. */
-export type Respond = (req: ReceivedRequest) => Promise<number | { status: number; headers?: Record<string, string> } | 'hold'> | number | { status: number; headers?: Record<string, string> } | 'hold';
+export type Respond = (
+  req: ReceivedRequest,
+) =>
+  | Promise<number | { status: number; headers?: Record<string, string> } | 'hold'>
+  | number
+  | { status: number; headers?: Record<string, string> }
+  | 'hold';
 
 export interface Receiver {
   url: string;
@@ -167,7 +192,11 @@ export async function startReceiver(respond: Respond = () => 204, port = 0): Pro
     held,
     respond,
     async waitFor(count, timeoutMs = 15_000) {
-      await waitUntil(() => received.length >= count, timeoutMs, `receiver to get ${count} requests (has ${received.length})`);
+      await waitUntil(
+        () => received.length >= count,
+        timeoutMs,
+        `receiver to get ${count} requests (has ${received.length})`,
+      );
       return received;
     },
     async close() {
@@ -189,7 +218,12 @@ export async function freePort(): Promise<number> {
 }
 
 /** Polls `check`; keep `everyMs` generous for checks that scan a collection (FerretDB scans are not cheap). */
-export async function waitUntil(check: () => boolean | Promise<boolean>, timeoutMs: number, what: string, everyMs = 100): Promise<void> {
+export async function waitUntil(
+  check: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string,
+  everyMs = 100,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);

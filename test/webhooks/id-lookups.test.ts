@@ -36,7 +36,12 @@ function filtersOf(name: string, command: Document): unknown[] {
 }
 
 function isIdLookup(filter: unknown): boolean {
-  return typeof filter === 'object' && filter !== null && Object.keys(filter).length === 1 && typeof (filter as Document)._id === 'string';
+  return (
+    typeof filter === 'object' &&
+    filter !== null &&
+    Object.keys(filter).length === 1 &&
+    typeof (filter as Document)._id === 'string'
+  );
 }
 
 describe('webhook paths touch the webhook collections by exact _id only', () => {
@@ -58,7 +63,8 @@ describe('webhook paths touch the webhook collections by exact _id only', () => 
       if (!(FILTERING as readonly string[]).includes(e.commandName)) return;
       const collection = String(e.command[e.commandName]);
       if (!WATCHED.has(collection)) return;
-      for (const filter of filtersOf(e.commandName, e.command)) seen.push({ command: e.commandName, collection, filter });
+      for (const filter of filtersOf(e.commandName, e.command))
+        seen.push({ command: e.commandName, collection, filter });
     });
   });
   afterAll(async () => {
@@ -78,32 +84,59 @@ describe('webhook paths touch the webhook collections by exact _id only', () => 
     const unsubscribed = await h.createEndpoint(auth, r.url, ['dispute.opened']);
     const first = await call('GET', '/v1/webhooks?limit=2');
     const second = await call('GET', `/v1/webhooks?limit=2&cursor=${first.nextCursor}`);
-    expect([...first.items, ...second.items].map((e: { id: string }) => e.id)).toEqual([unsubscribed.id, gone.id, hook.id]);
+    expect([...first.items, ...second.items].map((e: { id: string }) => e.id)).toEqual([
+      unsubscribed.id,
+      gone.id,
+      hook.id,
+    ]);
     await call('GET', `/v1/webhooks/${hook.id}`);
     await call('POST', `/v1/webhooks/${hook.id}/rotate-secret`, { gracePeriodSeconds: 60 });
 
     const events: OutboxEventDoc[] = [];
-    for (let i = 0; i < 3; i++) events.push(await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: `run_${i}` }, `ids:${i}`));
+    for (let i = 0; i < 3; i++)
+      events.push(await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: `run_${i}` }, `ids:${i}`));
     // An event whose fan-out job was never enqueued, as if its emitter died right after recording it.
-    const orphan = await h.runtime.stores.outbox.record(tenantId, 'settlement.completed', { runId: 'run_orphan' }, 'ids:orphan', { test: false, fanOut: true, createdAt: new Date() });
+    const orphan = await h.runtime.stores.outbox.record(
+      tenantId,
+      'settlement.completed',
+      { runId: 'run_orphan' },
+      'ids:orphan',
+      { test: false, fanOut: true, createdAt: new Date() },
+    );
     await waitUntil(() => r.received.some((q) => q.headers['webhook-id'] === orphan._id), 15_000, 'the swept orphan');
     const deliveries = h.runtime.stores.webhookDeliveries;
-    await waitUntil(async () => {
-      const states = await Promise.all([...events, orphan].map(async (e) => (await deliveries.get(deliveryIdFor(e._id, hook.id)))?.status));
-      return states.every((s) => s === 'succeeded');
-    }, 15_000, 'every delivery to succeed', 200);
-    await waitUntil(async () => (await call('GET', `/v1/webhooks/${gone.id}`)).status === 'disabled', 5_000, 'the 410 endpoint disabled');
+    await waitUntil(
+      async () => {
+        const states = await Promise.all(
+          [...events, orphan].map(async (e) => (await deliveries.get(deliveryIdFor(e._id, hook.id)))?.status),
+        );
+        return states.every((s) => s === 'succeeded');
+      },
+      15_000,
+      'every delivery to succeed',
+      200,
+    );
+    await waitUntil(
+      async () => (await call('GET', `/v1/webhooks/${gone.id}`)).status === 'disabled',
+      5_000,
+      'the 410 endpoint disabled',
+    );
 
     const page1 = await call('GET', `/v1/webhooks/${hook.id}/deliveries?limit=2`);
     const page2 = await call('GET', `/v1/webhooks/${hook.id}/deliveries?limit=2&cursor=${page1.nextCursor}`);
     expect([...page1.items, ...page2.items]).toHaveLength(4);
     expect(page2.nextCursor).toBeNull();
     expect((await call('GET', `/v1/webhooks/${hook.id}/deliveries?status=succeeded`)).items).toHaveLength(4);
-    for (const d of [...page1.items, ...page2.items]) expect(d.attempts.map((a: { statusCode: number }) => a.statusCode)).toEqual([500, 204]);
+    for (const d of [...page1.items, ...page2.items])
+      expect(d.attempts.map((a: { statusCode: number }) => a.statusCode)).toEqual([500, 204]);
 
     r.respond = () => 204;
     expect((await call('POST', `/v1/webhooks/${gone.id}/enable`)).replayed).toBe(3);
-    await waitUntil(async () => (await call('GET', `/v1/webhooks/${gone.id}/deliveries?status=succeeded`)).items.length === 3, 10_000, 'the replays');
+    await waitUntil(
+      async () => (await call('GET', `/v1/webhooks/${gone.id}/deliveries?status=succeeded`)).items.length === 3,
+      10_000,
+      'the replays',
+    );
     await call('DELETE', `/v1/webhooks/${unsubscribed.id}`);
     expect((await call('GET', '/v1/webhooks')).items).toHaveLength(2);
 
@@ -117,17 +150,32 @@ describe('webhook paths touch the webhook collections by exact _id only', () => 
     // The pull feed, read to its end, and the retention sweep a retention period on (it removes everything above).
     let feed = await call('GET', `/v1/webhooks/${hook.id}/events?limit=2`);
     while (feed.hasMore) feed = await call('GET', `/v1/webhooks/${hook.id}/events?limit=2&after=${feed.nextCursor}`);
-    const expired = await sweepWebhookRetention(h.runtime, { batch: 500, now: Date.now() + (h.config.webhooks.retentionDays + 1) * 86_400_000 });
+    const expired = await sweepWebhookRetention(h.runtime, {
+      batch: 500,
+      now: Date.now() + (h.config.webhooks.retentionDays + 1) * 86_400_000,
+    });
     expect(expired.deliveries).toBeGreaterThanOrEqual(7);
     expect(expired.failed).toBe(0);
 
     const violations = seen.filter((s) => !isIdLookup(s.filter));
     expect(violations).toEqual([]);
     // The monitoring saw the work: reads on every collection that grows with it, and the writes that keep it.
-    for (const collection of WATCHED) expect(seen.filter((s) => s.collection === collection && s.command === 'find').length, collection).toBeGreaterThan(0);
+    for (const collection of WATCHED)
+      expect(
+        seen.filter((s) => s.collection === collection && s.command === 'find').length,
+        collection,
+      ).toBeGreaterThan(0);
     expect(seen.some((s) => s.collection === 'webhook_due' && s.command === 'delete')).toBe(true);
-    for (const collection of ['webhook_deliveries', 'webhook_delivery_revisions', 'webhook_attempts', 'webhook_index']) {
-      expect(seen.some((s) => s.collection === collection && s.command === 'delete'), collection).toBe(true);
+    for (const collection of [
+      'webhook_deliveries',
+      'webhook_delivery_revisions',
+      'webhook_attempts',
+      'webhook_index',
+    ]) {
+      expect(
+        seen.some((s) => s.collection === collection && s.command === 'delete'),
+        collection,
+      ).toBe(true);
     }
     expect(seen.some((s) => s.collection === 'webhook_deliveries' && s.command === 'update')).toBe(true);
     expect(seen.some((s) => s.collection === 'outbox_events' && s.command === 'update')).toBe(true);

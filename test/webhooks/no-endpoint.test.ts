@@ -19,31 +19,62 @@ describe('events of a tenant without webhook endpoints', () => {
     await h.close();
   });
 
-  const dispatchJob = (eventId: string) => h.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', eventId));
+  const dispatchJob = (eventId: string) =>
+    h.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', eventId));
 
   it('are recorded fanned out, with no fan-out job; once an endpoint exists, the next event reaches it', async () => {
     const { tenantId, auth } = await h.tenantWithKey(['webhooks:write', 'webhooks:read']);
-    const quiet = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_quiet' }, `no-endpoint:${tenantId}:1`);
+    const quiet = await emitEvent(
+      h.runtime,
+      tenantId,
+      'run.finalized',
+      { runId: 'run_quiet' },
+      `no-endpoint:${tenantId}:1`,
+    );
     const stored = await h.runtime.stores.outbox.get(quiet._id);
     expect(stored).toMatchObject({ _id: quiet._id, type: 'run.finalized', data: { runId: 'run_quiet' } });
     expect(stored!.fannedOutAt?.getTime()).toBe(stored!.createdAt.getTime());
     expect(await dispatchJob(quiet._id)).toBeUndefined();
     // A second event of the same tenant answers from the counter left behind, the same way.
-    const quietAgain = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_quiet2' }, `no-endpoint:${tenantId}:2`);
+    const quietAgain = await emitEvent(
+      h.runtime,
+      tenantId,
+      'run.finalized',
+      { runId: 'run_quiet2' },
+      `no-endpoint:${tenantId}:2`,
+    );
     expect((await h.runtime.stores.outbox.get(quietAgain._id))!.fannedOutAt).not.toBeNull();
     expect(await dispatchJob(quietAgain._id)).toBeUndefined();
     // Nothing is left for the sweeper to find.
     expect(await sweepWebhookWork(h.runtime, { batch: 100, now: Date.now() + 60_000 })).toMatchObject({ events: 0 });
 
     const endpoint = await h.createEndpoint(auth, r.url, ['run.finalized']);
-    const heard = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_heard' }, `no-endpoint:${tenantId}:3`);
-    await waitUntil(() => r.received.some((req) => req.headers['webhook-id'] === heard._id), 10_000, 'the event after the endpoint was registered');
+    const heard = await emitEvent(
+      h.runtime,
+      tenantId,
+      'run.finalized',
+      { runId: 'run_heard' },
+      `no-endpoint:${tenantId}:3`,
+    );
+    await waitUntil(
+      () => r.received.some((req) => req.headers['webhook-id'] === heard._id),
+      10_000,
+      'the event after the endpoint was registered',
+    );
     expect(r.received.map((req) => req.headers['webhook-id'])).toEqual([heard._id]);
     expect((await h.runtime.stores.outbox.get(heard._id))!.fannedOutAt).not.toBeNull();
 
     // Deleted, the endpoint is not sent to, but the tenant's events still take the fan-out path (which decides that).
-    expect((await h.app.inject({ method: 'DELETE', url: `/v1/webhooks/${endpoint.id}`, headers: auth })).statusCode).toBeLessThan(300);
-    const afterDelete = await emitEvent(h.runtime, tenantId, 'run.finalized', { runId: 'run_after' }, `no-endpoint:${tenantId}:4`);
+    expect(
+      (await h.app.inject({ method: 'DELETE', url: `/v1/webhooks/${endpoint.id}`, headers: auth })).statusCode,
+    ).toBeLessThan(300);
+    const afterDelete = await emitEvent(
+      h.runtime,
+      tenantId,
+      'run.finalized',
+      { runId: 'run_after' },
+      `no-endpoint:${tenantId}:4`,
+    );
     expect(await dispatchJob(afterDelete._id)).toBeDefined();
   });
 
@@ -51,9 +82,25 @@ describe('events of a tenant without webhook endpoints', () => {
     const withHook = await h.tenantWithKey(['webhooks:write']);
     const without = await h.tenantWithKey(['webhooks:write']);
     await h.createEndpoint(withHook.auth, r.url, ['settlement.completed']);
-    const sent = await emitEvent(h.runtime, withHook.tenantId, 'settlement.completed', { settlementId: 'stl_x' }, `no-endpoint:${withHook.tenantId}`);
-    const unsent = await emitEvent(h.runtime, without.tenantId, 'settlement.completed', { settlementId: 'stl_y' }, `no-endpoint:${without.tenantId}`);
-    await waitUntil(() => r.received.some((req) => req.headers['webhook-id'] === sent._id), 10_000, 'the subscribed tenant\'s event');
+    const sent = await emitEvent(
+      h.runtime,
+      withHook.tenantId,
+      'settlement.completed',
+      { settlementId: 'stl_x' },
+      `no-endpoint:${withHook.tenantId}`,
+    );
+    const unsent = await emitEvent(
+      h.runtime,
+      without.tenantId,
+      'settlement.completed',
+      { settlementId: 'stl_y' },
+      `no-endpoint:${without.tenantId}`,
+    );
+    await waitUntil(
+      () => r.received.some((req) => req.headers['webhook-id'] === sent._id),
+      10_000,
+      "the subscribed tenant's event",
+    );
     expect(r.received.some((req) => req.headers['webhook-id'] === unsent._id)).toBe(false);
     expect(await dispatchJob(unsent._id)).toBeUndefined();
   });

@@ -19,7 +19,13 @@ describe('webhook retention sweep', () => {
   });
   afterAll(() => h.close());
 
-  const attempt = (ok: boolean) => ({ startedAt: new Date(), durationMs: 3, statusCode: ok ? 204 : 500, error: ok ? null : 'receiver answered HTTP 500', succeeded: ok });
+  const attempt = (ok: boolean) => ({
+    startedAt: new Date(),
+    durationMs: 3,
+    statusCode: ok ? 204 : 500,
+    error: ok ? null : 'receiver answered HTTP 500',
+    succeeded: ok,
+  });
   const pause = () => new Promise((resolve) => setTimeout(resolve, 20));
 
   it('removes records past retention with everything they own, keeps recent and pending ones, and counts what it did', async () => {
@@ -29,11 +35,25 @@ describe('webhook retention sweep', () => {
     const endpoint = (await h.runtime.stores.webhookEndpoints.get(endpointId))!;
     const deliveries = h.runtime.stores.webhookDeliveries;
     const create = async () => {
-      const event = await h.runtime.stores.outbox.record(endpoint.tenantId, 'run.finalized', { runId: `run_${randomUUID()}` }, `retention:${randomUUID()}`, { test: false, fanOut: true, createdAt: new Date() });
+      const event = await h.runtime.stores.outbox.record(
+        endpoint.tenantId,
+        'run.finalized',
+        { runId: `run_${randomUUID()}` },
+        `retention:${randomUUID()}`,
+        { test: false, fanOut: true, createdAt: new Date() },
+      );
       return deliveries.ensure({ eventId: event._id, eventType: 'run.finalized', endpoint, now: new Date() });
     };
     const finish = async (d: WebhookDeliveryDoc, ok: boolean) =>
-      (await deliveries.transition(d, { status: ok ? 'succeeded' : 'failed', nextAttemptAt: null, lastError: ok ? null : 'receiver answered HTTP 500' }, attempt(ok)))!;
+      (await deliveries.transition(
+        d,
+        {
+          status: ok ? 'succeeded' : 'failed',
+          nextAttemptAt: null,
+          lastError: ok ? null : 'receiver answered HTTP 500',
+        },
+        attempt(ok),
+      ))!;
 
     // Old: delivered, failed (so also parked), still pending, and one whose last attempt comes after the cutoff.
     const delivered = await finish(await create(), true);
@@ -56,7 +76,9 @@ describe('webhook retention sweep', () => {
       expect(await deliveries.get(d._id)).toBeNull();
       expect(await db.collection('webhook_attempts').findOne({ _id: `${d._id}#1` as never })).toBeNull();
       expect(await db.collection('webhook_delivery_revisions').findOne({ _id: `${d._id}#1` as never })).toBeNull();
-      expect(await db.collection('webhook_index').findOne({ _id: `deliveries:${endpointId}#${d.seq}` as never })).toBeNull();
+      expect(
+        await db.collection('webhook_index').findOne({ _id: `deliveries:${endpointId}#${d.seq}` as never }),
+      ).toBeNull();
     }
     expect(await db.collection('webhook_index').findOne({ _id: `parked:${endpointId}#1` as never })).toBeNull();
     for (const d of [pending, lastAttemptRecent, recent]) {
@@ -67,7 +89,13 @@ describe('webhook retention sweep', () => {
     expect(await deliveries.parkedAt(endpointId, 2)).toMatchObject({ _id: lastAttemptRecent._id });
 
     // The same sweep again finds nothing due: the kept ones count on from when they were looked at.
-    expect(await sweepWebhookRetention(h.runtime, { batch: 100, now: cutoff + DAY_MS })).toEqual({ deliveries: 0, entries: 0, kept: 0, forgotten: 0, failed: 0 });
+    expect(await sweepWebhookRetention(h.runtime, { batch: 100, now: cutoff + DAY_MS })).toEqual({
+      deliveries: 0,
+      entries: 0,
+      kept: 0,
+      forgotten: 0,
+      failed: 0,
+    });
 
     // The pull feed starts past the positions that expired: it does not wait at them as at a delivery being written.
     expect(await deliveries.retention.expiredThrough(endpointId)).toBe(failed.seq);
@@ -88,11 +116,22 @@ describe('webhook retention sweep', () => {
     const { id: endpointId } = await h.createEndpoint(auth, 'https://hooks.example.com/broken', ['run.finalized']);
     const endpoint = (await h.runtime.stores.webhookEndpoints.get(endpointId))!;
     const deliveries = h.runtime.stores.webhookDeliveries;
-    const fine = await deliveries.ensure({ eventId: 'evt_fine_one', eventType: 'run.finalized', endpoint, now: new Date() });
-    const done = (await deliveries.transition(fine, { status: 'succeeded', nextAttemptAt: null, lastError: null }, attempt(true)))!;
+    const fine = await deliveries.ensure({
+      eventId: 'evt_fine_one',
+      eventType: 'run.finalized',
+      endpoint,
+      now: new Date(),
+    });
+    const done = (await deliveries.transition(
+      fine,
+      { status: 'succeeded', nextAttemptAt: null, lastError: null },
+      attempt(true),
+    ))!;
     // A record the sweep cannot make sense of (a date that is not one): removing it throws.
     const brokenId = `whd_broken_${randomUUID().slice(0, 8)}`;
-    await h.runtime.db.collection('webhook_deliveries').insertOne({ _id: brokenId as never, rev: 0, status: 'failed', updatedAt: 'not a date' });
+    await h.runtime.db
+      .collection('webhook_deliveries')
+      .insertOne({ _id: brokenId as never, rev: 0, status: 'failed', updatedAt: 'not a date' });
     await deliveries.retention.noteDelivery(brokenId, new Date(done.updatedAt.getTime() - 1));
     const now = Date.now() + 2 * DAY_MS;
 
@@ -108,6 +147,11 @@ describe('webhook retention sweep', () => {
     await h.runtime.db.collection('webhook_deliveries').deleteOne({ _id: brokenId as never });
     const last = await sweepWebhookRetention(h.runtime, { batch: 100, now: now + 3_600_000 * 2 });
     expect(last).toMatchObject({ failed: 0, forgotten: 1 });
-    expect(await h.runtime.redis.zscore(`${h.config.redisPrefix}:{webhook-retention}:due`, WebhookRetentionIndex.deliveryMember(brokenId))).toBeNull();
+    expect(
+      await h.runtime.redis.zscore(
+        `${h.config.redisPrefix}:{webhook-retention}:due`,
+        WebhookRetentionIndex.deliveryMember(brokenId),
+      ),
+    ).toBeNull();
   });
 });

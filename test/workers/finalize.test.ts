@@ -21,33 +21,61 @@ describe('finalize, artifacts and verification', () => {
     auth = (await t.tenantWithKey(['agents:write', 'runs:write', 'webhooks:write'])).auth;
     agent = await registerAgent(t, auth);
     // A subscriber (a pull endpoint: no URL to reach), so that run.finalized has somewhere to fan out to.
-    const hook = await t.app.inject({ method: 'POST', url: '/v1/webhooks', headers: auth, payload: { delivery: 'pull', events: ['run.finalized'] } });
+    const hook = await t.app.inject({
+      method: 'POST',
+      url: '/v1/webhooks',
+      headers: auth,
+      payload: { delivery: 'pull', events: ['run.finalized'] },
+    });
     expect(hook.statusCode, hook.body).toBe(201);
   });
   afterAll(() => t.close());
 
   const get = (url: string, headers: Record<string, string> = auth) => t.app.inject({ method: 'GET', url, headers });
-  const finalize = (runId: string) => t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
+  const finalize = (runId: string) =>
+    t.app.inject({ method: 'POST', url: `/v1/runs/${runId}/finalize`, headers: auth });
 
   /** A run with samples (latency and correctness) and one reported metric. */
   async function runWithEvidence(terms: Record<string, unknown>) {
     const runId = await createRun(t, auth, { agentId: agent.agentId, terms });
-    const samples = Array.from({ length: 20 }, (_, i) => ({ type: 'sample', payload: { latencyMs: (i + 1) * 50, correct: i !== 0 } }));
-    const batch = events(runId, { seq: 0, chainHash: null }, agent, [...samples, { type: 'metric', payload: { name: 'cost', value: 12 } }, { type: 'tool_call', payload: { tool: 'search', args: { q: 'x' } } }]);
+    const samples = Array.from({ length: 20 }, (_, i) => ({
+      type: 'sample',
+      payload: { latencyMs: (i + 1) * 50, correct: i !== 0 },
+    }));
+    const batch = events(runId, { seq: 0, chainHash: null }, agent, [
+      ...samples,
+      { type: 'metric', payload: { name: 'cost', value: 12 } },
+      { type: 'tool_call', payload: { tool: 'search', args: { q: 'x' } } },
+    ]);
     expect((await appendEvents(t, auth, runId, batch)).statusCode).toBe(201);
     return runId;
   }
 
   it('finalizes into a signed artifact with the evaluation, and emits run.finalized into the outbox', async () => {
-    const runId = await runWithEvidence({ accuracy: { min: 0.9 }, latencyP95: { max: 1000 }, cost: { max: 10 }, recall: { min: 0.5 } });
+    const runId = await runWithEvidence({
+      accuracy: { min: 0.9 },
+      latencyP95: { max: 1000 },
+      cost: { max: 10 },
+      recall: { min: 0.5 },
+    });
     const accepted = await finalize(runId);
     expect(accepted.statusCode).toBe(202);
     expect(accepted.json()).toMatchObject({ runId, status: 'finalizing' });
     const run = await waitFinalized(t, auth, runId);
-    expect(run).toMatchObject({ status: 'finalized', verdict: 'fail', artifactId: expect.stringMatching(/^art_[0-9a-f]{64}$/) });
+    expect(run).toMatchObject({
+      status: 'finalized',
+      verdict: 'fail',
+      artifactId: expect.stringMatching(/^art_[0-9a-f]{64}$/),
+    });
 
     const artifact = (await get(`/v1/artifacts/${run.artifactId}`)).json();
-    expect(artifact).toMatchObject({ schema: 'RunArtifact.v1', artifactId: run.artifactId, runId, agentId: agent.agentId, events: { count: 22 } });
+    expect(artifact).toMatchObject({
+      schema: 'RunArtifact.v1',
+      artifactId: run.artifactId,
+      runId,
+      agentId: agent.agentId,
+      events: { count: 22 },
+    });
     expect(artifact.agentKeys).toEqual([{ keyId: agent.keyId, publicKey: expect.any(String) }]);
     const byMetric = Object.fromEntries(artifact.evaluation.results.map((r: { metric: string }) => [r.metric, r]));
     expect(byMetric.accuracy).toMatchObject({ value: 0.95, pass: true }); // 19 of 20 correct
@@ -57,15 +85,19 @@ describe('finalize, artifacts and verification', () => {
     expect(artifact.signature.keyId).toBe(t.runtime.keys.active.keyId);
 
     // The job marks the run finalized, then records run.finalized: a read between the two sees the status alone.
-    const finalizedEvents = () => t.runtime.stores.outbox.events.find({ type: 'run.finalized', 'data.runId': runId }).toArray();
+    const finalizedEvents = () =>
+      t.runtime.stores.outbox.events.find({ type: 'run.finalized', 'data.runId': runId }).toArray();
     let outbox = await finalizedEvents();
-    for (const until = Date.now() + 10_000; outbox.length === 0 && Date.now() < until; outbox = await finalizedEvents()) await new Promise((r) => setTimeout(r, 50));
+    for (const until = Date.now() + 10_000; outbox.length === 0 && Date.now() < until; outbox = await finalizedEvents())
+      await new Promise((r) => setTimeout(r, 50));
     expect(outbox).toHaveLength(1);
     expect(outbox[0]!.data).toEqual({ runId, artifactId: run.artifactId, verdict: 'fail', status: 'finalized' });
     // Enqueued after the event is recorded, so waited for the same way.
-    const dispatchJob = () => t.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', outbox[0]!._id));
+    const dispatchJob = () =>
+      t.runtime.producers.queues['webhook-dispatch'].getJob(jobIdFor('webhook-dispatch', outbox[0]!._id));
     let dispatch = await dispatchJob();
-    for (const until = Date.now() + 10_000; !dispatch && Date.now() < until; dispatch = await dispatchJob()) await new Promise((r) => setTimeout(r, 50));
+    for (const until = Date.now() + 10_000; !dispatch && Date.now() < until; dispatch = await dispatchJob())
+      await new Promise((r) => setTimeout(r, 50));
     expect(dispatch?.data).toEqual({ tenantId: outbox[0]!.tenantId, eventId: outbox[0]!._id });
   });
 
@@ -77,7 +109,11 @@ describe('finalize, artifacts and verification', () => {
     await finalize(bare);
     const run = await waitFinalized(t, auth, bare);
     expect(run.verdict).toBe('pass');
-    expect((await get(`/v1/artifacts/${run.artifactId}`)).json().events).toEqual({ count: 0, head: { seq: 0, chainHash: null }, items: [] });
+    expect((await get(`/v1/artifacts/${run.artifactId}`)).json().events).toEqual({
+      count: 0,
+      head: { seq: 0, chainHash: null },
+      items: [],
+    });
   });
 
   it('yields one artifact id however often finalize is called or its job runs, even after a crash mid-job', async () => {
@@ -89,7 +125,10 @@ describe('finalize, artifacts and verification', () => {
 
     const processor = createFinalizeProcessor(t.runtime);
     const tenantId = (await t.runtime.stores.runs.getAny(runId))!.tenantId;
-    await Promise.all([processor.process({ tenantId, runId }, undefined as never), processor.process({ tenantId, runId }, undefined as never)]);
+    await Promise.all([
+      processor.process({ tenantId, runId }, undefined as never),
+      processor.process({ tenantId, runId }, undefined as never),
+    ]);
     expect(await t.runtime.stores.runs.artifacts.countDocuments({ runId })).toBe(1);
     expect(await t.runtime.stores.outbox.events.countDocuments({ 'data.runId': runId })).toBe(1);
 
@@ -99,7 +138,14 @@ describe('finalize, artifacts and verification', () => {
     const stored = await t.runtime.stores.runs.listEvents(crashed, frozen.finalHead!.seq);
     const agentDoc = (await t.runtime.stores.agents.get(tenantId, agent.agentId))!;
     const early = buildArtifact(
-      { runId: crashed, agentId: agent.agentId, agentKeys: Object.values(agentDoc.keys), terms: frozen.terms, events: stored, finalizedAt: frozen.finalizeRequestedAt!.toISOString() },
+      {
+        runId: crashed,
+        agentId: agent.agentId,
+        agentKeys: Object.values(agentDoc.keys),
+        terms: frozen.terms,
+        events: stored,
+        finalizedAt: frozen.finalizeRequestedAt!.toISOString(),
+      },
       t.runtime.keys.active,
     );
     await t.runtime.stores.runs.saveArtifact(tenantId, early);
@@ -139,7 +185,12 @@ describe('finalize, artifacts and verification', () => {
     expect((await t.app.inject({ method: 'GET', url: '/v1/verify/art_nope' })).statusCode).toBe(404);
 
     const detailed = (await get(`/runs/${runId}/verification`)).json();
-    expect(detailed).toMatchObject({ verified: true, status: 'finalized', eventCount: 22, durationMs: expect.any(Number) });
+    expect(detailed).toMatchObject({
+      verified: true,
+      status: 'finalized',
+      eventCount: 22,
+      durationMs: expect.any(Number),
+    });
     const other = (await t.tenantWithKey(['runs:read'])).auth;
     expect((await get(`/runs/${runId}/verification`, other)).statusCode).toBe(404);
     expect((await get(`/v1/artifacts/${run.artifactId}`, other)).statusCode).toBe(404);
@@ -147,7 +198,15 @@ describe('finalize, artifacts and verification', () => {
 
   it('publishes the signing key as an OKP/Ed25519 JWK', async () => {
     const jwks = (await t.app.inject({ method: 'GET', url: '/.well-known/jwks.json' })).json();
-    expect(jwks.keys).toEqual([expect.objectContaining({ kty: 'OKP', crv: 'Ed25519', kid: t.runtime.keys.active.keyId, use: 'sig', alg: 'EdDSA' })]);
+    expect(jwks.keys).toEqual([
+      expect.objectContaining({
+        kty: 'OKP',
+        crv: 'Ed25519',
+        kid: t.runtime.keys.active.keyId,
+        use: 'sig',
+        alg: 'EdDSA',
+      }),
+    ]);
   });
 
   it('the offline CLI verifies a served artifact, and names the failed check after a one-byte change', async () => {
@@ -159,7 +218,11 @@ describe('finalize, artifacts and verification', () => {
     const jwksPath = join(dir, 'jwks.json');
     writeFileSync(artifactPath, (await get(`/v1/artifacts/${run.artifactId}`)).body);
     writeFileSync(jwksPath, (await t.app.inject({ method: 'GET', url: '/.well-known/jwks.json' })).body);
-    const cli = (file: string) => spawnSync(process.execPath, ['bin/agent-settlement.js', 'verify', file, '--jwks', jwksPath, '--json'], { cwd: root, encoding: 'utf8' });
+    const cli = (file: string) =>
+      spawnSync(process.execPath, ['bin/agent-settlement.js', 'verify', file, '--jwks', jwksPath, '--json'], {
+        cwd: root,
+        encoding: 'utf8',
+      });
 
     const fresh = cli(artifactPath);
     expect(fresh.status, fresh.stderr).toBe(0);
@@ -189,7 +252,10 @@ describe('finalize, artifacts and verification', () => {
     // Appends until the seal refuses one (however fast appends are); finalize lands once a few are acknowledged.
     const appender = (async () => {
       for (let i = 0; refused.length === 0 && i < 5_000; i++) {
-        const batch = events(runId, head, agent, [{ type: 'log', payload: { i, part: 1 } }, { type: 'log', payload: { i, part: 2 } }]);
+        const batch = events(runId, head, agent, [
+          { type: 'log', payload: { i, part: 1 } },
+          { type: 'log', payload: { i, part: 2 } },
+        ]);
         const res = await appendEvents(t, auth, runId, batch);
         if (res.statusCode === 201) {
           acknowledged.push(...batch.map((e) => e.id));

@@ -16,11 +16,19 @@ describe('enqueueing while Redis cannot take the job', () => {
 
   it('answers 503 UNAVAILABLE within the enqueue deadline and tells the operator why', async () => {
     // Nothing listens on this port: the client keeps retrying, and the enqueue must not wait for it.
-    redis = new Redis({ host: '127.0.0.1', port: await freePort(), lazyConnect: true, maxRetriesPerRequest: null, retryStrategy: () => 200 });
+    redis = new Redis({
+      host: '127.0.0.1',
+      port: await freePort(),
+      lazyConnect: true,
+      maxRetriesPerRequest: null,
+      retryStrategy: () => 200,
+    });
     redis.on('error', () => undefined);
     producers = new Producers(redis, 'unreachable', false, (cause) => causes.push(cause));
     const started = Date.now();
-    const failure = await producers.enqueue('smoke-test', { tenantId: 'ten_x', smokeTestId: 'smk_1' }, 'smoke-test__smk_1').catch((err: unknown) => err);
+    const failure = await producers
+      .enqueue('smoke-test', { tenantId: 'ten_x', smokeTestId: 'smk_1' }, 'smoke-test__smk_1')
+      .catch((err: unknown) => err);
     expect(failure).toMatchObject({ status: 503, code: 'UNAVAILABLE' });
     expect(Date.now() - started).toBeLessThan(3_000);
     expect(causes).toEqual(['no answer within 1000 ms']);

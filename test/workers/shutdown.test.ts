@@ -21,7 +21,10 @@ describe('worker shutdown', () => {
   });
 
   it('finishes the active job on SIGTERM before exiting 0', async () => {
-    const child = spawn(process.execPath, ['--import', 'tsx', fixture, '1500'], { env: { ...process.env, ...env.vars }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(process.execPath, ['--import', 'tsx', fixture, '1500'], {
+      env: { ...process.env, ...env.vars },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
     let stderr = '';
     child.stderr!.on('data', (d) => (stderr += d));
     const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));

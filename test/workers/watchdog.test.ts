@@ -27,21 +27,26 @@ describe('worker watchdog', () => {
   let workers: RunningWorkers;
 
   beforeAll(() => {
-    workers = startWorkers(config, logger, {
-      'smoke-test': {
-        process: async ({ smokeTestId }, job) => {
-          if (smokeTestId === 'lost' && !processed.includes('lost')) {
-            // What a failover does to a job in flight: its completion can no longer be recorded (the job stays
-            // active in Redis). And with one job at a time allowed, the worker takes nothing more: it stands for a
-            // worker blocked on the connection a failover left behind.
-            await smokeTests.setGlobalConcurrency(1);
-            await redis.del(`${prefix}:smoke-test:${job.id}:lock`);
-          }
-          processed.push(smokeTestId);
+    workers = startWorkers(
+      config,
+      logger,
+      {
+        'smoke-test': {
+          process: async ({ smokeTestId }, job) => {
+            if (smokeTestId === 'lost' && !processed.includes('lost')) {
+              // What a failover does to a job in flight: its completion can no longer be recorded (the job stays
+              // active in Redis). And with one job at a time allowed, the worker takes nothing more: it stands for a
+              // worker blocked on the connection a failover left behind.
+              await smokeTests.setGlobalConcurrency(1);
+              await redis.del(`${prefix}:smoke-test:${job.id}:lock`);
+            }
+            processed.push(smokeTestId);
+          },
         },
+        finalize: { process: async () => undefined },
       },
-      finalize: { process: async () => undefined },
-    }, ['smoke-test', 'finalize']);
+      ['smoke-test', 'finalize'],
+    );
   });
   afterAll(async () => {
     await workers.close();
@@ -56,12 +61,24 @@ describe('worker watchdog', () => {
     await smokeTests.add('smoke', { tenantId: 't', smokeTestId: 'second' });
     await smokeTests.add('smoke', { tenantId: 't', smokeTestId: 'third' });
     // Two checks 5 s apart see the jobs waiting and nothing running.
-    await eventually(() => lines.some((l) => l.queue === 'smoke-test' && l.msg === 'worker idle while jobs wait; replacing it'), 20_000, 'the stuck worker replaced', 100);
+    await eventually(
+      () => lines.some((l) => l.queue === 'smoke-test' && l.msg === 'worker idle while jobs wait; replacing it'),
+      20_000,
+      'the stuck worker replaced',
+      100,
+    );
     // The finalize worker shares the connection: it is replaced with it, though its queue is empty.
-    expect(lines.filter((l) => l.queue === 'finalize').map((l) => l.msg)).toContain('worker of the same process replaced with it (a connection left behind blocks them all)');
+    expect(lines.filter((l) => l.queue === 'finalize').map((l) => l.msg)).toContain(
+      'worker of the same process replaced with it (a connection left behind blocks them all)',
+    );
     // Once one job at a time is no longer the rule, the new worker takes the jobs that waited.
     expect(processed).toEqual(['lost']);
     await smokeTests.removeGlobalConcurrency();
-    await eventually(() => processed.includes('second') && processed.includes('third'), 30_000, 'the waiting jobs processed', 100);
+    await eventually(
+      () => processed.includes('second') && processed.includes('third'),
+      30_000,
+      'the waiting jobs processed',
+      100,
+    );
   }, 60_000);
 });

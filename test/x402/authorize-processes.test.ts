@@ -34,7 +34,10 @@ describe('authorize-payment on a gate committed through another process', () => 
   it('answers X402_GATE_TERMINAL for a settled gate, before any quote or request check, and changes nothing', async () => {
     const { first, second, auth } = processes;
     const { body } = await authorizedThroughFirst(400);
-    const verified = await post(first, auth, '/x402/gate/verify', { gateId: body.gateId, evidence: { responseSha256: 'a'.repeat(64) } });
+    const verified = await post(first, auth, '/x402/gate/verify', {
+      gateId: body.gateId,
+      evidence: { responseSha256: 'a'.repeat(64) },
+    });
     expect(verified.statusCode, verified.body).toBe(200);
     const commitment = await first.runtime.stores.x402.commitments.findOne({ _id: body.gateId });
 

@@ -30,7 +30,13 @@ function harness(overrides: Record<string, string>): Harness {
     // The workers run the jobs; the test runs the sweepers itself (their schedule is too slow to matter here).
     h.t = await startTestApp({
       workers: ['x402-verify', 'settle'],
-      overrides: { RATE_LIMIT_MAX: '100000', SWEEP_STALE_AFTER_MS: '0', SWEEP_INTERVAL_MS: '3600000', X402_AUTHORIZATION_GRACE_SECONDS: '0', ...overrides },
+      overrides: {
+        RATE_LIMIT_MAX: '100000',
+        SWEEP_STALE_AFTER_MS: '0',
+        SWEEP_INTERVAL_MS: '3600000',
+        X402_AUTHORIZATION_GRACE_SECONDS: '0',
+        ...overrides,
+      },
     });
     ({ auth: h.auth } = await h.t.tenantWithKey([...X402_SCOPES]));
     h.processors = createProcessors(h.t.runtime);
@@ -72,7 +78,11 @@ function client(h: Harness, point: string) {
   const sweepThroughCrash = async (gateId: string) => {
     await h.processors['x402-verify']!.sweep!();
     disarmFailpoints();
-    await h.t.runtime.stores.x402.due.mark(gateId, (await h.t.runtime.stores.x402.gateById(gateId))!.tenantId, new Date()); // its backoff is over
+    await h.t.runtime.stores.x402.due.mark(
+      gateId,
+      (await h.t.runtime.stores.x402.gateById(gateId))!.tenantId,
+      new Date(),
+    ); // its backoff is over
     await sweepers();
   };
 
@@ -88,7 +98,12 @@ function client(h: Harness, point: string) {
       return parties;
     },
     async create(): Promise<string> {
-      const res = await call('create', '/x402/gate/create', { payerAgentId: parties.payer, payeeAgentId: parties.payee, amount: AMOUNT, currency: 'USD' });
+      const res = await call('create', '/x402/gate/create', {
+        payerAgentId: parties.payer,
+        payeeAgentId: parties.payee,
+        amount: AMOUNT,
+        currency: 'USD',
+      });
       expect(res.statusCode, res.body).toBe(201);
       return res.json().gateId;
     },
@@ -98,13 +113,22 @@ function client(h: Harness, point: string) {
       return res.json() as { quoteId: string; requestSha256: string };
     },
     async authorize(gateId: string, q: { quoteId: string; requestSha256: string }) {
-      const res = await call('authorize', '/x402/gate/authorize-payment', { gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
+      const res = await call('authorize', '/x402/gate/authorize-payment', {
+        gateId,
+        quoteId: q.quoteId,
+        requestSha256: q.requestSha256,
+      });
       expect(res.statusCode, res.body).toBe(200);
       return res.json();
     },
     /** `amount`: a metered capture (what the call cost). */
     verify(gateId: string, verificationStatus: 'verified' | 'failed', amount?: number) {
-      return call('verify', '/x402/gate/verify', { gateId, evidence: { responseSha256: 'c'.repeat(64) }, verificationStatus, ...(amount === undefined ? {} : { amount }) });
+      return call('verify', '/x402/gate/verify', {
+        gateId,
+        evidence: { responseSha256: 'c'.repeat(64) },
+        verificationStatus,
+        ...(amount === undefined ? {} : { amount }),
+      });
     },
     async windDown() {
       const res = await call('wind-down', `/x402/gate/agents/${encodeURIComponent(parties.payer)}/wind-down`, {});
@@ -130,7 +154,15 @@ function client(h: Harness, point: string) {
 describe('x402 crash points: request flows', () => {
   const h = harness({});
 
-  for (const point of ['x402.create.recorded', 'x402.create.lock-recorded', 'x402.create.locked', 'x402.authorize.checked', 'x402.authorize.committed', 'x402.verify.settlement-stored', 'x402.verify.reported']) {
+  for (const point of [
+    'x402.create.recorded',
+    'x402.create.lock-recorded',
+    'x402.create.locked',
+    'x402.authorize.checked',
+    'x402.authorize.committed',
+    'x402.verify.settlement-stored',
+    'x402.verify.reported',
+  ]) {
     it(`create, authorize, verify(verified): crash at ${point}`, async () => {
       const c = client(h, point);
       await c.start();
@@ -166,7 +198,13 @@ describe('x402 crash points: request flows', () => {
   // A metered capture: one release entry pays the payee and returns the uncaptured rest to the payer (a zero capture
   // only returns); at `ledger.position-claimed` the job dies with that entry's legs half posted. The facilitator's
   // lookup then answers what its settle would.
-  const metered: Array<[string, number]> = [['x402.verify.reported', 150], ['x402.verify-job.decided', 150], ['ledger.position-claimed', 150], ['settlement.released', 150], ['settlement.released', 0]];
+  const metered: Array<[string, number]> = [
+    ['x402.verify.reported', 150],
+    ['x402.verify-job.decided', 150],
+    ['ledger.position-claimed', 150],
+    ['settlement.released', 150],
+    ['settlement.released', 0],
+  ];
   for (const [point, captured] of metered) {
     it(`metered verify capturing ${captured} of ${AMOUNT}: crash at ${point}`, async () => {
       const c = client(h, `${point}.metered-${captured}`);
@@ -228,8 +266,24 @@ describe('x402 crash points: request flows', () => {
     const { payer, payee } = await c.start();
     const headers = { 'idempotency-key': 'reuse:create' };
     c.arm('x402.create.locked');
-    expect((await post(h.t, h.auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: AMOUNT, currency: 'USD' }, headers)).statusCode).toBe(500);
-    const other = await post(h.t, h.auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: AMOUNT + 1, currency: 'USD' }, headers);
+    expect(
+      (
+        await post(
+          h.t,
+          h.auth,
+          '/x402/gate/create',
+          { payerAgentId: payer, payeeAgentId: payee, amount: AMOUNT, currency: 'USD' },
+          headers,
+        )
+      ).statusCode,
+    ).toBe(500);
+    const other = await post(
+      h.t,
+      h.auth,
+      '/x402/gate/create',
+      { payerAgentId: payer, payeeAgentId: payee, amount: AMOUNT + 1, currency: 'USD' },
+      headers,
+    );
     expect(other.statusCode, other.body).toBe(422);
     expect(other.json()).toMatchObject({ code: 'IDEMPOTENCY_KEY_REUSED' });
     expect(await balances(h.t, h.auth, payer)).toEqual({ available: FUNDS - AMOUNT, escrow: AMOUNT });

@@ -17,7 +17,13 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     // Gates nobody authorizes expire after 1 s; an authorization's report is due by its token's expiry (no grace).
     t = await startTestApp({
       workers: ['x402-verify', 'settle'],
-      overrides: { RATE_LIMIT_MAX: '100000', X402_GATE_TTL_SECONDS: '1', X402_AUTHORIZATION_GRACE_SECONDS: '0', SWEEP_STALE_AFTER_MS: '0', SWEEP_INTERVAL_MS: '3600000' },
+      overrides: {
+        RATE_LIMIT_MAX: '100000',
+        X402_GATE_TTL_SECONDS: '1',
+        X402_AUTHORIZATION_GRACE_SECONDS: '0',
+        SWEEP_STALE_AFTER_MS: '0',
+        SWEEP_INTERVAL_MS: '3600000',
+      },
     });
     ({ auth } = await t.tenantWithKey([...X402_SCOPES]));
     const processor = createProcessors(t.runtime)['x402-verify']!;
@@ -30,7 +36,10 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     post(t, auth, '/x402/gate/authorize-payment', { gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
   const verify = (gateId: string, verificationStatus: 'verified' | 'failed' = 'verified') =>
     post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: 'a'.repeat(64) }, verificationStatus });
-  const expiredEvents = async (gateId: string) => (await t.runtime.stores.outbox.events.find({ type: 'x402.gate.expired' }).toArray()).filter((e) => e.data.gateId === gateId);
+  const expiredEvents = async (gateId: string) =>
+    (await t.runtime.stores.outbox.events.find({ type: 'x402.gate.expired' }).toArray()).filter(
+      (e) => e.data.gateId === gateId,
+    );
   /** The gate's settlement may still be moving when the worker answered 202: wait until it is final. */
   const waitStatus = async (gateId: string, status: string) => {
     for (let i = 0; i < 100; i++) {
@@ -41,7 +50,7 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     throw new Error(`gate ${gateId} never became ${status}`);
   };
 
-  it('returns a held gate\'s reserve once the gate TTL has passed, with an x402.gate.expired event; it can no longer be authorized', async () => {
+  it("returns a held gate's reserve once the gate TTL has passed, with an x402.gate.expired event; it can no longer be authorized", async () => {
     const { payer, payee } = await gateParties(t, auth, 1_000);
     const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 400 });
     const q = await quote(t, auth, gate.gateId, undefined, 1);
@@ -51,7 +60,9 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     expect((await sweep()).expired).toBeGreaterThanOrEqual(1);
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
     expect((await get(t, auth, `/x402/gate/${gate.gateId}`)).json()).toMatchObject({ status: 'expired' });
-    expect(await expiredEvents(gate.gateId)).toMatchObject([{ data: { gateId: gate.gateId, reason: 'gate_ttl', amount: 400, currency: 'USD' } }]);
+    expect(await expiredEvents(gate.gateId)).toMatchObject([
+      { data: { gateId: gate.gateId, reason: 'gate_ttl', amount: 400, currency: 'USD' } },
+    ]);
     const late = await authorize(gate.gateId, q);
     expect(late.json()).toMatchObject({ code: 'X402_GATE_TERMINAL', details: { status: 'expired' } });
 
@@ -81,13 +92,18 @@ describe('x402 gate deadlines and the gate sweeper', () => {
 
     const late = await verify(gate.gateId);
     expect(late.statusCode, late.body).toBe(409);
-    expect(late.json()).toMatchObject({ code: 'X402_AUTHORIZATION_EXPIRED', details: { gateId: gate.gateId, status: 'expired' } });
+    expect(late.json()).toMatchObject({
+      code: 'X402_AUTHORIZATION_EXPIRED',
+      details: { gateId: gate.gateId, status: 'expired' },
+    });
     await waitStatus(gate.gateId, 'expired');
     expect(await balances(t, auth, payee)).toEqual({ available: 0, escrow: 0 });
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
     // Again: refused again, nothing moves.
     expect((await verify(gate.gateId)).json()).toMatchObject({ code: 'X402_AUTHORIZATION_EXPIRED' });
-    expect(await expiredEvents(gate.gateId)).toMatchObject([{ data: { reason: 'authorization_expired', amount: 300 } }]);
+    expect(await expiredEvents(gate.gateId)).toMatchObject([
+      { data: { reason: 'authorization_expired', amount: 300 } },
+    ]);
     await expectLedgerBalances(t);
   });
 
@@ -101,7 +117,11 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     await sweep();
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
     const state = (await get(t, auth, `/x402/gate/${gate.gateId}`)).json();
-    expect(state).toMatchObject({ status: 'expired', verification: { verificationStatus: 'expired', responseSha256: null }, decision: { verdict: 'fail', reason: 'AUTHORIZATION_EXPIRED' } });
+    expect(state).toMatchObject({
+      status: 'expired',
+      verification: { verificationStatus: 'expired', responseSha256: null },
+      decision: { verdict: 'fail', reason: 'AUTHORIZATION_EXPIRED' },
+    });
     expect((await verify(gate.gateId)).json()).toMatchObject({ code: 'X402_AUTHORIZATION_EXPIRED' });
     expect(await balances(t, auth, payee)).toEqual({ available: 0, escrow: 0 });
     await expectLedgerBalances(t);
@@ -119,7 +139,9 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     expect(res.statusCode, res.body).toBe(410);
     expect(res.json()).toMatchObject({ code: 'X402_AGENT_WOUND_DOWN', details: { agentId: payee } });
     await waitStatus(gate.gateId, 'refunded');
-    expect((await get(t, auth, `/x402/gate/${gate.gateId}`)).json()).toMatchObject({ decision: { reason: 'AGENT_WOUND_DOWN' } });
+    expect((await get(t, auth, `/x402/gate/${gate.gateId}`)).json()).toMatchObject({
+      decision: { reason: 'AGENT_WOUND_DOWN' },
+    });
     expect(await balances(t, auth, payee)).toEqual({ available: 0, escrow: 0 });
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
     await expectLedgerBalances(t);
@@ -133,7 +155,10 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     expect((await post(t, auth, `/x402/gate/agents/${encodeURIComponent(payer)}/wind-down`, {})).statusCode).toBe(200);
     await sweep();
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
-    expect((await get(t, auth, `/x402/gate/${gate.gateId}`)).json()).toMatchObject({ status: 'refunded', decision: { reason: 'AGENT_WOUND_DOWN' } });
+    expect((await get(t, auth, `/x402/gate/${gate.gateId}`)).json()).toMatchObject({
+      status: 'refunded',
+      decision: { reason: 'AGENT_WOUND_DOWN' },
+    });
   });
 
   it('returns the lock of a gate whose create raced a wind-down and died after its lock', async () => {
@@ -151,7 +176,12 @@ describe('x402 gate deadlines and the gate sweeper', () => {
     };
     let res;
     try {
-      res = await post(t, auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: 700, currency: 'USD' });
+      res = await post(t, auth, '/x402/gate/create', {
+        payerAgentId: payer,
+        payeeAgentId: payee,
+        amount: 700,
+        currency: 'USD',
+      });
     } finally {
       ledger.apply = apply;
     }

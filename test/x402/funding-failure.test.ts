@@ -25,7 +25,12 @@ describe('a gate whose funding answer is lost', () => {
     };
     let res;
     try {
-      res = await post(t, auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, currency: 'USD' });
+      res = await post(t, auth, '/x402/gate/create', {
+        payerAgentId: payer,
+        payeeAgentId: payee,
+        amount: 1_000,
+        currency: 'USD',
+      });
     } finally {
       ledger.apply = apply;
     }
@@ -37,7 +42,9 @@ describe('a gate whose funding answer is lost', () => {
     const summary = windDown.json();
     expect(summary.gatesCancelled).toHaveLength(1);
     expect(summary.escrowReturned).toEqual([{ walletId: payer, currency: 'USD', amount: 1_000 }]);
-    expect((await get(t, auth, `/x402/gate/${summary.gatesCancelled[0]}`)).json()).toMatchObject({ status: 'cancelled' });
+    expect((await get(t, auth, `/x402/gate/${summary.gatesCancelled[0]}`)).json()).toMatchObject({
+      status: 'cancelled',
+    });
     expect(await balances(t, auth, payer)).toEqual({ available: 5_000, escrow: 0 });
     await expectLedgerBalances(t);
   });

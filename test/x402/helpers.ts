@@ -14,7 +14,10 @@ export const X402_SCOPES = ['agents:write', 'x402:write', 'wallets:write'] as co
 export function twoApiProcesses(): { first: TestApp; second: TestApp; auth: Record<string, string> } {
   const processes = {} as { first: TestApp; second: TestApp; auth: Record<string, string> };
   beforeAll(async () => {
-    processes.first = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
+    processes.first = await startTestApp({
+      workers: ['x402-verify', 'settle'],
+      overrides: { RATE_LIMIT_MAX: '100000' },
+    });
     processes.second = await startTestApp({ env: processes.first.env, dropOnClose: false });
     ({ auth: processes.auth } = await processes.first.tenantWithKey([...X402_SCOPES]));
   });
@@ -29,8 +32,19 @@ export function requestHash(label = randomBytes(8).toString('hex')): string {
   return createHash('sha256').update(`GET /tools/search?q=${label}`).digest('hex');
 }
 
-export async function post(t: TestApp, auth: Record<string, string>, url: string, payload: unknown, headers: Record<string, string> = {}) {
-  return t.app.inject({ method: 'POST', url, headers: { ...auth, ...headers }, payload: payload as Record<string, unknown> });
+export async function post(
+  t: TestApp,
+  auth: Record<string, string>,
+  url: string,
+  payload: unknown,
+  headers: Record<string, string> = {},
+) {
+  return t.app.inject({
+    method: 'POST',
+    url,
+    headers: { ...auth, ...headers },
+    payload: payload as Record<string, unknown>,
+  });
 }
 
 export async function get(t: TestApp, auth: Record<string, string>, url: string) {
@@ -44,7 +58,12 @@ export async function get(t: TestApp, auth: Record<string, string>, url: string)
 export async function listeningForX402(t: TestApp) {
   await t.app.listen({ host: '127.0.0.1', port: 0 });
   const tenant = await t.tenantWithKey([...X402_SCOPES]);
-  const key = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] } });
+  const key = await t.app.inject({
+    method: 'POST',
+    url: '/ops/api-keys',
+    headers: t.admin,
+    payload: { tenantId: tenant.tenantId, scopes: ['x402:write'] },
+  });
   return {
     base: `http://127.0.0.1:${(t.app.server.address() as { port: number }).port}`,
     network: t.config.x402.network,
@@ -68,15 +87,40 @@ export async function createGate(t: TestApp, auth: Record<string, string>, body:
   return res.json() as { gateId: string; status: string; escrowWalletId: string };
 }
 
-export async function quote(t: TestApp, auth: Record<string, string>, gateId: string, requestSha256 = requestHash(), ttlSeconds?: number) {
+export async function quote(
+  t: TestApp,
+  auth: Record<string, string>,
+  gateId: string,
+  requestSha256 = requestHash(),
+  ttlSeconds?: number,
+) {
   const res = await post(t, auth, '/x402/gate/quote', { gateId, requestSha256, ...(ttlSeconds ? { ttlSeconds } : {}) });
   expect(res.statusCode, res.body).toBe(200);
-  return { ...(res.json() as { quoteId: string; expiresAt: string; paymentRequirements: Record<string, unknown>; paymentRequired: string; quoteSha256: string }), requestSha256 };
+  return {
+    ...(res.json() as {
+      quoteId: string;
+      expiresAt: string;
+      paymentRequirements: Record<string, unknown>;
+      paymentRequired: string;
+      quoteSha256: string;
+    }),
+    requestSha256,
+  };
 }
 
 /** A sponsor wallet of the tenant, funded. */
-export async function sponsorWallet(t: TestApp, tenantId: string, funds: number, walletId = `sponsor-${randomBytes(6).toString('hex')}`) {
-  const res = await t.app.inject({ method: 'POST', url: `/ops/wallets/${walletId}/credit`, headers: t.admin, payload: { amount: funds, currency: 'USD', tenantId } });
+export async function sponsorWallet(
+  t: TestApp,
+  tenantId: string,
+  funds: number,
+  walletId = `sponsor-${randomBytes(6).toString('hex')}`,
+) {
+  const res = await t.app.inject({
+    method: 'POST',
+    url: `/ops/wallets/${walletId}/credit`,
+    headers: t.admin,
+    payload: { amount: funds, currency: 'USD', tenantId },
+  });
   expect(res.statusCode, res.body).toBe(201);
   return walletId;
 }

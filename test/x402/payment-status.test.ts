@@ -37,33 +37,81 @@ describe('x402 facilitator: payment status by payment id', () => {
       amount: '100',
       payTo: payee,
       maxTimeoutSeconds: 60,
-      extra: { holdbackBps: 0, disputeWindowSeconds: 86_400, method: 'GET', resource: url, paymentNonce: randomBytes(8).toString('hex') },
+      extra: {
+        holdbackBps: 0,
+        disputeWindowSeconds: 86_400,
+        method: 'GET',
+        resource: url,
+        paymentNonce: randomBytes(8).toString('hex'),
+      },
       ...overrides,
     };
-    const result = await new EscrowGateClientScheme({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer }).createPaymentPayload(2, requirements);
-    const paymentPayload: PaymentPayload = { x402Version: 2, resource: { url }, accepted: requirements, payload: result.payload };
-    return { payer, payee, gateId: result.payload.gateId as string, body: { x402Version: 2, paymentPayload, paymentRequirements: requirements } };
+    const result = await new EscrowGateClientScheme({
+      serviceUrl: base,
+      apiKey: payerKey,
+      payerAgentId: payer,
+    }).createPaymentPayload(2, requirements);
+    const paymentPayload: PaymentPayload = {
+      x402Version: 2,
+      resource: { url },
+      accepted: requirements,
+      payload: result.payload,
+    };
+    return {
+      payer,
+      payee,
+      gateId: result.payload.gateId as string,
+      body: { x402Version: 2, paymentPayload, paymentRequirements: requirements },
+    };
   }
 
   const settle = (body: unknown, key = providerKey) =>
-    t.app.inject({ method: 'POST', url: '/x402/facilitator/settle', headers: { authorization: `Bearer ${key}` }, payload: body as Record<string, unknown> });
+    t.app.inject({
+      method: 'POST',
+      url: '/x402/facilitator/settle',
+      headers: { authorization: `Bearer ${key}` },
+      payload: body as Record<string, unknown>,
+    });
   const status = async (paymentId: string, key = providerKey) => {
-    const res = await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${encodeURIComponent(paymentId)}`, headers: { authorization: `Bearer ${key}` } });
+    const res = await t.app.inject({
+      method: 'GET',
+      url: `/x402/facilitator/payments/${encodeURIComponent(paymentId)}`,
+      headers: { authorization: `Bearer ${key}` },
+    });
     expect(res.statusCode, res.body).toBe(200);
     return res.json();
   };
 
   it('never seen: an id nobody issued, and a gate nobody paid for, are unknown', async () => {
-    expect(await status('gate_doesNotExist0000000000')).toEqual({ paymentId: 'gate_doesNotExist0000000000', status: 'unknown', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settleBy: null, settlement: null });
+    expect(await status('gate_doesNotExist0000000000')).toEqual({
+      paymentId: 'gate_doesNotExist0000000000',
+      status: 'unknown',
+      settlementStatus: 'unresolved',
+      settledAt: null,
+      settledAmount: null,
+      settleBy: null,
+      settlement: null,
+    });
     const { payer, payee } = await gateParties(t, auth, 100);
     const held = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 100 });
-    expect(await status(held.gateId)).toMatchObject({ status: 'unknown', settlementStatus: 'unresolved', settlement: null });
+    expect(await status(held.gateId)).toMatchObject({
+      status: 'unknown',
+      settlementStatus: 'unresolved',
+      settlement: null,
+    });
   });
 
   it('authorized, then settled: the lookup answers what settle answered, and a lost answer is found without paying twice', async () => {
     const { payer, payee, gateId, body } = await pay({ amount: '100' });
     const before = await status(gateId);
-    expect(before).toMatchObject({ paymentId: gateId, status: 'authorized', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settlement: null });
+    expect(before).toMatchObject({
+      paymentId: gateId,
+      status: 'authorized',
+      settlementStatus: 'unresolved',
+      settledAt: null,
+      settledAmount: null,
+      settlement: null,
+    });
     expect(Date.parse(before.settleBy)).toBeGreaterThan(Date.now());
 
     // The provider settles a metered 60 and "loses" the answer (a timeout on its side).
@@ -71,9 +119,22 @@ describe('x402 facilitator: payment status by payment id', () => {
     expect(lost).toMatchObject({ success: true, status: 'settled', amount: '60', settledAt: expect.any(String) });
     expect(Date.now() - Date.parse(lost.settledAt)).toBeLessThan(60_000);
     const found = await status(gateId);
-    expect(found).toEqual({ paymentId: gateId, status: 'settled', settlementStatus: 'settled', settledAt: lost.settledAt, settledAmount: '60', settleBy: null, settlement: lost });
+    expect(found).toEqual({
+      paymentId: gateId,
+      status: 'settled',
+      settlementStatus: 'settled',
+      settledAt: lost.settledAt,
+      settledAmount: '60',
+      settleBy: null,
+      settlement: lost,
+    });
     // The same with the body settle was sent, as a resource server has it at hand.
-    const byBody = await t.app.inject({ method: 'POST', url: '/x402/facilitator/status', headers: { authorization: `Bearer ${providerKey}` }, payload: body });
+    const byBody = await t.app.inject({
+      method: 'POST',
+      url: '/x402/facilitator/status',
+      headers: { authorization: `Bearer ${providerKey}` },
+      payload: body,
+    });
     expect(byBody.statusCode, byBody.body).toBe(200);
     expect(byBody.json()).toEqual(found);
 
@@ -89,12 +150,24 @@ describe('x402 facilitator: payment status by payment id', () => {
     const { payee, gateId, body } = await pay();
     armFailpoint('x402.verify.reported');
     try {
-      const crashed = await post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: 'c'.repeat(64) }, amount: 30 });
+      const crashed = await post(t, auth, '/x402/gate/verify', {
+        gateId,
+        evidence: { responseSha256: 'c'.repeat(64) },
+        amount: 30,
+      });
       expect(crashed.statusCode).toBe(500);
     } finally {
       disarmFailpoints();
     }
-    expect(await status(gateId)).toEqual({ paymentId: gateId, status: 'settling', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settleBy: null, settlement: null });
+    expect(await status(gateId)).toEqual({
+      paymentId: gateId,
+      status: 'settling',
+      settlementStatus: 'unresolved',
+      settledAt: null,
+      settledAmount: null,
+      settleBy: null,
+      settlement: null,
+    });
     // The report stands (30, first wins): settle makes sure its job runs and answers it.
     const settled = (await settle(body)).json();
     expect(settled).toMatchObject({ success: true, amount: '30' });
@@ -104,26 +177,52 @@ describe('x402 facilitator: payment status by payment id', () => {
 
   it('refused: a payment refunded by a failed verification reads refused with the reason settle gives', async () => {
     const { payer, gateId, body } = await pay();
-    const failed = await post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: 'b'.repeat(64) }, verificationStatus: 'failed' });
+    const failed = await post(t, auth, '/x402/gate/verify', {
+      gateId,
+      evidence: { responseSha256: 'b'.repeat(64) },
+      verificationStatus: 'failed',
+    });
     expect(failed.statusCode, failed.body).toBe(200);
     const found = await status(gateId);
-    expect(found).toMatchObject({ status: 'refused', settlementStatus: 'failed', settledAt: null, settledAmount: null, settlement: { success: false, status: 'failed', errorReason: 'verification_failed', payer } });
+    expect(found).toMatchObject({
+      status: 'refused',
+      settlementStatus: 'failed',
+      settledAt: null,
+      settledAmount: null,
+      settlement: { success: false, status: 'failed', errorReason: 'verification_failed', payer },
+    });
     expect((await settle(body)).json()).toEqual(found.settlement);
     expect(await balances(t, auth, payer)).toEqual({ available: 1_000, escrow: 0 });
   });
 
-  it('another tenant\'s payment is unknown, settled or not; the lookup needs x402:read', async () => {
+  it("another tenant's payment is unknown, settled or not; the lookup needs x402:read", async () => {
     const { gateId, body } = await pay();
     await settle(body);
     expect((await status(gateId)).status).toBe('settled');
     const other = await t.tenantWithKey(['x402:read'], 'other');
-    expect(await status(gateId, other.token)).toEqual({ paymentId: gateId, status: 'unknown', settlementStatus: 'unresolved', settledAt: null, settledAmount: null, settleBy: null, settlement: null });
+    expect(await status(gateId, other.token)).toEqual({
+      paymentId: gateId,
+      status: 'unknown',
+      settlementStatus: 'unresolved',
+      settledAt: null,
+      settledAmount: null,
+      settleBy: null,
+      settlement: null,
+    });
     const noScope = await t.tenantWithKey(['runs:read'], 'noscope');
-    expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${gateId}`, headers: { authorization: `Bearer ${noScope.token}` } })).statusCode).toBe(403);
+    expect(
+      (
+        await t.app.inject({
+          method: 'GET',
+          url: `/x402/facilitator/payments/${gateId}`,
+          headers: { authorization: `Bearer ${noScope.token}` },
+        })
+      ).statusCode,
+    ).toBe(403);
     expect((await t.app.inject({ method: 'GET', url: `/x402/facilitator/payments/${gateId}` })).statusCode).toBe(401);
   });
 
-  it('a settle repeated after the payment\'s quote expired still answers the first settlement; a first settle then is refused', async () => {
+  it("a settle repeated after the payment's quote expired still answers the first settlement; a first settle then is refused", async () => {
     // Quotes of 5 s: room for the first settle under load; then both tokens are waited out.
     const settled = await pay({ maxTimeoutSeconds: 5 });
     const first = (await settle(settled.body)).json();

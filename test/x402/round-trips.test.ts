@@ -22,15 +22,25 @@ const BUDGET = { create: 9, quote: 3, authorize: 2, verify: 11 };
 
 /** Commands that read by anything but an exact `_id` (due-work collections hold only what is due: those may). */
 function scansIn(events: CommandStartedEvent[]): string[] {
-  const isPoint = (q: unknown) => typeof q === 'object' && q !== null && Object.keys(q).length === 1 && typeof (q as { _id?: unknown })._id === 'string';
+  const isPoint = (q: unknown) =>
+    typeof q === 'object' &&
+    q !== null &&
+    Object.keys(q).length === 1 &&
+    typeof (q as { _id?: unknown })._id === 'string';
   return events.flatMap((e) => {
     const c = e.command;
     const collection = String(c[e.commandName]);
     if (collection.startsWith('due_')) return [];
     const filters: unknown[] =
-      e.commandName === 'find' || e.commandName === 'count' || e.commandName === 'distinct' ? [c.filter ?? c.query ?? {}]
-        : e.commandName === 'update' || e.commandName === 'delete' ? (c.updates ?? c.deletes).map((u: { q: unknown }) => u.q)
-          : e.commandName === 'findAndModify' ? [c.query] : e.commandName === 'aggregate' ? [null] : [];
+      e.commandName === 'find' || e.commandName === 'count' || e.commandName === 'distinct'
+        ? [c.filter ?? c.query ?? {}]
+        : e.commandName === 'update' || e.commandName === 'delete'
+          ? (c.updates ?? c.deletes).map((u: { q: unknown }) => u.q)
+          : e.commandName === 'findAndModify'
+            ? [c.query]
+            : e.commandName === 'aggregate'
+              ? [null]
+              : [];
     return filters.filter((f) => !isPoint(f)).map((f) => `${e.commandName} ${collection} ${JSON.stringify(f)}`);
   });
 }
@@ -64,18 +74,38 @@ describe('x402 hot path: MongoDB commands per step', () => {
     };
     const flow = async () => {
       let gateId = '';
-      const create = await step(async () => (gateId = (await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, holdbackBps: 1_000 })).gateId));
+      const create = await step(
+        async () =>
+          (gateId = (
+            await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000, holdbackBps: 1_000 })
+          ).gateId),
+      );
       let q = { quoteId: '', requestSha256: '' };
       const quoted = await step(async () => (q = await quote(t, auth, gateId)));
-      const authorize = await step(async () => expect((await post(t, auth, '/x402/gate/authorize-payment', { gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 })).statusCode).toBe(200));
-      const verify = await step(async () => expect((await post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: q.requestSha256 } })).json()).toMatchObject({ status: 'released' }));
+      const authorize = await step(async () =>
+        expect(
+          (
+            await post(t, auth, '/x402/gate/authorize-payment', {
+              gateId,
+              quoteId: q.quoteId,
+              requestSha256: q.requestSha256,
+            })
+          ).statusCode,
+        ).toBe(200),
+      );
+      const verify = await step(async () =>
+        expect(
+          (await post(t, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: q.requestSha256 } })).json(),
+        ).toMatchObject({ status: 'released' }),
+      );
       return { create, quote: quoted, authorize, verify };
     };
     await flow(); // the first pass opens the wallets and fills the caches a running service has
     const counts = await flow();
     // Every step sends something (were command monitoring off, every count would be 0 and pass the budget).
     for (const name of Object.keys(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeGreaterThan(0);
-    for (const [name, budget] of Object.entries(BUDGET)) expect(counts[name as keyof typeof BUDGET], name).toBeLessThanOrEqual(budget);
+    for (const [name, budget] of Object.entries(BUDGET))
+      expect(counts[name as keyof typeof BUDGET], name).toBeLessThanOrEqual(budget);
     await expectLedgerBalances(t);
   });
 });
@@ -86,13 +116,16 @@ describe('x402 hot path: what the API and the verify job hand each other instead
   // before every claim there.
   const processes = twoApiProcesses();
 
-  it('a gate flow, whole or metered, reads no ledger posting once each process has met the other\'s', async () => {
+  it("a gate flow, whole or metered, reads no ledger posting once each process has met the other's", async () => {
     const { first: worker, second: api, auth } = processes;
     const { payer, payee } = await gateParties(api, auth, 100_000);
     // Reads by `_id` while counting, by process (a sweep scanning for its own reasons is none of these).
     const finds: Array<{ by: 'api' | 'worker'; collection: string; id: string }> = [];
     let counting = false;
-    for (const [by, t] of [['api', api], ['worker', worker]] as const) {
+    for (const [by, t] of [
+      ['api', api],
+      ['worker', worker],
+    ] as const) {
       t.runtime.mongo.on('commandStarted', (e) => {
         const id = e.commandName === 'find' ? (e.command.filter as { _id?: unknown } | undefined)?._id : undefined;
         if (counting && typeof id === 'string') finds.push({ by, collection: String(e.command.find), id });
@@ -104,12 +137,31 @@ describe('x402 hot path: what the API and the verify job hand each other instead
       const { gateId } = await createGate(api, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 1_000 });
       if (counting) gateIds.push(gateId);
       const q = await quote(api, auth, gateId);
-      expect((await post(api, auth, '/x402/gate/authorize-payment', { gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 })).statusCode).toBe(200);
-      const verified = await post(api, auth, '/x402/gate/verify', { gateId, evidence: { responseSha256: q.requestSha256 }, ...(amount === undefined ? {} : { amount }) });
+      expect(
+        (
+          await post(api, auth, '/x402/gate/authorize-payment', {
+            gateId,
+            quoteId: q.quoteId,
+            requestSha256: q.requestSha256,
+          })
+        ).statusCode,
+      ).toBe(200);
+      const verified = await post(api, auth, '/x402/gate/verify', {
+        gateId,
+        evidence: { responseSha256: q.requestSha256 },
+        ...(amount === undefined ? {} : { amount }),
+      });
       expect([200, 202]).toContain(verified.statusCode);
       // The API learns the job's heads from its completion, which may trail a 202: wait for it, not for a clock.
-      await expect.poll(async () => (await get(api, auth, `/x402/gate/${gateId}`)).json().status, { timeout: 15_000 }).toBe(amount === 0 ? 'refunded' : 'released');
-      const behind = () => payerAccounts.filter((a) => (api.runtime.stores.ledger.knownHeadsOf([a])[0]?.seq ?? 0) < (worker.runtime.stores.ledger.knownHeadsOf([a])[0]?.seq ?? 0));
+      await expect
+        .poll(async () => (await get(api, auth, `/x402/gate/${gateId}`)).json().status, { timeout: 15_000 })
+        .toBe(amount === 0 ? 'refunded' : 'released');
+      const behind = () =>
+        payerAccounts.filter(
+          (a) =>
+            (api.runtime.stores.ledger.knownHeadsOf([a])[0]?.seq ?? 0) <
+            (worker.runtime.stores.ledger.knownHeadsOf([a])[0]?.seq ?? 0),
+        );
       await expect.poll(behind, { timeout: 15_000 }).toEqual([]);
     };
     await flow();
@@ -120,11 +172,20 @@ describe('x402 hot path: what the API and the verify job hand each other instead
     await flow(0);
     counting = false;
     // No process read a position of the payer's chains: each knew where the other had left them.
-    expect(finds.filter((f) => f.collection === 'ledger_postings' && payerAccounts.some((a) => f.id.startsWith(`${a}#`)))).toEqual([]);
+    expect(
+      finds.filter((f) => f.collection === 'ledger_postings' && payerAccounts.some((a) => f.id.startsWith(`${a}#`))),
+    ).toEqual([]);
     // The job carries the report, which carries copies of the gate, its commitment and its settlement: the job read
     // none of them.
     const ofCountedGates = (id: string) => gateIds.some((gateId) => id === gateId || id === gateSettlementId(gateId));
-    expect(finds.filter((f) => f.by === 'worker' && ['x402_verifications', 'x402_gates', 'x402_gate_commitments', 'settlements'].includes(f.collection) && ofCountedGates(f.id))).toEqual([]);
+    expect(
+      finds.filter(
+        (f) =>
+          f.by === 'worker' &&
+          ['x402_verifications', 'x402_gates', 'x402_gate_commitments', 'settlements'].includes(f.collection) &&
+          ofCountedGates(f.id),
+      ),
+    ).toEqual([]);
     expect(gateIds).toHaveLength(3);
     expect(await balances(api, auth, payer)).toEqual({ available: 100_000 - 2 * (1_000 + 370), escrow: 0 });
     await expectLedgerBalances(api);

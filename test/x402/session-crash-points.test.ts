@@ -22,7 +22,10 @@ describe('x402 session crash points', () => {
   let crashed = false;
 
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['settle'], overrides: { RATE_LIMIT_MAX: '100000', SWEEP_STALE_AFTER_MS: '0', SWEEP_INTERVAL_MS: '3600000' } });
+    t = await startTestApp({
+      workers: ['settle'],
+      overrides: { RATE_LIMIT_MAX: '100000', SWEEP_STALE_AFTER_MS: '0', SWEEP_INTERVAL_MS: '3600000' },
+    });
     ({ auth } = await t.tenantWithKey([...X402_SCOPES]));
     processors = createProcessors(t.runtime);
   });
@@ -40,7 +43,12 @@ describe('x402 session crash points', () => {
 
   /** The sessions' sweep (on the x402-verify worker), after any backoff a crashed look left behind. */
   async function sweep(sessionId?: string) {
-    if (sessionId) await t.runtime.stores.x402Sessions.due.mark(sessionId, (await t.runtime.stores.x402Sessions.get(sessionId))!.tenantId, new Date());
+    if (sessionId)
+      await t.runtime.stores.x402Sessions.due.mark(
+        sessionId,
+        (await t.runtime.stores.x402Sessions.get(sessionId))!.tenantId,
+        new Date(),
+      );
     await processors['x402-verify']!.sweep!();
     await processors.settle!.sweep!();
   }
@@ -62,15 +70,28 @@ describe('x402 session crash points', () => {
   }
 
   async function open(parties: { payer: string; payee: string }) {
-    const res = await call('/x402/sessions', { payerAgentId: parties.payer, payeeAgentIds: [parties.payee], currency: 'USD', budget: BUDGET, maxPerCall: 100 }, { 'idempotency-key': randomBytes(8).toString('hex') });
+    const res = await call(
+      '/x402/sessions',
+      { payerAgentId: parties.payer, payeeAgentIds: [parties.payee], currency: 'USD', budget: BUDGET, maxPerCall: 100 },
+      { 'idempotency-key': randomBytes(8).toString('hex') },
+    );
     expect(res.statusCode, res.body).toBe(201);
     return res.json().sessionId as string;
   }
 
   /** The session ended closed with `charged` paid to the payee, the rest back, the money whole, the audit clean. */
-  async function expectClosed(sessionId: string, parties: { payer: string; payee: string }, charged: number, status = 'closed') {
+  async function expectClosed(
+    sessionId: string,
+    parties: { payer: string; payee: string },
+    charged: number,
+    status = 'closed',
+  ) {
     await sweep();
-    expect((await get(t, auth, `/x402/sessions/${sessionId}`)).json()).toMatchObject({ status, spent: charged, refunded: BUDGET - charged });
+    expect((await get(t, auth, `/x402/sessions/${sessionId}`)).json()).toMatchObject({
+      status,
+      spent: charged,
+      refunded: BUDGET - charged,
+    });
     expect(await balances(t, auth, parties.payer)).toEqual({ available: FUNDS - charged, escrow: 0 });
     expect(await balances(t, auth, parties.payee)).toEqual({ available: charged, escrow: 0 });
     const statement = (await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json();
@@ -86,7 +107,11 @@ describe('x402 session crash points', () => {
       const sessionId = await open(parties);
       expect(crashed).toBe(true);
       expect(await balances(t, auth, parties.payer)).toEqual({ available: FUNDS - BUDGET, escrow: BUDGET });
-      const res = await call(`/x402/sessions/${sessionId}/charges`, { paymentId: 'p1', payeeAgentId: parties.payee, amount: 30 });
+      const res = await call(`/x402/sessions/${sessionId}/charges`, {
+        paymentId: 'p1',
+        payeeAgentId: parties.payee,
+        amount: 30,
+      });
       expect(res.statusCode, res.body).toBe(201);
       await post(t, auth, `/x402/sessions/${sessionId}/close`, {});
       await expectClosed(sessionId, parties, 30);
@@ -96,7 +121,14 @@ describe('x402 session crash points', () => {
   it('open: crash after the lock and never retried: the sweeper returns the budget at the expiry', async () => {
     const parties = await start();
     arm('x402.session.locked');
-    const res = await post(t, auth, '/x402/sessions', { payerAgentId: parties.payer, payeeAgentIds: [parties.payee], currency: 'USD', budget: BUDGET, maxPerCall: 100, ttlSeconds: 1 });
+    const res = await post(t, auth, '/x402/sessions', {
+      payerAgentId: parties.payer,
+      payeeAgentIds: [parties.payee],
+      currency: 'USD',
+      budget: BUDGET,
+      maxPerCall: 100,
+      ttlSeconds: 1,
+    });
     expect(res.statusCode).toBe(500);
     disarmFailpoints();
     const [session] = await t.runtime.stores.x402Sessions.sessions.find({ payerAgentId: parties.payer }).toArray();
@@ -111,7 +143,11 @@ describe('x402 session crash points', () => {
       const sessionId = await open(parties);
       await call(`/x402/sessions/${sessionId}/charges`, { paymentId: 'p0', payeeAgentId: parties.payee, amount: 10 });
       arm(point);
-      const res = await call(`/x402/sessions/${sessionId}/charges`, { paymentId: 'p1', payeeAgentId: parties.payee, amount: 40 });
+      const res = await call(`/x402/sessions/${sessionId}/charges`, {
+        paymentId: 'p1',
+        payeeAgentId: parties.payee,
+        amount: 40,
+      });
       expect(res.statusCode, res.body).toBe(201);
       // Recorded before the crash: the retry answers it (repeated); debited only: the retry records it.
       expect(res.json()).toMatchObject({ seq: 2, amount: 40, repeated: point === 'x402.session.charged' });
@@ -125,18 +161,43 @@ describe('x402 session crash points', () => {
     const parties = await start();
     const sessionId = await open(parties);
     arm('x402.session.debited');
-    expect((await post(t, auth, `/x402/sessions/${sessionId}/charges`, { paymentId: 'lost', payeeAgentId: parties.payee, amount: 40 })).statusCode).toBe(500);
+    expect(
+      (
+        await post(t, auth, `/x402/sessions/${sessionId}/charges`, {
+          paymentId: 'lost',
+          payeeAgentId: parties.payee,
+          amount: 40,
+        })
+      ).statusCode,
+    ).toBe(500);
     disarmFailpoints();
     await call(`/x402/sessions/${sessionId}/charges`, { paymentId: 'p2', payeeAgentId: parties.payee, amount: 25 });
     await post(t, auth, `/x402/sessions/${sessionId}/close`, {});
     await expectClosed(sessionId, parties, 25);
-    expect((await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json().body).toMatchObject({ voided: 1, chargeCount: 1 });
+    expect((await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json().body).toMatchObject({
+      voided: 1,
+      chargeCount: 1,
+    });
     // The lost call retried after the close: refused, nothing charged.
-    expect((await post(t, auth, `/x402/sessions/${sessionId}/charges`, { paymentId: 'lost', payeeAgentId: parties.payee, amount: 40 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
+    expect(
+      (
+        await post(t, auth, `/x402/sessions/${sessionId}/charges`, {
+          paymentId: 'lost',
+          payeeAgentId: parties.payee,
+          amount: 40,
+        })
+      ).json(),
+    ).toMatchObject({ code: 'X402_SESSION_CLOSED' });
     await expectClosed(sessionId, parties, 25);
   });
 
-  for (const point of ['x402.session.stopped', 'x402.session.voided', 'x402.session.closed', 'x402.session.refunded', 'x402.session.payee-settled']) {
+  for (const point of [
+    'x402.session.stopped',
+    'x402.session.voided',
+    'x402.session.closed',
+    'x402.session.refunded',
+    'x402.session.payee-settled',
+  ]) {
     it(`close: crash at ${point}, then the sweeper (or the retried close) finishes it once`, async () => {
       const parties = await start();
       const sessionId = await open(parties);
@@ -150,7 +211,14 @@ describe('x402 session crash points', () => {
 
     it(`expiry: the sweeper crashes at ${point}, backs off, and its next look finishes the close`, async () => {
       const parties = await start();
-      const res = await post(t, auth, '/x402/sessions', { payerAgentId: parties.payer, payeeAgentIds: [parties.payee], currency: 'USD', budget: BUDGET, maxPerCall: 100, ttlSeconds: 1 });
+      const res = await post(t, auth, '/x402/sessions', {
+        payerAgentId: parties.payer,
+        payeeAgentIds: [parties.payee],
+        currency: 'USD',
+        budget: BUDGET,
+        maxPerCall: 100,
+        ttlSeconds: 1,
+      });
       const { sessionId } = res.json();
       await call(`/x402/sessions/${sessionId}/charges`, { paymentId: 'p1', payeeAgentId: parties.payee, amount: 70 });
       await new Promise((resolve) => setTimeout(resolve, 1_100));

@@ -19,13 +19,18 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
   let tenantId: string;
 
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['settle', 'webhook-dispatch'], overrides: { RATE_LIMIT_MAX: '100000', SWEEP_INTERVAL_MS: '3600000' } });
+    t = await startTestApp({
+      workers: ['settle', 'webhook-dispatch'],
+      overrides: { RATE_LIMIT_MAX: '100000', SWEEP_INTERVAL_MS: '3600000' },
+    });
     ({ auth, tenantId } = await t.tenantWithKey([...X402_SCOPES]));
   });
   afterAll(() => t.close());
 
-  const charge = (sessionId: string, body: Record<string, unknown>) => post(t, auth, `/x402/sessions/${sessionId}/charges`, { paymentId: randomBytes(8).toString('hex'), ...body });
-  const budgetKeys = (sessionId: string) => ['budget', 'payments'].map((k) => `${t.runtime.config.redisPrefix}:{ses:${sessionId}}:${k}`);
+  const charge = (sessionId: string, body: Record<string, unknown>) =>
+    post(t, auth, `/x402/sessions/${sessionId}/charges`, { paymentId: randomBytes(8).toString('hex'), ...body });
+  const budgetKeys = (sessionId: string) =>
+    ['budget', 'payments'].map((k) => `${t.runtime.config.redisPrefix}:{ses:${sessionId}}:${k}`);
 
   /** What a lagging replica holds of a session's budget: the two keys as they were when the snapshot was taken. */
   async function snapshot(sessionId: string): Promise<() => Promise<void>> {
@@ -44,7 +49,13 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
     const { payer, payee } = await gateParties(t, auth, funds);
     const more = await Promise.all(Array.from({ length: payees - 1 }, () => registerAgent(t, auth)));
     const payeeAgentIds = [payee, ...more.map((a) => a.agentId)];
-    const res = await post(t, auth, '/x402/sessions', { currency: 'USD', payerAgentId: payer, payeeAgentIds, ...terms }, { 'idempotency-key': randomBytes(8).toString('hex') });
+    const res = await post(
+      t,
+      auth,
+      '/x402/sessions',
+      { currency: 'USD', payerAgentId: payer, payeeAgentIds, ...terms },
+      { 'idempotency-key': randomBytes(8).toString('hex') },
+    );
     expect(res.statusCode, res.body).toBe(201);
     return { payer, payee, payeeAgentIds, sessionId: res.json().sessionId as string };
   }
@@ -53,14 +64,22 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
    * A charge through this process's routes, or through another API process's service object (which has seen none of
    * the seqs this one handed out, so only the recorded charges can tell it that Redis lost writes).
    */
-  async function chargeVia(via: 'this process' | 'another process', sessionId: string, body: { paymentId: string; payeeAgentId: string; amount: number }) {
+  async function chargeVia(
+    via: 'this process' | 'another process',
+    sessionId: string,
+    body: { paymentId: string; payeeAgentId: string; amount: number },
+  ) {
     if (via === 'another process') {
       const answer = await new X402Service(t.runtime).sessions.charge(tenantId, sessionId, body);
       return { repeated: answer.repeated, seq: answer.charge.seq, receiptHash: answer.receipt.receiptHash };
     }
     const res = await charge(sessionId, body);
     expect(res.statusCode, res.body).toBe(201);
-    return { repeated: res.json().repeated as boolean, seq: res.json().seq as number, receiptHash: res.json().receipt.receiptHash as string };
+    return {
+      repeated: res.json().repeated as boolean,
+      seq: res.json().seq as number,
+      receiptHash: res.json().receipt.receiptHash as string,
+    };
   }
 
   it('a close after Redis rolled back pays every receipt: the statement counts the charges recorded past the seq Redis holds', async () => {
@@ -78,7 +97,9 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
 
     // The audit sees Redis' budget behind the recorded charges before anything repairs it.
     const audit = await t.app.inject({ method: 'GET', url: '/ops/ledger/audit', headers: t.admin });
-    expect(audit.json().violations).toContainEqual(expect.objectContaining({ kind: 'session_budget_behind', owner: sessionId }));
+    expect(audit.json().violations).toContainEqual(
+      expect.objectContaining({ kind: 'session_budget_behind', owner: sessionId }),
+    );
 
     const closed = await post(t, auth, `/x402/sessions/${sessionId}/close`, {});
     expect(closed.statusCode, closed.body).toBe(200);
@@ -116,11 +137,16 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
         expect({ via, paymentId, ...answer }).toEqual({ via, paymentId, repeated: true, ...first.get(paymentId) });
       }
       // The budget is 30 and 15 charges of 2 were receipted: it is spent.
-      expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).json()).toMatchObject({ code: 'X402_SESSION_BUDGET_EXCEEDED', details: { remaining: 0 } });
+      expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).json()).toMatchObject({
+        code: 'X402_SESSION_BUDGET_EXCEEDED',
+        details: { remaining: 0 },
+      });
       await post(t, auth, `/x402/sessions/${sessionId}/close`, {});
       const statement = (await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json();
       expect(statement.body, via).toMatchObject({ totalCharged: 30, refunded: 0, chargeCount: 15 });
-      expect(new Set(statement.charges.map((c: { receiptHash: string }) => c.receiptHash))).toEqual(new Set([...first.values()].map((f) => f.receiptHash)));
+      expect(new Set(statement.charges.map((c: { receiptHash: string }) => c.receiptHash))).toEqual(
+        new Set([...first.values()].map((f) => f.receiptHash)),
+      );
       expect(await balances(t, auth, payer)).toEqual({ available: 70, escrow: 0 });
       expect(await balances(t, auth, payee)).toEqual({ available: 30, escrow: 0 });
     }
@@ -129,19 +155,28 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
 
   it('a close that Redis lost: the session stays closed, no call is charged or verified past its statement', async () => {
     const { payer, payee, sessionId } = await openSession(100, { budget: 30, maxPerCall: 10 });
-    for (let i = 0; i < 3; i++) expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).statusCode).toBe(201);
+    for (let i = 0; i < 3; i++)
+      expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).statusCode).toBe(201);
     const rollBack = await snapshot(sessionId); // open, seq 3: the state just before the close stopped the debits
     expect((await post(t, auth, `/x402/sessions/${sessionId}/close`, {})).statusCode).toBe(200);
     await rollBack();
     expect(await t.runtime.stores.x402Sessions.budgetState(sessionId)).toMatchObject({ state: 'open', seq: 3 });
 
     // In another process too (it has seen no seq of this session): the seq past the statement is void.
-    expect(await new X402Service(t.runtime).sessions.charge(tenantId, sessionId, { paymentId: 'after-close-1', payeeAgentId: payee, amount: 2 }).catch((e: { code: string }) => e.code)).toBe('X402_SESSION_CLOSED');
+    expect(
+      await new X402Service(t.runtime).sessions
+        .charge(tenantId, sessionId, { paymentId: 'after-close-1', payeeAgentId: payee, amount: 2 })
+        .catch((e: { code: string }) => e.code),
+    ).toBe('X402_SESSION_CLOSED');
     expect(await t.runtime.stores.x402Sessions.budgetState(sessionId)).toMatchObject({ state: 'closed' }); // stopped again
-    expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
+    expect((await charge(sessionId, { payeeAgentId: payee, amount: 2 })).json()).toMatchObject({
+      code: 'X402_SESSION_CLOSED',
+    });
     // A rolled-back Redis that also forgot the stop a second time: a verify must not promise a payment either.
     await rollBack();
-    const held = await new X402Service(t.runtime).sessions.hold(tenantId, sessionId, { paymentId: 'after-close-2', payeeAgentId: payee, maxAmount: 2 }).catch((e: { code: string }) => e.code);
+    const held = await new X402Service(t.runtime).sessions
+      .hold(tenantId, sessionId, { paymentId: 'after-close-2', payeeAgentId: payee, maxAmount: 2 })
+      .catch((e: { code: string }) => e.code);
     expect(held).toBe('X402_SESSION_CLOSED');
 
     const statement = (await get(t, auth, `/x402/sessions/${sessionId}/statement`)).json();
@@ -160,19 +195,35 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
     await rollBack();
     const again = await charge(sessionId, { paymentId: 'paid-then-closed', payeeAgentId: payee, amount: 1 });
     expect(again.statusCode, again.body).toBe(201);
-    expect(again.json()).toMatchObject({ seq: 1, repeated: true, receipt: { receiptHash: first.json().receipt.receiptHash } });
+    expect(again.json()).toMatchObject({
+      seq: 1,
+      repeated: true,
+      receipt: { receiptHash: first.json().receipt.receiptHash },
+    });
     // Another call under the paid id is a reuse; a new call is refused as closed.
-    expect((await charge(sessionId, { paymentId: 'paid-then-closed', payeeAgentId: payee, amount: 2 })).json()).toMatchObject({ code: 'X402_SESSION_PAYMENT_REUSED' });
-    expect((await charge(sessionId, { paymentId: 'new-after-close', payeeAgentId: payee, amount: 1 })).json()).toMatchObject({ code: 'X402_SESSION_CLOSED' });
+    expect(
+      (await charge(sessionId, { paymentId: 'paid-then-closed', payeeAgentId: payee, amount: 2 })).json(),
+    ).toMatchObject({ code: 'X402_SESSION_PAYMENT_REUSED' });
+    expect(
+      (await charge(sessionId, { paymentId: 'new-after-close', payeeAgentId: payee, amount: 1 })).json(),
+    ).toMatchObject({ code: 'X402_SESSION_CLOSED' });
     await expectCleanAudit(t);
   });
 
   it('a Redis that lost the budget entirely: rebuilt from the recorded charges, every receipt paid', async () => {
     const { payer, payee, sessionId } = await openSession(100, { budget: 30, maxPerCall: 10 });
-    for (let i = 0; i < 4; i++) expect((await charge(sessionId, { paymentId: `lost-${i}`, payeeAgentId: payee, amount: 3 })).statusCode).toBe(201);
+    for (let i = 0; i < 4; i++)
+      expect((await charge(sessionId, { paymentId: `lost-${i}`, payeeAgentId: payee, amount: 3 })).statusCode).toBe(
+        201,
+      );
     await t.runtime.redis.del(...budgetKeys(sessionId));
-    expect(await chargeVia('another process', sessionId, { paymentId: 'lost-1', payeeAgentId: payee, amount: 3 })).toMatchObject({ repeated: true, seq: 2 });
-    expect((await charge(sessionId, { payeeAgentId: payee, amount: 3 })).json()).toMatchObject({ seq: 5, remaining: 15 });
+    expect(
+      await chargeVia('another process', sessionId, { paymentId: 'lost-1', payeeAgentId: payee, amount: 3 }),
+    ).toMatchObject({ repeated: true, seq: 2 });
+    expect((await charge(sessionId, { payeeAgentId: payee, amount: 3 })).json()).toMatchObject({
+      seq: 5,
+      remaining: 15,
+    });
     await post(t, auth, `/x402/sessions/${sessionId}/close`, {});
     expect(await balances(t, auth, payer)).toEqual({ available: 85, escrow: 0 });
     expect(await balances(t, auth, payee)).toEqual({ available: 15, escrow: 0 });
@@ -216,45 +267,87 @@ describe('x402 payment sessions when Redis loses its last writes', () => {
       extra: { method: 'GET', resource },
       ...overrides,
     });
-    const facilitator = (step: 'verify' | 'settle', sessionId: string, paymentId: string, accepted: Record<string, unknown>, required = accepted) =>
+    const facilitator = (
+      step: 'verify' | 'settle',
+      sessionId: string,
+      paymentId: string,
+      accepted: Record<string, unknown>,
+      required = accepted,
+    ) =>
       t.app.inject({
         method: 'POST',
         url: `/x402/facilitator/${step}`,
         headers: auth,
-        payload: { x402Version: 2, paymentPayload: { x402Version: 2, accepted, payload: { sessionId, paymentId, requestSha256 } }, paymentRequirements: required },
+        payload: {
+          x402Version: 2,
+          paymentPayload: { x402Version: 2, accepted, payload: { sessionId, paymentId, requestSha256 } },
+          paymentRequirements: required,
+        },
       });
 
     it('an asset other than the session currency is refused at verify and at settle, and nothing is charged', async () => {
       const { payee, sessionId } = await openSession(200, { budget: 100, maxPerCall: 50 });
       const jpy = requirement(payee, { asset: 'JPY', amount: '40' });
-      expect((await facilitator('verify', sessionId, 'jpy-1', jpy)).json()).toMatchObject({ isValid: false, invalidReason: 'asset_mismatch' });
-      expect((await facilitator('settle', sessionId, 'jpy-1', jpy)).json()).toMatchObject({ success: false, errorReason: 'asset_mismatch' });
+      expect((await facilitator('verify', sessionId, 'jpy-1', jpy)).json()).toMatchObject({
+        isValid: false,
+        invalidReason: 'asset_mismatch',
+      });
+      expect((await facilitator('settle', sessionId, 'jpy-1', jpy)).json()).toMatchObject({
+        success: false,
+        errorReason: 'asset_mismatch',
+      });
       expect((await get(t, auth, `/x402/sessions/${sessionId}`)).json()).toMatchObject({ spent: 0, charges: 0 });
       // A hold made in USD cannot be settled as JPY either.
-      expect((await facilitator('verify', sessionId, 'usd-1', requirement(payee))).json()).toMatchObject({ isValid: true });
-      expect((await facilitator('settle', sessionId, 'usd-1', requirement(payee, { asset: 'JPY' }))).json()).toMatchObject({ success: false, errorReason: 'asset_mismatch' });
-      expect((await facilitator('settle', sessionId, 'usd-1', requirement(payee))).json()).toMatchObject({ success: true, amount: '20' });
+      expect((await facilitator('verify', sessionId, 'usd-1', requirement(payee))).json()).toMatchObject({
+        isValid: true,
+      });
+      expect(
+        (await facilitator('settle', sessionId, 'usd-1', requirement(payee, { asset: 'JPY' }))).json(),
+      ).toMatchObject({ success: false, errorReason: 'asset_mismatch' });
+      expect((await facilitator('settle', sessionId, 'usd-1', requirement(payee))).json()).toMatchObject({
+        success: true,
+        amount: '20',
+      });
     });
 
     it('a verified call that cost nothing settles for 0 even after Redis forgot its hold', async () => {
       const { payee, sessionId } = await openSession(200, { budget: 100, maxPerCall: 50 });
       const rollBack = await snapshot(sessionId);
-      expect((await facilitator('verify', sessionId, 'free-1', requirement(payee))).json()).toMatchObject({ isValid: true });
+      expect((await facilitator('verify', sessionId, 'free-1', requirement(payee))).json()).toMatchObject({
+        isValid: true,
+      });
       await rollBack();
-      expect((await facilitator('settle', sessionId, 'free-1', requirement(payee), requirement(payee, { amount: '0' }))).json()).toMatchObject({ success: true, amount: '0' });
+      expect(
+        (
+          await facilitator('settle', sessionId, 'free-1', requirement(payee), requirement(payee, { amount: '0' }))
+        ).json(),
+      ).toMatchObject({ success: true, amount: '0' });
     });
 
     it('a hold verified for one payee is never settled or charged to another', async () => {
       const { payeeAgentIds, sessionId } = await openSession(200, { budget: 100, maxPerCall: 50 }, 2);
       const [p1, p2] = payeeAgentIds as [string, string];
-      expect((await facilitator('verify', sessionId, 'bound-1', requirement(p1))).json()).toMatchObject({ isValid: true });
-      expect((await facilitator('settle', sessionId, 'bound-1', requirement(p2))).json()).toMatchObject({ success: false, errorReason: 'payee_mismatch' });
+      expect((await facilitator('verify', sessionId, 'bound-1', requirement(p1))).json()).toMatchObject({
+        isValid: true,
+      });
+      expect((await facilitator('settle', sessionId, 'bound-1', requirement(p2))).json()).toMatchObject({
+        success: false,
+        errorReason: 'payee_mismatch',
+      });
       const viaRest = await charge(sessionId, { paymentId: 'bound-1', payeeAgentId: p2, amount: 20, requestSha256 });
       expect(viaRest.json()).toMatchObject({ code: 'X402_PAYEE_MISMATCH', details: { heldFor: p1 } });
       // Another request under the same payment id is refused too; the payee it was verified for is paid.
-      const otherRequest = await charge(sessionId, { paymentId: 'bound-1', payeeAgentId: p1, amount: 20, requestSha256: 'b'.repeat(64) });
+      const otherRequest = await charge(sessionId, {
+        paymentId: 'bound-1',
+        payeeAgentId: p1,
+        amount: 20,
+        requestSha256: 'b'.repeat(64),
+      });
       expect(otherRequest.json()).toMatchObject({ code: 'X402_REQUEST_BINDING_MISMATCH' });
-      expect((await facilitator('settle', sessionId, 'bound-1', requirement(p1))).json()).toMatchObject({ success: true, amount: '20' });
+      expect((await facilitator('settle', sessionId, 'bound-1', requirement(p1))).json()).toMatchObject({
+        success: true,
+        amount: '20',
+      });
       await post(t, auth, `/x402/sessions/${sessionId}/close`, {});
       expect(await balances(t, auth, p1)).toEqual({ available: 20, escrow: 0 });
       expect(await balances(t, auth, p2)).toEqual({ available: 0, escrow: 0 });

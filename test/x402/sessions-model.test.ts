@@ -44,7 +44,13 @@ const PAYER_FUNDS = 150;
 const SHORT_TTL_MS = 1_000;
 const CHARGE_POINTS = ['x402.session.debited', 'x402.session.charged'] as const;
 const OPEN_POINTS = ['x402.session.recorded', 'x402.session.locked'] as const;
-const CLOSE_POINTS = ['x402.session.stopped', 'x402.session.voided', 'x402.session.closed', 'x402.session.refunded', 'x402.session.payee-settled'] as const;
+const CLOSE_POINTS = [
+  'x402.session.stopped',
+  'x402.session.voided',
+  'x402.session.closed',
+  'x402.session.refunded',
+  'x402.session.payee-settled',
+] as const;
 
 type Status = 'closed' | 'expired';
 
@@ -166,7 +172,8 @@ function check(label: string, e: Expect, status: number, code: string | undefine
     if (!e.ok) throw new Error(`${label}: answered ${status}, the model expected ${describeExpect(e)}: ${body}`);
     return;
   }
-  if (!code || !e.codes.has(code)) throw new Error(`${label}: answered ${status} ${code ?? ''}, the model expected ${describeExpect(e)}: ${body}`);
+  if (!code || !e.codes.has(code))
+    throw new Error(`${label}: answered ${status} ${code ?? ''}, the model expected ${describeExpect(e)}: ${body}`);
 }
 
 function wallet(w: World, id: string) {
@@ -184,7 +191,8 @@ function budgetKeys(w: World, s: MSession): [string, string] {
 /** A receipt the client got: seen once per payment; no two payments hold one charge. */
 function noteReceipt(w: World, s: MSession, paymentId: string, chargeId: string) {
   const prior = w.chargeIds.get(chargeId);
-  if (prior && prior !== paymentId) throw new Error(`${s.id}: charge ${chargeId} answered for payment ${prior} and for payment ${paymentId}`);
+  if (prior && prior !== paymentId)
+    throw new Error(`${s.id}: charge ${chargeId} answered for payment ${prior} and for payment ${paymentId}`);
   w.chargeIds.set(chargeId, paymentId);
 }
 
@@ -213,7 +221,8 @@ async function sweep(w: World) {
     if (s.closed || s.expiresAt > t1) continue;
     const status = (await get(w.t, w.auth, `/x402/sessions/${s.id}`)).json().status as string;
     if (status === 'expired') closeInModel(w, s, 'expired');
-    else if (s.expiresAt <= t0) throw new Error(`${s.id}: past its expiry when the sweep ran, still ${status} after it`);
+    else if (s.expiresAt <= t0)
+      throw new Error(`${s.id}: past its expiry when the sweep ran, still ${status} after it`);
   }
 }
 
@@ -225,11 +234,19 @@ async function checkSession(w: World, s: MSession) {
   expect(view.spent, `${s.id} spent within its budget: ${res.body}`).toBeLessThanOrEqual(s.budget);
   expect(view.remaining, res.body).toBeGreaterThanOrEqual(0);
   if (s.closed) {
-    expect({ status: view.status, spent: view.spent, refunded: view.refunded }, `${s.id} closed: ${res.body}`).toEqual({ status: s.closed, spent: chargedTotal(s), refunded: s.budget - chargedTotal(s) });
+    expect({ status: view.status, spent: view.spent, refunded: view.refunded }, `${s.id} closed: ${res.body}`).toEqual({
+      status: s.closed,
+      spent: chargedTotal(s),
+      refunded: s.budget - chargedTotal(s),
+    });
     return;
   }
   expect(view.status, res.body).toBe('open');
-  if (!s.uncertain) expect({ spent: view.spent, charges: view.charges }, `${s.id} open: ${res.body}`).toEqual({ spent: used(s), charges: s.seqs });
+  if (!s.uncertain)
+    expect({ spent: view.spent, charges: view.charges }, `${s.id} open: ${res.body}`).toEqual({
+      spent: used(s),
+      charges: s.seqs,
+    });
 }
 
 let crashed = false;
@@ -241,7 +258,10 @@ function arm(point: string) {
 }
 
 /** A request that may crash at an armed failpoint: answers its first answer, and whether the failpoint fired. */
-async function crashable<T extends { statusCode: number; body: string }>(point: string | null, send: () => Promise<T>): Promise<{ res: T; crash: boolean }> {
+async function crashable<T extends { statusCode: number; body: string }>(
+  point: string | null,
+  send: () => Promise<T>,
+): Promise<{ res: T; crash: boolean }> {
   crashed = false;
   if (point) arm(point);
   try {
@@ -250,16 +270,29 @@ async function crashable<T extends { statusCode: number; body: string }>(point: 
       if (!crashed) throw new Error(`500 without a crash: ${res.body}`);
       return { res, crash: true };
     }
-    if (crashed) throw new Error(`the failpoint ${point} fired but the request answered ${res.statusCode}: ${res.body}`);
+    if (crashed)
+      throw new Error(`the failpoint ${point} fired but the request answered ${res.statusCode}: ${res.body}`);
     return { res, crash: false };
   } finally {
     disarmFailpoints();
   }
 }
 
-const chargeBody = (paymentId: string, payee: string, amount: number) => ({ paymentId, payeeAgentId: payee, amount, requestSha256: hash(paymentId) });
+const chargeBody = (paymentId: string, payee: string, amount: number) => ({
+  paymentId,
+  payeeAgentId: payee,
+  amount,
+  requestSha256: hash(paymentId),
+});
 
-function facilitatorBody(w: World, s: MSession, paymentId: string, payee: string, held: number, settle?: { amount?: number; payee?: string; asset?: string }) {
+function facilitatorBody(
+  w: World,
+  s: MSession,
+  paymentId: string,
+  payee: string,
+  held: number,
+  settle?: { amount?: number; payee?: string; asset?: string },
+) {
   const url = `https://tool.example/model/${paymentId}`;
   const accepted = {
     scheme: X402_SESSION_SCHEME,
@@ -272,12 +305,18 @@ function facilitatorBody(w: World, s: MSession, paymentId: string, payee: string
   };
   return {
     x402Version: 2,
-    paymentPayload: { x402Version: 2, resource: { url }, accepted, payload: { sessionId: s.id, paymentId, requestSha256: x402RequestSha256({ method: 'GET', resource: url }) } },
+    paymentPayload: {
+      x402Version: 2,
+      resource: { url },
+      accepted,
+      payload: { sessionId: s.id, paymentId, requestSha256: x402RequestSha256({ method: 'GET', resource: url }) },
+    },
     paymentRequirements: { ...accepted, amount: String(settle?.amount ?? held) },
   };
 }
 
-const facilitator = (w: World, action: 'verify' | 'settle', body: unknown) => post(w.t, w.auth, `/x402/facilitator/${action}`, body);
+const facilitator = (w: World, action: 'verify' | 'settle', body: unknown) =>
+  post(w.t, w.auth, `/x402/facilitator/${action}`, body);
 
 /** A settle's answer as a charge's: status 201 for success, the refusal's reason as its code. */
 function settleOutcome(res: { statusCode: number; body: string; json(): any }) {
@@ -299,17 +338,28 @@ async function retry(w: World, s: MSession, paymentId: string, label: string) {
   if (!paid && !lost) throw new Error(`retry of ${paymentId}: neither charged nor debited`);
   const { via, body } = (paid ?? lost)!;
   const t0 = Date.now();
-  const res = via === 'charge' ? await post(w.t, w.auth, `/x402/sessions/${s.id}/charges`, body) : await facilitator(w, 'settle', body);
+  const res =
+    via === 'charge'
+      ? await post(w.t, w.auth, `/x402/sessions/${s.id}/charges`, body)
+      : await facilitator(w, 'settle', body);
   const t1 = Date.now();
-  const out = via === 'charge' ? { status: res.statusCode, code: res.json().code as string | undefined } : settleOutcome(res);
+  const out =
+    via === 'charge' ? { status: res.statusCode, code: res.json().code as string | undefined } : settleOutcome(res);
   const answer = res.json();
   const seq = via === 'charge' ? answer.seq : answer.extra?.seq;
   const receiptHash = via === 'charge' ? answer.receipt?.receiptHash : answer.extra?.receiptHash;
   const chargeId = via === 'charge' ? answer.chargeId : answer.transaction;
   if (paid) {
-    if (out.status !== 201) throw new Error(`${label}: a retry of charged payment ${paymentId} (${paid.amount} to ${paid.payee}) answered ${res.statusCode} ${out.code}, not its receipt: ${res.body}`);
+    if (out.status !== 201)
+      throw new Error(
+        `${label}: a retry of charged payment ${paymentId} (${paid.amount} to ${paid.payee}) answered ${res.statusCode} ${out.code}, not its receipt: ${res.body}`,
+      );
     if (paid.receiptHash) {
-      expect({ seq, receiptHash, chargeId }, `${label}: a retry answers the same receipt`).toEqual({ seq: paid.seq, receiptHash: paid.receiptHash, chargeId: paid.chargeId });
+      expect({ seq, receiptHash, chargeId }, `${label}: a retry answers the same receipt`).toEqual({
+        seq: paid.seq,
+        receiptHash: paid.receiptHash,
+        chargeId: paid.chargeId,
+      });
     } else {
       Object.assign(paid, { seq, receiptHash, chargeId });
       noteReceipt(w, s, paymentId, chargeId);
@@ -320,12 +370,19 @@ async function retry(w: World, s: MSession, paymentId: string, label: string) {
   const item = lost!;
   let e: Expect;
   if (s.closed) e = { ok: false, codes: new Set([closedCode(s.closed)]) };
-  else if (!s.uncertain) e = { ok: true, codes: new Set() }; // its debit is in Redis: recorded now, whatever the time
+  else if (!s.uncertain)
+    e = { ok: true, codes: new Set() }; // its debit is in Redis: recorded now, whatever the time
   else {
     e = expectDebit(s, item.payee, item.amount, t0, t1);
     if (e.ok) e.codes.add('X402_SESSION_BUDGET_EXCEEDED'); // Redis may have kept the debit or lost it
   }
-  check(`${label}: retry of the crashed payment ${paymentId}`, via === 'charge' ? e : asReasons(e), out.status, out.code, res.body);
+  check(
+    `${label}: retry of the crashed payment ${paymentId}`,
+    via === 'charge' ? e : asReasons(e),
+    out.status,
+    out.code,
+    res.body,
+  );
   s.lost.delete(paymentId);
   if (out.status === 201) {
     s.charged.set(paymentId, { payee: item.payee, amount: item.amount, seq, receiptHash, chargeId, via, body });
@@ -343,8 +400,9 @@ const session = fc.nat({ max: 7 });
 /** True about once in n (shrinks to false). */
 const rarely = (n: number) => fc.integer({ min: 1, max: n }).map((x) => x === n);
 /** `arb` about once in n, else null. */
-const rarelyOr = <T,>(n: number, arb: fc.Arbitrary<T>) => fc.oneof({ arbitrary: fc.constant(null), weight: n - 1 }, { arbitrary: arb, weight: 1 });
-const pick = <T,>(items: readonly T[], i: number): T => items[i % items.length]!;
+const rarelyOr = <T>(n: number, arb: fc.Arbitrary<T>) =>
+  fc.oneof({ arbitrary: fc.constant(null), weight: n - 1 }, { arbitrary: arb, weight: 1 });
+const pick = <T>(items: readonly T[], i: number): T => items[i % items.length]!;
 const openSessions = (w: World) => w.sessions.filter((s) => !s.closed);
 
 /** Where a call goes: mostly an open session, a payee it lists, an amount within its per-call maximum. */
@@ -357,7 +415,14 @@ interface Target {
   over: boolean;
 }
 
-const targetArb = fc.record({ s: session, anyState: rarely(6), stranger: rarely(10), payee: fc.nat({ max: 1 }), amount: fc.integer({ min: 1, max: 10 }), over: rarely(10) });
+const targetArb = fc.record({
+  s: session,
+  anyState: rarely(6),
+  stranger: rarely(10),
+  payee: fc.nat({ max: 1 }),
+  amount: fc.integer({ min: 1, max: 10 }),
+  over: rarely(10),
+});
 
 function resolve(w: World, p: Target): { s: MSession; payee: string; amount: number } {
   const open = openSessions(w);
@@ -367,11 +432,19 @@ function resolve(w: World, p: Target): { s: MSession; payee: string; amount: num
 }
 
 /** A target as generated (the resolved session, payee and amount are in the failure's message). */
-const shownTarget = (p: Target) => `${p.anyState ? 'any' : 'open'} session #${p.s}, ${p.stranger ? 'an unlisted payee' : `payee #${p.payee}`}, ${p.over ? 'maxPerCall + 1' : `amount ${p.amount}`}`;
+const shownTarget = (p: Target) =>
+  `${p.anyState ? 'any' : 'open'} session #${p.s}, ${p.stranger ? 'an unlisted payee' : `payee #${p.payee}`}, ${p.over ? 'maxPerCall + 1' : `amount ${p.amount}`}`;
 
 class OpenCmd implements Cmd {
   constructor(
-    readonly p: { sponsor: boolean; payees: number; budget: number; maxPerCall: number; short: boolean; crash: number | null },
+    readonly p: {
+      sponsor: boolean;
+      payees: number;
+      budget: number;
+      maxPerCall: number;
+      short: boolean;
+      crash: number | null;
+    },
   ) {}
   check(w: Readonly<World>) {
     return w.sessions.length < 4;
@@ -394,7 +467,13 @@ class OpenCmd implements Cmd {
     const walletId = p.sponsor ? w.sponsor : w.payer;
     // What the open must answer: the sponsor's policy (per call, payees, today's total), then the funds.
     let expected: string | null = null;
-    if (p.sponsor && (maxPerCall > w.policy.perCallLimit || payees.some((x) => !w.policy.allowed.includes(x)) || w.sponsorToday + p.budget > w.policy.dailyLimit)) expected = 'X402_WALLET_POLICY_VIOLATION';
+    if (
+      p.sponsor &&
+      (maxPerCall > w.policy.perCallLimit ||
+        payees.some((x) => !w.policy.allowed.includes(x)) ||
+        w.sponsorToday + p.budget > w.policy.dailyLimit)
+    )
+      expected = 'X402_WALLET_POLICY_VIOLATION';
     else if (wallet(w, walletId).available < p.budget) expected = 'INSUFFICIENT_FUNDS';
     const key = randomBytes(8).toString('hex');
     const send = () => post(w.t, w.auth, '/x402/sessions', body, { 'idempotency-key': key });
@@ -405,7 +484,10 @@ class OpenCmd implements Cmd {
       res = await send(); // the client retries with the same key
     }
     if (expected) {
-      expect({ status: res.statusCode, code: res.json().code }, `open ${JSON.stringify(body)}: ${res.body}`).toMatchObject({ code: expected });
+      expect(
+        { status: res.statusCode, code: res.json().code },
+        `open ${JSON.stringify(body)}: ${res.body}`,
+      ).toMatchObject({ code: expected });
       return;
     }
     expect(res.statusCode, `open ${JSON.stringify(body)}: ${res.body}`).toBe(201);
@@ -415,8 +497,21 @@ class OpenCmd implements Cmd {
     b.available -= p.budget;
     b.escrow += p.budget;
     const s: MSession = {
-      id: view.sessionId, walletId, payees, budget: p.budget, maxPerCall, expiresAt: Date.parse(view.expiresAt), short: p.short, closed: null,
-      charged: new Map(), holds: new Map(), lost: new Map(), seqs: 0, uncertain: false, mayCount: 0, snapshot: null,
+      id: view.sessionId,
+      walletId,
+      payees,
+      budget: p.budget,
+      maxPerCall,
+      expiresAt: Date.parse(view.expiresAt),
+      short: p.short,
+      closed: null,
+      charged: new Map(),
+      holds: new Map(),
+      lost: new Map(),
+      seqs: 0,
+      uncertain: false,
+      mayCount: 0,
+      snapshot: null,
     };
     w.sessions.push(s);
     await checkSession(w, s);
@@ -446,7 +541,16 @@ class ChargeCmd implements Cmd {
       // The debit was made; the crash was before (debited) or after (charged) its record.
       s.seqs++;
       s.mayCount += amount;
-      if (point === 'x402.session.charged') s.charged.set(paymentId, { payee, amount: amount, seq: null, receiptHash: null, chargeId: null, via: 'charge', body });
+      if (point === 'x402.session.charged')
+        s.charged.set(paymentId, {
+          payee,
+          amount: amount,
+          seq: null,
+          receiptHash: null,
+          chargeId: null,
+          via: 'charge',
+          body,
+        });
       else s.lost.set(paymentId, { payee, amount: amount, via: 'charge', body });
       if (this.p.crash!.retry) {
         await sweep(w);
@@ -461,10 +565,28 @@ class ChargeCmd implements Cmd {
       const a = res.json();
       s.seqs++;
       s.mayCount += amount;
-      expect({ amount: a.amount, payee: a.payeeAgentId, paymentId: a.paymentId, repeated: a.repeated, receipt: a.receipt.body.amount }, label).toEqual({ amount: amount, payee, paymentId, repeated: false, receipt: amount });
-      s.charged.set(paymentId, { payee, amount: amount, seq: a.seq, receiptHash: a.receipt.receiptHash, chargeId: a.chargeId, via: 'charge', body });
+      expect(
+        {
+          amount: a.amount,
+          payee: a.payeeAgentId,
+          paymentId: a.paymentId,
+          repeated: a.repeated,
+          receipt: a.receipt.body.amount,
+        },
+        label,
+      ).toEqual({ amount: amount, payee, paymentId, repeated: false, receipt: amount });
+      s.charged.set(paymentId, {
+        payee,
+        amount: amount,
+        seq: a.seq,
+        receiptHash: a.receipt.receiptHash,
+        chargeId: a.chargeId,
+        via: 'charge',
+        body,
+      });
       noteReceipt(w, s, paymentId, a.chargeId);
-      if (!s.uncertain) expect({ seq: a.seq, remaining: a.remaining }, label).toEqual({ seq: s.seqs, remaining: s.budget - used(s) });
+      if (!s.uncertain)
+        expect({ seq: a.seq, remaining: a.remaining }, label).toEqual({ seq: s.seqs, remaining: s.budget - used(s) });
     }
     await checkSession(w, s);
   }
@@ -514,13 +636,20 @@ class ReuseCmd implements Cmd {
     const { s, paymentId } = pick(this.candidates(w), this.p.i);
     const paid = s.charged.get(paymentId)!;
     const amount = this.p.otherAmount ? (paid.amount < s.maxPerCall ? paid.amount + 1 : paid.amount - 1) : paid.amount;
-    const body = { ...paid.body, amount: amount >= 1 ? amount : paid.amount, requestSha256: hash(`${paymentId}/other`) };
+    const body = {
+      ...paid.body,
+      amount: amount >= 1 ? amount : paid.amount,
+      requestSha256: hash(`${paymentId}/other`),
+    };
     const res = await post(w.t, w.auth, `/x402/sessions/${s.id}/charges`, body);
     // On an ended session a reuse may be answered as such or as the session's end (a Redis rolled back since may no
     // longer know the payment id; the close's statement is final either way): both refuse and charge nothing.
     const codes = s.closed ? ['X402_SESSION_PAYMENT_REUSED', closedCode(s.closed)] : ['X402_SESSION_PAYMENT_REUSED'];
     const answer = { status: res.statusCode, code: res.json().code as string };
-    expect(answer.status === 409 && codes.includes(answer.code), `${this}: payment ${paymentId} (${paid.amount} to ${paid.payee}, seq ${paid.seq}) sent for another call on ${s.id}: ${res.body}`).toBe(true);
+    expect(
+      answer.status === 409 && codes.includes(answer.code),
+      `${this}: payment ${paymentId} (${paid.amount} to ${paid.payee}, seq ${paid.seq}) sent for another call on ${s.id}: ${res.body}`,
+    ).toBe(true);
     await checkSession(w, s);
   }
   toString() {
@@ -547,7 +676,10 @@ class HoldCmd implements Cmd {
     const label = `${this}: ${amount} to p${w.payees.indexOf(payee) + 1} on session #${w.sessions.indexOf(s)} ${s.id}`;
     if (this.p.asset !== 'USD') {
       // Contract 8a: a hold is bound to its asset; an asset other than the session's currency is refused at verify.
-      expect({ isValid: a.isValid, reason: a.invalidReason }, `${label}: a verify in JPY on a USD session: ${res.body}`).toEqual({ isValid: false, reason: 'asset_mismatch' });
+      expect(
+        { isValid: a.isValid, reason: a.invalidReason },
+        `${label}: a verify in JPY on a USD session: ${res.body}`,
+      ).toEqual({ isValid: false, reason: 'asset_mismatch' });
       await checkSession(w, s);
       return;
     }
@@ -564,7 +696,8 @@ class HoldCmd implements Cmd {
   }
 }
 
-const allHolds = (w: World) => w.sessions.flatMap((s) => [...s.holds.entries()].map(([paymentId, h]) => ({ s, paymentId, h })));
+const allHolds = (w: World) =>
+  w.sessions.flatMap((s) => [...s.holds.entries()].map(([paymentId, h]) => ({ s, paymentId, h })));
 
 /**
  * A facilitator settle of a hold: captures `part` of what was held (0 allowed, more than held refused). May crash
@@ -582,7 +715,9 @@ class CaptureCmd implements Cmd {
     const label = `${this} (${paymentId}: ${h.amount} held for ${h.payee} on ${s.id})`;
     const body = facilitatorBody(w, s, paymentId, h.payee, h.amount, { amount });
     const t0 = Date.now();
-    const { res, crash } = await crashable(this.p.crash ? 'x402.session.captured' : null, () => facilitator(w, 'settle', body));
+    const { res, crash } = await crashable(this.p.crash ? 'x402.session.captured' : null, () =>
+      facilitator(w, 'settle', body),
+    );
     if (crash) {
       // Captured in Redis, not recorded: a debit like a charge's that crashed before its record.
       s.holds.delete(paymentId);
@@ -606,10 +741,22 @@ class CaptureCmd implements Cmd {
     const a = res.json();
     s.holds.delete(paymentId);
     if (s.uncertain) s.mayCount += amount;
-    s.charged.set(paymentId, { payee: h.payee, amount, seq: a.extra.seq, receiptHash: a.extra.receiptHash, chargeId: a.transaction, via: 'capture', body });
+    s.charged.set(paymentId, {
+      payee: h.payee,
+      amount,
+      seq: a.extra.seq,
+      receiptHash: a.extra.receiptHash,
+      chargeId: a.transaction,
+      via: 'capture',
+      body,
+    });
     noteReceipt(w, s, paymentId, a.transaction);
     expect(a.amount, label).toBe(String(amount));
-    if (!s.uncertain) expect({ seq: a.extra.seq, remaining: a.extra.remaining }, label).toEqual({ seq: h.seq, remaining: s.budget - used(s) });
+    if (!s.uncertain)
+      expect({ seq: a.extra.seq, remaining: a.extra.remaining }, label).toEqual({
+        seq: h.seq,
+        remaining: s.budget - used(s),
+      });
     await checkSession(w, s);
   }
   toString() {
@@ -633,7 +780,10 @@ class OtherPayeeSettleCmd implements Cmd {
     const other = s.payees.find((x) => x !== h.payee)!;
     const res = await facilitator(w, 'settle', facilitatorBody(w, s, paymentId, h.payee, h.amount, { payee: other }));
     const a = res.json();
-    expect({ success: a.success, reason: a.errorReason }, `${this}: ${paymentId} held ${h.amount} for p${w.payees.indexOf(h.payee) + 1} on ${s.id}, settled naming p${w.payees.indexOf(other) + 1}: ${res.body}`).toEqual({ success: false, reason: 'payee_mismatch' });
+    expect(
+      { success: a.success, reason: a.errorReason },
+      `${this}: ${paymentId} held ${h.amount} for p${w.payees.indexOf(h.payee) + 1} on ${s.id}, settled naming p${w.payees.indexOf(other) + 1}: ${res.body}`,
+    ).toEqual({ success: false, reason: 'payee_mismatch' });
     await checkSession(w, s);
   }
   toString() {
@@ -658,7 +808,10 @@ class CloseCmd implements Cmd {
     expect(res.statusCode, `${this} on ${s.id}: ${res.body}`).toBe(200);
     closeInModel(w, s, 'closed');
     const view = res.json();
-    expect({ status: view.status, spent: view.spent, refunded: view.refunded }, `${this} on ${s.id}: the close pays every receipt and returns the rest: ${res.body}`).toEqual({ status: s.closed, spent: chargedTotal(s), refunded: s.budget - chargedTotal(s) });
+    expect(
+      { status: view.status, spent: view.spent, refunded: view.refunded },
+      `${this} on ${s.id}: the close pays every receipt and returns the rest: ${res.body}`,
+    ).toEqual({ status: s.closed, spent: chargedTotal(s), refunded: s.budget - chargedTotal(s) });
     await checkSession(w, s);
   }
   toString() {
@@ -700,7 +853,10 @@ class SnapshotCmd implements Cmd {
     const open = openSessions(w);
     const s = pick(open.length > 0 ? open : w.sessions, this.i);
     const [budget, payments] = budgetKeys(w, s);
-    s.snapshot = { budget: await w.t.runtime.redis.dumpBuffer(budget), payments: await w.t.runtime.redis.dumpBuffer(payments) };
+    s.snapshot = {
+      budget: await w.t.runtime.redis.dumpBuffer(budget),
+      payments: await w.t.runtime.redis.dumpBuffer(payments),
+    };
   }
   toString() {
     return `snapshot(open session #${this.i})`;
@@ -747,18 +903,35 @@ class SweepCmd implements Cmd {
 }
 
 const openCmd = fc
-  .record({ sponsor: fc.boolean(), payees: fc.integer({ min: 0, max: 2 }), budget: fc.integer({ min: 4, max: 60 }), maxPerCall: fc.integer({ min: 2, max: 10 }), short: rarely(5), crash: rarelyOr(6, fc.nat({ max: 1 })) })
+  .record({
+    sponsor: fc.boolean(),
+    payees: fc.integer({ min: 0, max: 2 }),
+    budget: fc.integer({ min: 4, max: 60 }),
+    maxPerCall: fc.integer({ min: 2, max: 10 }),
+    short: rarely(5),
+    crash: rarelyOr(6, fc.nat({ max: 1 })),
+  })
   .map((p) => new OpenCmd(p));
 const commands = [
   openCmd,
   openCmd,
   ...Array.from({ length: 5 }, () =>
-    fc.record({ t: targetArb, crash: rarelyOr(5, fc.record({ point: fc.nat({ max: 1 }), retry: fc.boolean() })) }).map(({ t, crash }) => new ChargeCmd({ ...t, crash })),
+    fc
+      .record({ t: targetArb, crash: rarelyOr(5, fc.record({ point: fc.nat({ max: 1 }), retry: fc.boolean() })) })
+      .map(({ t, crash }) => new ChargeCmd({ ...t, crash })),
   ),
   fc.nat({ max: 20 }).map((i) => new RetryCmd(i)),
   fc.record({ i: fc.nat({ max: 20 }), otherAmount: fc.boolean() }).map((p) => new ReuseCmd(p)),
-  ...Array.from({ length: 2 }, () => fc.record({ t: targetArb, asset: fc.constantFrom<'USD' | 'JPY'>('USD', 'USD', 'USD', 'USD', 'USD', 'JPY') }).map(({ t, asset }) => new HoldCmd({ ...t, asset }))),
-  ...Array.from({ length: 3 }, () => fc.record({ i: fc.nat({ max: 10 }), part: fc.constantFrom(0, 0.5, 1, 1), over: rarely(8), crash: rarely(6) }).map((p) => new CaptureCmd(p))),
+  ...Array.from({ length: 2 }, () =>
+    fc
+      .record({ t: targetArb, asset: fc.constantFrom<'USD' | 'JPY'>('USD', 'USD', 'USD', 'USD', 'USD', 'JPY') })
+      .map(({ t, asset }) => new HoldCmd({ ...t, asset })),
+  ),
+  ...Array.from({ length: 3 }, () =>
+    fc
+      .record({ i: fc.nat({ max: 10 }), part: fc.constantFrom(0, 0.5, 1, 1), over: rarely(8), crash: rarely(6) })
+      .map((p) => new CaptureCmd(p)),
+  ),
   fc.record({ s: session, crash: rarelyOr(3, fc.nat({ max: 4 })) }).map((p) => new CloseCmd(p)),
   fc.nat({ max: 3 }).map((i) => new ExpireCmd(i)),
   fc.nat({ max: 10 }).map((i) => new OtherPayeeSettleCmd(i)),
@@ -774,7 +947,10 @@ describe('payment sessions against a reference model (fast-check)', () => {
   let processors: ProcessorMap;
 
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['settle'], overrides: { RATE_LIMIT_MAX: '1000000', SWEEP_STALE_AFTER_MS: '0', SWEEP_INTERVAL_MS: '3600000' } });
+    t = await startTestApp({
+      workers: ['settle'],
+      overrides: { RATE_LIMIT_MAX: '1000000', SWEEP_STALE_AFTER_MS: '0', SWEEP_INTERVAL_MS: '3600000' },
+    });
     ({ auth, tenantId } = await t.tenantWithKey([...X402_SCOPES]));
     processors = createProcessors(t.runtime);
   });
@@ -788,10 +964,37 @@ describe('payment sessions against a reference model (fast-check)', () => {
     // Funded for its whole daily limit: a sponsored open is refused by the policy, never for funds.
     const sponsor = await sponsorWallet(t, tenantId, policy.dailyLimit);
     const allowed = policy.allowedBoth ? [p1, p2] : [p1];
-    const res = await t.app.inject({ method: 'PUT', url: `/x402/wallets/${sponsor}/policy`, headers: auth, payload: { currency: 'USD', perCallLimit: policy.perCallLimit, dailyLimit: policy.dailyLimit, allowedPayeeAgentIds: allowed } });
+    const res = await t.app.inject({
+      method: 'PUT',
+      url: `/x402/wallets/${sponsor}/policy`,
+      headers: auth,
+      payload: {
+        currency: 'USD',
+        perCallLimit: policy.perCallLimit,
+        dailyLimit: policy.dailyLimit,
+        allowedPayeeAgentIds: allowed,
+      },
+    });
     expect(res.statusCode, res.body).toBe(200);
-    const wallets = new Map([[payer, { available: PAYER_FUNDS, escrow: 0 }], [sponsor, { available: policy.dailyLimit, escrow: 0 }], ...[p1, p2, p3].map((p) => [p, { available: 0, escrow: 0 }] as const)]);
-    return { t, auth, processors, payer, payees: [p1, p2, p3], sponsor, policy: { perCallLimit: policy.perCallLimit, dailyLimit: policy.dailyLimit, allowed }, sponsorToday: 0, sessions: [], wallets, chargeIds: new Map(), counter: 0 };
+    const wallets = new Map([
+      [payer, { available: PAYER_FUNDS, escrow: 0 }],
+      [sponsor, { available: policy.dailyLimit, escrow: 0 }],
+      ...[p1, p2, p3].map((p) => [p, { available: 0, escrow: 0 }] as const),
+    ]);
+    return {
+      t,
+      auth,
+      processors,
+      payer,
+      payees: [p1, p2, p3],
+      sponsor,
+      policy: { perCallLimit: policy.perCallLimit, dailyLimit: policy.dailyLimit, allowed },
+      sponsorToday: 0,
+      sessions: [],
+      wallets,
+      chargeIds: new Map(),
+      counter: 0,
+    };
   }
 
   /** Every session closed and settled: statements, balances and the audit agree with the model. */
@@ -801,20 +1004,42 @@ describe('payment sessions against a reference model (fast-check)', () => {
     for (const s of w.sessions) {
       const res = await get(t, auth, `/x402/sessions/${s.id}/statement`);
       expect(res.statusCode, res.body).toBe(200);
-      const { body, charges } = res.json() as { body: { totalCharged: number; refunded: number; chargeCount: number }; charges: Array<{ seq: number; paymentId: string; payeeAgentId: string; amount: number; receiptHash: string }> };
-      const listed = charges.map((c) => ({ paymentId: c.paymentId, payee: c.payeeAgentId, amount: c.amount })).sort((a, b) => a.paymentId.localeCompare(b.paymentId));
-      const model = [...s.charged.entries()].map(([paymentId, c]) => ({ paymentId, payee: c.payee, amount: c.amount })).sort((a, b) => a.paymentId.localeCompare(b.paymentId));
+      const { body, charges } = res.json() as {
+        body: { totalCharged: number; refunded: number; chargeCount: number };
+        charges: Array<{ seq: number; paymentId: string; payeeAgentId: string; amount: number; receiptHash: string }>;
+      };
+      const listed = charges
+        .map((c) => ({ paymentId: c.paymentId, payee: c.payeeAgentId, amount: c.amount }))
+        .sort((a, b) => a.paymentId.localeCompare(b.paymentId));
+      const model = [...s.charged.entries()]
+        .map(([paymentId, c]) => ({ paymentId, payee: c.payee, amount: c.amount }))
+        .sort((a, b) => a.paymentId.localeCompare(b.paymentId));
       expect(listed, `${s.id}: the statement lists every receipted charge once, nothing else`).toEqual(model);
-      expect({ totalCharged: body.totalCharged, refunded: body.refunded }, `${s.id} statement`).toEqual({ totalCharged: chargedTotal(s), refunded: s.budget - chargedTotal(s) });
+      expect({ totalCharged: body.totalCharged, refunded: body.refunded }, `${s.id} statement`).toEqual({
+        totalCharged: chargedTotal(s),
+        refunded: s.budget - chargedTotal(s),
+      });
       for (const c of charges) {
         const paid = s.charged.get(c.paymentId);
-        if (paid?.receiptHash) expect({ seq: c.seq, receiptHash: c.receiptHash }, `${s.id}: ${c.paymentId} as receipted`).toEqual({ seq: paid.seq, receiptHash: paid.receiptHash });
+        if (paid?.receiptHash)
+          expect({ seq: c.seq, receiptHash: c.receiptHash }, `${s.id}: ${c.paymentId} as receipted`).toEqual({
+            seq: paid.seq,
+            receiptHash: paid.receiptHash,
+          });
       }
     }
     for (const [walletId, b] of w.wallets) {
-      const res = await t.app.inject({ method: 'GET', url: `/v1/wallets/${encodeURIComponent(walletId)}`, headers: auth });
-      const real = res.statusCode === 404 ? { available: 0, escrow: 0 } : (res.json().balances.USD ?? { available: 0, escrow: 0 });
-      expect(real, `wallet ${walletId === w.payer ? 'payer' : walletId === w.sponsor ? 'sponsor' : `payee p${w.payees.indexOf(walletId) + 1}`}`).toEqual(b);
+      const res = await t.app.inject({
+        method: 'GET',
+        url: `/v1/wallets/${encodeURIComponent(walletId)}`,
+        headers: auth,
+      });
+      const real =
+        res.statusCode === 404 ? { available: 0, escrow: 0 } : (res.json().balances.USD ?? { available: 0, escrow: 0 });
+      expect(
+        real,
+        `wallet ${walletId === w.payer ? 'payer' : walletId === w.sponsor ? 'sponsor' : `payee p${w.payees.indexOf(walletId) + 1}`}`,
+      ).toEqual(b);
     }
     const audit = Date.now();
     await expectCleanAudit(t);
@@ -825,7 +1050,11 @@ describe('payment sessions against a reference model (fast-check)', () => {
     const started = Date.now();
     await fc.assert(
       fc.asyncProperty(
-        fc.record({ perCallLimit: fc.integer({ min: 4, max: 10 }), dailyLimit: fc.integer({ min: 30, max: 120 }), allowedBoth: fc.boolean() }),
+        fc.record({
+          perCallLimit: fc.integer({ min: 4, max: 10 }),
+          dailyLimit: fc.integer({ min: 30, max: 120 }),
+          allowedBoth: fc.boolean(),
+        }),
         // The sessions the run starts with (more may open among the commands).
         fc.array(openCmd, { minLength: 1, maxLength: 2 }),
         fc.commands(commands, { maxCommands: MAX_COMMANDS, size: 'max' }),
@@ -838,7 +1067,8 @@ describe('payment sessions against a reference model (fast-check)', () => {
             await fc.asyncModelRun(() => ({ model: w, real: w }), cmds);
             const c = Date.now();
             await finish(w);
-            if (process.env.SESSIONS_MODEL_TIMING) console.log(`${cmds}\nworld ${b - a} ms, commands ${c - b} ms, finish ${Date.now() - c} ms`);
+            if (process.env.SESSIONS_MODEL_TIMING)
+              console.log(`${cmds}\nworld ${b - a} ms, commands ${c - b} ms, finish ${Date.now() - c} ms`);
           } finally {
             disarmFailpoints();
             // Leave nothing open for the next run (a failed run's sessions would otherwise stay open).
@@ -856,6 +1086,11 @@ describe('payment sessions against a reference model (fast-check)', () => {
         markInterruptAsFailure: true,
       },
     );
-    console.log(`sessions model: ${RUNS} runs in ${((Date.now() - started) / 1000).toFixed(1)} s; ${[...stats].sort().map(([k, n]) => `${k}: ${n}`).join(', ')}`);
+    console.log(
+      `sessions model: ${RUNS} runs in ${((Date.now() - started) / 1000).toFixed(1)} s; ${[...stats]
+        .sort()
+        .map(([k, n]) => `${k}: ${n}`)
+        .join(', ')}`,
+    );
   }, 900_000);
 });

@@ -3,7 +3,16 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';
-import { createGate, expectLedgerBalances, gateParties, post, quote, sponsorWallet, twoApiProcesses, X402_SCOPES } from './helpers.ts';
+import {
+  createGate,
+  expectLedgerBalances,
+  gateParties,
+  post,
+  quote,
+  sponsorWallet,
+  twoApiProcesses,
+  X402_SCOPES,
+} from './helpers.ts';
 
 describe('x402 wallet daily limit: a decision and its authorize-payment count once', () => {
   let t: TestApp;
@@ -18,7 +27,12 @@ describe('x402 wallet daily limit: a decision and its authorize-payment count on
   /** A sponsor wallet (daily limit 100) paying for `count` quoted gates of 30. */
   async function sponsoredGates(count: number) {
     const sponsor = await sponsorWallet(t, tenantId, 1_000);
-    const policy = await t.app.inject({ method: 'PUT', url: `/x402/wallets/${sponsor}/policy`, headers: auth, payload: { currency: 'USD', dailyLimit: 100 } });
+    const policy = await t.app.inject({
+      method: 'PUT',
+      url: `/x402/wallets/${sponsor}/policy`,
+      headers: auth,
+      payload: { currency: 'USD', dailyLimit: 100 },
+    });
     expect(policy.statusCode, policy.body).toBe(200);
     return { sponsor, gates: await gatesOf(sponsor, count) };
   }
@@ -28,23 +42,36 @@ describe('x402 wallet daily limit: a decision and its authorize-payment count on
     const { payer, payee } = await gateParties(t, auth, 0);
     const gates = [];
     for (let i = 0; i < count; i++) {
-      const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 30, sponsorWalletId: sponsor });
+      const gate = await createGate(t, auth, {
+        payerAgentId: payer,
+        payeeAgentId: payee,
+        amount: 30,
+        sponsorWalletId: sponsor,
+      });
       const q = await quote(t, auth, gate.gateId);
       gates.push({ gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
     }
     return gates;
   }
 
-  const decide = (sponsor: string, body: { gateId: string; quoteId: string; requestSha256: string }) => post(t, auth, `/x402/wallets/${sponsor}/authorize`, body);
-  const pay = (body: { gateId: string; quoteId: string; requestSha256: string }, walletDecisionToken: string) => post(t, auth, '/x402/gate/authorize-payment', { ...body, walletDecisionToken });
-  const spendTotals = async (sponsor: string) => (await t.runtime.db.collection('x402_daily_spends').find({ ref: sponsor }).toArray()).map((s) => s.total as number).sort((a, b) => a - b);
+  const decide = (sponsor: string, body: { gateId: string; quoteId: string; requestSha256: string }) =>
+    post(t, auth, `/x402/wallets/${sponsor}/authorize`, body);
+  const pay = (body: { gateId: string; quoteId: string; requestSha256: string }, walletDecisionToken: string) =>
+    post(t, auth, '/x402/gate/authorize-payment', { ...body, walletDecisionToken });
+  const spendTotals = async (sponsor: string) =>
+    (await t.runtime.db.collection('x402_daily_spends').find({ ref: sponsor }).toArray())
+      .map((s) => s.total as number)
+      .sort((a, b) => a - b);
 
   /** The limit still holds once 90 is counted: a fourth gate of 30 is refused at its wallet decision. */
   async function expectLimitHolds(sponsor: string) {
     const [fourth] = await gatesOf(sponsor, 1);
     const refused = await decide(sponsor, fourth!);
     expect(refused.statusCode, refused.body).toBe(409);
-    expect(refused.json()).toMatchObject({ code: 'X402_WALLET_POLICY_VIOLATION', details: { rule: 'dailyLimit', limit: 100, spentToday: 90 } });
+    expect(refused.json()).toMatchObject({
+      code: 'X402_WALLET_POLICY_VIOLATION',
+      details: { rule: 'dailyLimit', limit: 100, spentToday: 90 },
+    });
   }
 
   it('one after another: three decisions of 30 under a limit of 100 each authorize', async () => {
@@ -66,7 +93,10 @@ describe('x402 wallet daily limit: a decision and its authorize-payment count on
     const decisions = await Promise.all(gates.map((g) => decide(sponsor, g)));
     expect(decisions.map((d) => d.statusCode)).toEqual([200, 200, 200]);
     const paid = await Promise.all(gates.map((g, i) => pay(g, decisions[i]!.json().walletDecisionToken)));
-    expect(paid.map((p) => p.statusCode), paid.map((p) => p.body).join('\n')).toEqual([200, 200, 200]);
+    expect(
+      paid.map((p) => p.statusCode),
+      paid.map((p) => p.body).join('\n'),
+    ).toEqual([200, 200, 200]);
     expect(await spendTotals(sponsor)).toEqual([30, 60, 90]);
     await expectLimitHolds(sponsor);
   });
@@ -80,20 +110,33 @@ describe('x402 wallet daily limit: a decision and its authorize-payment count on
         return pay(g, decision.json().walletDecisionToken);
       }),
     );
-    expect(paid.map((p) => p.statusCode), paid.map((p) => p.body).join('\n')).toEqual([200, 200, 200]);
+    expect(
+      paid.map((p) => p.statusCode),
+      paid.map((p) => p.body).join('\n'),
+    ).toEqual([200, 200, 200]);
     expect(await spendTotals(sponsor)).toEqual([30, 60, 90]);
     await expectLimitHolds(sponsor);
   });
 
   it("a payer's own limit: concurrent repeats of one authorize-payment that fills the day all get its one token", async () => {
     const { payer, payee } = await gateParties(t, auth, 100);
-    const policy = await t.app.inject({ method: 'PUT', url: `/x402/wallets/${encodeURIComponent(payer)}/policy`, headers: auth, payload: { currency: 'USD', dailyLimit: 30 } });
+    const policy = await t.app.inject({
+      method: 'PUT',
+      url: `/x402/wallets/${encodeURIComponent(payer)}/policy`,
+      headers: auth,
+      payload: { currency: 'USD', dailyLimit: 30 },
+    });
     expect(policy.statusCode, policy.body).toBe(200);
     const gate = await createGate(t, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 30 });
     const q = await quote(t, auth, gate.gateId);
     const body = { gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 };
-    const results = await Promise.all(Array.from({ length: 10 }, () => post(t, auth, '/x402/gate/authorize-payment', body)));
-    expect(results.map((r) => r.statusCode), results.map((r) => r.body).join('\n')).toEqual(Array(10).fill(200));
+    const results = await Promise.all(
+      Array.from({ length: 10 }, () => post(t, auth, '/x402/gate/authorize-payment', body)),
+    );
+    expect(
+      results.map((r) => r.statusCode),
+      results.map((r) => r.body).join('\n'),
+    ).toEqual(Array(10).fill(200));
     expect(new Set(results.map((r) => r.json().token)).size).toBe(1);
     expect(await spendTotals(payer)).toEqual([30]);
     // An authorized gate waits on no person.
@@ -110,10 +153,24 @@ describe('x402 wallet daily limit across two API processes', () => {
     const { auth, tenantId } = await first.tenantWithKey([...X402_SCOPES]);
     const { payer, payee } = await gateParties(first, auth, 0);
     const sponsor = await sponsorWallet(first, tenantId, 1_000);
-    expect((await first.app.inject({ method: 'PUT', url: `/x402/wallets/${sponsor}/policy`, headers: auth, payload: { currency: 'USD', dailyLimit: 100 } })).statusCode).toBe(200);
+    expect(
+      (
+        await first.app.inject({
+          method: 'PUT',
+          url: `/x402/wallets/${sponsor}/policy`,
+          headers: auth,
+          payload: { currency: 'USD', dailyLimit: 100 },
+        })
+      ).statusCode,
+    ).toBe(200);
     const gates = [];
     for (let i = 0; i < 4; i++) {
-      const gate = await createGate(first, auth, { payerAgentId: payer, payeeAgentId: payee, amount: 30, sponsorWalletId: sponsor });
+      const gate = await createGate(first, auth, {
+        payerAgentId: payer,
+        payeeAgentId: payee,
+        amount: 30,
+        sponsorWalletId: sponsor,
+      });
       const q = await quote(first, auth, gate.gateId);
       gates.push({ gateId: gate.gateId, quoteId: q.quoteId, requestSha256: q.requestSha256 });
     }
@@ -121,8 +178,15 @@ describe('x402 wallet daily limit across two API processes', () => {
     const decided = gates.filter((_, i) => decisions[i]!.statusCode === 200);
     expect(decided).toHaveLength(3); // 4 x 30 against 100: one refused
     const tokens = decisions.filter((d) => d.statusCode === 200).map((d) => d.json().walletDecisionToken as string);
-    const paid = await Promise.all(decided.map((g, i) => post(second, auth, '/x402/gate/authorize-payment', { ...g, walletDecisionToken: tokens[i] })));
-    expect(paid.map((r) => r.statusCode), paid.map((r) => r.body).join('\n')).toEqual([200, 200, 200]);
+    const paid = await Promise.all(
+      decided.map((g, i) =>
+        post(second, auth, '/x402/gate/authorize-payment', { ...g, walletDecisionToken: tokens[i] }),
+      ),
+    );
+    expect(
+      paid.map((r) => r.statusCode),
+      paid.map((r) => r.body).join('\n'),
+    ).toEqual([200, 200, 200]);
     const spends = await first.runtime.db.collection('x402_daily_spends').find({ ref: sponsor }).toArray();
     expect(spends.map((s) => s.total as number).sort((a, b) => a - b)).toEqual([30, 60, 90]);
   });

@@ -12,7 +12,8 @@ describe('x402 wind-down across processes', () => {
   beforeAll(async () => {
     const { first, second } = processes;
     // Both caches must be serving from memory, or the second process would read the fact on every call anyway.
-    for (let i = 0; i < 100 && !(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()); i++) await new Promise((r) => setTimeout(r, 50));
+    for (let i = 0; i < 100 && !(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()); i++)
+      await new Promise((r) => setTimeout(r, 50));
     expect(first.runtime.credentials.isLive() && second.runtime.credentials.isLive()).toBe(true);
   });
 
@@ -27,27 +28,54 @@ describe('x402 wind-down across processes', () => {
     const seen: string[] = [];
     const listener = (e: CommandStartedEvent) => seen.push(`${e.commandName} ${String(e.command[e.commandName])}`);
     second.runtime.mongo.on('commandStarted', listener);
-    const authorized = await post(second, auth, '/x402/gate/authorize-payment', { gateId: warm.gateId, quoteId: warmQuote.quoteId, requestSha256: warmQuote.requestSha256 });
+    const authorized = await post(second, auth, '/x402/gate/authorize-payment', {
+      gateId: warm.gateId,
+      quoteId: warmQuote.quoteId,
+      requestSha256: warmQuote.requestSha256,
+    });
     second.runtime.mongo.off('commandStarted', listener);
     expect(authorized.statusCode, authorized.body).toBe(200);
     expect(seen.filter((c) => c.includes('x402_wind_downs'))).toEqual([]); // served from the cache: nothing read
 
-    const wound = await post(first, auth, `/x402/gate/agents/${encodeURIComponent(payer)}/wind-down`, { reasonCode: 'retired' });
+    const wound = await post(first, auth, `/x402/gate/agents/${encodeURIComponent(payer)}/wind-down`, {
+      reasonCode: 'retired',
+    });
     expect(wound.statusCode, wound.body).toBe(200);
     expect(wound.json().gatesCancelled).toEqual([pending.gateId]);
 
     // Straight after the answer, without waiting for anything: the second process no longer serves the agent as live.
     const [authorize, create, requote] = await Promise.all([
-      post(second, auth, '/x402/gate/authorize-payment', { gateId: pending.gateId, quoteId: pendingQuote.quoteId, requestSha256: pendingQuote.requestSha256 }),
-      post(second, auth, '/x402/gate/create', { payerAgentId: payer, payeeAgentId: payee, amount: 10, currency: 'USD' }),
+      post(second, auth, '/x402/gate/authorize-payment', {
+        gateId: pending.gateId,
+        quoteId: pendingQuote.quoteId,
+        requestSha256: pendingQuote.requestSha256,
+      }),
+      post(second, auth, '/x402/gate/create', {
+        payerAgentId: payer,
+        payeeAgentId: payee,
+        amount: 10,
+        currency: 'USD',
+      }),
       post(second, auth, '/x402/gate/quote', { gateId: pending.gateId, requestSha256: pendingQuote.requestSha256 }),
     ]);
     for (const res of [authorize, create, requote]) {
       expect(res.statusCode, res.body).toBe(410);
-      expect(res.json()).toMatchObject({ code: 'X402_AGENT_WOUND_DOWN', details: { agentId: payer, status: 'wound_down' } });
+      expect(res.json()).toMatchObject({
+        code: 'X402_AGENT_WOUND_DOWN',
+        details: { agentId: payer, status: 'wound_down' },
+      });
     }
     // Only the wound-down agent is refused: its payee can still be paid, through the second process too.
     const other = await gateParties(first, auth, 1_000);
-    expect((await post(second, auth, '/x402/gate/create', { payerAgentId: other.payer, payeeAgentId: payee, amount: 10, currency: 'USD' })).statusCode).toBe(201);
+    expect(
+      (
+        await post(second, auth, '/x402/gate/create', {
+          payerAgentId: other.payer,
+          payeeAgentId: payee,
+          amount: 10,
+          currency: 'USD',
+        })
+      ).statusCode,
+    ).toBe(201);
   });
 });

@@ -27,10 +27,21 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
   let searches = 0;
 
   beforeAll(async () => {
-    t = await startTestApp({ workers: ['x402-verify', 'settle', 'webhook-dispatch'], overrides: { RATE_LIMIT_MAX: '100000' } });
+    t = await startTestApp({
+      workers: ['x402-verify', 'settle', 'webhook-dispatch'],
+      overrides: { RATE_LIMIT_MAX: '100000' },
+    });
     ({ base, network, auth: payerAuth, payerKey, providerKey } = await listeningForX402(t));
     ({ payer, payee } = await gateParties(t, payerAuth, 1_000));
-    const app = createPaidTool({ serviceUrl: base, apiKey: providerKey, network, payeeAgentId: payee, price: '$1.00', holdbackBps: 1_000, search: (q) => ({ q, n: ++searches }) });
+    const app = createPaidTool({
+      serviceUrl: base,
+      apiKey: providerKey,
+      network,
+      payeeAgentId: payee,
+      price: '$1.00',
+      holdbackBps: 1_000,
+      search: (q) => ({ q, n: ++searches }),
+    });
     tool = app.listen(0, '127.0.0.1');
     await new Promise((resolve) => tool.once('listening', resolve));
     toolUrl = `http://127.0.0.1:${(tool.address() as { port: number }).port}`;
@@ -49,17 +60,33 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
       amount: '100',
       payTo: payee,
       maxTimeoutSeconds: 60,
-      extra: { holdbackBps: 0, disputeWindowSeconds: 86_400, method: 'GET', resource: url, paymentNonce: randomBytes(8).toString('hex') },
+      extra: {
+        holdbackBps: 0,
+        disputeWindowSeconds: 86_400,
+        method: 'GET',
+        resource: url,
+        paymentNonce: randomBytes(8).toString('hex'),
+      },
       ...overrides,
     };
     const scheme = new EscrowGateClientScheme({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer });
     const result = await scheme.createPaymentPayload(2, requirements);
-    const paymentPayload: PaymentPayload = { x402Version: 2, resource: { url }, accepted: requirements, payload: result.payload };
+    const paymentPayload: PaymentPayload = {
+      x402Version: 2,
+      resource: { url },
+      accepted: requirements,
+      payload: result.payload,
+    };
     return { requirements, paymentPayload };
   }
 
   const facilitator = (path: 'verify' | 'settle', key: string, body: unknown) =>
-    t.app.inject({ method: 'POST', url: `/x402/facilitator/${path}`, headers: { authorization: `Bearer ${key}` }, payload: body as Record<string, unknown> });
+    t.app.inject({
+      method: 'POST',
+      url: `/x402/facilitator/${path}`,
+      headers: { authorization: `Bearer ${key}` },
+      payload: body as Record<string, unknown>,
+    });
 
   it('pays a call once: the route runs once, the payee gets amount minus holdback, the caller gets PAYMENT-RESPONSE; a replay is refused', async () => {
     const sent: Array<Headers> = [];
@@ -67,15 +94,32 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
       sent.push(new Headers(input instanceof Request ? input.headers : init?.headers));
       return fetch(input, init);
     };
-    const paidFetch = payingFetch({ serviceUrl: base, apiKey: payerKey, payerAgentId: payer, network, fetch: recordingFetch });
+    const paidFetch = payingFetch({
+      serviceUrl: base,
+      apiKey: payerKey,
+      payerAgentId: payer,
+      network,
+      fetch: recordingFetch,
+    });
     const res = await paidFetch(`${toolUrl}/search?q=ledger`);
     expect(res.status, await res.clone().text()).toBe(200);
     expect(await res.json()).toEqual({ q: 'ledger', n: 1 });
     expect(searches).toBe(1);
 
     const receipt = decodePaymentResponseHeader(res.headers.get('PAYMENT-RESPONSE')!);
-    expect(receipt).toMatchObject({ success: true, network, payer, amount: '100', transaction: expect.stringMatching(/^stl_/) });
-    expect(receipt.extra).toMatchObject({ status: 'released', releasedNow: 90, holdback: 10, receiptHash: expect.stringMatching(/^[0-9a-f]{64}$/) });
+    expect(receipt).toMatchObject({
+      success: true,
+      network,
+      payer,
+      amount: '100',
+      transaction: expect.stringMatching(/^stl_/),
+    });
+    expect(receipt.extra).toMatchObject({
+      status: 'released',
+      releasedNow: 90,
+      holdback: 10,
+      receiptHash: expect.stringMatching(/^[0-9a-f]{64}$/),
+    });
     expect(await balances(t, payerAuth, payee)).toEqual({ available: 90, escrow: 0 });
     expect(await balances(t, payerAuth, payer)).toEqual({ available: 900, escrow: 10 });
 
@@ -90,9 +134,16 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     // At the facilitator: verify refuses it, settle answers the first settlement again.
     const paymentPayload = JSON.parse(Buffer.from(header, 'base64').toString('utf8')) as PaymentPayload;
     const body = { x402Version: 2, paymentPayload, paymentRequirements: paymentPayload.accepted };
-    expect((await facilitator('verify', providerKey, body)).json()).toMatchObject({ isValid: false, invalidReason: 'payment_already_settled' });
+    expect((await facilitator('verify', providerKey, body)).json()).toMatchObject({
+      isValid: false,
+      invalidReason: 'payment_already_settled',
+    });
     const settledAgain = await facilitator('settle', providerKey, body);
-    expect(settledAgain.json()).toMatchObject({ success: true, transaction: receipt.transaction, extra: { releasedNow: 90, holdback: 10 } });
+    expect(settledAgain.json()).toMatchObject({
+      success: true,
+      transaction: receipt.transaction,
+      extra: { releasedNow: 90, holdback: 10 },
+    });
     expect(await balances(t, payerAuth, payee)).toEqual({ available: 90, escrow: 0 });
     expect(await balances(t, payerAuth, payer)).toEqual({ available: 900, escrow: 10 });
     await expectLedgerBalances(t);
@@ -101,7 +152,11 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
   it('refuses a token for another payee, amount, request or signer, another scheme, and another tenant', async () => {
     const url = `${toolUrl}/search?q=bindings`;
     const { requirements, paymentPayload } = await pay(url);
-    const body = (r: Partial<PaymentRequirements>, p: Partial<PaymentPayload> = {}) => ({ x402Version: 2, paymentPayload: { ...paymentPayload, ...p }, paymentRequirements: { ...requirements, ...r } });
+    const body = (r: Partial<PaymentRequirements>, p: Partial<PaymentPayload> = {}) => ({
+      x402Version: 2,
+      paymentPayload: { ...paymentPayload, ...p },
+      paymentRequirements: { ...requirements, ...r },
+    });
     const reason = async (b: unknown, key = providerKey) => {
       const res = await facilitator('verify', key, b);
       expect(res.statusCode, res.body).toBe(200);
@@ -112,7 +167,9 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     const { payee: otherPayee } = await gateParties(t, payerAuth, 0);
     expect(await reason(body({ payTo: otherPayee }))).toBe('payee_mismatch');
     expect(await reason(body({ amount: '200' }))).toBe('amount_mismatch');
-    expect(await reason(body({ extra: { ...requirements.extra, resource: `${toolUrl}/search?q=other` } }))).toBe('request_binding_mismatch');
+    expect(await reason(body({ extra: { ...requirements.extra, resource: `${toolUrl}/search?q=other` } }))).toBe(
+      'request_binding_mismatch',
+    );
     expect(await reason(body({ extra: { ...requirements.extra, method: 'POST' } }))).toBe('request_binding_mismatch');
     expect(await reason(body({ scheme: 'exact' }))).toBe('unsupported_scheme');
     const token = paymentPayload.payload.token as string;
@@ -122,12 +179,25 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     // Another tenant's provider learns nothing about the gate, and cannot settle it.
     const other = await t.tenantWithKey(['x402:write'], 'other');
     const foreign = await facilitator('verify', other.token, body({}));
-    expect(foreign.json()).toEqual({ isValid: false, invalidReason: 'gate_not_found', invalidMessage: 'no such gate for this credential' });
-    expect((await facilitator('settle', other.token, body({}))).json()).toMatchObject({ success: false, errorReason: 'gate_not_found', transaction: '' });
+    expect(foreign.json()).toEqual({
+      isValid: false,
+      invalidReason: 'gate_not_found',
+      invalidMessage: 'no such gate for this credential',
+    });
+    expect((await facilitator('settle', other.token, body({}))).json()).toMatchObject({
+      success: false,
+      errorReason: 'gate_not_found',
+      transaction: '',
+    });
     expect(await balances(t, payerAuth, payee)).toEqual({ available: 90, escrow: 0 });
 
     // Scopes: verify and settle need x402:write.
-    const reader = await t.app.inject({ method: 'POST', url: '/ops/api-keys', headers: t.admin, payload: { tenantId: other.tenantId, scopes: ['x402:read'] } });
+    const reader = await t.app.inject({
+      method: 'POST',
+      url: '/ops/api-keys',
+      headers: t.admin,
+      payload: { tenantId: other.tenantId, scopes: ['x402:read'] },
+    });
     expect((await facilitator('verify', reader.json().token, body({}))).statusCode).toBe(403);
   });
 
@@ -135,7 +205,12 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     const { requirements, paymentPayload } = await pay(`${toolUrl}/search?q=refunded`);
     const gateId = paymentPayload.payload.gateId as string;
     const before = await balances(t, payerAuth, payee);
-    const failed = await t.app.inject({ method: 'POST', url: '/x402/gate/verify', headers: payerAuth, payload: { gateId, evidence: { responseSha256: 'b'.repeat(64) }, verificationStatus: 'failed' } });
+    const failed = await t.app.inject({
+      method: 'POST',
+      url: '/x402/gate/verify',
+      headers: payerAuth,
+      payload: { gateId, evidence: { responseSha256: 'b'.repeat(64) }, verificationStatus: 'failed' },
+    });
     expect(failed.statusCode, failed.body).toBe(200);
     expect(failed.json()).toMatchObject({ status: 'refunded' });
 
@@ -151,18 +226,43 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     const before = await balances(t, payerAuth, payee);
     await new Promise((resolve) => setTimeout(resolve, 2_100));
     const body = { x402Version: 2, paymentPayload, paymentRequirements: requirements };
-    expect((await facilitator('verify', providerKey, body)).json()).toMatchObject({ isValid: false, invalidReason: 'quote_expired' });
-    expect((await facilitator('settle', providerKey, body)).json()).toMatchObject({ success: false, errorReason: 'quote_expired' });
+    expect((await facilitator('verify', providerKey, body)).json()).toMatchObject({
+      isValid: false,
+      invalidReason: 'quote_expired',
+    });
+    expect((await facilitator('settle', providerKey, body)).json()).toMatchObject({
+      success: false,
+      errorReason: 'quote_expired',
+    });
     expect(await balances(t, payerAuth, payee)).toEqual(before);
   });
 
   it('lists its schemes under its CAIP-2 network without a key, and the OpenAPI document covers the facilitator', async () => {
-    const deprecatedNetworks = [{ network: 'agent-settlement:default', acceptedUntil: t.config.x402.legacyNetworksUntil.toISOString(), replacedBy: network }];
-    const expected = { kinds: ['escrow-gate', 'escrow-session'].map((scheme) => ({ x402Version: 2, scheme, network, extra: { deprecatedNetworks } })), extensions: [], signers: {} };
+    const deprecatedNetworks = [
+      {
+        network: 'agent-settlement:default',
+        acceptedUntil: t.config.x402.legacyNetworksUntil.toISOString(),
+        replacedBy: network,
+      },
+    ];
+    const expected = {
+      kinds: ['escrow-gate', 'escrow-session'].map((scheme) => ({
+        x402Version: 2,
+        scheme,
+        network,
+        extra: { deprecatedNetworks },
+      })),
+      extensions: [],
+      signers: {},
+    };
     expect(network).toBe('agentstl:default');
     expect(await (await fetch(`${base}/x402/facilitator/supported`)).json()).toEqual(expected);
     // A key changes nothing: the answer is the deployment's, the same for every caller.
-    expect(await (await fetch(`${base}/x402/facilitator/supported`, { headers: { authorization: `Bearer ${providerKey}` } })).json()).toEqual(expected);
+    expect(
+      await (
+        await fetch(`${base}/x402/facilitator/supported`, { headers: { authorization: `Bearer ${providerKey}` } })
+      ).json(),
+    ).toEqual(expected);
     const doc = JSON.parse(readFileSync(new URL('../../openapi/openapi.json', import.meta.url), 'utf8'));
     expect(doc.paths['/x402/facilitator/verify'].post['x-required-scope']).toBe('x402:write');
     expect(doc.paths['/x402/facilitator/settle'].post['x-required-scope']).toBe('x402:write');
@@ -174,7 +274,10 @@ describe('x402 v2: stock fetch wrapper -> stock express middleware -> this servi
     expect(await scheme.parsePrice('$1.23', network)).toEqual({ amount: '123', asset: 'USD' });
     expect(await scheme.parsePrice('0.1', network)).toEqual({ amount: '10', asset: 'USD' });
     expect(await scheme.parsePrice(2, network)).toEqual({ amount: '200', asset: 'USD' });
-    expect(await scheme.parsePrice({ amount: '2500', asset: 'EUR' }, network)).toEqual({ amount: '2500', asset: 'EUR' });
+    expect(await scheme.parsePrice({ amount: '2500', asset: 'EUR' }, network)).toEqual({
+      amount: '2500',
+      asset: 'EUR',
+    });
     for (const bad of ['$0.001', '$0', 'ten', { amount: '1.5', asset: 'USD' }, { amount: '10', asset: 'usd' }]) {
       await expect(scheme.parsePrice(bad, network)).rejects.toThrow();
     }

@@ -70,7 +70,8 @@ function headerValue(request: FastifyRequest, name: string): string | undefined 
 /** Tenant id of the principal; only reachable on routes that require a tenant scope. */
 export function tenantOf(request: FastifyRequest): string {
   const principal = request.principal;
-  if (principal?.kind !== 'key' && principal?.kind !== 'onboarding' && principal?.kind !== 'operator') throw errors.unauthenticated();
+  if (principal?.kind !== 'key' && principal?.kind !== 'onboarding' && principal?.kind !== 'operator')
+    throw errors.unauthenticated();
   return principal.tenantId;
 }
 
@@ -137,7 +138,8 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     } else if (sessionToken) {
       principal = await consolePrincipal(request, sessionToken);
     } else {
-      if (access === 'admin' || access === 'admin-key') reply.header('www-authenticate', 'Basic realm="agent-settlement admin"');
+      if (access === 'admin' || access === 'admin-key')
+        reply.header('www-authenticate', 'Basic realm="agent-settlement admin"');
       throw errors.unauthenticated();
     }
     request.principal = principal;
@@ -150,7 +152,10 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     if (principal.kind !== 'key') return; // the operator inside a tenant the console names (see Principal)
     if (access === 'tenant') return;
     // A tenant key, or its console session, never opens what only the admin key may (whatever scopes it holds).
-    if (access === 'admin-key') throw new ServiceError(403, 'FORBIDDEN', 'only the admin key (or the console signed in with it) may open this', { requiredCredential: 'admin' });
+    if (access === 'admin-key')
+      throw new ServiceError(403, 'FORBIDDEN', 'only the admin key (or the console signed in with it) may open this', {
+        requiredCredential: 'admin',
+      });
     const needed: Scope = access === 'admin' ? 'ops' : access;
     if (!grants(principal.scopes, needed)) throw errors.forbidden(needed);
   };
@@ -171,7 +176,11 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     const session = await consoleSession(opts.runtime, sessionToken);
     if (!session) throw errors.unauthenticated('the console session is invalid or expired; sign in again at /console');
     if (!SAFE_METHODS.has(request.method) && !csrfTokenMatches(session, headerValue(request, CSRF_HEADER))) {
-      throw new ServiceError(403, 'FORBIDDEN', `a console request that changes something must carry the session's CSRF token in ${CSRF_HEADER}`);
+      throw new ServiceError(
+        403,
+        'FORBIDDEN',
+        `a console request that changes something must carry the session's CSRF token in ${CSRF_HEADER}`,
+      );
     }
     const tenant = headerValue(request, CONSOLE_TENANT_HEADER);
     if (session.signer.kind === 'admin') {
@@ -181,7 +190,12 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     }
     // A tenant key sees its own tenant only; naming another gets what any other tenant's id gets.
     if (tenant && tenant !== session.signer.tenantId) throw errors.notFound('tenant');
-    return { kind: 'key', credentialId: session.signer.keyId, tenantId: session.signer.tenantId, scopes: session.scopes };
+    return {
+      kind: 'key',
+      credentialId: session.signer.keyId,
+      tenantId: session.signer.tenantId,
+      scopes: session.scopes,
+    };
   };
 
   app.addHook('onRequest', async (request, reply) => {

@@ -37,20 +37,34 @@ function platformStatuses(route: RouteOptions, methods: string[]): number[] {
 function platformCodes(status: number, methods: string[]): string[] {
   const idempotent = methods.some((m) => m === 'POST' || m === 'PUT'); // plugins/idempotency.ts
   switch (status) {
-    case 400: return ['VALIDATION_FAILED', ...(idempotent ? ['INVALID_IDEMPOTENCY_KEY'] : [])];
-    case 401: return ['UNAUTHENTICATED'];
-    case 402: return ['INSUFFICIENT_FUNDS'];
-    case 403: return ['FORBIDDEN'];
-    case 404: return ['NOT_FOUND'];
-    case 409: return idempotent ? ['IDEMPOTENCY_IN_PROGRESS'] : [];
-    case 410: return ['X402_AGENT_WOUND_DOWN'];
-    case 413: return ['BODY_TOO_LARGE'];
-    case 414: return ['URI_TOO_LONG'];
-    case 415: return ['UNSUPPORTED_MEDIA_TYPE'];
-    case 422: return ['VALIDATION_FAILED', ...(idempotent ? ['IDEMPOTENCY_KEY_REUSED'] : [])];
-    case 429: return ['RATE_LIMITED'];
-    case 503: return ['UNAVAILABLE'];
-    default: return [];
+    case 400:
+      return ['VALIDATION_FAILED', ...(idempotent ? ['INVALID_IDEMPOTENCY_KEY'] : [])];
+    case 401:
+      return ['UNAUTHENTICATED'];
+    case 402:
+      return ['INSUFFICIENT_FUNDS'];
+    case 403:
+      return ['FORBIDDEN'];
+    case 404:
+      return ['NOT_FOUND'];
+    case 409:
+      return idempotent ? ['IDEMPOTENCY_IN_PROGRESS'] : [];
+    case 410:
+      return ['X402_AGENT_WOUND_DOWN'];
+    case 413:
+      return ['BODY_TOO_LARGE'];
+    case 414:
+      return ['URI_TOO_LONG'];
+    case 415:
+      return ['UNSUPPORTED_MEDIA_TYPE'];
+    case 422:
+      return ['VALIDATION_FAILED', ...(idempotent ? ['IDEMPOTENCY_KEY_REUSED'] : [])];
+    case 429:
+      return ['RATE_LIMITED'];
+    case 503:
+      return ['UNAVAILABLE'];
+    default:
+      return [];
   }
 }
 
@@ -70,7 +84,10 @@ function listErrorCodes(route: RouteOptions, methods: string[], declared: Record
   for (const [status, schema] of Object.entries(declared)) {
     if (!isErrorBody(schema)) continue;
     const codes = [...new Set([...(schema[ERROR_CODES_KEY] ?? []), ...platformCodes(Number(status), methods)])].sort();
-    if (codes.length === 0) throw new Error(`route ${methods.join(',')} ${route.url} answers ${status} without naming its error codes (errorResponses)`);
+    if (codes.length === 0)
+      throw new Error(
+        `route ${methods.join(',')} ${route.url} answers ${status} without naming its error codes (errorResponses)`,
+      );
     listed[status] = codes;
     const description = `${STATUS_CODES[Number(status)] ?? 'Error'}. \`code\`: ${codes.map((c) => `\`${c}\``).join(', ')}.`;
     response[status] = Type.Ref('ErrorBody', { description });
@@ -86,7 +103,8 @@ export default fp(async function contractPlugin(app: FastifyInstance, opts: { ma
   app.addHook('onRoute', (route) => {
     const methods = ([] as string[]).concat(route.method).map((m) => m.toUpperCase());
     for (const method of methods) {
-      if (method !== 'HEAD' || !methods.includes('GET')) router.on(method.toUpperCase() as HTTPMethod, route.url, () => undefined);
+      if (method !== 'HEAD' || !methods.includes('GET'))
+        router.on(method.toUpperCase() as HTTPMethod, route.url, () => undefined);
     }
     if (!/[:*]/.test(route.url)) {
       const known = fixedPaths.get(route.url) ?? new Set<string>();
@@ -94,7 +112,8 @@ export default fp(async function contractPlugin(app: FastifyInstance, opts: { ma
       if (known.has('GET')) known.add('HEAD');
       fixedPaths.set(route.url, known);
     }
-    const schema = route.schema as { response?: Record<string, TSchema>; hide?: boolean; [ERROR_CODES_KEY]?: unknown } | undefined;
+    const schema = route.schema as
+      { response?: Record<string, TSchema>; hide?: boolean; [ERROR_CODES_KEY]?: unknown } | undefined;
     if (!schema?.response || schema.hide) return;
     for (const status of platformStatuses(route, methods)) schema.response[status] ??= ErrorRef;
     // HEAD routes Fastify adds for a GET share its schema, already listed.
@@ -112,6 +131,11 @@ export default fp(async function contractPlugin(app: FastifyInstance, opts: { ma
     const allowed = fixed ? METHODS.filter((m) => fixed.has(m)) : METHODS.filter((m) => router.find(m, path) !== null);
     if (allowed.length === 0) return;
     reply.header('allow', allowed.join(', '));
-    return reply.status(405).send({ code: 'METHOD_NOT_ALLOWED', message: `${request.method} is not allowed here; use ${allowed.join(', ')}`, details: { allowed }, requestId: request.id });
+    return reply.status(405).send({
+      code: 'METHOD_NOT_ALLOWED',
+      message: `${request.method} is not allowed here; use ${allowed.join(', ')}`,
+      details: { allowed },
+      requestId: request.id,
+    });
   });
 });

@@ -45,7 +45,12 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
     // Client JSON that has no canonical form (a lone surrogate, say): the request's fault, never a server error.
     return {
       status: 400,
-      body: { code: 'VALIDATION_FAILED', message: err.message, details: { errors: [{ path: err.path, message: err.reason }] }, requestId },
+      body: {
+        code: 'VALIDATION_FAILED',
+        message: err.message,
+        details: { errors: [{ path: err.path, message: err.reason }] },
+        requestId,
+      },
     };
   }
   if (isBackendUnavailable(err)) {
@@ -58,14 +63,22 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
   if (fe.validation) {
     return {
       status: 400,
-      body: { code: 'VALIDATION_FAILED', message: 'the request does not match the schema', details: validationDetails(fe), requestId },
+      body: {
+        code: 'VALIDATION_FAILED',
+        message: 'the request does not match the schema',
+        details: validationDetails(fe),
+        requestId,
+      },
     };
   }
   switch (fe.code) {
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
       return { status: 413, body: { code: 'BODY_TOO_LARGE', message: 'the body exceeds 1 MiB', requestId } };
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
-      return { status: 415, body: { code: 'UNSUPPORTED_MEDIA_TYPE', message: 'bodies must be application/json', requestId } };
+      return {
+        status: 415,
+        body: { code: 'UNSUPPORTED_MEDIA_TYPE', message: 'bodies must be application/json', requestId },
+      };
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
     case 'FST_ERR_CTP_INVALID_JSON_BODY':
       return { status: 400, body: { code: 'VALIDATION_FAILED', message: 'the body is not valid JSON', requestId } };
@@ -74,7 +87,10 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
     return { status: 400, body: { code: 'VALIDATION_FAILED', message: 'the body is not valid JSON', requestId } };
   }
   if (typeof fe.statusCode === 'number' && fe.statusCode >= 400 && fe.statusCode < 500) {
-    return { status: fe.statusCode, body: { code: 'BAD_REQUEST', message: 'the request could not be processed', requestId } };
+    return {
+      status: fe.statusCode,
+      body: { code: 'BAD_REQUEST', message: 'the request could not be processed', requestId },
+    };
   }
   return { status: 500, body: { code: 'INTERNAL', message: 'internal error; it has been logged', requestId } };
 }
@@ -99,7 +115,8 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
   if (status === 503 || body.code === 'IDEMPOTENCY_IN_PROGRESS') reply.header('retry-after', '1');
   // A 429 a service passes on from a step it drove (the first paid call's) names its wait in details.
   const waitSeconds = body.details?.retryAfterSeconds;
-  if (status === 429 && !reply.hasHeader('retry-after') && typeof waitSeconds === 'number') reply.header('retry-after', String(waitSeconds));
+  if (status === 429 && !reply.hasHeader('retry-after') && typeof waitSeconds === 'number')
+    reply.header('retry-after', String(waitSeconds));
   return reply.status(status).send(body);
 }
 
@@ -108,7 +125,11 @@ export function sendError(request: FastifyRequest, reply: FastifyReply, err: unk
  * 414 when the request line alone is too long, 431 when the headers are, 408 on a client timeout, else 400; always
  * the contract's body with a fresh request id, and the connection closed.
  */
-export function clientErrorAnswer(err: Error & { code?: string; rawPacket?: Buffer }, requestId: string, maxUrlLength: number): string {
+export function clientErrorAnswer(
+  err: Error & { code?: string; rawPacket?: Buffer },
+  requestId: string,
+  maxUrlLength: number,
+): string {
   let status: number;
   let body: ErrorBody;
   if (err.code === 'HPE_HEADER_OVERFLOW') {
@@ -127,7 +148,12 @@ export function clientErrorAnswer(err: Error & { code?: string; rawPacket?: Buff
     body = { code: 'BAD_REQUEST', message: 'the request is not valid HTTP', requestId };
   }
   const json = JSON.stringify(body);
-  const reason = { 400: 'Bad Request', 408: 'Request Timeout', 414: 'URI Too Long', 431: 'Request Header Fields Too Large' }[status];
+  const reason = {
+    400: 'Bad Request',
+    408: 'Request Timeout',
+    414: 'URI Too Long',
+    431: 'Request Header Fields Too Large',
+  }[status];
   return `HTTP/1.1 ${status} ${reason}\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(json)}\r\nx-request-id: ${requestId}\r\nConnection: close\r\n\r\n${json}`;
 }
 
@@ -136,6 +162,10 @@ export default fp(async function errorsPlugin(app: FastifyInstance, opts: { outa
   app.decorate('outages', opts.outages ?? null);
   app.setErrorHandler((err, request, reply) => sendError(request, reply, err));
   app.setNotFoundHandler((request, reply) =>
-    reply.status(404).send({ code: 'NOT_FOUND', message: `no route ${request.method} ${request.url.split('?')[0]}`, requestId: request.id }),
+    reply.status(404).send({
+      code: 'NOT_FOUND',
+      message: `no route ${request.method} ${request.url.split('?')[0]}`,
+      requestId: request.id,
+    }),
   );
 });

@@ -90,7 +90,10 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     if (key === null) return;
     const principal = request.principal;
     // Scoped to tenant + credential: an onboarding principal (admin key, tenant key or session) acts for its tenant.
-    const owner = principal && principal.kind !== 'admin' ? `${principal.tenantId}:${principal.credentialId}` : (principal?.credentialId ?? `ip:${request.ip}`);
+    const owner =
+      principal && principal.kind !== 'admin'
+        ? `${principal.tenantId}:${principal.credentialId}`
+        : (principal?.credentialId ?? `ip:${request.ip}`);
     const scope = `${owner}:${request.method}:${request.routeOptions.url}:${key}`;
     const redisKey = `${config.redisPrefix}:idem:${scope}`;
     const print = fingerprint(request);
@@ -109,18 +112,30 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     }
     const raw = await redis.get(redisKey);
     if (raw === null) {
-      throw new ServiceError(409, 'IDEMPOTENCY_IN_PROGRESS', 'a request with this Idempotency-Key just finished; retry');
+      throw new ServiceError(
+        409,
+        'IDEMPOTENCY_IN_PROGRESS',
+        'a request with this Idempotency-Key just finished; retry',
+      );
     }
     const entry = JSON.parse(raw) as StoredEntry;
     if (entry.fingerprint !== print) {
       throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
     }
     if (entry.state === 'in_progress') {
-      throw new ServiceError(409, 'IDEMPOTENCY_IN_PROGRESS', 'a request with this Idempotency-Key is still being processed');
+      throw new ServiceError(
+        409,
+        'IDEMPOTENCY_IN_PROGRESS',
+        'a request with this Idempotency-Key is still being processed',
+      );
     }
     reply.header('idempotent-replayed', 'true');
     if (entry.contentType) reply.type(entry.contentType);
-    if (entry.sealedSetCookie) reply.header('set-cookie', JSON.parse(decryptAtRest(atRestKey, entry.sealedSetCookie, setCookieAad(redisKey))) as string | string[]);
+    if (entry.sealedSetCookie)
+      reply.header(
+        'set-cookie',
+        JSON.parse(decryptAtRest(atRestKey, entry.sealedSetCookie, setCookieAad(redisKey))) as string | string[],
+      );
     return reply.status(entry.status!).send(decryptAtRest(atRestKey, entry.sealedBody!, redisKey));
   });
 
@@ -134,7 +149,11 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
       if (request.answeredByDeadline) {
         // The handler may still be running and may yet succeed: the key stays in progress (a retry gets 409) until
         // the claim expires, rather than letting a retry run the same request a second time beside it.
-      } else if (status >= 500 || status === 429 || (status === 422 && typeof payload === 'string' && payload.includes('"code":"IDEMPOTENCY_KEY_REUSED"'))) {
+      } else if (
+        status >= 500 ||
+        status === 429 ||
+        (status === 422 && typeof payload === 'string' && payload.includes('"code":"IDEMPOTENCY_KEY_REUSED"'))
+      ) {
         // Released, so the caller's retry runs: after a 5xx or 429, and after a create refused for asking other terms
         // than the object this key already made (the key stays that object's: its own request resumes it).
         await redis.del(redisKey);
@@ -145,8 +164,20 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
           fingerprint: claim.fingerprint,
           status,
           contentType: String(reply.getHeader('content-type') ?? 'application/json; charset=utf-8'),
-          sealedBody: encryptAtRest(atRestKey, typeof payload === 'string' ? payload : payload == null ? '' : String(payload), redisKey),
-          ...(setCookie === undefined ? {} : { sealedSetCookie: encryptAtRest(atRestKey, JSON.stringify(Array.isArray(setCookie) ? setCookie.map(String) : String(setCookie)), setCookieAad(redisKey)) }),
+          sealedBody: encryptAtRest(
+            atRestKey,
+            typeof payload === 'string' ? payload : payload == null ? '' : String(payload),
+            redisKey,
+          ),
+          ...(setCookie === undefined
+            ? {}
+            : {
+                sealedSetCookie: encryptAtRest(
+                  atRestKey,
+                  JSON.stringify(Array.isArray(setCookie) ? setCookie.map(String) : String(setCookie)),
+                  setCookieAad(redisKey),
+                ),
+              }),
         };
         await redis.set(redisKey, JSON.stringify(entry), 'EX', config.idempotencyTtlSeconds);
       }

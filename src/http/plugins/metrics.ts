@@ -49,7 +49,11 @@ export default fp(async function metricsPlugin(app: FastifyInstance, opts: { run
 
   app.addHook('onResponse', async (request, reply) => {
     // Route templates, not raw URLs, keep label cardinality bounded; unmatched URLs share one label.
-    const labels = { method: request.method, route: request.routeOptions.url ?? 'unmatched', status: String(reply.statusCode) };
+    const labels = {
+      method: request.method,
+      route: request.routeOptions.url ?? 'unmatched',
+      status: String(reply.statusCode),
+    };
     requests.inc(labels);
     latency.observe(labels, reply.elapsedTime / 1000);
   });

@@ -16,7 +16,11 @@ declare module 'fastify' {
 
 export default fp(async function originPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
   const { config } = opts.runtime;
-  const policy = { publicBaseUrl: config.publicBaseUrl, allowedOrigins: config.mcp.allowedOrigins, allowLoopback: config.mcp.allowLoopback };
+  const policy = {
+    publicBaseUrl: config.publicBaseUrl,
+    allowedOrigins: config.mcp.allowedOrigins,
+    allowLoopback: config.mcp.allowLoopback,
+  };
   app.addHook('onRequest', async (request, reply) => {
     if (request.routeOptions.config.checkOrigin !== true) return;
     const header = (name: string) => {
@@ -25,6 +29,15 @@ export default fp(async function originPlugin(app: FastifyInstance, opts: { runt
     };
     const refusal = refusedOrigin(policy, { host: header('host'), origin: header('origin') });
     if (!refusal) return;
-    return sendError(request, reply, new ServiceError(403, 'FORBIDDEN', `${refusal.reason}: this endpoint answers only its own host and allowed origins`, { header: refusal.header }));
+    return sendError(
+      request,
+      reply,
+      new ServiceError(
+        403,
+        'FORBIDDEN',
+        `${refusal.reason}: this endpoint answers only its own host and allowed origins`,
+        { header: refusal.header },
+      ),
+    );
   });
 });

@@ -31,7 +31,10 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
 
   const limiterFor = (name: string, policy: RateLimitPolicy) => {
     // The default budget keeps its key layout; a named route budget counts apart from it.
-    const id = name === 'default' ? `${policy.limit}:${policy.windowSeconds}` : `${name}:${policy.limit}:${policy.windowSeconds}`;
+    const id =
+      name === 'default'
+        ? `${policy.limit}:${policy.windowSeconds}`
+        : `${name}:${policy.limit}:${policy.windowSeconds}`;
     let limiter = limiters.get(id);
     if (!limiter) {
       limiter = new RateLimiterRedis({
@@ -57,7 +60,14 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
   };
 
   /** Draws one point from `policy` for `subject`; the IETF header items it contributes, or a 429 when over budget. */
-  const draw = async (name: string, policy: RateLimitPolicy, subject: string, reply: FastifyReply, policies: string[], states: string[]) => {
+  const draw = async (
+    name: string,
+    policy: RateLimitPolicy,
+    subject: string,
+    reply: FastifyReply,
+    policies: string[],
+    states: string[],
+  ) => {
     policies.push(`"${name}";q=${policy.limit};w=${policy.windowSeconds}`);
     let result: RateLimiterRes;
     try {
@@ -69,12 +79,17 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
       reply.header('ratelimit-policy', policies.join(', '));
       reply.header('ratelimit', states.join(', '));
       reply.header('retry-after', String(retryAfter));
-      throw new ServiceError(429, 'RATE_LIMITED', `rate limit of ${policy.limit} requests per ${policy.windowSeconds}s exceeded`, {
-        policy: name,
-        limit: policy.limit,
-        windowSeconds: policy.windowSeconds,
-        retryAfterSeconds: retryAfter,
-      });
+      throw new ServiceError(
+        429,
+        'RATE_LIMITED',
+        `rate limit of ${policy.limit} requests per ${policy.windowSeconds}s exceeded`,
+        {
+          policy: name,
+          limit: policy.limit,
+          windowSeconds: policy.windowSeconds,
+          retryAfterSeconds: retryAfter,
+        },
+      );
     }
     states.push(`"${name}";r=${result.remainingPoints};t=${Math.max(0, Math.ceil(result.msBeforeNext / 1000))}`);
   };
@@ -84,7 +99,14 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
     const tenantId = principal && principal.kind !== 'admin' ? principal.tenantId : null;
     const policies: string[] = [];
     const states: string[] = [];
-    await draw('default', await policyFor(tenantId), principal ? principal.credentialId : `ip:${request.ip}`, reply, policies, states);
+    await draw(
+      'default',
+      await policyFor(tenantId),
+      principal ? principal.credentialId : `ip:${request.ip}`,
+      reply,
+      policies,
+      states,
+    );
     const extra = request.routeOptions.config.tenantRateLimit;
     if (extra && tenantId) await draw(extra.name, extra.policy, tenantId, reply, policies, states);
     reply.header('ratelimit-policy', policies.join(', '));

@@ -15,8 +15,10 @@ const ServiceIndex = Type.Object({
     docs: Type.String({ description: 'API reference (HTML)' }),
     openapi: Type.String({ description: 'OpenAPI 3.1 document' }),
     health: Type.String({ description: 'Liveness probe' }),
-    console: Type.String({ description: 'The web console: escalations, runs, gates, wallets, webhooks (sign in with a key)' }),
-    queues: Type.Optional(Type.String({ description: 'Bull Board, the operators\' queue console (admin key)' })),
+    console: Type.String({
+      description: 'The web console: escalations, runs, gates, wallets, webhooks (sign in with a key)',
+    }),
+    queues: Type.Optional(Type.String({ description: "Bull Board, the operators' queue console (admin key)" })),
   }),
 });
 
@@ -41,27 +43,55 @@ export async function docsRoutes(app: FastifyInstance, opts: { bullBoard: boolea
   // Read once at start-up: a missing bundle fails the start, not the first visit.
   const redocBundle = readFileSync(createRequire(import.meta.url).resolve('redoc/bundles/redoc.standalone.js'));
 
-  app.get('/', {
-    config: { access: 'public' },
-    schema: { tags, operationId: 'getServiceIndex', summary: 'Where to start: the API reference, this document, the liveness probe, the web console and the queue console', response: { 200: ServiceIndex } },
-  }, async () => ({
-    name: 'Agent Run Settlement Service',
-    links: { docs: DOCS_PATH, openapi: OPENAPI_PATH, health: '/healthz', console: '/console', ...(opts.bullBoard ? { queues: BULL_BOARD_PATH } : {}) },
-  }));
-
-  app.get(DOCS_PATH, {
-    config: { access: 'public' },
-    schema: {
-      tags,
-      operationId: 'getApiReference',
-      summary: 'This API reference, rendered by Redoc from /openapi.json',
-      response: { 200: { description: 'HTML page', content: { 'text/html': { schema: Type.String() } } } },
+  app.get(
+    '/',
+    {
+      config: { access: 'public' },
+      schema: {
+        tags,
+        operationId: 'getServiceIndex',
+        summary:
+          'Where to start: the API reference, this document, the liveness probe, the web console and the queue console',
+        response: { 200: ServiceIndex },
+      },
     },
-  }, async (_request, reply) => reply.type('text/html; charset=utf-8').header('cache-control', 'no-cache').send(page));
+    async () => ({
+      name: 'Agent Run Settlement Service',
+      links: {
+        docs: DOCS_PATH,
+        openapi: OPENAPI_PATH,
+        health: '/healthz',
+        console: '/console',
+        ...(opts.bullBoard ? { queues: BULL_BOARD_PATH } : {}),
+      },
+    }),
+  );
+
+  app.get(
+    DOCS_PATH,
+    {
+      config: { access: 'public' },
+      schema: {
+        tags,
+        operationId: 'getApiReference',
+        summary: 'This API reference, rendered by Redoc from /openapi.json',
+        response: { 200: { description: 'HTML page', content: { 'text/html': { schema: Type.String() } } } },
+      },
+    },
+    async (_request, reply) => reply.type('text/html; charset=utf-8').header('cache-control', 'no-cache').send(page),
+  );
 
   // An asset of the page, not an operation: hidden from the document.
-  app.get(REDOC_BUNDLE_PATH, {
-    config: { access: 'public' },
-    schema: { hide: true },
-  }, async (_request, reply) => reply.type('application/javascript; charset=utf-8').header('cache-control', 'public, max-age=3600').send(redocBundle));
+  app.get(
+    REDOC_BUNDLE_PATH,
+    {
+      config: { access: 'public' },
+      schema: { hide: true },
+    },
+    async (_request, reply) =>
+      reply
+        .type('application/javascript; charset=utf-8')
+        .header('cache-control', 'public, max-age=3600')
+        .send(redocBundle),
+  );
 }

@@ -33,32 +33,43 @@ export async function listRoutes(app: FastifyInstance, opts: { runtime: Runtime 
 
   for (const kind of LIST_KINDS) {
     const shape = LIST_SHAPES[kind];
-    const response = { 200: listPageSchema(shape.item), ...errorResponses(400, 401, 403, { 422: ['VALIDATION_FAILED'] }) };
+    const response = {
+      200: listPageSchema(shape.item),
+      ...errorResponses(400, 401, 403, { 422: ['VALIDATION_FAILED'] }),
+    };
     const page = async (tenantId: string | null, q: ListQueryParams) => {
       const { items, nextCursor } = await listPage(rt, x402, kind, { ...q, tenantId });
       return { items: items.map((s) => (shape.view as (x: unknown) => unknown)(s)), nextCursor };
     };
 
-    app.get<{ Querystring: ListQueryParams }>(`/v1/${shape.path}`, {
-      config: { access: READ_SCOPE[kind] },
-      schema: {
-        tags: ['lists'],
-        operationId: `listTenant${upperFirst(kind)}`,
-        summary: `${shape.noun} of the tenant, newest first (paged; filters by status, agent and creation time)`,
-        querystring: listQuery(shape.statuses, false),
-        response,
+    app.get<{ Querystring: ListQueryParams }>(
+      `/v1/${shape.path}`,
+      {
+        config: { access: READ_SCOPE[kind] },
+        schema: {
+          tags: ['lists'],
+          operationId: `listTenant${upperFirst(kind)}`,
+          summary: `${shape.noun} of the tenant, newest first (paged; filters by status, agent and creation time)`,
+          querystring: listQuery(shape.statuses, false),
+          response,
+        },
       },
-    }, async (request) => page(tenantOf(request), request.query));
+      async (request) => page(tenantOf(request), request.query),
+    );
 
-    app.get<{ Querystring: ListQueryParams }>(`/ops/${shape.path}`, {
-      config: { access: 'admin' },
-      schema: {
-        tags: ['ops'],
-        operationId: `listAll${upperFirst(kind)}`,
-        summary: `${shape.noun} of every tenant (or of \`tenantId\`), newest first (paged)`,
-        querystring: listQuery(shape.statuses, true),
-        response,
+    app.get<{ Querystring: ListQueryParams }>(
+      `/ops/${shape.path}`,
+      {
+        config: { access: 'admin' },
+        schema: {
+          tags: ['ops'],
+          operationId: `listAll${upperFirst(kind)}`,
+          summary: `${shape.noun} of every tenant (or of \`tenantId\`), newest first (paged)`,
+          querystring: listQuery(shape.statuses, true),
+          response,
+        },
       },
-    }, async (request) => page(request.query.tenantId ?? null, request.query));
+      async (request) => page(request.query.tenantId ?? null, request.query),
+    );
   }
 }

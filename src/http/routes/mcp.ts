@@ -27,7 +27,10 @@ function inProcessFetch(app: FastifyInstance, baseUrl: string, requestId: string
     const headers = new Headers();
     const contentType = res.headers['content-type'];
     if (typeof contentType === 'string') headers.set('content-type', contentType);
-    return new Response(res.statusCode === 204 || res.statusCode === 304 ? null : res.body, { status: res.statusCode, headers });
+    return new Response(res.statusCode === 204 || res.statusCode === 304 ? null : res.body, {
+      status: res.statusCode,
+      headers,
+    });
   };
 }
 
@@ -54,7 +57,9 @@ async function transportRefusal(answer: Response): Promise<ServiceError> {
   } catch {
     // no JSON-RPC error body: keep the status as the reason
   }
-  return errors.unprocessable('the request is not an MCP message this endpoint takes', { errors: [{ path: 'body', message: reason }] });
+  return errors.unprocessable('the request is not an MCP message this endpoint takes', {
+    errors: [{ path: 'body', message: reason }],
+  });
 }
 
 export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
@@ -62,40 +67,50 @@ export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }
   // The MCP SDK with its schemas is loaded on the first /mcp request, not by every API process at start.
   let mcpHttp: Promise<typeof import('../../mcp/http.ts')> | null = null;
 
-  app.post(MCP_PATH, {
-    // Any live tenant key: each tool then needs the scope of the route it calls, checked there. Host and Origin are
-    // checked first (plugins/origin.ts), as the MCP transport requires of servers.
-    config: { access: 'tenant', nativeIdempotency: true, checkOrigin: true },
-    schema: {
-      tags: ['mcp'],
-      operationId: 'callMcp',
-      summary: 'MCP over Streamable HTTP (stateless): the tools of `agent-settlement mcp`, acting with this API key',
-      description:
-        'Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap\'s `mcpHttp`). Send ' +
-        'JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant ' +
-        'checks of the route it calls. Agents registered here keep their signing key in the service, sealed. ' +
-        'Host must be PUBLIC_BASE_URL\'s host or a loopback name, and Origin (when sent) PUBLIC_BASE_URL\'s origin, a ' +
-        'loopback origin or one of MCP_ALLOWED_ORIGINS; anything else is 403 before the key is looked at (DNS rebinding).',
-      body: McpRequestBody,
-      response: {
-        200: McpResponseBody,
-        202: { description: 'Notifications or responses only: accepted, no body', type: 'null' },
-        ...errorResponses(401, 403, 422),
+  app.post(
+    MCP_PATH,
+    {
+      // Any live tenant key: each tool then needs the scope of the route it calls, checked there. Host and Origin are
+      // checked first (plugins/origin.ts), as the MCP transport requires of servers.
+      config: { access: 'tenant', nativeIdempotency: true, checkOrigin: true },
+      schema: {
+        tags: ['mcp'],
+        operationId: 'callMcp',
+        summary: 'MCP over Streamable HTTP (stateless): the tools of `agent-settlement mcp`, acting with this API key',
+        description:
+          "Point an MCP client at this URL with `Authorization: Bearer sk_…` (the runtime bootstrap's `mcpHttp`). Send " +
+          'JSON-RPC messages; answers are JSON (never an event stream), and a message the MCP transport refuses is 422. Every tool call passes the scope and tenant ' +
+          'checks of the route it calls. Agents registered here keep their signing key in the service, sealed. ' +
+          "Host must be PUBLIC_BASE_URL's host or a loopback name, and Origin (when sent) PUBLIC_BASE_URL's origin, a " +
+          'loopback origin or one of MCP_ALLOWED_ORIGINS; anything else is 403 before the key is looked at (DNS rebinding).',
+        body: McpRequestBody,
+        response: {
+          200: McpResponseBody,
+          202: { description: 'Notifications or responses only: accepted, no body', type: 'null' },
+          ...errorResponses(401, 403, 422),
+        },
       },
     },
-  }, async (request, reply) => {
-    const principal = request.principal;
-    const apiKey = presentedCredential(request);
-    if (principal?.kind !== 'key' || !apiKey) throw errors.unauthenticated();
-    mcpHttp ??= import('../../mcp/http.ts');
-    const { answerMcpRequest } = await mcpHttp;
-    const base = rt.config.publicBaseUrl;
-    const answer = await answerMcpRequest(rt, { tenantId: principal.tenantId, apiKey }, webRequest(request, base), request.body, inProcessFetch(app, base, request.id));
-    if (answer.status >= 400) throw await transportRefusal(answer);
-    reply.code(answer.status as 200);
-    const contentType = answer.headers.get('content-type');
-    if (contentType) reply.type(contentType);
-    const body = await answer.text();
-    return reply.send(body === '' ? undefined : body);
-  });
+    async (request, reply) => {
+      const principal = request.principal;
+      const apiKey = presentedCredential(request);
+      if (principal?.kind !== 'key' || !apiKey) throw errors.unauthenticated();
+      mcpHttp ??= import('../../mcp/http.ts');
+      const { answerMcpRequest } = await mcpHttp;
+      const base = rt.config.publicBaseUrl;
+      const answer = await answerMcpRequest(
+        rt,
+        { tenantId: principal.tenantId, apiKey },
+        webRequest(request, base),
+        request.body,
+        inProcessFetch(app, base, request.id),
+      );
+      if (answer.status >= 400) throw await transportRefusal(answer);
+      reply.code(answer.status as 200);
+      const contentType = answer.headers.get('content-type');
+      if (contentType) reply.type(contentType);
+      const body = await answer.text();
+      return reply.send(body === '' ? undefined : body);
+    },
+  );
 }

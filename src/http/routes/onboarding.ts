@@ -31,64 +31,121 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
   const access = 'onboarding' as const;
   const prefix = '/v1/tenants/:tenantId/onboarding';
 
-  app.post<{ Params: Static<typeof TenantParams> }>(`${prefix}/runtime-bootstrap`, {
-    config: { access },
-    schema: { tags, operationId: 'bootstrapRuntime', summary: 'Issue a runtime API key and the MCP configuration carrying it (the key is shown once)', params: TenantParams, response: { 201: RuntimeBootstrap, ...errorResponses(401, 403, 404) } },
-  }, async (request, reply) => reply.status(201).send(await bootstrapRuntime(rt, tenantOf(request))));
-
-  app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof SmokeTestBody> }>(`${prefix}/runtime-bootstrap/smoke-test`, {
-    config: { access },
-    schema: {
-      tags,
-      operationId: 'runSmokeTest',
-      summary: 'Start the MCP server with this env on the smoke-test queue: initialize, tools/list and a whoami call; 502 names the failing step',
-      params: TenantParams,
-      body: SmokeTestBody,
-      response: { 200: SmokeTestResult, ...errorResponses(400, 401, 403, 404, { 502: ['MCP_SMOKE_TEST_FAILED'] }) },
+  app.post<{ Params: Static<typeof TenantParams> }>(
+    `${prefix}/runtime-bootstrap`,
+    {
+      config: { access },
+      schema: {
+        tags,
+        operationId: 'bootstrapRuntime',
+        summary: 'Issue a runtime API key and the MCP configuration carrying it (the key is shown once)',
+        params: TenantParams,
+        response: { 201: RuntimeBootstrap, ...errorResponses(401, 403, 404) },
+      },
     },
-  }, async (request) => smokeTestView(await smokeTest(rt, tenantOf(request), request.body.env)));
+    async (request, reply) => reply.status(201).send(await bootstrapRuntime(rt, tenantOf(request))),
+  );
 
-  app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof FirstPaidCallBody> }>(`${prefix}/first-paid-call`, {
-    config: { access },
-    preValidation: emptyBodyIsObject,
-    schema: {
-      tags,
-      operationId: 'runFirstPaidCall',
-      summary: 'A real x402 paid call through this API; retrying with the same Idempotency-Key resumes the same attempt',
-      params: TenantParams,
-      body: FirstPaidCallBody,
-      response: { 200: FirstPaidCall, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'], 502: ['SETTLD_API_CALL_FAILED'] }) },
+  app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof SmokeTestBody> }>(
+    `${prefix}/runtime-bootstrap/smoke-test`,
+    {
+      config: { access },
+      schema: {
+        tags,
+        operationId: 'runSmokeTest',
+        summary:
+          'Start the MCP server with this env on the smoke-test queue: initialize, tools/list and a whoami call; 502 names the failing step',
+        params: TenantParams,
+        body: SmokeTestBody,
+        response: { 200: SmokeTestResult, ...errorResponses(400, 401, 403, 404, { 502: ['MCP_SMOKE_TEST_FAILED'] }) },
+      },
     },
-  }, async (request) => {
-    const idempotencyKey = parseIdempotencyKey(request.headers['idempotency-key'] ?? request.headers['x-idempotency-key']);
-    const tenantId = tenantOf(request);
-    const attemptId = paidCallAttemptId(tenantId, idempotencyKey);
-    return firstPaidCallView(await runFirstPaidCall(rt, tenantId, { attemptId, sponsorWalletId: request.body.sponsorWalletId ?? null }));
-  });
+    async (request) => smokeTestView(await smokeTest(rt, tenantOf(request), request.body.env)),
+  );
 
-  app.get<{ Params: Static<typeof TenantParams>; Querystring: Static<typeof HistoryQuery> }>(`${prefix}/first-paid-call/history`, {
-    config: { access },
-    schema: { tags, operationId: 'listFirstPaidCalls', summary: 'First paid call attempts, newest first (paged)', params: TenantParams, querystring: HistoryQuery, response: { 200: History, ...errorResponses(400, 401, 403, 404) } },
-  }, async (request) => {
-    const tenantId = tenantOf(request);
-    const page = await firstPaidCallHistory(rt, tenantId, request.query.limit ?? 20, historyBefore(tenantId, request.query.cursor));
-    return historyView(tenantId, page);
-  });
-
-  app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof ConformanceBody> }>(`${prefix}/conformance-matrix`, {
-    config: { access, tenantRateLimit: { name: 'conformance-matrix', policy: rt.config.onboarding.conformanceRateLimit } },
-    preValidation: emptyBodyIsObject,
-    schema: {
-      tags,
-      operationId: 'runConformanceMatrix',
-      summary: 'Bootstrap, smoke test and first paid call once; each runtime\'s configuration snippet with the checks (rate-limited per tenant)',
-      params: TenantParams,
-      body: ConformanceBody,
-      response: { 200: ConformanceMatrix, ...errorResponses(400, 401, 403, 404, 429) },
+  app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof FirstPaidCallBody> }>(
+    `${prefix}/first-paid-call`,
+    {
+      config: { access },
+      preValidation: emptyBodyIsObject,
+      schema: {
+        tags,
+        operationId: 'runFirstPaidCall',
+        summary:
+          'A real x402 paid call through this API; retrying with the same Idempotency-Key resumes the same attempt',
+        params: TenantParams,
+        body: FirstPaidCallBody,
+        response: {
+          200: FirstPaidCall,
+          ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'], 502: ['SETTLD_API_CALL_FAILED'] }),
+        },
+      },
     },
-  }, async (request) => {
-    const matrix = await conformanceMatrix(rt, tenantOf(request), request.body.targets ?? [...RUNTIME_TARGETS]);
-    const paid = matrix.checks.firstPaidCall;
-    return { ...matrix, checks: { ...matrix.checks, firstPaidCall: { ...paid, result: paid.result ? firstPaidCallView(paid.result) : null } } };
-  });
+    async (request) => {
+      const idempotencyKey = parseIdempotencyKey(
+        request.headers['idempotency-key'] ?? request.headers['x-idempotency-key'],
+      );
+      const tenantId = tenantOf(request);
+      const attemptId = paidCallAttemptId(tenantId, idempotencyKey);
+      return firstPaidCallView(
+        await runFirstPaidCall(rt, tenantId, { attemptId, sponsorWalletId: request.body.sponsorWalletId ?? null }),
+      );
+    },
+  );
+
+  app.get<{ Params: Static<typeof TenantParams>; Querystring: Static<typeof HistoryQuery> }>(
+    `${prefix}/first-paid-call/history`,
+    {
+      config: { access },
+      schema: {
+        tags,
+        operationId: 'listFirstPaidCalls',
+        summary: 'First paid call attempts, newest first (paged)',
+        params: TenantParams,
+        querystring: HistoryQuery,
+        response: { 200: History, ...errorResponses(400, 401, 403, 404) },
+      },
+    },
+    async (request) => {
+      const tenantId = tenantOf(request);
+      const page = await firstPaidCallHistory(
+        rt,
+        tenantId,
+        request.query.limit ?? 20,
+        historyBefore(tenantId, request.query.cursor),
+      );
+      return historyView(tenantId, page);
+    },
+  );
+
+  app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof ConformanceBody> }>(
+    `${prefix}/conformance-matrix`,
+    {
+      config: {
+        access,
+        tenantRateLimit: { name: 'conformance-matrix', policy: rt.config.onboarding.conformanceRateLimit },
+      },
+      preValidation: emptyBodyIsObject,
+      schema: {
+        tags,
+        operationId: 'runConformanceMatrix',
+        summary:
+          "Bootstrap, smoke test and first paid call once; each runtime's configuration snippet with the checks (rate-limited per tenant)",
+        params: TenantParams,
+        body: ConformanceBody,
+        response: { 200: ConformanceMatrix, ...errorResponses(400, 401, 403, 404, 429) },
+      },
+    },
+    async (request) => {
+      const matrix = await conformanceMatrix(rt, tenantOf(request), request.body.targets ?? [...RUNTIME_TARGETS]);
+      const paid = matrix.checks.firstPaidCall;
+      return {
+        ...matrix,
+        checks: {
+          ...matrix.checks,
+          firstPaidCall: { ...paid, result: paid.result ? firstPaidCallView(paid.result) : null },
+        },
+      };
+    },
+  );
 }

@@ -48,190 +48,357 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
     request.log.info({ endpointId: endpoint._id, events: endpoint.events }, 'webhook endpoint created');
     return reply.status(201).send({ ...endpointView(endpoint), secret });
   };
-  const createSchema = { tags, body: CreateEndpoint, response: { 201: EndpointWithSecret, ...errorResponses(400, 401, 403) } };
+  const createSchema = {
+    tags,
+    body: CreateEndpoint,
+    response: { 201: EndpointWithSecret, ...errorResponses(400, 401, 403) },
+  };
 
   const list = async (request: FastifyRequest<List>) => {
-    const page = await webhooks.listEndpoints(runtime, tenantOf(request), { limit: request.query.limit ?? 50, cursor: request.query.cursor });
+    const page = await webhooks.listEndpoints(runtime, tenantOf(request), {
+      limit: request.query.limit ?? 50,
+      cursor: request.query.cursor,
+    });
     return { items: page.items.map((e) => endpointView(e)), nextCursor: page.nextCursor };
   };
-  const listSchema = { tags, querystring: EndpointListQuery, response: { 200: EndpointList, ...errorResponses(400, 401, 403) } };
+  const listSchema = {
+    tags,
+    querystring: EndpointListQuery,
+    response: { 200: EndpointList, ...errorResponses(400, 401, 403) },
+  };
 
   const rotate = async (request: FastifyRequest<Rotate>) => {
     const grace = request.body?.gracePeriodSeconds ?? webhooks.DEFAULT_GRACE_SECONDS;
-    const { endpoint, secret } = await webhooks.rotateSecret(runtime, tenantOf(request), request.params.endpointId, grace);
+    const { endpoint, secret } = await webhooks.rotateSecret(
+      runtime,
+      tenantOf(request),
+      request.params.endpointId,
+      grace,
+    );
     request.log.info({ endpointId: endpoint._id, gracePeriodSeconds: grace }, 'webhook secret rotated');
     return { ...endpointView(endpoint), secret };
   };
   // The rotate body is optional: a POST without one is validated as {} (all defaults).
-  const rotateSchema = { tags, params: EndpointParams, body: RotateSecret, response: { 200: EndpointWithSecret, ...errorResponses(400, 401, 403, 404) } };
+  const rotateSchema = {
+    tags,
+    params: EndpointParams,
+    body: RotateSecret,
+    response: { 200: EndpointWithSecret, ...errorResponses(400, 401, 403, 404) },
+  };
 
   // ---- /v1/webhooks
 
-  app.post<Create>('/v1/webhooks', {
-    config,
-    schema: { ...createSchema, operationId: 'createWebhookEndpoint', summary: 'Register a webhook endpoint (its signing secret is shown once)' },
-  }, create);
-
-  app.get<List>('/v1/webhooks', {
-    config: readConfig,
-    schema: { ...listSchema, operationId: 'listWebhookEndpoints', summary: 'List webhook endpoints, newest first (never their secrets)' },
-  }, list);
-
-  app.get<Params>('/v1/webhooks/:endpointId', {
-    config: readConfig,
-    schema: { tags, operationId: 'getWebhookEndpoint', summary: 'Get a webhook endpoint', params: EndpointParams, response: { 200: Endpoint, ...errorResponses(401, 403, 404) } },
-  }, async (request) => endpointView(await webhooks.getEndpoint(runtime, tenantOf(request), request.params.endpointId)));
-
-  app.delete<Params>('/v1/webhooks/:endpointId', {
-    config,
-    schema: {
-      tags,
-      operationId: 'deleteWebhookEndpoint',
-      summary: 'Delete (revoke) a webhook endpoint; its pending deliveries are cancelled',
-      params: EndpointParams,
-      response: { 204: Type.Null({ description: 'Deleted' }), ...errorResponses(401, 403, 404) },
+  app.post<Create>(
+    '/v1/webhooks',
+    {
+      config,
+      schema: {
+        ...createSchema,
+        operationId: 'createWebhookEndpoint',
+        summary: 'Register a webhook endpoint (its signing secret is shown once)',
+      },
     },
-  }, async (request, reply) => {
-    await webhooks.deleteEndpoint(runtime, tenantOf(request), request.params.endpointId);
-    request.log.info({ endpointId: request.params.endpointId }, 'webhook endpoint deleted');
-    return reply.status(204).send();
-  });
+    create,
+  );
 
-  app.post<Rotate>('/v1/webhooks/:endpointId/rotate-secret', {
-    config,
-    schema: { ...rotateSchema, operationId: 'rotateWebhookEndpointSecret', summary: 'Issue a new signing secret; the previous one keeps signing deliveries for gracePeriodSeconds' },
-    preValidation: emptyBodyIsObject,
-  }, rotate);
-
-  app.post<Params>('/v1/webhooks/:endpointId/enable', {
-    config,
-    schema: {
-      tags,
-      operationId: 'enableWebhookEndpoint',
-      summary: 'Re-enable a disabled endpoint and replay its failed and abandoned deliveries (harmless on an active one)',
-      params: EndpointParams,
-      response: { 200: EnabledEndpoint, ...errorResponses(401, 403, 404) },
+  app.get<List>(
+    '/v1/webhooks',
+    {
+      config: readConfig,
+      schema: {
+        ...listSchema,
+        operationId: 'listWebhookEndpoints',
+        summary: 'List webhook endpoints, newest first (never their secrets)',
+      },
     },
-  }, async (request) => {
-    const { endpoint, replayed } = await webhooks.enableEndpoint(runtime, tenantOf(request), request.params.endpointId);
-    request.log.info({ endpointId: endpoint._id, replayed }, 'webhook endpoint enabled');
-    return { ...endpointView(endpoint), replayed };
-  });
+    list,
+  );
 
-  app.get<{ Params: Static<typeof RunDeliveriesParams> }>('/v1/runs/:runId/deliveries', {
-    config: readConfig,
-    schema: {
-      tags,
-      operationId: 'listRunDeliveries',
-      summary: "Deliveries of the run's webhook events (finalized, settled, disputed, holdback released…) to every endpoint of the tenant, oldest first, each with its attempts",
-      params: RunDeliveriesParams,
-      response: { 200: RunDeliveries, ...errorResponses(400, 401, 403, 404) },
+  app.get<Params>(
+    '/v1/webhooks/:endpointId',
+    {
+      config: readConfig,
+      schema: {
+        tags,
+        operationId: 'getWebhookEndpoint',
+        summary: 'Get a webhook endpoint',
+        params: EndpointParams,
+        response: { 200: Endpoint, ...errorResponses(401, 403, 404) },
+      },
     },
-  }, async (request) => ({ items: (await webhooks.deliveriesOfRun(runtime, tenantOf(request), request.params.runId)).map(deliveryView) }));
+    async (request) => endpointView(await webhooks.getEndpoint(runtime, tenantOf(request), request.params.endpointId)),
+  );
 
-  app.get<Params & { Querystring: Static<typeof DeliveryListQuery> }>('/v1/webhooks/:endpointId/deliveries', {
-    config: readConfig,
-    schema: {
-      tags,
-      operationId: 'listWebhookDeliveries',
-      summary: 'Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one (paged like every list; filters by status and creation time)',
-      params: EndpointParams,
-      querystring: DeliveryListQuery,
-      response: { 200: DeliveryList, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+  app.delete<Params>(
+    '/v1/webhooks/:endpointId',
+    {
+      config,
+      schema: {
+        tags,
+        operationId: 'deleteWebhookEndpoint',
+        summary: 'Delete (revoke) a webhook endpoint; its pending deliveries are cancelled',
+        params: EndpointParams,
+        response: { 204: Type.Null({ description: 'Deleted' }), ...errorResponses(401, 403, 404) },
+      },
     },
-  }, async (request) => {
-    const page = await webhooks.listDeliveries(runtime, tenantOf(request), request.params.endpointId, request.query);
-    return { items: page.items.map(deliveryView), nextCursor: page.nextCursor };
-  });
+    async (request, reply) => {
+      await webhooks.deleteEndpoint(runtime, tenantOf(request), request.params.endpointId);
+      request.log.info({ endpointId: request.params.endpointId }, 'webhook endpoint deleted');
+      return reply.status(204).send();
+    },
+  );
 
-  app.get<Params & { Querystring: Static<typeof FeedQuery> }>('/v1/webhooks/:endpointId/events', {
-    config: readConfig,
-    schema: {
-      tags,
-      operationId: 'readWebhookEventFeed',
-      summary: 'Pull feed for receivers that cannot host webhooks: the events this endpoint subscribes to, oldest first after a cursor, each with the exact body and signed headers of a delivery',
-      params: EndpointParams,
-      querystring: FeedQuery,
-      response: { 200: FeedPage, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+  app.post<Rotate>(
+    '/v1/webhooks/:endpointId/rotate-secret',
+    {
+      config,
+      schema: {
+        ...rotateSchema,
+        operationId: 'rotateWebhookEndpointSecret',
+        summary: 'Issue a new signing secret; the previous one keeps signing deliveries for gracePeriodSeconds',
+      },
+      preValidation: emptyBodyIsObject,
     },
-  }, async (request) => {
-    const page = await readFeed(runtime, tenantOf(request), request.params.endpointId, request.query);
-    return { items: page.items.map(feedItemView), nextCursor: page.nextCursor, hasMore: page.hasMore };
-  });
+    rotate,
+  );
+
+  app.post<Params>(
+    '/v1/webhooks/:endpointId/enable',
+    {
+      config,
+      schema: {
+        tags,
+        operationId: 'enableWebhookEndpoint',
+        summary:
+          'Re-enable a disabled endpoint and replay its failed and abandoned deliveries (harmless on an active one)',
+        params: EndpointParams,
+        response: { 200: EnabledEndpoint, ...errorResponses(401, 403, 404) },
+      },
+    },
+    async (request) => {
+      const { endpoint, replayed } = await webhooks.enableEndpoint(
+        runtime,
+        tenantOf(request),
+        request.params.endpointId,
+      );
+      request.log.info({ endpointId: endpoint._id, replayed }, 'webhook endpoint enabled');
+      return { ...endpointView(endpoint), replayed };
+    },
+  );
+
+  app.get<{ Params: Static<typeof RunDeliveriesParams> }>(
+    '/v1/runs/:runId/deliveries',
+    {
+      config: readConfig,
+      schema: {
+        tags,
+        operationId: 'listRunDeliveries',
+        summary:
+          "Deliveries of the run's webhook events (finalized, settled, disputed, holdback released…) to every endpoint of the tenant, oldest first, each with its attempts",
+        params: RunDeliveriesParams,
+        response: { 200: RunDeliveries, ...errorResponses(400, 401, 403, 404) },
+      },
+    },
+    async (request) => ({
+      items: (await webhooks.deliveriesOfRun(runtime, tenantOf(request), request.params.runId)).map(deliveryView),
+    }),
+  );
+
+  app.get<Params & { Querystring: Static<typeof DeliveryListQuery> }>(
+    '/v1/webhooks/:endpointId/deliveries',
+    {
+      config: readConfig,
+      schema: {
+        tags,
+        operationId: 'listWebhookDeliveries',
+        summary:
+          'Deliveries to this endpoint, newest first, each with every attempt (status code, duration, error) and the next one (paged like every list; filters by status and creation time)',
+        params: EndpointParams,
+        querystring: DeliveryListQuery,
+        response: { 200: DeliveryList, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+      },
+    },
+    async (request) => {
+      const page = await webhooks.listDeliveries(runtime, tenantOf(request), request.params.endpointId, request.query);
+      return { items: page.items.map(deliveryView), nextCursor: page.nextCursor };
+    },
+  );
+
+  app.get<Params & { Querystring: Static<typeof FeedQuery> }>(
+    '/v1/webhooks/:endpointId/events',
+    {
+      config: readConfig,
+      schema: {
+        tags,
+        operationId: 'readWebhookEventFeed',
+        summary:
+          'Pull feed for receivers that cannot host webhooks: the events this endpoint subscribes to, oldest first after a cursor, each with the exact body and signed headers of a delivery',
+        params: EndpointParams,
+        querystring: FeedQuery,
+        response: { 200: FeedPage, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+      },
+    },
+    async (request) => {
+      const page = await readFeed(runtime, tenantOf(request), request.params.endpointId, request.query);
+      return { items: page.items.map(feedItemView), nextCursor: page.nextCursor, hasMore: page.hasMore };
+    },
+  );
 
   // ---- Replay: a test event, one delivery again, every failed one since a time (a job with readable progress)
 
-  app.post<Params>('/v1/webhooks/:endpointId/test', {
-    config,
-    schema: {
-      tags,
-      operationId: 'sendWebhookTestEvent',
-      summary: 'Send a webhook.test event to this endpoint alone (signed and retried like any delivery; refused for a disabled endpoint or a refused address)',
-      params: EndpointParams,
-      response: { 202: TestEventSent, ...errorResponses(401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED'], 422: ['WEBHOOK_DESTINATION_REFUSED'] }) },
+  app.post<Params>(
+    '/v1/webhooks/:endpointId/test',
+    {
+      config,
+      schema: {
+        tags,
+        operationId: 'sendWebhookTestEvent',
+        summary:
+          'Send a webhook.test event to this endpoint alone (signed and retried like any delivery; refused for a disabled endpoint or a refused address)',
+        params: EndpointParams,
+        response: {
+          202: TestEventSent,
+          ...errorResponses(401, 403, 404, {
+            409: ['WEBHOOK_ENDPOINT_DISABLED'],
+            422: ['WEBHOOK_DESTINATION_REFUSED'],
+          }),
+        },
+      },
     },
-  }, async (request, reply) => {
-    const { event, delivery } = await webhooks.sendTestEvent(runtime, tenantOf(request), request.params.endpointId);
-    return reply.status(202).send({ eventId: event._id, deliveryId: delivery._id, eventType: 'webhook.test' as const, status: delivery.status });
-  });
+    async (request, reply) => {
+      const { event, delivery } = await webhooks.sendTestEvent(runtime, tenantOf(request), request.params.endpointId);
+      return reply.status(202).send({
+        eventId: event._id,
+        deliveryId: delivery._id,
+        eventType: 'webhook.test' as const,
+        status: delivery.status,
+      });
+    },
+  );
 
-  app.post<{ Params: Static<typeof DeliveryParams> }>('/v1/webhooks/:endpointId/deliveries/:deliveryId/resend', {
-    config,
-    schema: {
-      tags,
-      operationId: 'resendWebhookDelivery',
-      summary: 'Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due)',
-      params: DeliveryParams,
-      response: { 202: Delivery, ...errorResponses(401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL', 'WEBHOOK_DELIVERY_PENDING'], 422: ['WEBHOOK_DESTINATION_REFUSED'] }) },
+  app.post<{ Params: Static<typeof DeliveryParams> }>(
+    '/v1/webhooks/:endpointId/deliveries/:deliveryId/resend',
+    {
+      config,
+      schema: {
+        tags,
+        operationId: 'resendWebhookDelivery',
+        summary:
+          'Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due)',
+        params: DeliveryParams,
+        response: {
+          202: Delivery,
+          ...errorResponses(401, 403, 404, {
+            409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL', 'WEBHOOK_DELIVERY_PENDING'],
+            422: ['WEBHOOK_DESTINATION_REFUSED'],
+          }),
+        },
+      },
     },
-  }, async (request, reply) => {
-    const delivery = await webhooks.resendDelivery(runtime, tenantOf(request), request.params.endpointId, request.params.deliveryId);
-    const attempts = await runtime.stores.webhookDeliveries.attemptsOf(delivery);
-    return reply.status(202).send(deliveryView({ delivery, attempts }));
-  });
+    async (request, reply) => {
+      const delivery = await webhooks.resendDelivery(
+        runtime,
+        tenantOf(request),
+        request.params.endpointId,
+        request.params.deliveryId,
+      );
+      const attempts = await runtime.stores.webhookDeliveries.attemptsOf(delivery);
+      return reply.status(202).send(deliveryView({ delivery, attempts }));
+    },
+  );
 
-  app.post<Params & { Body: Static<typeof RecoverBody> }>('/v1/webhooks/:endpointId/recoveries', {
-    config,
-    schema: {
-      tags,
-      operationId: 'recoverWebhookDeliveries',
-      summary: 'Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery',
-      params: EndpointParams,
-      body: RecoverBody,
-      response: { 202: Recovery, ...errorResponses(400, 401, 403, 404, { 409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL'], 422: ['VALIDATION_FAILED', 'WEBHOOK_DESTINATION_REFUSED'] }) },
+  app.post<Params & { Body: Static<typeof RecoverBody> }>(
+    '/v1/webhooks/:endpointId/recoveries',
+    {
+      config,
+      schema: {
+        tags,
+        operationId: 'recoverWebhookDeliveries',
+        summary:
+          'Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery',
+        params: EndpointParams,
+        body: RecoverBody,
+        response: {
+          202: Recovery,
+          ...errorResponses(400, 401, 403, 404, {
+            409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL'],
+            422: ['VALIDATION_FAILED', 'WEBHOOK_DESTINATION_REFUSED'],
+          }),
+        },
+      },
     },
-  }, async (request, reply) => {
-    const tenantId = tenantOf(request);
-    const recovery = await webhooks.recoverFailed(runtime, tenantId, request.params.endpointId, new Date(request.body.since));
-    return reply.status(202).header('location', `/v1/webhooks/${recovery.endpointId}/recoveries/${recovery._id}`).send(recoveryView(await webhooks.getRecovery(runtime, tenantId, recovery.endpointId, recovery._id)));
-  });
+    async (request, reply) => {
+      const tenantId = tenantOf(request);
+      const recovery = await webhooks.recoverFailed(
+        runtime,
+        tenantId,
+        request.params.endpointId,
+        new Date(request.body.since),
+      );
+      return reply
+        .status(202)
+        .header('location', `/v1/webhooks/${recovery.endpointId}/recoveries/${recovery._id}`)
+        .send(recoveryView(await webhooks.getRecovery(runtime, tenantId, recovery.endpointId, recovery._id)));
+    },
+  );
 
-  app.get<{ Params: Static<typeof RecoveryParams> }>('/v1/webhooks/:endpointId/recoveries/:recoveryId', {
-    config: readConfig,
-    schema: {
-      tags,
-      operationId: 'getWebhookRecovery',
-      summary: 'A recovery\'s progress: deliveries sent again (queued) and, of those, sent, failed again and pending',
-      params: RecoveryParams,
-      response: { 200: Recovery, ...errorResponses(401, 403, 404) },
+  app.get<{ Params: Static<typeof RecoveryParams> }>(
+    '/v1/webhooks/:endpointId/recoveries/:recoveryId',
+    {
+      config: readConfig,
+      schema: {
+        tags,
+        operationId: 'getWebhookRecovery',
+        summary: "A recovery's progress: deliveries sent again (queued) and, of those, sent, failed again and pending",
+        params: RecoveryParams,
+        response: { 200: Recovery, ...errorResponses(401, 403, 404) },
+      },
     },
-  }, async (request) => recoveryView(await webhooks.getRecovery(runtime, tenantOf(request), request.params.endpointId, request.params.recoveryId)));
+    async (request) =>
+      recoveryView(
+        await webhooks.getRecovery(runtime, tenantOf(request), request.params.endpointId, request.params.recoveryId),
+      ),
+  );
 
   // ---- /x402/webhooks/endpoints: the same registry, for x402 integrations
 
-  app.post<Create>('/x402/webhooks/endpoints', {
-    config,
-    schema: { ...createSchema, operationId: 'createX402WebhookEndpoint', summary: 'Register a webhook endpoint (same registry as /v1/webhooks)' },
-  }, create);
+  app.post<Create>(
+    '/x402/webhooks/endpoints',
+    {
+      config,
+      schema: {
+        ...createSchema,
+        operationId: 'createX402WebhookEndpoint',
+        summary: 'Register a webhook endpoint (same registry as /v1/webhooks)',
+      },
+    },
+    create,
+  );
 
-  app.get<List>('/x402/webhooks/endpoints', {
-    config: readConfig,
-    schema: { ...listSchema, operationId: 'listX402WebhookEndpoints', summary: 'List webhook endpoints (same registry as /v1/webhooks)' },
-  }, list);
+  app.get<List>(
+    '/x402/webhooks/endpoints',
+    {
+      config: readConfig,
+      schema: {
+        ...listSchema,
+        operationId: 'listX402WebhookEndpoints',
+        summary: 'List webhook endpoints (same registry as /v1/webhooks)',
+      },
+    },
+    list,
+  );
 
-  app.post<Rotate>('/x402/webhooks/endpoints/:endpointId/rotate-secret', {
-    config,
-    schema: { ...rotateSchema, operationId: 'rotateX402WebhookEndpointSecret', summary: 'Issue a new signing secret (same as /v1/webhooks/{endpointId}/rotate-secret)' },
-    preValidation: emptyBodyIsObject,
-  }, rotate);
+  app.post<Rotate>(
+    '/x402/webhooks/endpoints/:endpointId/rotate-secret',
+    {
+      config,
+      schema: {
+        ...rotateSchema,
+        operationId: 'rotateX402WebhookEndpointSecret',
+        summary: 'Issue a new signing secret (same as /v1/webhooks/{endpointId}/rotate-secret)',
+      },
+      preValidation: emptyBodyIsObject,
+    },
+    rotate,
+  );
 }

@@ -27,14 +27,35 @@ const agentFields = {
   ),
 };
 /** An agent id given whole, or made from namespace and name (each defaulted), never both. */
-export const RegisterAgent = Type.Union([
-  Type.Object({ agentId: AgentId, ...agentFields }, { additionalProperties: false }),
-  Type.Object(
-    { namespace: Type.Optional(NAMESPACE), name: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._-]{1,128}$' })), ...agentFields },
-    { additionalProperties: false },
-  ),
-], { examples: [{ agentId: 'acme:agent:summarizer', publicKey: 'u5jlaizlZFrJIj9vQZISq1AqnPx_OTCSPTQVISUxia0', displayName: 'Summarizer', metadata: { model: 'gpt-4o-mini', team: 'research' } }] });
-export const Registered = Type.Object({ agentId: Type.String(), keyId: Type.String(), status: Type.Literal('active'), createdAt: Timestamp });
+export const RegisterAgent = Type.Union(
+  [
+    Type.Object({ agentId: AgentId, ...agentFields }, { additionalProperties: false }),
+    Type.Object(
+      {
+        namespace: Type.Optional(NAMESPACE),
+        name: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._-]{1,128}$' })),
+        ...agentFields,
+      },
+      { additionalProperties: false },
+    ),
+  ],
+  {
+    examples: [
+      {
+        agentId: 'acme:agent:summarizer',
+        publicKey: 'u5jlaizlZFrJIj9vQZISq1AqnPx_OTCSPTQVISUxia0',
+        displayName: 'Summarizer',
+        metadata: { model: 'gpt-4o-mini', team: 'research' },
+      },
+    ],
+  },
+);
+export const Registered = Type.Object({
+  agentId: Type.String(),
+  keyId: Type.String(),
+  status: Type.Literal('active'),
+  createdAt: Timestamp,
+});
 export const AgentKey = Type.Object({
   keyId: Type.String(),
   publicKey: Type.String({ description: 'base64url of the raw 32-byte key' }),
@@ -53,10 +74,19 @@ export const Agent = Type.Object({
 });
 export const AgentParams = Type.Object({ agentId: AgentId });
 export const KeyParams = Type.Object({ agentId: AgentId, keyId: KEY_ID });
-export const AddKey = Type.Object({ publicKey: PublicKey }, { additionalProperties: false, examples: [{ publicKey: 'u5jlaizlZFrJIj9vQZISq1AqnPx_OTCSPTQVISUxia0' }] });
+export const AddKey = Type.Object(
+  { publicKey: PublicKey },
+  { additionalProperties: false, examples: [{ publicKey: 'u5jlaizlZFrJIj9vQZISq1AqnPx_OTCSPTQVISUxia0' }] },
+);
 
 export function keyView(k: AgentKeyDoc): Static<typeof AgentKey> {
-  return { keyId: k.keyId, publicKey: k.publicKey, status: k.status, createdAt: k.createdAt.toISOString(), revokedAt: k.revokedAt?.toISOString() ?? null };
+  return {
+    keyId: k.keyId,
+    publicKey: k.publicKey,
+    status: k.status,
+    createdAt: k.createdAt.toISOString(),
+    revokedAt: k.revokedAt?.toISOString() ?? null,
+  };
 }
 
 export function agentView(a: AgentDoc): Static<typeof Agent> {
@@ -65,7 +95,9 @@ export function agentView(a: AgentDoc): Static<typeof Agent> {
     displayName: a.displayName,
     metadata: a.metadataJson === null ? null : fromStoredJson<Record<string, unknown>>(a.metadataJson),
     status: a.status,
-    keys: Object.values(a.keys).sort((x, y) => x.createdAt.getTime() - y.createdAt.getTime()).map(keyView),
+    keys: Object.values(a.keys)
+      .sort((x, y) => x.createdAt.getTime() - y.createdAt.getTime())
+      .map(keyView),
     createdAt: a.createdAt.toISOString(),
   };
 }

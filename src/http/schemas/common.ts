@@ -39,13 +39,17 @@ export function errorResponses(...statuses: Array<number | ErrorCodes>): Record<
   const responses: Record<number, TSchema> = {};
   for (const entry of statuses) {
     if (typeof entry === 'number') responses[entry] ??= Type.Ref('ErrorBody');
-    else for (const [status, codes] of Object.entries(entry)) responses[Number(status)] = Type.Ref('ErrorBody', { [ERROR_CODES_KEY]: [...(codes ?? [])] });
+    else
+      for (const [status, codes] of Object.entries(entry))
+        responses[Number(status)] = Type.Ref('ErrorBody', { [ERROR_CODES_KEY]: [...(codes ?? [])] });
   }
   return responses;
 }
 
 export const IdempotencyHeaders = Type.Object({
-  'idempotency-key': Type.Optional(Type.String({ description: '1-255 chars of [A-Za-z0-9._:-]; replays the first response' })),
+  'idempotency-key': Type.Optional(
+    Type.String({ description: '1-255 chars of [A-Za-z0-9._:-]; replays the first response' }),
+  ),
 });
 
 /** preValidation hook for POSTs whose body is optional: no body at all is read as `{}` (a JSON `null` is not). */

@@ -19,5 +19,6 @@ export const McpRequestBody = Type.Union([JsonRpcMessage, Type.Array(JsonRpcMess
 });
 
 export const McpResponseBody = Type.Union([JsonRpcMessage, Type.Array(JsonRpcMessage)], {
-  description: 'The JSON-RPC response(s); a tool that failed answers a result with isError and the service\'s error code',
+  description:
+    "The JSON-RPC response(s); a tool that failed answers a result with isError and the service's error code",
 });

@@ -5,7 +5,10 @@ import type { TenantDoc } from '../../store/tenants.ts';
 import { TenantId, Timestamp } from './common.ts';
 
 const RateLimitPolicy = Type.Object(
-  { limit: Type.Integer({ minimum: 1, maximum: 10_000_000 }), windowSeconds: Type.Integer({ minimum: 1, maximum: 86_400 }) },
+  {
+    limit: Type.Integer({ minimum: 1, maximum: 10_000_000 }),
+    windowSeconds: Type.Integer({ minimum: 1, maximum: 86_400 }),
+  },
   { additionalProperties: false },
 );
 export const CreateTenant = Type.Object(
@@ -28,7 +31,14 @@ export const CreateApiKey = Type.Object(
   },
   {
     additionalProperties: false,
-    examples: [{ tenantId: 'ten_8JcW2nQ5rT7yB4mK1xZ9pLs3', scopes: ['agents:write', 'runs:write', 'runs:read'], description: 'CI runner', expiresAt: '2027-01-01T00:00:00Z' }],
+    examples: [
+      {
+        tenantId: 'ten_8JcW2nQ5rT7yB4mK1xZ9pLs3',
+        scopes: ['agents:write', 'runs:write', 'runs:read'],
+        description: 'CI runner',
+        expiresAt: '2027-01-01T00:00:00Z',
+      },
+    ],
   },
 );
 export const ApiKey = Type.Object({
@@ -46,7 +56,12 @@ export const IssuedApiKey = Type.Intersect([
   ApiKey,
   Type.Object({ token: Type.String({ description: 'Shown once: `sk_<keyId>.<secret>`' }) }),
 ]);
-export const ApiKeyParams = Type.Object({ keyId: Type.String({ pattern: '^(ak|key)_[A-Za-z0-9_-]{1,64}$', description: '`ak_…` (keys issued before API and agent key ids were told apart: `key_…`)' }) });
+export const ApiKeyParams = Type.Object({
+  keyId: Type.String({
+    pattern: '^(ak|key)_[A-Za-z0-9_-]{1,64}$',
+    description: '`ak_…` (keys issued before API and agent key ids were told apart: `key_…`)',
+  }),
+});
 export const Rotate = Type.Object(
   { gracePeriodSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 604_800, default: 0 })) },
   { additionalProperties: false, examples: [{ gracePeriodSeconds: 3600 }] },
@@ -75,15 +90,23 @@ export function keyView(k: ApiKeyDoc, now = new Date()): Static<typeof ApiKey> {
   };
 }
 
-
 export const LedgerAuditQuery = Type.Object(
   {
-    full: Type.Optional(Type.Boolean({ default: false, description: 'Recompute from the first posting of every account, ignoring (and checking) the audit checkpoints; writes nothing' })),
+    full: Type.Optional(
+      Type.Boolean({
+        default: false,
+        description:
+          'Recompute from the first posting of every account, ignoring (and checking) the audit checkpoints; writes nothing',
+      }),
+    ),
   },
   { additionalProperties: false },
 );
 const AuditViolation = Type.Object({
-  kind: Type.String({ description: 'sum_mismatch, escrow_mismatch, escrow_unattributed, reserve_negative, reserve_owner_missing, reserve_owner_cancelled, reserve_owner_finished, reserve_overdue, entry_overdue, entry_unbalanced, leg_posted_twice, chain_broken, checkpoint_mismatch, settlement_stuck' }),
+  kind: Type.String({
+    description:
+      'sum_mismatch, escrow_mismatch, escrow_unattributed, reserve_negative, reserve_owner_missing, reserve_owner_cancelled, reserve_owner_finished, reserve_overdue, entry_overdue, entry_unbalanced, leg_posted_twice, chain_broken, checkpoint_mismatch, settlement_stuck',
+  }),
   currency: Type.Optional(Type.String()),
   walletId: Type.Optional(Type.String()),
   owner: Type.Optional(Type.String({ description: 'The settlement id of the run or gate that owns the reserve' })),
@@ -91,14 +114,18 @@ const AuditViolation = Type.Object({
   amount: Type.Optional(Type.Integer({ description: 'integer minor units' })),
 });
 const AuditCurrency = Type.Object({
-  credits: Type.Integer({ description: 'Everything ever credited (there are no payouts): equals available + escrow + legs in flight' }),
+  credits: Type.Integer({
+    description: 'Everything ever credited (there are no payouts): equals available + escrow + legs in flight',
+  }),
   available: Type.Integer(),
   escrow: Type.Integer(),
   openReserves: Type.Integer({ description: 'The sum of open reserves: equals escrow' }),
 });
 export const LedgerAudit = Type.Object({
   clean: Type.Boolean({ description: 'No violation, and every account was read to its end' }),
-  complete: Type.Boolean({ description: 'Every account was read to its end within the time budget; else the next audit goes on from there' }),
+  complete: Type.Boolean({
+    description: 'Every account was read to its end within the time budget; else the next audit goes on from there',
+  }),
   violations: Type.Array(AuditViolation),
   currencies: Type.Record(Type.String(), AuditCurrency),
   checked: Type.Object({

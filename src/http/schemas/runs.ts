@@ -35,7 +35,9 @@ export const EventSchema = Type.Object(
     seq: Type.Integer({ minimum: 1 }),
     type: Type.String({ pattern: '^[A-Za-z][A-Za-z0-9_.:-]{0,63}$' }),
     at: Type.String({ maxLength: 64, description: 'RFC 3339 time the agent recorded the event' }),
-    payload: Type.Unknown({ description: 'any JSON nested at most 128 deep; metric {name, value}; sample {latencyMs?, correct?}' }),
+    payload: Type.Unknown({
+      description: 'any JSON nested at most 128 deep; metric {name, value}; sample {latencyMs?, correct?}',
+    }),
     prevChainHash: Type.Union([HEX64, Type.Null()]),
     payloadHash: HEX64,
     chainHash: HEX64,
@@ -45,12 +47,24 @@ export const EventSchema = Type.Object(
   { additionalProperties: false, description: 'Agent-signed, hash-chained event (contract section 5)' },
 );
 
-const SETTLEMENT_EXAMPLE = { payerAgentId: 'acme:agent:buyer', amount: 2500, currency: 'USD', holdbackBps: 1000, disputeWindowSeconds: 86_400 };
+const SETTLEMENT_EXAMPLE = {
+  payerAgentId: 'acme:agent:buyer',
+  amount: 2500,
+  currency: 'USD',
+  holdbackBps: 1000,
+  disputeWindowSeconds: 86_400,
+};
 export const CreateRun = Type.Object(
   { agentId: AgentId, terms: Type.Optional(TermsSchema), settlement: Type.Optional(SettlementTermsSchema) },
   {
     additionalProperties: false,
-    examples: [{ agentId: 'acme:agent:summarizer', terms: { accuracy: { min: 0.9 }, latencyP95: { max: 800 } }, settlement: SETTLEMENT_EXAMPLE }],
+    examples: [
+      {
+        agentId: 'acme:agent:summarizer',
+        terms: { accuracy: { min: 0.9 }, latencyP95: { max: 800 } },
+        settlement: SETTLEMENT_EXAMPLE,
+      },
+    ],
   },
 );
 export const RunView = Type.Object({
@@ -94,7 +108,9 @@ export const AppendBody = Type.Union(
 );
 export const Appended = Type.Object({
   runId: Type.String(),
-  accepted: Type.Integer({ description: 'events of the request now in the chain (identical resends count, and change nothing)' }),
+  accepted: Type.Integer({
+    description: 'events of the request now in the chain (identical resends count, and change nothing)',
+  }),
   head: Head,
 });
 export const Finalizing = Type.Object({

@@ -5,14 +5,44 @@ import { SettlementTermsSchema } from './runs.ts';
 
 export const SettleBody = Type.Object(
   { settlement: Type.Optional(SettlementTermsSchema) },
-  { additionalProperties: false, examples: [{ settlement: { payerAgentId: 'acme:agent:buyer', amount: 2500, currency: 'USD', holdbackBps: 1000, disputeWindowSeconds: 86_400 } }] },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        settlement: {
+          payerAgentId: 'acme:agent:buyer',
+          amount: 2500,
+          currency: 'USD',
+          holdbackBps: 1000,
+          disputeWindowSeconds: 86_400,
+        },
+      },
+    ],
+  },
 );
 export const SettleAccepted = Type.Object({ runId: Type.String(), settlementId: Type.String(), status: Type.String() });
 export const DisputeBody = Type.Object(
-  { reason: Type.String({ minLength: 1, maxLength: 2_000 }), evidence: Type.Optional(Type.Unknown({ description: 'any JSON nested at most 128 deep' })) },
-  { additionalProperties: false, examples: [{ reason: 'The summaries cite sources that do not exist', evidence: { sampleIds: ['s-17', 's-42'], reviewer: 'qa@acme.example' } }] },
+  {
+    reason: Type.String({ minLength: 1, maxLength: 2_000 }),
+    evidence: Type.Optional(Type.Unknown({ description: 'any JSON nested at most 128 deep' })),
+  },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        reason: 'The summaries cite sources that do not exist',
+        evidence: { sampleIds: ['s-17', 's-42'], reviewer: 'qa@acme.example' },
+      },
+    ],
+  },
 );
-export const DisputeOpened = Type.Object({ disputeId: Type.String(), status: Type.Literal('open'), settlementId: Type.String(), runId: Type.String(), frozenAmount: Type.Integer() });
+export const DisputeOpened = Type.Object({
+  disputeId: Type.String(),
+  status: Type.Literal('open'),
+  settlementId: Type.String(),
+  runId: Type.String(),
+  frozenAmount: Type.Integer(),
+});
 export const DisputeRuling = Type.Object(
   {
     outcome: Type.Union([Type.Literal('payee'), Type.Literal('payer'), Type.Literal('split')]),
@@ -21,7 +51,10 @@ export const DisputeRuling = Type.Object(
   { additionalProperties: false, examples: [{ outcome: 'split', payerShareBps: 5000 }] },
 );
 export const DisputeParams = Type.Object({ disputeId: Type.String({ maxLength: 128 }) });
-export const HeldRuling = Type.Object({ outcome: Type.Union([Type.Literal('release'), Type.Literal('refund')]) }, { additionalProperties: false, examples: [{ outcome: 'refund' }] });
+export const HeldRuling = Type.Object(
+  { outcome: Type.Union([Type.Literal('release'), Type.Literal('refund')]) },
+  { additionalProperties: false, examples: [{ outcome: 'refund' }] },
+);
 export const SettlementParams = Type.Object({ settlementId: Type.String({ maxLength: 128 }) });
 export const Dispute = Type.Object({
   disputeId: Type.String(),
@@ -48,12 +81,17 @@ export const Settlement = Type.Object({
   payeeWalletId: Type.String(),
   disputeWindowEndsAt: Type.Union([Timestamp, Type.Null()]),
   dispute: Type.Union([Dispute, Type.Null()]),
-  decision: Type.Union([Type.Object({ verdict: Type.String(), reason: Type.Union([Type.String(), Type.Null()]), decidedAt: Timestamp }), Type.Null()]),
+  decision: Type.Union([
+    Type.Object({ verdict: Type.String(), reason: Type.Union([Type.String(), Type.Null()]), decidedAt: Timestamp }),
+    Type.Null(),
+  ]),
   receipt: Type.Union([
     Type.Object({
       receiptHash: Type.String(),
       signature: Type.Object({ alg: Type.String(), keyId: Type.String(), value: Type.String() }),
-      body: Type.Record(Type.String(), Type.Unknown(), { description: 'SettlementReceipt.v1; receiptHash = sha256hex(JCS(body))' }),
+      body: Type.Record(Type.String(), Type.Unknown(), {
+        description: 'SettlementReceipt.v1; receiptHash = sha256hex(JCS(body))',
+      }),
     }),
     Type.Null(),
   ]),
@@ -91,6 +129,12 @@ export function settlementView({ doc: s, facts, view }: SettlementState): Static
     disputeWindowEndsAt: view.disputeWindowEndsAt,
     dispute,
     decision: d ? { verdict: d.verdict, reason: d.reason, decidedAt: d.decidedAt } : null,
-    receipt: d ? { receiptHash: d.receipt.receiptHash, signature: d.receipt.signature, body: d.receipt.body as unknown as Record<string, unknown> } : null,
+    receipt: d
+      ? {
+          receiptHash: d.receipt.receiptHash,
+          signature: d.receipt.signature,
+          body: d.receipt.body as unknown as Record<string, unknown>,
+        }
+      : null,
   };
 }

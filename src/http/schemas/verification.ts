@@ -20,7 +20,10 @@ const Evaluation = Type.Object({
     }),
   ),
 });
-const SettlementSummary = Type.Union([Type.Object({ status: Type.String(), amount: Type.Integer(), currency: Type.String() }), Type.Null()]);
+const SettlementSummary = Type.Union([
+  Type.Object({ status: Type.String(), amount: Type.Integer(), currency: Type.String() }),
+  Type.Null(),
+]);
 export const PublicVerification = Type.Object({
   verified: Type.Boolean(),
   checks: Checks,
@@ -44,13 +47,26 @@ export const RunVerification = Type.Intersect([
     durationMs: Type.Integer({ description: 'from run creation to the finalize request (the artifact finalizedAt)' }),
   }),
 ]);
-export const VerifyParams = Type.Object({ id: Type.String({ maxLength: 128, description: 'a run id or an artifact id' }) });
+export const VerifyParams = Type.Object({
+  id: Type.String({ maxLength: 128, description: 'a run id or an artifact id' }),
+});
 export const ArtifactParams = Type.Object({ artifactId: Type.String({ maxLength: 128 }) });
 export const ArtifactBody = Type.Object({ schema: Type.Literal('RunArtifact.v1') }, { additionalProperties: true });
-const Jwk = Type.Object({ kty: Type.Literal('OKP'), crv: Type.Literal('Ed25519'), x: Type.String(), kid: Type.String(), use: Type.String(), alg: Type.String(), status: Type.String() });
+const Jwk = Type.Object({
+  kty: Type.Literal('OKP'),
+  crv: Type.Literal('Ed25519'),
+  x: Type.String(),
+  kid: Type.String(),
+  use: Type.String(),
+  alg: Type.String(),
+  status: Type.String(),
+});
 export const Jwks = Type.Object({ keys: Type.Array(Jwk) });
 
-export function verificationView({ artifact, result, settlement }: Verification, jwksUrl: string): Static<typeof PublicVerification> {
+export function verificationView(
+  { artifact, result, settlement }: Verification,
+  jwksUrl: string,
+): Static<typeof PublicVerification> {
   return {
     verified: result.verified,
     checks: result.checks,

@@ -10,8 +10,15 @@ export const CreditBody = Type.Object(
   {
     amount: Amount,
     currency: Currency,
-    tenantId: Type.Optional(Type.String({ description: 'owner of a new sponsor wallet (agent wallets belong to the agent\'s tenant)' })),
-    reference: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9._:-]{1,128}$', description: 'external reference; crediting the same reference twice credits once' })),
+    tenantId: Type.Optional(
+      Type.String({ description: "owner of a new sponsor wallet (agent wallets belong to the agent's tenant)" }),
+    ),
+    reference: Type.Optional(
+      Type.String({
+        pattern: '^[A-Za-z0-9._:-]{1,128}$',
+        description: 'external reference; crediting the same reference twice credits once',
+      }),
+    ),
   },
   { additionalProperties: false, examples: [{ amount: 100_000, currency: 'USD', reference: 'invoice:2026-03-0042' }] },
 );
@@ -37,12 +44,24 @@ export const EntriesQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 500 })),
   cursor: Type.Optional(Cursor(2_000)),
 });
-export const EntriesPage = Type.Object({ items: Type.Array(Posting), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+export const EntriesPage = Type.Object({
+  items: Type.Array(Posting),
+  nextCursor: Type.Union([Type.String(), Type.Null()]),
+});
 
 export function walletView(w: WalletDoc, balances: Balances): Static<typeof Wallet> {
   return { walletId: w._id, kind: w.kind, balances, createdAt: w.createdAt.toISOString() };
 }
 
 export function postingView(p: PostingDoc): Static<typeof Posting> {
-  return { postingId: p._id, entryId: p.entryId, kind: p.kind, currency: p.currency, bucket: p.bucket, delta: p.delta, balanceAfter: p.balanceAfter, at: p.at.toISOString() };
+  return {
+    postingId: p._id,
+    entryId: p.entryId,
+    kind: p.kind,
+    currency: p.currency,
+    bucket: p.bucket,
+    delta: p.delta,
+    balanceAfter: p.balanceAfter,
+    at: p.at.toISOString(),
+  };
 }

@@ -1,6 +1,11 @@
 import { Type, type Static } from 'typebox';
 import { EVENT_TYPES } from '../../domain/events.ts';
-import { DEFAULT_GRACE_SECONDS, MAX_GRACE_SECONDS, type DeliveryWithAttempts, type RecoveryProgress } from '../../services/webhooks.ts';
+import {
+  DEFAULT_GRACE_SECONDS,
+  MAX_GRACE_SECONDS,
+  type DeliveryWithAttempts,
+  type RecoveryProgress,
+} from '../../services/webhooks.ts';
 import type { WebhookEndpoint } from '../../store/webhook-endpoints.ts';
 import { DEFAULT_LIMIT, MAX_LIMIT } from '../../services/lists.ts';
 import type { FeedItem as FeedEntry } from '../../services/webhook-feed.ts';
@@ -11,25 +16,44 @@ import { Cursor, Timestamp } from './common.ts';
 
 export const CreateEndpoint = Type.Object(
   {
-    url: Type.Optional(Type.String({ minLength: 1, maxLength: 2048, description: 'https URL that receives POSTed events; required unless `delivery` is `pull`, and absent then' })),
-    delivery: Type.Optional(Type.Union([Type.Literal('push'), Type.Literal('pull')], {
-      default: 'push',
-      description: '`push` (default): events are POSTed to `url`. `pull`: for a receiver that cannot host webhooks; nothing is sent, and the same signed events are read from `GET /v1/webhooks/{endpointId}/events`.',
-    })),
+    url: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 2048,
+        description: 'https URL that receives POSTed events; required unless `delivery` is `pull`, and absent then',
+      }),
+    ),
+    delivery: Type.Optional(
+      Type.Union([Type.Literal('push'), Type.Literal('pull')], {
+        default: 'push',
+        description:
+          '`push` (default): events are POSTed to `url`. `pull`: for a receiver that cannot host webhooks; nothing is sent, and the same signed events are read from `GET /v1/webhooks/{endpointId}/events`.',
+      }),
+    ),
     events: Type.Array(Type.String({ minLength: 1, maxLength: 100 }), {
       minItems: 1,
       maxItems: 50,
       description: `Event types to receive: ${EVENT_TYPES.join(', ')}. Unknown types are refused with 400.`,
     }),
     description: Type.Optional(Type.String({ maxLength: 500 })),
-    includeTestEvents: Type.Optional(Type.Boolean({
-      default: false,
-      description: 'Also deliver test traffic: events marked `"test": true` in their envelope (the onboarding first paid call and conformance matrix). Off by default, so an endpoint only ever sees real money movements.',
-    })),
+    includeTestEvents: Type.Optional(
+      Type.Boolean({
+        default: false,
+        description:
+          'Also deliver test traffic: events marked `"test": true` in their envelope (the onboarding first paid call and conformance matrix). Off by default, so an endpoint only ever sees real money movements.',
+      }),
+    ),
   },
   {
     additionalProperties: false,
-    examples: [{ url: 'https://hooks.acme.example/agent-settlement', events: ['run.finalized', 'settlement.completed'], description: 'Billing service', includeTestEvents: false }],
+    examples: [
+      {
+        url: 'https://hooks.acme.example/agent-settlement',
+        events: ['run.finalized', 'settlement.completed'],
+        description: 'Billing service',
+        includeTestEvents: false,
+      },
+    ],
   },
 );
 
@@ -39,11 +63,17 @@ export const Endpoint = Type.Object({
   delivery: Type.Union([Type.Literal('push'), Type.Literal('pull')]),
   events: Type.Array(Type.String()),
   description: Type.Union([Type.String(), Type.Null()]),
-  includeTestEvents: Type.Boolean({ description: 'Whether test traffic (events marked `"test": true`) is delivered here' }),
+  includeTestEvents: Type.Boolean({
+    description: 'Whether test traffic (events marked `"test": true`) is delivered here',
+  }),
   status: Type.Union([Type.Literal('active'), Type.Literal('disabled')]),
-  disabledReason: Type.Union([Type.String(), Type.Null()], { description: 'Why deliveries stopped (410 from the receiver, or failing for 5 days)' }),
+  disabledReason: Type.Union([Type.String(), Type.Null()], {
+    description: 'Why deliveries stopped (410 from the receiver, or failing for 5 days)',
+  }),
   disabledAt: Type.Union([Timestamp, Type.Null()]),
-  previousSecretExpiresAt: Type.Union([Timestamp, Type.Null()], { description: 'Until then, deliveries also carry a signature with the previous secret' }),
+  previousSecretExpiresAt: Type.Union([Timestamp, Type.Null()], {
+    description: 'Until then, deliveries also carry a signature with the previous secret',
+  }),
   lastSuccessAt: Type.Union([Timestamp, Type.Null()]),
   failingSince: Type.Union([Timestamp, Type.Null()]),
   createdAt: Timestamp,
@@ -51,7 +81,9 @@ export const Endpoint = Type.Object({
 });
 export const EndpointWithSecret = Type.Intersect([
   Endpoint,
-  Type.Object({ secret: Type.String({ description: 'Shown once: `whsec_` + base64 of 32 random bytes (Standard Webhooks)' }) }),
+  Type.Object({
+    secret: Type.String({ description: 'Shown once: `whsec_` + base64 of 32 random bytes (Standard Webhooks)' }),
+  }),
 ]);
 export const EnabledEndpoint = Type.Intersect([
   Endpoint,
@@ -61,7 +93,11 @@ export const EnabledEndpoint = Type.Intersect([
 export const RotateSecret = Type.Object(
   {
     gracePeriodSeconds: Type.Optional(
-      Type.Integer({ minimum: 0, maximum: MAX_GRACE_SECONDS, description: `How long the previous secret keeps signing deliveries (default ${DEFAULT_GRACE_SECONDS})` }),
+      Type.Integer({
+        minimum: 0,
+        maximum: MAX_GRACE_SECONDS,
+        description: `How long the previous secret keeps signing deliveries (default ${DEFAULT_GRACE_SECONDS})`,
+      }),
     ),
   },
   { additionalProperties: false, examples: [{ gracePeriodSeconds: 3600 }] },
@@ -71,24 +107,48 @@ export const EndpointListQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 100, default: 50 })),
   cursor: Type.Optional(Cursor(200)),
 });
-export const EndpointList = Type.Object({ items: Type.Array(Endpoint), nextCursor: Type.Union([Type.String(), Type.Null()]) });
+export const EndpointList = Type.Object({
+  items: Type.Array(Endpoint),
+  nextCursor: Type.Union([Type.String(), Type.Null()]),
+});
 
 const DeliveryStatus = Type.Union(
-  [Type.Literal('pending'), Type.Literal('succeeded'), Type.Literal('failed'), Type.Literal('abandoned'), Type.Literal('cancelled'), Type.Literal('stored')],
-  { description: 'pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint\'s: never sent, read from its feed)' },
+  [
+    Type.Literal('pending'),
+    Type.Literal('succeeded'),
+    Type.Literal('failed'),
+    Type.Literal('abandoned'),
+    Type.Literal('cancelled'),
+    Type.Literal('stored'),
+  ],
+  {
+    description:
+      "pending (an attempt is due or running), succeeded, failed (every attempt failed), abandoned (endpoint disabled; replayed on enable), cancelled (endpoint deleted), stored (a pull endpoint's: never sent, read from its feed)",
+  },
 );
 export const DeliveryListQuery = Type.Object({
   status: Type.Optional(DeliveryStatus),
-  createdAfter: Type.Optional(Type.String({ format: 'date-time', description: 'only deliveries created after this time (exclusive)' })),
-  createdBefore: Type.Optional(Type.String({ format: 'date-time', description: 'only deliveries created before this time (exclusive); must be later than createdAfter' })),
+  createdAfter: Type.Optional(
+    Type.String({ format: 'date-time', description: 'only deliveries created after this time (exclusive)' }),
+  ),
+  createdBefore: Type.Optional(
+    Type.String({
+      format: 'date-time',
+      description: 'only deliveries created before this time (exclusive); must be later than createdAfter',
+    }),
+  ),
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_LIMIT, default: DEFAULT_LIMIT })),
-  cursor: Type.Optional(Cursor(400, '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)')),
+  cursor: Type.Optional(
+    Cursor(400, '`nextCursor` of the previous page (a filtered page may hold fewer than `limit` items)'),
+  ),
 });
 const Attempt = Type.Object({
   attempt: Type.Integer({ description: "1-based, over the delivery's whole life" }),
   startedAt: Timestamp,
   durationMs: Type.Integer(),
-  statusCode: Type.Union([Type.Integer(), Type.Null()], { description: 'null when no HTTP answer came (timeout, network error, refused address)' }),
+  statusCode: Type.Union([Type.Integer(), Type.Null()], {
+    description: 'null when no HTTP answer came (timeout, network error, refused address)',
+  }),
   error: Type.Union([Type.String(), Type.Null()]),
   succeeded: Type.Boolean(),
 });
@@ -106,25 +166,37 @@ export const Delivery = Type.Object({
   updatedAt: Timestamp,
   succeededAt: Type.Union([Timestamp, Type.Null()]),
 });
-export const DeliveryList = Type.Object({ items: Type.Array(Delivery), nextCursor: Type.Union([Type.String(), Type.Null()]) });
-export const RunDeliveries = Type.Object({ items: Type.Array(Delivery, { description: 'oldest first; every delivery of every event that names the run' }) });
+export const DeliveryList = Type.Object({
+  items: Type.Array(Delivery),
+  nextCursor: Type.Union([Type.String(), Type.Null()]),
+});
+export const RunDeliveries = Type.Object({
+  items: Type.Array(Delivery, { description: 'oldest first; every delivery of every event that names the run' }),
+});
 export const RunDeliveriesParams = Type.Object({ runId: Type.String({ maxLength: 128 }) });
 
 export const FeedQuery = Type.Object({
-  after: Type.Optional(Cursor(400, '`nextCursor` of the previous read; without it the feed starts at the oldest event still kept')),
+  after: Type.Optional(
+    Cursor(400, '`nextCursor` of the previous read; without it the feed starts at the oldest event still kept'),
+  ),
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_LIMIT, default: DEFAULT_LIMIT })),
 });
 const FeedItem = Type.Object({
   deliveryId: Type.String({ description: 'the delivery of this event to this endpoint (listed with its deliveries)' }),
   eventId: Type.String(),
   eventType: Type.String(),
-  body: Type.String({ description: 'the exact request body a delivery of this event carries: verify the signature over these bytes' }),
+  body: Type.String({
+    description: 'the exact request body a delivery of this event carries: verify the signature over these bytes',
+  }),
   headers: Type.Object(
     {
       'webhook-id': Type.String(),
       'webhook-timestamp': Type.String({ description: 'Unix seconds: when this page was read' }),
-      'webhook-signature': Type.String({ description: 'Standard Webhooks signatures with the endpoint\'s current secret (and the previous one during a rotation\'s grace period)' }),
-      'service-signature': Type.String({ description: 'the same signatures under the service\'s own header name' }),
+      'webhook-signature': Type.String({
+        description:
+          "Standard Webhooks signatures with the endpoint's current secret (and the previous one during a rotation's grace period)",
+      }),
+      'service-signature': Type.String({ description: "the same signatures under the service's own header name" }),
     },
     { description: 'the headers a delivery of this event carries, signed now' },
   ),
@@ -135,18 +207,29 @@ export const FeedPage = Type.Object({
   hasMore: Type.Boolean({ description: 'true: more is ready now; false: poll again later with `nextCursor`' }),
 });
 
-export const DeliveryParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }), deliveryId: Type.String({ maxLength: 100 }) });
-export const RecoveryParams = Type.Object({ endpointId: Type.String({ maxLength: 100 }), recoveryId: Type.String({ maxLength: 100 }) });
+export const DeliveryParams = Type.Object({
+  endpointId: Type.String({ maxLength: 100 }),
+  deliveryId: Type.String({ maxLength: 100 }),
+});
+export const RecoveryParams = Type.Object({
+  endpointId: Type.String({ maxLength: 100 }),
+  recoveryId: Type.String({ maxLength: 100 }),
+});
 
 export const TestEventSent = Type.Object({
   eventId: Type.String(),
-  deliveryId: Type.String({ description: 'listed with the endpoint\'s deliveries' }),
+  deliveryId: Type.String({ description: "listed with the endpoint's deliveries" }),
   eventType: Type.Literal('webhook.test'),
   status: DeliveryStatus,
 });
 
 export const RecoverBody = Type.Object(
-  { since: { ...Timestamp, description: 'every failed or abandoned delivery created at or after this time is sent again' } },
+  {
+    since: {
+      ...Timestamp,
+      description: 'every failed or abandoned delivery created at or after this time is sent again',
+    },
+  },
   { additionalProperties: false, examples: [{ since: '2025-01-31T09:00:00.000Z' }] },
 );
 
@@ -155,7 +238,9 @@ export const Recovery = Type.Object({
   endpointId: Type.String(),
   since: Timestamp,
   createdAt: Timestamp,
-  status: Type.Union([Type.Literal('running'), Type.Literal('finished')], { description: 'finished: the job has looked at every delivery since `since`' }),
+  status: Type.Union([Type.Literal('running'), Type.Literal('finished')], {
+    description: 'finished: the job has looked at every delivery since `since`',
+  }),
   counts: Type.Object({
     queued: Type.Integer({ description: 'deliveries this recovery sent again' }),
     sent: Type.Integer({ description: 'of those, delivered since' }),
@@ -195,7 +280,14 @@ export function endpointView(e: WebhookEndpoint, now = new Date()): Static<typeo
 
 export function recoveryView(p: RecoveryProgress): Static<typeof Recovery> {
   const r = p.recovery;
-  return { id: r._id, endpointId: r.endpointId, since: r.since.toISOString(), createdAt: r.createdAt.toISOString(), status: p.status, counts: p.counts };
+  return {
+    id: r._id,
+    endpointId: r.endpointId,
+    since: r.since.toISOString(),
+    createdAt: r.createdAt.toISOString(),
+    status: p.status,
+    counts: p.counts,
+  };
 }
 
 export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): Static<typeof Delivery> {
@@ -223,5 +315,11 @@ export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): S
 }
 
 export function feedItemView(item: FeedEntry): Static<typeof FeedItem> {
-  return { deliveryId: item.delivery._id, eventId: item.delivery.eventId, eventType: item.delivery.eventType, body: item.body, headers: item.headers };
+  return {
+    deliveryId: item.delivery._id,
+    eventId: item.delivery.eventId,
+    eventType: item.delivery.eventType,
+    body: item.body,
+    headers: item.headers,
+  };
 }

@@ -7,27 +7,67 @@ import { AgentId, Amount, Currency, Timestamp } from './common.ts';
 
 const Sha256 = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase hex SHA-256' });
 const WalletId = Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:-]{2,200}$' });
-const PaymentId = Type.String({ pattern: '^[A-Za-z0-9._:-]{1,128}$', description: 'the caller\'s id of this paid call: the same id again is charged once and answers the first receipt' });
+const PaymentId = Type.String({
+  pattern: '^[A-Za-z0-9._:-]{1,128}$',
+  description: "the caller's id of this paid call: the same id again is charged once and answers the first receipt",
+});
 const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T) => Type.Union([schema, Type.Null()]);
-const Signature = Type.Object({ alg: Type.String(), keyId: Type.String(), value: Type.String({ description: 'Ed25519 over the hex digest, base64url' }) });
+const Signature = Type.Object({
+  alg: Type.String(),
+  keyId: Type.String(),
+  value: Type.String({ description: 'Ed25519 over the hex digest, base64url' }),
+});
 
 export const SessionParams = Type.Object({ sessionId: Type.String({ maxLength: 128 }) });
 
 export const OpenSessionBody = Type.Object(
   {
     payerAgentId: AgentId,
-    payeeAgentIds: Type.Array(AgentId, { minItems: 1, maxItems: MAX_SESSION_PAYEES, description: 'who the session may pay (an allow-list)' }),
+    payeeAgentIds: Type.Array(AgentId, {
+      minItems: 1,
+      maxItems: MAX_SESSION_PAYEES,
+      description: 'who the session may pay (an allow-list)',
+    }),
     currency: Currency,
     budget: Type.Integer({ ...Amount, description: 'reserved from the wallet at once (integer minor units)' }),
     maxPerCall: Type.Integer({ ...Amount, description: 'the most one call may be charged' }),
-    ttlSeconds: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_SESSION_TTL_SECONDS, default: 3600, description: 'after this the session closes by itself and the rest goes back' })),
-    holdbackBps: Type.Optional(Type.Integer({ minimum: 0, maximum: 10_000, default: 0, description: 'held back from each payee\'s total at close, for the dispute window' })),
+    ttlSeconds: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        maximum: MAX_SESSION_TTL_SECONDS,
+        default: 3600,
+        description: 'after this the session closes by itself and the rest goes back',
+      }),
+    ),
+    holdbackBps: Type.Optional(
+      Type.Integer({
+        minimum: 0,
+        maximum: 10_000,
+        default: 0,
+        description: "held back from each payee's total at close, for the dispute window",
+      }),
+    ),
     disputeWindowSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 2_592_000, default: 86_400 })),
-    sponsorWalletId: Type.Optional(Type.String({ ...WalletId, description: 'a sponsor wallet of the tenant pays instead (its policy must allow every payee at maxPerCall, and the budget today)' })),
+    sponsorWalletId: Type.Optional(
+      Type.String({
+        ...WalletId,
+        description:
+          'a sponsor wallet of the tenant pays instead (its policy must allow every payee at maxPerCall, and the budget today)',
+      }),
+    ),
   },
   {
     additionalProperties: false,
-    examples: [{ payerAgentId: 'acme:agent:buyer', payeeAgentIds: ['tools:agent:search'], currency: 'USD', budget: 500, maxPerCall: 5, ttlSeconds: 3600 }],
+    examples: [
+      {
+        payerAgentId: 'acme:agent:buyer',
+        payeeAgentIds: ['tools:agent:search'],
+        currency: 'USD',
+        budget: 500,
+        maxPerCall: 5,
+        ttlSeconds: 3600,
+      },
+    ],
   },
 );
 
@@ -35,10 +75,16 @@ export const ChargeBody = Type.Object(
   {
     paymentId: Type.Optional(PaymentId),
     payeeAgentId: AgentId,
-    amount: Type.Integer({ ...Amount, description: 'what this call costs (integer minor units), at most the session\'s maxPerCall' }),
+    amount: Type.Integer({
+      ...Amount,
+      description: "what this call costs (integer minor units), at most the session's maxPerCall",
+    }),
     requestSha256: Type.Optional(Sha256),
   },
-  { additionalProperties: false, examples: [{ paymentId: 'call-0001', payeeAgentId: 'tools:agent:search', amount: 2 }] },
+  {
+    additionalProperties: false,
+    examples: [{ paymentId: 'call-0001', payeeAgentId: 'tools:agent:search', amount: 2 }],
+  },
 );
 
 export const Session = Type.Object({
@@ -51,7 +97,7 @@ export const Session = Type.Object({
   currency: Type.String(),
   budget: Type.Integer(),
   maxPerCall: Type.Integer(),
-  spent: Type.Integer({ description: 'charged so far (at close: the statement\'s total)' }),
+  spent: Type.Integer({ description: "charged so far (at close: the statement's total)" }),
   remaining: Type.Integer(),
   charges: Type.Integer({ description: 'calls debited so far (at close: charges in the statement)' }),
   holdbackBps: Type.Integer(),
@@ -76,7 +122,9 @@ export const Charge = Type.Object({
   receipt: Type.Object({
     receiptHash: Type.String(),
     signature: Signature,
-    body: Type.Record(Type.String(), Type.Unknown(), { description: 'SessionChargeReceipt.v1; receiptHash = sha256hex(JCS(body))' }),
+    body: Type.Record(Type.String(), Type.Unknown(), {
+      description: 'SessionChargeReceipt.v1; receiptHash = sha256hex(JCS(body))',
+    }),
   }),
 });
 
@@ -93,7 +141,9 @@ const StatementLine = Type.Object({
 export const Statement = Type.Object({
   statementHash: Type.String({ description: 'sha256hex(JCS(body))' }),
   signature: Signature,
-  body: Type.Record(Type.String(), Type.Unknown(), { description: 'SessionStatement.v1; body.chargesSha256 = sha256hex(JCS(charges))' }),
+  body: Type.Record(Type.String(), Type.Unknown(), {
+    description: 'SessionStatement.v1; body.chargesSha256 = sha256hex(JCS(charges))',
+  }),
   charges: Type.Array(StatementLine),
 });
 
@@ -103,7 +153,16 @@ export const SessionDisputeBody = Type.Object(
     reason: Type.String({ minLength: 1, maxLength: 2_000 }),
     evidence: Type.Optional(Type.Unknown({ description: 'any JSON nested at most 128 deep' })),
   },
-  { additionalProperties: false, examples: [{ payeeAgentId: 'tools:agent:search', reason: 'half of the results were empty', evidence: { paymentIds: ['call-0007'] } }] },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        payeeAgentId: 'tools:agent:search',
+        reason: 'half of the results were empty',
+        evidence: { paymentIds: ['call-0007'] },
+      },
+    ],
+  },
 );
 
 export const SessionDisputeOpened = Type.Object({
@@ -112,7 +171,9 @@ export const SessionDisputeOpened = Type.Object({
   settlementId: Type.String(),
   sessionId: Type.String(),
   payeeAgentId: Type.String(),
-  frozenAmount: Type.Integer({ description: 'the payee\'s holdback, frozen until the ruling (POST /ops/disputes/{disputeId}/resolve)' }),
+  frozenAmount: Type.Integer({
+    description: "the payee's holdback, frozen until the ruling (POST /ops/disputes/{disputeId}/resolve)",
+  }),
 });
 
 export function sessionView(s: SessionState): Static<typeof Session> {

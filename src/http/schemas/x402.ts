@@ -26,13 +26,40 @@ export const CreateGateBody = Type.Object(
     holdbackBps: Type.Optional(Type.Integer({ minimum: 0, maximum: 10_000, default: 0 })),
     disputeWindowSeconds: Type.Optional(Type.Integer({ minimum: 0, maximum: 2_592_000, default: 86_400 })),
     toolId: Type.Optional(ToolId),
-    sponsorWalletId: Type.Optional(Type.String({ ...WalletId, description: 'a sponsor wallet of the tenant: it pays, so its escrow is locked instead of the payer\'s' })),
-    runId: Type.Optional(Type.String({ pattern: '^run_[A-Za-z0-9_-]{1,120}$', description: 'The run of this tenant the payment is for (`run_…`): the gate\'s settlement events name it beside the gate. Unknown or another tenant\'s: 404.' })),
-    test: Type.Optional(Type.Boolean({ default: false, description: 'Test traffic (e.g. the onboarding first paid call): the money moves as usual, and the gate\'s events carry `"test": true` and are delivered only to webhook endpoints created with `includeTestEvents`. Default false.' })),
+    sponsorWalletId: Type.Optional(
+      Type.String({
+        ...WalletId,
+        description: "a sponsor wallet of the tenant: it pays, so its escrow is locked instead of the payer's",
+      }),
+    ),
+    runId: Type.Optional(
+      Type.String({
+        pattern: '^run_[A-Za-z0-9_-]{1,120}$',
+        description:
+          "The run of this tenant the payment is for (`run_…`): the gate's settlement events name it beside the gate. Unknown or another tenant's: 404.",
+      }),
+    ),
+    test: Type.Optional(
+      Type.Boolean({
+        default: false,
+        description:
+          'Test traffic (e.g. the onboarding first paid call): the money moves as usual, and the gate\'s events carry `"test": true` and are delivered only to webhook endpoints created with `includeTestEvents`. Default false.',
+      }),
+    ),
   },
   {
     additionalProperties: false,
-    examples: [{ payerAgentId: 'acme:agent:buyer', payeeAgentId: 'tools:agent:weather', amount: 25, currency: 'USD', holdbackBps: 500, disputeWindowSeconds: 3600, toolId: 'weather/forecast' }],
+    examples: [
+      {
+        payerAgentId: 'acme:agent:buyer',
+        payeeAgentId: 'tools:agent:weather',
+        amount: 25,
+        currency: 'USD',
+        holdbackBps: 500,
+        disputeWindowSeconds: 3600,
+        toolId: 'weather/forecast',
+      },
+    ],
   },
 );
 
@@ -42,29 +69,62 @@ export const QuoteBody = Type.Object(
     requestSha256: Sha256,
     ttlSeconds: Type.Optional(Type.Integer({ minimum: 1, maximum: MAX_QUOTE_TTL_SECONDS, default: 300 })),
   },
-  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08', ttlSeconds: 120 }] },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
+        requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08',
+        ttlSeconds: 120,
+      },
+    ],
+  },
 );
 
 export const PolicyBody = Type.Object(
   {
     currency: Currency,
     perCallLimit: Type.Optional(Amount),
-    dailyLimit: Type.Optional(Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER, description: 'authorized minor units per UTC day' })),
+    dailyLimit: Type.Optional(
+      Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER, description: 'authorized minor units per UTC day' }),
+    ),
     allowedPayeeAgentIds: Type.Optional(Type.Array(AgentId, { maxItems: 1000, uniqueItems: true })),
     allowedToolIds: Type.Optional(Type.Array(ToolId, { maxItems: 1000, uniqueItems: true })),
     escalationTimeoutSeconds: Type.Optional(
-      Type.Integer({ minimum: 1, maximum: 7 * 86_400, description: `how long an escalation this policy raises waits for a person before it is denied by itself (deadline_passed) and its reserve returned; default ${DEFAULT_ESCALATION_TIMEOUT_SECONDS}` }),
+      Type.Integer({
+        minimum: 1,
+        maximum: 7 * 86_400,
+        description: `how long an escalation this policy raises waits for a person before it is denied by itself (deadline_passed) and its reserve returned; default ${DEFAULT_ESCALATION_TIMEOUT_SECONDS}`,
+      }),
     ),
   },
   {
     additionalProperties: false,
-    examples: [{ currency: 'USD', perCallLimit: 100, dailyLimit: 5000, allowedPayeeAgentIds: ['tools:agent:weather'], allowedToolIds: ['weather/forecast'], escalationTimeoutSeconds: 900 }],
+    examples: [
+      {
+        currency: 'USD',
+        perCallLimit: 100,
+        dailyLimit: 5000,
+        allowedPayeeAgentIds: ['tools:agent:weather'],
+        allowedToolIds: ['weather/forecast'],
+        escalationTimeoutSeconds: 900,
+      },
+    ],
   },
 );
 
 export const WalletAuthorizeBody = Type.Object(
   { gateId: Id, quoteId: Id, requestSha256: Sha256 },
-  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08' }] },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
+        quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ',
+        requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08',
+      },
+    ],
+  },
 );
 
 export const AuthorizePaymentBody = Type.Object(
@@ -75,7 +135,16 @@ export const AuthorizePaymentBody = Type.Object(
     walletDecisionToken: Type.Optional(Type.String({ maxLength: 4096 })),
     escalationOverrideToken: Type.Optional(Type.String({ maxLength: 4096 })),
   },
-  { additionalProperties: false, examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ', requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08' }] },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
+        quoteId: 'quo_6tY3uI8oP1aS4dF7gH2jK5lZ',
+        requestSha256: '9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08',
+      },
+    ],
+  },
 );
 
 export const VerifyBody = Type.Object(
@@ -85,18 +154,30 @@ export const VerifyBody = Type.Object(
       { responseSha256: Sha256, providerSignature: Type.Optional(Type.String({ maxLength: 4096 })) },
       { additionalProperties: false },
     ),
-    verificationStatus: Type.Optional(Type.Union([Type.Literal('verified'), Type.Literal('failed')], { description: 'default verified; failed refunds the payer' })),
+    verificationStatus: Type.Optional(
+      Type.Union([Type.Literal('verified'), Type.Literal('failed')], {
+        description: 'default verified; failed refunds the payer',
+      }),
+    ),
     amount: Type.Optional(
       Type.Integer({
         minimum: 0,
         maximum: MAX_AMOUNT,
-        description: 'metered capture: what the call actually cost, in minor units, at most the gate\'s amount (above: 422 X402_CAPTURE_EXCEEDS_AUTHORIZATION); default the whole amount. The holdback applies to it and the rest goes back to the payer at once; 0 charges nothing. Verified calls only. The first report wins',
+        description:
+          "metered capture: what the call actually cost, in minor units, at most the gate's amount (above: 422 X402_CAPTURE_EXCEEDS_AUTHORIZATION); default the whole amount. The holdback applies to it and the rest goes back to the payer at once; 0 charges nothing. Verified calls only. The first report wins",
       }),
     ),
   },
   {
     additionalProperties: false,
-    examples: [{ gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY', evidence: { responseSha256: '2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae' }, verificationStatus: 'verified', amount: 18 }],
+    examples: [
+      {
+        gateId: 'gate_2hX7kQ9mW4pZ1vB8nT6rL3cY',
+        evidence: { responseSha256: '2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae' },
+        verificationStatus: 'verified',
+        amount: 18,
+      },
+    ],
   },
 );
 
@@ -109,13 +190,25 @@ export const EscalationQuery = Type.Object({
 });
 
 export const ResolveBody = Type.Object(
-  { action: Type.Union([Type.Literal('approve'), Type.Literal('deny')]), reason: Type.Optional(Type.String({ maxLength: 2000 })) },
-  { additionalProperties: false, examples: [{ action: 'approve', reason: 'One-off forecast for the quarterly report' }] },
+  {
+    action: Type.Union([Type.Literal('approve'), Type.Literal('deny')]),
+    reason: Type.Optional(Type.String({ maxLength: 2000 })),
+  },
+  {
+    additionalProperties: false,
+    examples: [{ action: 'approve', reason: 'One-off forecast for the quarterly report' }],
+  },
 );
 
 export const WindDownBody = Type.Object(
-  { reasonCode: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,64}$' })), reasonMessage: Type.Optional(Type.String({ maxLength: 2000 })) },
-  { additionalProperties: false, examples: [{ reasonCode: 'decommissioned', reasonMessage: 'Replaced by acme:agent:buyer-v2' }] },
+  {
+    reasonCode: Type.Optional(Type.String({ pattern: '^[A-Za-z0-9_.:-]{1,64}$' })),
+    reasonMessage: Type.Optional(Type.String({ maxLength: 2000 })),
+  },
+  {
+    additionalProperties: false,
+    examples: [{ reasonCode: 'decommissioned', reasonMessage: 'Replaced by acme:agent:buyer-v2' }],
+  },
 );
 
 const PaymentRequirements = Type.Object({
@@ -137,7 +230,9 @@ export const Quote = Type.Object({
   currency: Type.String(),
   expiresAt: Timestamp,
   paymentRequirements: PaymentRequirements,
-  paymentRequired: Type.String({ description: 'base64 of {x402Version:2, resource, accepts:[paymentRequirements]}: a PAYMENT-REQUIRED header value' }),
+  paymentRequired: Type.String({
+    description: 'base64 of {x402Version:2, resource, accepts:[paymentRequirements]}: a PAYMENT-REQUIRED header value',
+  }),
 });
 
 const Reserve = Type.Object({ amount: Type.Integer(), currency: Type.String(), status: Type.Literal('reserved') });
@@ -153,14 +248,19 @@ export const Authorization = Type.Object({
 const Receipt = Type.Object({
   receiptHash: Type.String(),
   signature: Type.Object({ alg: Type.String(), keyId: Type.String(), value: Type.String() }),
-  body: Type.Record(Type.String(), Type.Unknown(), { description: 'SettlementReceipt.v1; receiptHash = sha256hex(JCS(body))' }),
+  body: Type.Record(Type.String(), Type.Unknown(), {
+    description: 'SettlementReceipt.v1; receiptHash = sha256hex(JCS(body))',
+  }),
 });
 
 const Nullable = <T extends Parameters<typeof Type.Union>[0][number]>(schema: T) => Type.Union([schema, Type.Null()]);
 
 export const Gate = Type.Object({
   gateId: Type.String(),
-  status: Type.String({ description: 'held | authorized | settling | released | refunded | cancelled | expired | unfunded; expired: nobody authorized it within the gate TTL, or nobody reported the authorized call by its deadline (the payer is refunded)' }),
+  status: Type.String({
+    description:
+      'held | authorized | settling | released | refunded | cancelled | expired | unfunded; expired: nobody authorized it within the gate TTL, or nobody reported the authorized call by its deadline (the payer is refunded)',
+  }),
   payerAgentId: Type.String(),
   payeeAgentId: Type.String(),
   escrowWalletId: Type.String(),
@@ -171,15 +271,42 @@ export const Gate = Type.Object({
   holdbackBps: Type.Integer(),
   disputeWindowSeconds: Type.Integer(),
   runId: Nullable(Type.String({ description: 'The run the payment is for, when the gate was created for one' })),
-  test: Type.Boolean({ description: 'Test traffic: its events are marked `"test": true` and go only to endpoints that include test events' }),
+  test: Type.Boolean({
+    description: 'Test traffic: its events are marked `"test": true` and go only to endpoints that include test events',
+  }),
   createdAt: Timestamp,
-  quote: Nullable(Type.Object({ quoteId: Type.String(), requestSha256: Type.String(), quoteSha256: Type.String(), expiresAt: Timestamp, status: Type.String({ description: 'live | expired | used | cancelled' }) })),
-  authorization: Nullable(Type.Object({ authorizationRef: Type.String(), quoteId: Type.String(), requestSha256: Type.String(), tokenKid: Type.String(), expiresAt: Timestamp, reserve: Reserve })),
+  quote: Nullable(
+    Type.Object({
+      quoteId: Type.String(),
+      requestSha256: Type.String(),
+      quoteSha256: Type.String(),
+      expiresAt: Timestamp,
+      status: Type.String({ description: 'live | expired | used | cancelled' }),
+    }),
+  ),
+  authorization: Nullable(
+    Type.Object({
+      authorizationRef: Type.String(),
+      quoteId: Type.String(),
+      requestSha256: Type.String(),
+      tokenKid: Type.String(),
+      expiresAt: Timestamp,
+      reserve: Reserve,
+    }),
+  ),
   verification: Nullable(
     Type.Object({
-      verificationStatus: Type.String({ description: 'verified | failed (the provider\'s report) | expired | wound_down (the gate was returned: no report may come any more)' }),
+      verificationStatus: Type.String({
+        description:
+          "verified | failed (the provider's report) | expired | wound_down (the gate was returned: no report may come any more)",
+      }),
       responseSha256: Nullable(Type.String({ description: 'null when the gate was returned without a report' })),
-      capturedAmount: Nullable(Type.Integer({ description: 'what the reported call cost (the gate\'s amount unless metered); null when nothing was charged (failed, or returned)' })),
+      capturedAmount: Nullable(
+        Type.Integer({
+          description:
+            "what the reported call cost (the gate's amount unless metered); null when nothing was charged (failed, or returned)",
+        }),
+      ),
       at: Timestamp,
     }),
   ),
@@ -233,7 +360,10 @@ export const Escalation = Type.Object({
     Type.Object({
       action: Type.String(),
       reason: Nullable(Type.String()),
-      by: Type.String({ description: 'who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded)' }),
+      by: Type.String({
+        description:
+          'who decided: an API key id, admin, deadline, wind-down:<agentId> (tenant: decided before deciders were recorded)',
+      }),
       at: Timestamp,
     }),
   ),
@@ -245,19 +375,40 @@ export const BulkResolveBody = Type.Object(
   {
     action: Type.Union([Type.Literal('approve'), Type.Literal('deny')]),
     reason: Type.String({ minLength: 1, maxLength: 2000 }),
-    escalationIds: Type.Array(Id, { minItems: 1, maxItems: 100, description: 'the escalations to decide, e.g. the rows a person selected in a filtered list' }),
+    escalationIds: Type.Array(Id, {
+      minItems: 1,
+      maxItems: 100,
+      description: 'the escalations to decide, e.g. the rows a person selected in a filtered list',
+    }),
   },
-  { additionalProperties: false, examples: [{ action: 'deny', reason: 'Unknown payee; ask the team first', escalationIds: ['esc_3f1a9c0b2d4e5f60718293a4b5c6d7e8'] }] },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        action: 'deny',
+        reason: 'Unknown payee; ask the team first',
+        escalationIds: ['esc_3f1a9c0b2d4e5f60718293a4b5c6d7e8'],
+      },
+    ],
+  },
 );
 
 export const BulkResolved = Type.Object({
   results: Type.Array(
     Type.Object({
       escalationId: Type.String(),
-      outcome: Type.Union([Type.Literal('approved'), Type.Literal('denied'), Type.Literal('already_decided'), Type.Literal('deadline_passed'), Type.Literal('not_found')]),
+      outcome: Type.Union([
+        Type.Literal('approved'),
+        Type.Literal('denied'),
+        Type.Literal('already_decided'),
+        Type.Literal('deadline_passed'),
+        Type.Literal('not_found'),
+      ]),
       message: Type.Optional(Type.String()),
       escalation: Type.Optional(Escalation),
-      escalationOverrideToken: Type.Optional(Nullable(Type.String({ description: 'approve only: present it once to authorize-payment' }))),
+      escalationOverrideToken: Type.Optional(
+        Nullable(Type.String({ description: 'approve only: present it once to authorize-payment' })),
+      ),
       overrideExpiresAt: Type.Optional(Nullable(Timestamp)),
     }),
   ),
@@ -267,7 +418,13 @@ export function bulkResolvedView(outcomes: BulkOutcome[]): Static<typeof BulkRes
   return {
     results: outcomes.map((o) =>
       'state' in o
-        ? { escalationId: o.escalationId, outcome: o.outcome, escalation: escalationView(o.state), escalationOverrideToken: o.escalationOverrideToken, overrideExpiresAt: o.overrideExpiresAt?.toISOString() ?? null }
+        ? {
+            escalationId: o.escalationId,
+            outcome: o.outcome,
+            escalation: escalationView(o.state),
+            escalationOverrideToken: o.escalationOverrideToken,
+            overrideExpiresAt: o.overrideExpiresAt?.toISOString() ?? null,
+          }
         : { escalationId: o.escalationId, outcome: o.outcome, message: o.message },
     ),
   };
@@ -276,7 +433,9 @@ export function bulkResolvedView(outcomes: BulkOutcome[]): Static<typeof BulkRes
 export const Resolved = Type.Intersect([
   Escalation,
   Type.Object({
-    escalationOverrideToken: Nullable(Type.String({ description: 'approve only: present it once to authorize-payment' })),
+    escalationOverrideToken: Nullable(
+      Type.String({ description: 'approve only: present it once to authorize-payment' }),
+    ),
     overrideExpiresAt: Nullable(Timestamp),
   }),
 ]);
@@ -291,7 +450,13 @@ export const WindDownSummary = Type.Object({
   gatesLeftReserved: Type.Array(Type.String({ description: 'authorized gates: they settle on verification' })),
   quotesCancelled: Type.Array(Type.String()),
   escalationsDenied: Type.Array(Type.String()),
-  sessionsClosed: Type.Optional(Type.Array(Type.String({ description: 'payment sessions closed: their unspent budget went back, their charges were settled' }))),
+  sessionsClosed: Type.Optional(
+    Type.Array(
+      Type.String({
+        description: 'payment sessions closed: their unspent budget went back, their charges were settled',
+      }),
+    ),
+  ),
   escrowReturned: Type.Array(Type.Object({ walletId: Type.String(), currency: Type.String(), amount: Type.Integer() })),
 });
 
@@ -300,7 +465,13 @@ export function gateView(st: GateState, now = new Date()): Static<typeof Gate> {
   const authorization = commitment?.kind === 'authorization' ? commitment : null;
   const decision = settlement?.facts.decision ?? null;
   const quoteStatus = (q: NonNullable<typeof quote>) =>
-    st.status === 'cancelled' ? 'cancelled' : authorization?.quoteId === q._id ? 'used' : q.expiresAt > now ? 'live' : 'expired';
+    st.status === 'cancelled'
+      ? 'cancelled'
+      : authorization?.quoteId === q._id
+        ? 'used'
+        : q.expiresAt > now
+          ? 'live'
+          : 'expired';
   return {
     gateId: g._id,
     status: st.status,
@@ -316,9 +487,24 @@ export function gateView(st: GateState, now = new Date()): Static<typeof Gate> {
     runId: g.runId ?? null,
     test: g.test === true,
     createdAt: g.createdAt.toISOString(),
-    quote: quote ? { quoteId: quote._id, requestSha256: quote.requestSha256, quoteSha256: quote.quoteSha256, expiresAt: quote.expiresAt.toISOString(), status: quoteStatus(quote) } : null,
+    quote: quote
+      ? {
+          quoteId: quote._id,
+          requestSha256: quote.requestSha256,
+          quoteSha256: quote.quoteSha256,
+          expiresAt: quote.expiresAt.toISOString(),
+          status: quoteStatus(quote),
+        }
+      : null,
     authorization: authorization
-      ? { authorizationRef: authorization.authorizationRef, quoteId: authorization.quoteId, requestSha256: authorization.requestSha256, tokenKid: authorization.tokenKid, expiresAt: authorization.expiresAt.toISOString(), reserve: { amount: g.amount, currency: g.currency, status: 'reserved' as const } }
+      ? {
+          authorizationRef: authorization.authorizationRef,
+          quoteId: authorization.quoteId,
+          requestSha256: authorization.requestSha256,
+          tokenKid: authorization.tokenKid,
+          expiresAt: authorization.expiresAt.toISOString(),
+          reserve: { amount: g.amount, currency: g.currency, status: 'reserved' as const },
+        }
       : null,
     verification: verification
       ? {
@@ -340,7 +526,13 @@ export function gateView(st: GateState, now = new Date()): Static<typeof Gate> {
         }
       : null,
     decision: decision ? { verdict: decision.verdict, reason: decision.reason, decidedAt: decision.decidedAt } : null,
-    receipt: decision ? { receiptHash: decision.receipt.receiptHash, signature: decision.receipt.signature, body: decision.receipt.body as unknown as Record<string, unknown> } : null,
+    receipt: decision
+      ? {
+          receiptHash: decision.receipt.receiptHash,
+          signature: decision.receipt.signature,
+          body: decision.receipt.body as unknown as Record<string, unknown>,
+        }
+      : null,
   };
 }
 
@@ -363,7 +555,13 @@ export function authorizationView(a: PaymentAuthorization): Static<typeof Author
 }
 
 export function policyView(p: PolicyVersionDoc): Static<typeof Policy> {
-  return { walletId: p.walletId, version: p.version, ...p.policy, escalationTimeoutSeconds: p.policy.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS, updatedAt: p.at.toISOString() };
+  return {
+    walletId: p.walletId,
+    version: p.version,
+    ...p.policy,
+    escalationTimeoutSeconds: p.policy.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS,
+    updatedAt: p.at.toISOString(),
+  };
 }
 
 export function escalationView(e: EscalationState): Static<typeof Escalation> {

@@ -34,7 +34,12 @@ async function call(method, path, body) {
   if (method !== 'GET') headers['x-csrf-token'] = meta('csrf');
   // The service checks the tenant a URL names: the operator's choice, or for a tenant key its own (another: 404).
   if (namedTenant && !path.startsWith('/ops/')) headers['x-console-tenant'] = namedTenant;
-  const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body), credentials: 'same-origin' });
+  const res = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: 'same-origin',
+  });
   if (res.status === 401) {
     // The session ended: the page itself answers with the sign-in form.
     location.assign(location.pathname + location.search);
@@ -91,18 +96,23 @@ export const runSettlement = (runId) => call('GET', `/runs/${id(runId)}/settleme
 export const runDeliveries = (runId) => call('GET', `/v1/runs/${id(runId)}/deliveries`);
 export const gate = (gateId) => call('GET', `/x402/gate/${id(gateId)}`);
 export const wallet = (walletId) => call('GET', `/v1/wallets/${id(walletId)}`);
-export const walletEntries = (walletId, cursor) => call('GET', `/v1/wallets/${id(walletId)}/entries${q({ limit: 50, cursor })}`);
+export const walletEntries = (walletId, cursor) =>
+  call('GET', `/v1/wallets/${id(walletId)}/entries${q({ limit: 50, cursor })}`);
 export const walletPolicy = (walletId) => call('GET', `/x402/wallets/${id(walletId)}/policy`);
 export const webhookEndpoint = (endpointId) => call('GET', `/v1/webhooks/${id(endpointId)}`);
-export const deliveries = (endpointId, params = {}) => call('GET', `/v1/webhooks/${id(endpointId)}/deliveries${q({ limit: 50, ...params })}`);
+export const deliveries = (endpointId, params = {}) =>
+  call('GET', `/v1/webhooks/${id(endpointId)}/deliveries${q({ limit: 50, ...params })}`);
 
 /** Sends one delivery again: the same event id and body, a new attempt (202; scope webhooks:write). */
-export const resendDelivery = (endpointId, deliveryId) => call('POST', `/v1/webhooks/${id(endpointId)}/deliveries/${id(deliveryId)}/resend`);
+export const resendDelivery = (endpointId, deliveryId) =>
+  call('POST', `/v1/webhooks/${id(endpointId)}/deliveries/${id(deliveryId)}/resend`);
 /** Sends a webhook.test event to this endpoint alone (202 `{eventId, deliveryId, status}`). */
 export const sendTestEvent = (endpointId) => call('POST', `/v1/webhooks/${id(endpointId)}/test`);
 /** Starts sending every failed or abandoned delivery since `since` again (202, a recovery with its progress). */
-export const recoverDeliveries = (endpointId, since) => call('POST', `/v1/webhooks/${id(endpointId)}/recoveries`, { since });
-export const recovery = (endpointId, recoveryId) => call('GET', `/v1/webhooks/${id(endpointId)}/recoveries/${id(recoveryId)}`);
+export const recoverDeliveries = (endpointId, since) =>
+  call('POST', `/v1/webhooks/${id(endpointId)}/recoveries`, { since });
+export const recovery = (endpointId, recoveryId) =>
+  call('GET', `/v1/webhooks/${id(endpointId)}/recoveries/${id(recoveryId)}`);
 export const paymentSession = (sessionId) => call('GET', `/x402/sessions/${id(sessionId)}`);
 
 export const signOut = () => call('POST', '/console/session/end');

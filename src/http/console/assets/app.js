@@ -30,35 +30,73 @@ const show = (...nodes) => fill(screen, ...nodes);
 
 /** What went wrong and what to do about it, in words. */
 function errorBox(err, context) {
-  const advice = {
-    404: 'Check the id; an id of another tenant is not found either.',
-    403: 'The key you signed in with lacks the scope this needs; sign in with a key that has it.',
-    409: 'It changed meanwhile (already decided or finished); reload to see where it stands.',
-    422: 'The service refused the request as it stands; the message says why.',
-    429: 'Too many requests; wait a minute and reload.',
-    503: 'The service cannot reach its database or Redis right now; reload in a few seconds.',
-  }[err.status] ?? 'Reload the page; if it keeps failing, the request id in the service log tells what happened.';
-  return el('div', { class: 'error', role: 'alert' }, el('strong', {}, `${context}: `), `${err.message} `, el('span', { class: 'code' }, err.code ?? ''), el('p', {}, advice),
-    err.requestId ? el('p', { class: 'quiet' }, `request id ${err.requestId}`) : null);
+  const advice =
+    {
+      404: 'Check the id; an id of another tenant is not found either.',
+      403: 'The key you signed in with lacks the scope this needs; sign in with a key that has it.',
+      409: 'It changed meanwhile (already decided or finished); reload to see where it stands.',
+      422: 'The service refused the request as it stands; the message says why.',
+      429: 'Too many requests; wait a minute and reload.',
+      503: 'The service cannot reach its database or Redis right now; reload in a few seconds.',
+    }[err.status] ?? 'Reload the page; if it keeps failing, the request id in the service log tells what happened.';
+  return el(
+    'div',
+    { class: 'error', role: 'alert' },
+    el('strong', {}, `${context}: `),
+    `${err.message} `,
+    el('span', { class: 'code' }, err.code ?? ''),
+    el('p', {}, advice),
+    err.requestId ? el('p', { class: 'quiet' }, `request id ${err.requestId}`) : null,
+  );
 }
 
 function table(headers, rows, empty) {
   if (rows.length === 0) return el('p', { class: 'empty' }, empty);
-  return el('table', {}, el('thead', {}, el('tr', {}, headers.map((h) => el('th', {}, h)))), el('tbody', {}, rows));
+  return el(
+    'table',
+    {},
+    el(
+      'thead',
+      {},
+      el(
+        'tr',
+        {},
+        headers.map((h) => el('th', {}, h)),
+      ),
+    ),
+    el('tbody', {}, rows),
+  );
 }
 
 function fields(pairs) {
-  return el('dl', { class: 'fields' }, pairs.filter(Boolean).flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '—')]));
+  return el(
+    'dl',
+    { class: 'fields' },
+    pairs.filter(Boolean).flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '—')]),
+  );
 }
 
 function lookup(label, placeholder, go) {
   const input = el('input', { name: 'id', placeholder, required: true, size: 40 });
-  return el('form', { class: 'lookup', onsubmit: (e) => { e.preventDefault(); go(input.value.trim()); } }, el('label', {}, label, ' ', input), el('button', { type: 'submit' }, 'Open'));
+  return el(
+    'form',
+    {
+      class: 'lookup',
+      onsubmit: (e) => {
+        e.preventDefault();
+        go(input.value.trim());
+      },
+    },
+    el('label', {}, label, ' ', input),
+    el('button', { type: 'submit' }, 'Open'),
+  );
 }
 
 function shortJson(value) {
   if (!value || typeof value !== 'object') return String(value ?? '');
-  return Object.entries(value).map(([k, v]) => `${k}: ${typeof v === 'object' ? JSON.stringify(v) : v}`).join(', ');
+  return Object.entries(value)
+    .map(([k, v]) => `${k}: ${typeof v === 'object' ? JSON.stringify(v) : v}`)
+    .join(', ');
 }
 
 /** The operator picks a tenant before any tenant screen; a tenant key has its own. */
@@ -68,9 +106,23 @@ async function needTenant() {
   try {
     const { items } = await api.tenants();
     const here = location.pathname;
-    show(heading, el('p', {}, 'You signed in as the operator. Tenant data is shown one tenant at a time; pick one:'),
-      table(['Tenant', 'Name', 'Created'], items.map((t) => el('tr', {}, el('td', {}, el('a', { href: `${here}?tenant=${encodeURIComponent(t.tenantId)}` }, t.tenantId)), el('td', {}, t.name), el('td', {}, time(t.createdAt)))),
-        'No tenants yet. Create one with POST /ops/tenants (see the API reference).'));
+    show(
+      heading,
+      el('p', {}, 'You signed in as the operator. Tenant data is shown one tenant at a time; pick one:'),
+      table(
+        ['Tenant', 'Name', 'Created'],
+        items.map((t) =>
+          el(
+            'tr',
+            {},
+            el('td', {}, el('a', { href: `${here}?tenant=${encodeURIComponent(t.tenantId)}` }, t.tenantId)),
+            el('td', {}, t.name),
+            el('td', {}, time(t.createdAt)),
+          ),
+        ),
+        'No tenants yet. Create one with POST /ops/tenants (see the API reference).',
+      ),
+    );
   } catch (err) {
     show(heading, errorBox(err, 'Could not list tenants'));
   }
@@ -92,8 +144,16 @@ const STATUSES = {
 
 /** Where a settlement's or dispute's subject lives in the console: a run, a gate or a payment session. */
 function subjectLink(subjectId) {
-  const target = subjectId.startsWith('run_') ? 'runs' : subjectId.startsWith('gate_') ? 'gates' : subjectId.startsWith('ses_') ? 'sessions' : null;
-  return target ? link(`/${target}/${encodeURIComponent(subjectId)}`, subjectId) : el('span', { class: 'mono' }, subjectId);
+  const target = subjectId.startsWith('run_')
+    ? 'runs'
+    : subjectId.startsWith('gate_')
+      ? 'gates'
+      : subjectId.startsWith('ses_')
+        ? 'sessions'
+        : null;
+  return target
+    ? link(`/${target}/${encodeURIComponent(subjectId)}`, subjectId)
+    : el('span', { class: 'mono' }, subjectId);
 }
 const walletLink = (walletId) => link(`/wallets/${encodeURIComponent(walletId)}`, walletId);
 const agentRunsLink = (agentId) => link('/runs', agentId, { agentId });
@@ -101,55 +161,105 @@ const agentRunsLink = (agentId) => link('/runs', agentId, { agentId });
 /** Each list's columns: a header and a cell of an item (text or nodes); `num` right-aligns. */
 const LISTS = {
   runs: {
-    title: 'Runs', noun: 'runs', idOf: (r) => r.runId,
+    title: 'Runs',
+    noun: 'runs',
+    idOf: (r) => r.runId,
     empty: 'No runs. An agent starts one with POST /v1/runs (see the API reference).',
     columns: [
-      ['Run', (r) => link(`/runs/${encodeURIComponent(r.runId)}`, r.runId)], ['Status', (r) => r.status], ['Verdict', (r) => r.verdict ?? '—'],
-      ['Agent', (r) => agentRunsLink(r.agentId)], ['Events', (r) => String(r.eventCount), true], ['Created', (r) => time(r.createdAt)], ['Finalized', (r) => time(r.finalizedAt)],
+      ['Run', (r) => link(`/runs/${encodeURIComponent(r.runId)}`, r.runId)],
+      ['Status', (r) => r.status],
+      ['Verdict', (r) => r.verdict ?? '—'],
+      ['Agent', (r) => agentRunsLink(r.agentId)],
+      ['Events', (r) => String(r.eventCount), true],
+      ['Created', (r) => time(r.createdAt)],
+      ['Finalized', (r) => time(r.finalizedAt)],
     ],
   },
   agents: {
-    title: 'Agents', noun: 'agents', idOf: (a) => a.agentId,
+    title: 'Agents',
+    noun: 'agents',
+    idOf: (a) => a.agentId,
     empty: 'No agents. Register one with POST /v1/agents (scope agents:write).',
     columns: [
-      ['Agent', (a) => el('span', { class: 'mono' }, a.agentId)], ['Name', (a) => a.displayName ?? '—'], ['Status', (a) => a.status],
+      ['Agent', (a) => el('span', { class: 'mono' }, a.agentId)],
+      ['Name', (a) => a.displayName ?? '—'],
+      ['Status', (a) => a.status],
       ['Keys', (a) => `${a.keys.filter((k) => k.status === 'active').length} active of ${a.keys.length}`],
-      ['Created', (a) => time(a.createdAt)], ['', (a) => [link('/runs', 'runs', { agentId: a.agentId }), ' · ', link('/gates', 'gates', { agentId: a.agentId })]],
+      ['Created', (a) => time(a.createdAt)],
+      [
+        '',
+        (a) => [link('/runs', 'runs', { agentId: a.agentId }), ' · ', link('/gates', 'gates', { agentId: a.agentId })],
+      ],
     ],
   },
   settlements: {
-    title: 'Settlements', noun: 'settlements', idOf: (s) => s.settlementId,
-    empty: 'No settlements. A finalized run is settled with POST /v1/runs/{runId}/settle; a verified gate settles by itself.',
+    title: 'Settlements',
+    noun: 'settlements',
+    idOf: (s) => s.settlementId,
+    empty:
+      'No settlements. A finalized run is settled with POST /v1/runs/{runId}/settle; a verified gate settles by itself.',
     columns: [
-      ['Settlement', (s) => el('span', { class: 'mono' }, s.settlementId)], ['Of', (s) => subjectLink(s.runId)], ['Status', (s) => s.status],
-      ['Amount', (s) => money(s.amount, s.currency), true], ['Released', (s) => money(s.releasedAmount, s.currency), true], ['Refunded', (s) => money(s.refundedAmount, s.currency), true],
-      ['Payer', (s) => walletLink(s.payerWalletId)], ['Payee', (s) => walletLink(s.payeeWalletId)], ['Dispute', (s) => (s.dispute ? `${s.dispute.status}: ${s.dispute.reason}` : '—')],
+      ['Settlement', (s) => el('span', { class: 'mono' }, s.settlementId)],
+      ['Of', (s) => subjectLink(s.runId)],
+      ['Status', (s) => s.status],
+      ['Amount', (s) => money(s.amount, s.currency), true],
+      ['Released', (s) => money(s.releasedAmount, s.currency), true],
+      ['Refunded', (s) => money(s.refundedAmount, s.currency), true],
+      ['Payer', (s) => walletLink(s.payerWalletId)],
+      ['Payee', (s) => walletLink(s.payeeWalletId)],
+      ['Dispute', (s) => (s.dispute ? `${s.dispute.status}: ${s.dispute.reason}` : '—')],
     ],
   },
   disputes: {
-    title: 'Disputes', noun: 'disputes', idOf: (d) => d.disputeId,
+    title: 'Disputes',
+    noun: 'disputes',
+    idOf: (d) => d.disputeId,
     empty: 'No disputes. A payer opens one within the dispute window of a settlement.',
     columns: [
-      ['Dispute', (d) => el('span', { class: 'mono' }, d.disputeId)], ['Status', (d) => d.status], ['Reason', (d) => d.reason],
-      ['Frozen', (d) => money(d.frozenAmount, d.currency), true], ['Of', (d) => subjectLink(d.runId)], ['Opened', (d) => time(d.openedAt)],
-      ['Outcome', (d) => (d.outcome ? `${d.outcome} (payer ${money(d.toPayer, d.currency)}, payee ${money(d.toPayee, d.currency)})` : '—')],
+      ['Dispute', (d) => el('span', { class: 'mono' }, d.disputeId)],
+      ['Status', (d) => d.status],
+      ['Reason', (d) => d.reason],
+      ['Frozen', (d) => money(d.frozenAmount, d.currency), true],
+      ['Of', (d) => subjectLink(d.runId)],
+      ['Opened', (d) => time(d.openedAt)],
+      [
+        'Outcome',
+        (d) =>
+          d.outcome
+            ? `${d.outcome} (payer ${money(d.toPayer, d.currency)}, payee ${money(d.toPayee, d.currency)})`
+            : '—',
+      ],
     ],
   },
   gates: {
-    title: 'Gates', noun: 'gates', idOf: (g) => g.gateId,
+    title: 'Gates',
+    noun: 'gates',
+    idOf: (g) => g.gateId,
     empty: 'No gates. A provider creates one per paid call with POST /x402/gate/create.',
     columns: [
-      ['Gate', (g) => link(`/gates/${encodeURIComponent(g.gateId)}`, g.gateId)], ['Status', (g) => g.status], ['Payer', (g) => g.payerAgentId], ['Payee', (g) => g.payeeAgentId],
-      ['Amount', (g) => money(g.amount, g.currency), true], ['Tool', (g) => g.toolId ?? '—'], ['Created', (g) => time(g.createdAt)],
+      ['Gate', (g) => link(`/gates/${encodeURIComponent(g.gateId)}`, g.gateId)],
+      ['Status', (g) => g.status],
+      ['Payer', (g) => g.payerAgentId],
+      ['Payee', (g) => g.payeeAgentId],
+      ['Amount', (g) => money(g.amount, g.currency), true],
+      ['Tool', (g) => g.toolId ?? '—'],
+      ['Created', (g) => time(g.createdAt)],
     ],
   },
   sessions: {
-    title: 'Payment sessions', noun: 'sessions', idOf: (s) => s.sessionId,
+    title: 'Payment sessions',
+    noun: 'sessions',
+    idOf: (s) => s.sessionId,
     empty: 'No payment sessions. A payer opens one with POST /x402/sessions.',
     columns: [
-      ['Session', (s) => link(`/sessions/${encodeURIComponent(s.sessionId)}`, s.sessionId)], ['Status', (s) => s.status], ['Payer', (s) => s.payerAgentId],
-      ['Budget', (s) => money(s.budget, s.currency), true], ['Spent', (s) => money(s.spent, s.currency), true], ['Charges', (s) => String(s.charges), true],
-      ['Expires', (s) => time(s.expiresAt)], ['Created', (s) => time(s.createdAt)],
+      ['Session', (s) => link(`/sessions/${encodeURIComponent(s.sessionId)}`, s.sessionId)],
+      ['Status', (s) => s.status],
+      ['Payer', (s) => s.payerAgentId],
+      ['Budget', (s) => money(s.budget, s.currency), true],
+      ['Spent', (s) => money(s.spent, s.currency), true],
+      ['Charges', (s) => String(s.charges), true],
+      ['Expires', (s) => time(s.expiresAt)],
+      ['Created', (s) => time(s.createdAt)],
     ],
   },
 };
@@ -170,10 +280,20 @@ function listFilters(defaultStatus) {
 
 /** The search form of a list: status, agent, created between; submitting puts the filters in the URL. */
 function filterForm(kind, filters, defaultStatus) {
-  const status = el('select', { name: 'status' }, ['all', ...STATUSES[kind]].map((s) => el('option', { value: s, selected: s === filters.status }, s === 'all' ? 'any status' : s)));
+  const status = el(
+    'select',
+    { name: 'status' },
+    ['all', ...STATUSES[kind]].map((s) =>
+      el('option', { value: s, selected: s === filters.status }, s === 'all' ? 'any status' : s),
+    ),
+  );
   const agentId = el('input', { name: 'agentId', value: filters.agentId, placeholder: 'agent id', size: 24 });
   const after = el('input', { name: 'createdAfter', type: 'datetime-local', value: localInput(filters.createdAfter) });
-  const before = el('input', { name: 'createdBefore', type: 'datetime-local', value: localInput(filters.createdBefore) });
+  const before = el('input', {
+    name: 'createdBefore',
+    type: 'datetime-local',
+    value: localInput(filters.createdBefore),
+  });
   const submit = (event) => {
     event.preventDefault();
     const params = {};
@@ -184,11 +304,17 @@ function filterForm(kind, filters, defaultStatus) {
     if (filters.limit !== PAGE_SIZE) params.limit = String(filters.limit);
     location.assign(href(`/${kind}`, params));
   };
-  return el('form', { class: 'search', id: 'search', onsubmit: submit },
-    el('label', {}, 'Status ', status), el('label', {}, 'Agent ', agentId),
-    el('label', {}, 'Created after ', after), el('label', {}, 'before ', before),
-    el('button', { type: 'submit' }, 'Search'), el('a', { href: href(`/${kind}`) }, 'clear'),
-    el('span', { class: 'quiet' }, `times in ${zone}`));
+  return el(
+    'form',
+    { class: 'search', id: 'search', onsubmit: submit },
+    el('label', {}, 'Status ', status),
+    el('label', {}, 'Agent ', agentId),
+    el('label', {}, 'Created after ', after),
+    el('label', {}, 'before ', before),
+    el('button', { type: 'submit' }, 'Search'),
+    el('a', { href: href(`/${kind}`) }, 'clear'),
+    el('span', { class: 'quiet' }, `times in ${zone}`),
+  );
 }
 
 /**
@@ -199,17 +325,32 @@ async function listScreen(kind, { title, columns, row, idOf, empty, defaultStatu
   const filters = listFilters(defaultStatus);
   const heading = el('h1', {}, title);
   const form = filterForm(kind, filters, defaultStatus);
-  const query = { status: filters.status === 'all' ? undefined : filters.status, agentId: filters.agentId, createdAfter: filters.createdAfter, createdBefore: filters.createdBefore, limit: filters.limit };
+  const query = {
+    status: filters.status === 'all' ? undefined : filters.status,
+    agentId: filters.agentId,
+    createdAfter: filters.createdAfter,
+    createdBefore: filters.createdBefore,
+    limit: filters.limit,
+  };
   let page;
   try {
     page = await api.list(kind, query);
   } catch (err) {
     return show(heading, form, errorBox(err, `Could not list ${title.toLowerCase()}`));
   }
-  const drawRow = row ?? ((item) => el('tr', { dataset: { rowId: idOf(item) } }, columns.map(([, cell, num]) => el('td', { class: num ? 'num' : null }, cell(item)))));
+  const drawRow =
+    row ??
+    ((item) =>
+      el(
+        'tr',
+        { dataset: { rowId: idOf(item) } },
+        columns.map(([, cell, num]) => el('td', { class: num ? 'num' : null }, cell(item))),
+      ));
   const tbody = el('tbody', {}, page.items.map(drawRow));
   const count = el('p', { class: 'quiet', id: 'shown' });
-  const countShown = () => { count.textContent = `${tbody.rows.length} shown${page.nextCursor ? '; more below' : ''}`; };
+  const countShown = () => {
+    count.textContent = `${tbody.rows.length} shown${page.nextCursor ? '; more below' : ''}`;
+  };
   const more = el('button', { type: 'button', id: 'more' }, 'More');
   more.addEventListener('click', async () => {
     more.disabled = true;
@@ -227,9 +368,27 @@ async function listScreen(kind, { title, columns, row, idOf, empty, defaultStatu
   more.hidden = !page.nextCursor;
   countShown();
   const filtered = query.status || filters.agentId || filters.createdAfter || filters.createdBefore;
-  const body = page.items.length === 0
-    ? el('p', { class: 'empty' }, filtered ? `No ${title.toLowerCase()} match these filters; widen them or clear them.` : empty)
-    : el('table', {}, el('thead', {}, el('tr', {}, columns.map(([h, , num]) => el('th', { class: num ? 'num' : null }, h)))), tbody);
+  const body =
+    page.items.length === 0
+      ? el(
+          'p',
+          { class: 'empty' },
+          filtered ? `No ${title.toLowerCase()} match these filters; widen them or clear them.` : empty,
+        )
+      : el(
+          'table',
+          {},
+          el(
+            'thead',
+            {},
+            el(
+              'tr',
+              {},
+              columns.map(([h, , num]) => el('th', { class: num ? 'num' : null }, h)),
+            ),
+          ),
+          tbody,
+        );
   show(heading, form, extra ? extra(tbody, page.items) : null, body, count, el('p', {}, more));
 }
 
@@ -238,7 +397,9 @@ const OPEN_BY_ID = { runs: 'Run id', gates: 'Gate id', sessions: 'Session id' };
 
 function genericListScreen(kind) {
   const label = OPEN_BY_ID[kind];
-  const open = label ? () => lookup(label, '…', (v) => location.assign(href(`/${kind}/${encodeURIComponent(v)}`))) : null;
+  const open = label
+    ? () => lookup(label, '…', (v) => location.assign(href(`/${kind}/${encodeURIComponent(v)}`)))
+    : null;
   return listScreen(kind, { ...LISTS[kind], extra: open });
 }
 
@@ -255,17 +416,36 @@ function deciderText(by) {
 
 function escalationRow(e, now = Date.now()) {
   const pending = e.status === 'pending';
-  const box = el('input', { type: 'checkbox', class: 'pick', value: e.escalationId, 'aria-label': `select ${e.escalationId}`, disabled: !pending });
+  const box = el('input', {
+    type: 'checkbox',
+    class: 'pick',
+    value: e.escalationId,
+    'aria-label': `select ${e.escalationId}`,
+    disabled: !pending,
+  });
   const leftMs = Date.parse(e.deadlineAt) - now;
   const deadline = pending
-    ? [el('strong', { class: leftMs < 5 * 60_000 ? 'bad' : null }, leftMs > 0 ? `${duration(leftMs)} left` : 'deadline passed'), el('div', { class: 'quiet' }, `denied by itself at ${time(e.deadlineAt)}`)]
+    ? [
+        el(
+          'strong',
+          { class: leftMs < 5 * 60_000 ? 'bad' : null },
+          leftMs > 0 ? `${duration(leftMs)} left` : 'deadline passed',
+        ),
+        el('div', { class: 'quiet' }, `denied by itself at ${time(e.deadlineAt)}`),
+      ]
     : el('span', { class: 'quiet' }, time(e.deadlineAt));
   const r = e.resolution;
   const decision = r
-    ? [el('strong', { class: r.action === 'approve' ? 'ok' : 'bad' }, r.action === 'approve' ? 'approved' : 'denied'), ` ${time(r.at)}`,
-      el('div', {}, `by ${deciderText(r.by)}`), r.reason ? el('div', { class: 'quiet' }, `reason: ${r.reason}`) : null]
+    ? [
+        el('strong', { class: r.action === 'approve' ? 'ok' : 'bad' }, r.action === 'approve' ? 'approved' : 'denied'),
+        ` ${time(r.at)}`,
+        el('div', {}, `by ${deciderText(r.by)}`),
+        r.reason ? el('div', { class: 'quiet' }, `reason: ${r.reason}`) : null,
+      ]
     : el('span', { class: 'quiet' }, `waiting ${duration(now - Date.parse(e.createdAt))}`);
-  return el('tr', { dataset: { escalationId: e.escalationId, status: e.status } },
+  return el(
+    'tr',
+    { dataset: { escalationId: e.escalationId, status: e.status } },
     el('td', {}, box),
     el('td', {}, el('span', { class: 'mono' }, e.escalationId), el('div', { class: 'quiet' }, time(e.createdAt))),
     el('td', { class: 'deadline' }, deadline),
@@ -274,7 +454,8 @@ function escalationRow(e, now = Date.now()) {
     el('td', { class: 'num' }, money(e.amount, e.currency)),
     el('td', {}, el('strong', {}, e.rule), el('div', { class: 'quiet' }, shortJson(e.details))),
     el('td', { class: 'decision' }, decision),
-    el('td', {}, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate')));
+    el('td', {}, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate')),
+  );
 }
 
 const OUTCOME_TEXT = {
@@ -287,15 +468,45 @@ const OUTCOME_TEXT = {
 
 /** The inbox's decisions: approve or deny the selected rows with one reason, one bulk call, an outcome per row. */
 function decisionControls(tbody) {
-  const reason = el('input', { name: 'reason', placeholder: 'Reason (required; recorded with the decision)', size: 50, maxlength: 2000 });
+  const reason = el('input', {
+    name: 'reason',
+    placeholder: 'Reason (required; recorded with the decision)',
+    size: 50,
+    maxlength: 2000,
+  });
   const results = el('section', { id: 'results', 'aria-live': 'polite' });
-  const selectAll = el('label', {}, el('input', { type: 'checkbox', id: 'select-all', onchange: (ev) => tbody.querySelectorAll('input.pick:not([disabled])').forEach((b) => { b.checked = ev.target.checked; }) }), ' all pending shown');
+  const selectAll = el(
+    'label',
+    {},
+    el('input', {
+      type: 'checkbox',
+      id: 'select-all',
+      onchange: (ev) =>
+        tbody.querySelectorAll('input.pick:not([disabled])').forEach((b) => {
+          b.checked = ev.target.checked;
+        }),
+    }),
+    ' all pending shown',
+  );
   const decide = async (action) => {
     const ids = [...tbody.querySelectorAll('input.pick:checked')].map((b) => b.value);
-    if (ids.length === 0) return results.replaceChildren(el('p', { class: 'notice' }, 'Select the escalations to decide first (the boxes on the left).'));
-    if (!reason.value.trim()) return results.replaceChildren(el('p', { class: 'notice' }, 'Give a reason first: it is recorded with the decision and shown to whoever looks later.'));
-    if (ids.length > 100) return results.replaceChildren(el('p', { class: 'notice' }, `At most 100 at once; ${ids.length} are selected.`));
-    results.replaceChildren(el('p', { class: 'quiet' }, `${action === 'approve' ? 'Approving' : 'Denying'} ${ids.length}…`));
+    if (ids.length === 0)
+      return results.replaceChildren(
+        el('p', { class: 'notice' }, 'Select the escalations to decide first (the boxes on the left).'),
+      );
+    if (!reason.value.trim())
+      return results.replaceChildren(
+        el(
+          'p',
+          { class: 'notice' },
+          'Give a reason first: it is recorded with the decision and shown to whoever looks later.',
+        ),
+      );
+    if (ids.length > 100)
+      return results.replaceChildren(el('p', { class: 'notice' }, `At most 100 at once; ${ids.length} are selected.`));
+    results.replaceChildren(
+      el('p', { class: 'quiet' }, `${action === 'approve' ? 'Approving' : 'Denying'} ${ids.length}…`),
+    );
     let outcomes;
     try {
       outcomes = await api.resolveEscalations(ids, action, reason.value.trim());
@@ -313,22 +524,58 @@ function decisionControls(tbody) {
       old.dataset.status = 'stale';
       old.querySelector('input.pick')?.setAttribute('disabled', '');
       old.querySelector('td.deadline')?.replaceChildren('—');
-      old.querySelector('td.decision')?.replaceChildren(el('strong', { class: 'bad' }, OUTCOME_TEXT[o.outcome] ?? o.outcome));
+      old
+        .querySelector('td.decision')
+        ?.replaceChildren(el('strong', { class: 'bad' }, OUTCOME_TEXT[o.outcome] ?? o.outcome));
     }
     const stale = outcomes.filter((o) => o.outcome !== 'approved' && o.outcome !== 'denied').length;
-    fill(results, el('h2', {}, 'Decisions'),
-      stale ? el('p', { class: 'notice', id: 'stale' }, `${stale} of ${outcomes.length} could not be ${action === 'approve' ? 'approved' : 'denied'} and were left as they were.`) : null,
-      el('ul', { class: 'outcomes' }, outcomes.map((o) => el('li', { class: o.escalation ? null : 'error', dataset: { outcome: o.outcome, escalationId: o.escalationId } },
-        el('span', { class: 'mono' }, o.escalationId), `: ${OUTCOME_TEXT[o.outcome] ?? o.outcome}. `, o.message ? el('span', { class: 'quiet' }, o.message) : null,
-        o.escalationOverrideToken ? [
-          'Give the payer this single-use override token (send it as escalationOverrideToken to authorize-payment',
-          o.overrideExpiresAt ? `, before ${time(o.overrideExpiresAt)}` : '', '):',
-          el('code', { class: 'token', 'data-override-token': o.escalationId }, o.escalationOverrideToken)] : null))),
-      el('p', {}, el('a', { href: location.pathname + location.search }, 'Reload the inbox')));
+    fill(
+      results,
+      el('h2', {}, 'Decisions'),
+      stale
+        ? el(
+            'p',
+            { class: 'notice', id: 'stale' },
+            `${stale} of ${outcomes.length} could not be ${action === 'approve' ? 'approved' : 'denied'} and were left as they were.`,
+          )
+        : null,
+      el(
+        'ul',
+        { class: 'outcomes' },
+        outcomes.map((o) =>
+          el(
+            'li',
+            { class: o.escalation ? null : 'error', dataset: { outcome: o.outcome, escalationId: o.escalationId } },
+            el('span', { class: 'mono' }, o.escalationId),
+            `: ${OUTCOME_TEXT[o.outcome] ?? o.outcome}. `,
+            o.message ? el('span', { class: 'quiet' }, o.message) : null,
+            o.escalationOverrideToken
+              ? [
+                  'Give the payer this single-use override token (send it as escalationOverrideToken to authorize-payment',
+                  o.overrideExpiresAt ? `, before ${time(o.overrideExpiresAt)}` : '',
+                  '):',
+                  el('code', { class: 'token', 'data-override-token': o.escalationId }, o.escalationOverrideToken),
+                ]
+              : null,
+          ),
+        ),
+      ),
+      el('p', {}, el('a', { href: location.pathname + location.search }, 'Reload the inbox')),
+    );
   };
-  return el('div', {}, el('div', { class: 'actions' }, selectAll, reason,
-    el('button', { type: 'button', id: 'approve', onclick: () => decide('approve') }, 'Approve selected'),
-    el('button', { type: 'button', id: 'deny', class: 'danger', onclick: () => decide('deny') }, 'Deny selected')), results);
+  return el(
+    'div',
+    {},
+    el(
+      'div',
+      { class: 'actions' },
+      selectAll,
+      reason,
+      el('button', { type: 'button', id: 'approve', onclick: () => decide('approve') }, 'Approve selected'),
+      el('button', { type: 'button', id: 'deny', class: 'danger', onclick: () => decide('deny') }, 'Deny selected'),
+    ),
+    results,
+  );
 }
 
 function escalationsScreen() {
@@ -338,7 +585,8 @@ function escalationsScreen() {
     columns,
     row: (e) => escalationRow(e),
     defaultStatus: 'pending',
-    empty: 'Nothing is waiting. A payment that breaks a wallet policy (PUT /x402/wallets/{walletId}/policy) waits here for a person until its deadline.',
+    empty:
+      'Nothing is waiting. A payment that breaks a wallet policy (PUT /x402/wallets/{walletId}/policy) waits here for a person until its deadline.',
     extra: (tbody, items) => (items.some((e) => e.status === 'pending') ? decisionControls(tbody) : null),
   });
 }
@@ -347,8 +595,11 @@ function escalationsScreen() {
 
 /** Wallets have no list: one is opened by its id (or from a row that names it). */
 function lookupScreen(title, label, open) {
-  show(el('h1', {}, title), el('p', { class: 'quiet' }, 'Open one by its id, or follow a wallet link from a settlement, gate or escalation.'),
-    lookup(label, '…', (id) => location.assign(href(open(id)))));
+  show(
+    el('h1', {}, title),
+    el('p', { class: 'quiet' }, 'Open one by its id, or follow a wallet link from a settlement, gate or escalation.'),
+    lookup(label, '…', (id) => location.assign(href(open(id)))),
+  );
 }
 
 // ---- Runs -------------------------------------------------------------------------------------------------------
@@ -367,70 +618,182 @@ async function runScreen(runId) {
     r.artifactId ? api.artifact(r.artifactId).catch((err) => err) : null,
     api.runDeliveries(runId).catch((err) => err),
   ]);
-  const sections = [heading, fields([
-    ['Status', r.status], ['Verdict', r.verdict], ['Agent', r.agentId], ['Events', String(r.eventCount)],
-    ['Created', time(r.createdAt)], ['Finalized', time(r.finalizedAt)], r.finalizeError && ['Finalize error', shortJson(r.finalizeError)],
-    ['Terms', shortJson(r.terms)],
-  ])];
+  const sections = [
+    heading,
+    fields([
+      ['Status', r.status],
+      ['Verdict', r.verdict],
+      ['Agent', r.agentId],
+      ['Events', String(r.eventCount)],
+      ['Created', time(r.createdAt)],
+      ['Finalized', time(r.finalizedAt)],
+      r.finalizeError && ['Finalize error', shortJson(r.finalizeError)],
+      ['Terms', shortJson(r.terms)],
+    ]),
+  ];
   sections.push(el('h2', {}, 'Events'));
   if (artifact instanceof Error) sections.push(errorBox(artifact, 'Could not load the artifact'));
-  else if (!artifact) sections.push(el('p', { class: 'empty' }, `The run has ${r.eventCount} events; they are shown here from its artifact once it is finalized (POST /v1/runs/${runId}/finalize).`));
-  else sections.push(table(['Seq', 'Type', 'At', 'Chain hash', 'Signed by'], artifact.events.items.map((e) =>
-    el('tr', {}, el('td', {}, String(e.seq)), el('td', {}, e.type), el('td', {}, time(e.at)), el('td', { class: 'mono' }, `${e.chainHash.slice(0, 16)}…`), el('td', { class: 'mono' }, e.signerKeyId))), 'No events.'));
+  else if (!artifact)
+    sections.push(
+      el(
+        'p',
+        { class: 'empty' },
+        `The run has ${r.eventCount} events; they are shown here from its artifact once it is finalized (POST /v1/runs/${runId}/finalize).`,
+      ),
+    );
+  else
+    sections.push(
+      table(
+        ['Seq', 'Type', 'At', 'Chain hash', 'Signed by'],
+        artifact.events.items.map((e) =>
+          el(
+            'tr',
+            {},
+            el('td', {}, String(e.seq)),
+            el('td', {}, e.type),
+            el('td', {}, time(e.at)),
+            el('td', { class: 'mono' }, `${e.chainHash.slice(0, 16)}…`),
+            el('td', { class: 'mono' }, e.signerKeyId),
+          ),
+        ),
+        'No events.',
+      ),
+    );
   sections.push(el('h2', {}, 'Artifact and verification'));
   if (!r.artifactId) sections.push(el('p', { class: 'empty' }, 'No artifact until the run is finalized.'));
   else if (verification instanceof Error) sections.push(errorBox(verification, 'Could not verify'));
-  else sections.push(fields([
-    ['Artifact', el('a', { href: `/v1/verify/${encodeURIComponent(r.artifactId)}`, target: '_blank' }, r.artifactId)],
-    ['Verified', el('span', { class: verification.verified ? 'ok' : 'bad' }, verification.verified ? 'yes: every check passed' : `no: ${verification.failures.join('; ')}`)],
-    ['Checks', shortJson(verification.checks)], ['Hash', el('span', { class: 'mono' }, verification.artifactHash)], ['Signing key', verification.keyId],
-  ]));
+  else
+    sections.push(
+      fields([
+        [
+          'Artifact',
+          el('a', { href: `/v1/verify/${encodeURIComponent(r.artifactId)}`, target: '_blank' }, r.artifactId),
+        ],
+        [
+          'Verified',
+          el(
+            'span',
+            { class: verification.verified ? 'ok' : 'bad' },
+            verification.verified ? 'yes: every check passed' : `no: ${verification.failures.join('; ')}`,
+          ),
+        ],
+        ['Checks', shortJson(verification.checks)],
+        ['Hash', el('span', { class: 'mono' }, verification.artifactHash)],
+        ['Signing key', verification.keyId],
+      ]),
+    );
   sections.push(el('h2', {}, 'Settlement'));
   if (settlement instanceof Error) sections.push(errorBox(settlement, 'Could not load the settlement'));
-  else if (!settlement) sections.push(el('p', { class: 'empty' }, 'Not settled. A finalized run with settlement terms is settled with POST /v1/runs/{runId}/settle.'));
+  else if (!settlement)
+    sections.push(
+      el(
+        'p',
+        { class: 'empty' },
+        'Not settled. A finalized run with settlement terms is settled with POST /v1/runs/{runId}/settle.',
+      ),
+    );
   else {
     sections.push(settlementFields(settlement));
     sections.push(el('h2', {}, 'Ledger entries'));
     sections.push(await entriesOfSettlement(settlement));
   }
   sections.push(el('h2', {}, 'Webhook deliveries'));
-  if (deliveries instanceof Error) sections.push(errorBox(deliveries, 'Could not load the deliveries (they need webhooks:read)'));
-  else sections.push(el('div', { id: 'run-deliveries' }, table(['Delivery', 'Endpoint', 'Event', 'Status', 'Attempts', 'Last error', 'Created'], deliveries.items.map((d) =>
-    el('tr', { dataset: { deliveryId: d.id, status: d.status } },
-      el('td', { class: 'mono' }, d.id), el('td', {}, link(`/webhooks/${encodeURIComponent(d.endpointId)}`, d.endpointId)), el('td', {}, d.eventType),
-      el('td', { class: d.status === 'failed' || d.status === 'abandoned' ? 'bad' : d.status === 'succeeded' ? 'ok' : null }, d.status),
-      el('td', { class: 'num' }, String(d.attemptCount)), el('td', {}, d.lastError ?? '—'), el('td', {}, time(d.createdAt)))),
-    'No webhook deliveries: no endpoint of this tenant subscribes to the events of this run yet.')));
+  if (deliveries instanceof Error)
+    sections.push(errorBox(deliveries, 'Could not load the deliveries (they need webhooks:read)'));
+  else
+    sections.push(
+      el(
+        'div',
+        { id: 'run-deliveries' },
+        table(
+          ['Delivery', 'Endpoint', 'Event', 'Status', 'Attempts', 'Last error', 'Created'],
+          deliveries.items.map((d) =>
+            el(
+              'tr',
+              { dataset: { deliveryId: d.id, status: d.status } },
+              el('td', { class: 'mono' }, d.id),
+              el('td', {}, link(`/webhooks/${encodeURIComponent(d.endpointId)}`, d.endpointId)),
+              el('td', {}, d.eventType),
+              el(
+                'td',
+                {
+                  class:
+                    d.status === 'failed' || d.status === 'abandoned' ? 'bad' : d.status === 'succeeded' ? 'ok' : null,
+                },
+                d.status,
+              ),
+              el('td', { class: 'num' }, String(d.attemptCount)),
+              el('td', {}, d.lastError ?? '—'),
+              el('td', {}, time(d.createdAt)),
+            ),
+          ),
+          'No webhook deliveries: no endpoint of this tenant subscribes to the events of this run yet.',
+        ),
+      ),
+    );
   show(...sections);
 }
 
 function settlementFields(s) {
   return fields([
-    ['Settlement', el('span', { class: 'mono' }, s.settlementId)], ['Status', s.status], ['Amount', money(s.amount, s.currency)],
-    ['Released', money(s.releasedAmount, s.currency)], ['Refunded', money(s.refundedAmount, s.currency)],
+    ['Settlement', el('span', { class: 'mono' }, s.settlementId)],
+    ['Status', s.status],
+    ['Amount', money(s.amount, s.currency)],
+    ['Released', money(s.releasedAmount, s.currency)],
+    ['Refunded', money(s.refundedAmount, s.currency)],
     ['Holdback', `${money(s.holdback, s.currency)} (${s.holdbackState})`],
     ['Payer wallet', link(`/wallets/${encodeURIComponent(s.payerWalletId)}`, s.payerWalletId)],
     ['Payee wallet', link(`/wallets/${encodeURIComponent(s.payeeWalletId)}`, s.payeeWalletId)],
-    ['Dispute window ends', time(s.disputeWindowEndsAt)], ['Dispute', s.dispute ? `${s.dispute.status}: ${s.dispute.reason}` : 'none'],
-    ['Decision', s.decision ? `${s.decision.verdict}${s.decision.reason ? ` (${s.decision.reason})` : ''}, ${time(s.decision.decidedAt)}` : '—'],
+    ['Dispute window ends', time(s.disputeWindowEndsAt)],
+    ['Dispute', s.dispute ? `${s.dispute.status}: ${s.dispute.reason}` : 'none'],
+    [
+      'Decision',
+      s.decision
+        ? `${s.decision.verdict}${s.decision.reason ? ` (${s.decision.reason})` : ''}, ${time(s.decision.decidedAt)}`
+        : '—',
+    ],
   ]);
 }
 
 /** The payer's and payee's postings whose entry names this settlement or its run (the latest page of each wallet). */
 async function entriesOfSettlement(s) {
   try {
-    const pages = await Promise.all([s.payerWalletId, s.payeeWalletId].map((w) => api.walletEntries(w).then((p) => p.items.map((i) => ({ ...i, walletId: w })))));
-    const mine = pages.flat().filter((i) => i.entryId.includes(s.settlementId) || i.entryId.includes(s.runId)).sort((x, y) => Date.parse(y.at) - Date.parse(x.at));
-    return entriesTable(mine, 'No postings of this settlement in the latest entries of its wallets; open the wallets for older ones.');
+    const pages = await Promise.all(
+      [s.payerWalletId, s.payeeWalletId].map((w) =>
+        api.walletEntries(w).then((p) => p.items.map((i) => ({ ...i, walletId: w }))),
+      ),
+    );
+    const mine = pages
+      .flat()
+      .filter((i) => i.entryId.includes(s.settlementId) || i.entryId.includes(s.runId))
+      .sort((x, y) => Date.parse(y.at) - Date.parse(x.at));
+    return entriesTable(
+      mine,
+      'No postings of this settlement in the latest entries of its wallets; open the wallets for older ones.',
+    );
   } catch (err) {
     return errorBox(err, 'Could not load ledger entries');
   }
 }
 
 function entriesTable(items, empty) {
-  return table(['At', 'Wallet', 'Kind', 'Bucket', 'Change', 'Balance after', 'Entry'], items.map((i) => el('tr', {},
-    el('td', {}, time(i.at)), el('td', {}, i.walletId ? link(`/wallets/${encodeURIComponent(i.walletId)}`, i.walletId) : '—'), el('td', {}, i.kind), el('td', {}, i.bucket),
-    el('td', { class: `num ${i.delta < 0 ? 'bad' : 'ok'}` }, money(i.delta, i.currency)), el('td', { class: 'num' }, money(i.balanceAfter, i.currency)), el('td', { class: 'mono' }, i.entryId))), empty);
+  return table(
+    ['At', 'Wallet', 'Kind', 'Bucket', 'Change', 'Balance after', 'Entry'],
+    items.map((i) =>
+      el(
+        'tr',
+        {},
+        el('td', {}, time(i.at)),
+        el('td', {}, i.walletId ? link(`/wallets/${encodeURIComponent(i.walletId)}`, i.walletId) : '—'),
+        el('td', {}, i.kind),
+        el('td', {}, i.bucket),
+        el('td', { class: `num ${i.delta < 0 ? 'bad' : 'ok'}` }, money(i.delta, i.currency)),
+        el('td', { class: 'num' }, money(i.balanceAfter, i.currency)),
+        el('td', { class: 'mono' }, i.entryId),
+      ),
+    ),
+    empty,
+  );
 }
 
 async function settlementLookupScreen() {
@@ -442,7 +805,13 @@ async function settlementLookupScreen() {
     const s = await api.runSettlement(runId);
     show(heading, form, el('p', {}, 'Run ', link(`/runs/${encodeURIComponent(runId)}`, runId)), settlementFields(s));
   } catch (err) {
-    show(heading, form, err.status === 404 ? el('p', { class: 'empty' }, `Run ${runId} has no settlement (or no such run in this tenant).`) : errorBox(err, 'Could not load the settlement'));
+    show(
+      heading,
+      form,
+      err.status === 404
+        ? el('p', { class: 'empty' }, `Run ${runId} has no settlement (or no such run in this tenant).`)
+        : errorBox(err, 'Could not load the settlement'),
+    );
   }
 }
 
@@ -456,15 +825,28 @@ async function gateScreen(gateId) {
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the gate'));
   }
-  show(heading, fields([
-    ['Status', el('strong', { 'data-gate-status': g.status }, g.status)], ['Payer', g.payerAgentId], ['Payee', g.payeeAgentId],
-    ['Amount', money(g.amount, g.currency)], ['Holdback', `${g.holdbackBps / 100}%`], ['Tool', g.toolId],
-    ['Escrow wallet', link(`/wallets/${encodeURIComponent(g.escrowWalletId)}`, g.escrowWalletId)], ['Created', time(g.createdAt)],
-    ['Quote', g.quote ? `${g.quote.quoteId} (${g.quote.status}, expires ${time(g.quote.expiresAt)})` : 'none'],
-    ['Authorization', g.authorization ? `${g.authorization.authorizationRef}, expires ${time(g.authorization.expiresAt)}` : 'none'],
-    ['Verification', g.verification ? shortJson(g.verification) : 'none'],
-    ['Settlement', g.settlement ? shortJson(g.settlement) : 'none'], ['Decision', g.decision ? shortJson(g.decision) : 'none'],
-  ]), el('p', {}, link('/escalations', 'Escalations of this tenant', { status: 'all' })));
+  show(
+    heading,
+    fields([
+      ['Status', el('strong', { 'data-gate-status': g.status }, g.status)],
+      ['Payer', g.payerAgentId],
+      ['Payee', g.payeeAgentId],
+      ['Amount', money(g.amount, g.currency)],
+      ['Holdback', `${g.holdbackBps / 100}%`],
+      ['Tool', g.toolId],
+      ['Escrow wallet', link(`/wallets/${encodeURIComponent(g.escrowWalletId)}`, g.escrowWalletId)],
+      ['Created', time(g.createdAt)],
+      ['Quote', g.quote ? `${g.quote.quoteId} (${g.quote.status}, expires ${time(g.quote.expiresAt)})` : 'none'],
+      [
+        'Authorization',
+        g.authorization ? `${g.authorization.authorizationRef}, expires ${time(g.authorization.expiresAt)}` : 'none',
+      ],
+      ['Verification', g.verification ? shortJson(g.verification) : 'none'],
+      ['Settlement', g.settlement ? shortJson(g.settlement) : 'none'],
+      ['Decision', g.decision ? shortJson(g.decision) : 'none'],
+    ]),
+    el('p', {}, link('/escalations', 'Escalations of this tenant', { status: 'all' })),
+  );
 }
 
 // ---- Wallets ----------------------------------------------------------------------------------------------------
@@ -481,13 +863,38 @@ async function walletScreen(walletId) {
   }
   const policy = await api.walletPolicy(walletId).catch(() => null);
   const balances = Object.entries(w.balances);
-  show(heading, fields([['Kind', w.kind], ['Created', time(w.createdAt)], ['Policy', policy ? shortJson({ currency: policy.currency, perCallLimit: policy.perCallLimit, dailyLimit: policy.dailyLimit }) : 'none']]),
+  show(
+    heading,
+    fields([
+      ['Kind', w.kind],
+      ['Created', time(w.createdAt)],
+      [
+        'Policy',
+        policy
+          ? shortJson({ currency: policy.currency, perCallLimit: policy.perCallLimit, dailyLimit: policy.dailyLimit })
+          : 'none',
+      ],
+    ]),
     el('h2', {}, 'Balances'),
-    table(['Currency', 'Available', 'Held in reserves (escrow)'], balances.map(([cur, b]) => el('tr', {}, el('td', {}, cur), el('td', { class: 'num', 'data-available': cur }, money(b.available, cur)), el('td', { class: 'num' }, money(b.escrow, cur)))),
-      'No money yet. An operator credits a wallet with POST /ops/wallets/{walletId}/credit.'),
+    table(
+      ['Currency', 'Available', 'Held in reserves (escrow)'],
+      balances.map(([cur, b]) =>
+        el(
+          'tr',
+          {},
+          el('td', {}, cur),
+          el('td', { class: 'num', 'data-available': cur }, money(b.available, cur)),
+          el('td', { class: 'num' }, money(b.escrow, cur)),
+        ),
+      ),
+      'No money yet. An operator credits a wallet with POST /ops/wallets/{walletId}/credit.',
+    ),
     el('h2', {}, 'Entries'),
     entriesTable(entries.items, 'No entries yet.'),
-    entries.nextCursor ? el('p', {}, link(`/wallets/${encodeURIComponent(walletId)}`, 'Older entries →', { cursor: entries.nextCursor })) : null);
+    entries.nextCursor
+      ? el('p', {}, link(`/wallets/${encodeURIComponent(walletId)}`, 'Older entries →', { cursor: entries.nextCursor }))
+      : null,
+  );
 }
 
 // ---- Payment sessions -------------------------------------------------------------------------------------------
@@ -500,15 +907,28 @@ async function sessionScreen(sessionId) {
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the session'));
   }
-  show(heading, fields([
-    ['Status', el('strong', { 'data-session-status': s.status }, s.status)], ['Payer', s.payerAgentId], ['Payees', s.payeeAgentIds.join(', ')],
-    ['Budget wallet', walletLink(s.walletId)], s.sponsorWalletId && ['Sponsor wallet', walletLink(s.sponsorWalletId)],
-    ['Budget', money(s.budget, s.currency)], ['Max per call', money(s.maxPerCall, s.currency)], ['Spent', `${money(s.spent, s.currency)} in ${s.charges} charges`],
-    ['Remaining', money(s.remaining, s.currency)], ['Holdback', `${s.holdbackBps / 100}%`], ['Dispute window', duration(s.disputeWindowSeconds * 1000)],
-    ['Created', time(s.createdAt)], ['Expires', time(s.expiresAt)], ['Closed', time(s.closedAt)],
-    ['Refunded at close', s.refunded === null ? '—' : money(s.refunded, s.currency)],
-    ['Statement', s.statementUrl ? el('span', { class: 'mono' }, s.statementUrl) : 'when closed'],
-  ]), el('p', {}, link('/settlements', 'Settlements of this tenant'), ' · ', link('/sessions', 'All sessions')));
+  show(
+    heading,
+    fields([
+      ['Status', el('strong', { 'data-session-status': s.status }, s.status)],
+      ['Payer', s.payerAgentId],
+      ['Payees', s.payeeAgentIds.join(', ')],
+      ['Budget wallet', walletLink(s.walletId)],
+      s.sponsorWalletId && ['Sponsor wallet', walletLink(s.sponsorWalletId)],
+      ['Budget', money(s.budget, s.currency)],
+      ['Max per call', money(s.maxPerCall, s.currency)],
+      ['Spent', `${money(s.spent, s.currency)} in ${s.charges} charges`],
+      ['Remaining', money(s.remaining, s.currency)],
+      ['Holdback', `${s.holdbackBps / 100}%`],
+      ['Dispute window', duration(s.disputeWindowSeconds * 1000)],
+      ['Created', time(s.createdAt)],
+      ['Expires', time(s.expiresAt)],
+      ['Closed', time(s.closedAt)],
+      ['Refunded at close', s.refunded === null ? '—' : money(s.refunded, s.currency)],
+      ['Statement', s.statementUrl ? el('span', { class: 'mono' }, s.statementUrl) : 'when closed'],
+    ]),
+    el('p', {}, link('/settlements', 'Settlements of this tenant'), ' · ', link('/sessions', 'All sessions')),
+  );
 }
 
 // ---- Webhooks ---------------------------------------------------------------------------------------------------
@@ -522,11 +942,26 @@ async function webhooksScreen() {
   } catch (err) {
     return show(heading, errorBox(err, 'Could not list webhook endpoints'));
   }
-  show(heading, table(['Endpoint', 'URL', 'Status', 'Events', 'Last success', 'Failing since'], page.items.map((e) => el('tr', {},
-    el('td', {}, link(`/webhooks/${encodeURIComponent(e.id)}`, e.id)), el('td', { class: 'mono' }, e.url ?? 'pull (feed only)'), el('td', {}, e.status, e.disabledReason ? el('div', { class: 'quiet' }, e.disabledReason) : null),
-    el('td', {}, e.events.join(', ')), el('td', {}, time(e.lastSuccessAt)), el('td', { class: e.failingSince ? 'bad' : null }, time(e.failingSince)))),
-  'No endpoints. Register one with POST /v1/webhooks (scope webhooks:write) to receive events.'),
-  page.nextCursor ? el('p', {}, link('/webhooks', 'Next page →', { cursor: page.nextCursor })) : null);
+  show(
+    heading,
+    table(
+      ['Endpoint', 'URL', 'Status', 'Events', 'Last success', 'Failing since'],
+      page.items.map((e) =>
+        el(
+          'tr',
+          {},
+          el('td', {}, link(`/webhooks/${encodeURIComponent(e.id)}`, e.id)),
+          el('td', { class: 'mono' }, e.url ?? 'pull (feed only)'),
+          el('td', {}, e.status, e.disabledReason ? el('div', { class: 'quiet' }, e.disabledReason) : null),
+          el('td', {}, e.events.join(', ')),
+          el('td', {}, time(e.lastSuccessAt)),
+          el('td', { class: e.failingSince ? 'bad' : null }, time(e.failingSince)),
+        ),
+      ),
+      'No endpoints. Register one with POST /v1/webhooks (scope webhooks:write) to receive events.',
+    ),
+    page.nextCursor ? el('p', {}, link('/webhooks', 'Next page →', { cursor: page.nextCursor })) : null,
+  );
 }
 
 /** Calls `step` every `seconds` until it answers true, fails, or `limit` calls have passed (a page left open stops). */
@@ -541,10 +976,28 @@ function every(seconds, limit, step) {
 }
 
 function deliveryRow(d, resend) {
-  return el('tr', { dataset: { deliveryId: d.id, status: d.status, eventId: d.eventId } },
-    el('td', { class: 'mono' }, d.id), el('td', {}, d.eventType, el('div', { class: 'quiet mono' }, d.eventId)), el('td', { class: d.status === 'failed' || d.status === 'abandoned' ? 'bad' : d.status === 'succeeded' ? 'ok' : null }, d.status),
-    el('td', { class: 'num' }, String(d.attemptCount)), el('td', {}, d.lastError ?? '—'), el('td', {}, time(d.nextAttemptAt)), el('td', {}, time(d.createdAt)),
-    el('td', {}, d.status !== 'pending' ? el('button', { type: 'button', class: 'resend', onclick: () => resend(d) }, 'Resend') : null));
+  return el(
+    'tr',
+    { dataset: { deliveryId: d.id, status: d.status, eventId: d.eventId } },
+    el('td', { class: 'mono' }, d.id),
+    el('td', {}, d.eventType, el('div', { class: 'quiet mono' }, d.eventId)),
+    el(
+      'td',
+      { class: d.status === 'failed' || d.status === 'abandoned' ? 'bad' : d.status === 'succeeded' ? 'ok' : null },
+      d.status,
+    ),
+    el('td', { class: 'num' }, String(d.attemptCount)),
+    el('td', {}, d.lastError ?? '—'),
+    el('td', {}, time(d.nextAttemptAt)),
+    el('td', {}, time(d.createdAt)),
+    el(
+      'td',
+      {},
+      d.status !== 'pending'
+        ? el('button', { type: 'button', class: 'resend', onclick: () => resend(d) }, 'Resend')
+        : null,
+    ),
+  );
 }
 
 async function endpointScreen(endpointId) {
@@ -555,16 +1008,36 @@ async function endpointScreen(endpointId) {
   let endpoint;
   let page;
   try {
-    [endpoint, page] = await Promise.all([api.webhookEndpoint(endpointId), api.deliveries(endpointId, { status, cursor })]);
+    [endpoint, page] = await Promise.all([
+      api.webhookEndpoint(endpointId),
+      api.deliveries(endpointId, { status, cursor }),
+    ]);
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the endpoint'));
   }
   const results = el('section', { id: 'delivery-results', 'aria-live': 'polite' });
   const deliveriesBox = el('div', { id: 'deliveries' });
-  const drawDeliveries = () => fill(deliveriesBox,
-    table(['Delivery', 'Event', 'Status', 'Attempts', 'Last error', 'Next attempt', 'Created', ''], page.items.map((d) => deliveryRow(d, resend)),
-      status ? `No ${status} deliveries.` : 'No deliveries yet. They appear when an event this endpoint subscribes to happens; "Send test event" makes one now.'),
-    page.nextCursor ? el('p', {}, link(`/webhooks/${encodeURIComponent(endpointId)}`, 'Older deliveries →', { ...(status ? { status } : {}), cursor: page.nextCursor })) : null);
+  const drawDeliveries = () =>
+    fill(
+      deliveriesBox,
+      table(
+        ['Delivery', 'Event', 'Status', 'Attempts', 'Last error', 'Next attempt', 'Created', ''],
+        page.items.map((d) => deliveryRow(d, resend)),
+        status
+          ? `No ${status} deliveries.`
+          : 'No deliveries yet. They appear when an event this endpoint subscribes to happens; "Send test event" makes one now.',
+      ),
+      page.nextCursor
+        ? el(
+            'p',
+            {},
+            link(`/webhooks/${encodeURIComponent(endpointId)}`, 'Older deliveries →', {
+              ...(status ? { status } : {}),
+              cursor: page.nextCursor,
+            }),
+          )
+        : null,
+    );
   /** Reads this page of deliveries again; true once none of them is on its way. */
   const refresh = async () => {
     page = await api.deliveries(endpointId, { status, cursor });
@@ -576,7 +1049,13 @@ async function endpointScreen(endpointId) {
   async function resend(d) {
     try {
       await api.resendDelivery(endpointId, d.id);
-      results.replaceChildren(el('p', { class: 'ok', dataset: { resent: d.id } }, `Delivery ${d.id} (event ${d.eventId}) is being sent again; its row updates below.`));
+      results.replaceChildren(
+        el(
+          'p',
+          { class: 'ok', dataset: { resent: d.id } },
+          `Delivery ${d.id} (event ${d.eventId}) is being sent again; its row updates below.`,
+        ),
+      );
       await refresh();
       watch();
     } catch (err) {
@@ -586,7 +1065,13 @@ async function endpointScreen(endpointId) {
   const sendTest = async () => {
     try {
       const sent = await api.sendTestEvent(endpointId);
-      results.replaceChildren(el('p', { class: 'ok', dataset: { testDelivery: sent.deliveryId } }, `A webhook.test event (${sent.eventId}) is on its way as delivery ${sent.deliveryId}.`));
+      results.replaceChildren(
+        el(
+          'p',
+          { class: 'ok', dataset: { testDelivery: sent.deliveryId } },
+          `A webhook.test event (${sent.eventId}) is on its way as delivery ${sent.deliveryId}.`,
+        ),
+      );
       await refresh();
       watch();
     } catch (err) {
@@ -594,11 +1079,23 @@ async function endpointScreen(endpointId) {
     }
   };
 
-  const since = el('input', { type: 'datetime-local', name: 'since', required: true, value: localInput(new Date(Date.now() - 3_600_000).toISOString()) });
+  const since = el('input', {
+    type: 'datetime-local',
+    name: 'since',
+    required: true,
+    value: localInput(new Date(Date.now() - 3_600_000).toISOString()),
+  });
   const progress = el('section', { id: 'recovery', 'aria-live': 'polite' });
-  const showRecovery = (r) => progress.replaceChildren(el('p', { dataset: { recoveryStatus: r.status, recoveryId: r.id } },
-    el('strong', {}, r.status === 'finished' ? 'Recovery finished' : 'Recovery running'), ` (since ${time(r.since)}): `,
-    `${r.counts.queued} sent again; of those ${r.counts.sent} delivered, ${r.counts.failed} failed again, ${r.counts.pending} on their way.`));
+  const showRecovery = (r) =>
+    progress.replaceChildren(
+      el(
+        'p',
+        { dataset: { recoveryStatus: r.status, recoveryId: r.id } },
+        el('strong', {}, r.status === 'finished' ? 'Recovery finished' : 'Recovery running'),
+        ` (since ${time(r.since)}): `,
+        `${r.counts.queued} sent again; of those ${r.counts.sent} delivered, ${r.counts.failed} failed again, ${r.counts.pending} on their way.`,
+      ),
+    );
   const recover = async (event) => {
     event.preventDefault();
     const iso = fromLocalInput(since.value);
@@ -620,15 +1117,63 @@ async function endpointScreen(endpointId) {
     });
   };
   const disabled = endpoint.status !== 'active';
-  show(heading, fields([['URL', el('span', { class: 'mono' }, endpoint.url ?? 'none: a pull endpoint, read through its feed')], ['Status', endpoint.status], endpoint.disabledReason && ['Disabled because', endpoint.disabledReason], ['Events', endpoint.events.join(', ')], ['Last success', time(endpoint.lastSuccessAt)], ['Failing since', time(endpoint.failingSince)]]),
-    disabled ? el('p', { class: 'notice' }, 'This endpoint is disabled: nothing is sent to it, resends and recoveries included. Enable it with POST /v1/webhooks/{endpointId}/enable once the receiver is back.') : null,
-    el('div', { class: 'actions' },
+  show(
+    heading,
+    fields([
+      ['URL', el('span', { class: 'mono' }, endpoint.url ?? 'none: a pull endpoint, read through its feed')],
+      ['Status', endpoint.status],
+      endpoint.disabledReason && ['Disabled because', endpoint.disabledReason],
+      ['Events', endpoint.events.join(', ')],
+      ['Last success', time(endpoint.lastSuccessAt)],
+      ['Failing since', time(endpoint.failingSince)],
+    ]),
+    disabled
+      ? el(
+          'p',
+          { class: 'notice' },
+          'This endpoint is disabled: nothing is sent to it, resends and recoveries included. Enable it with POST /v1/webhooks/{endpointId}/enable once the receiver is back.',
+        )
+      : null,
+    el(
+      'div',
+      { class: 'actions' },
       el('button', { type: 'button', id: 'send-test', onclick: sendTest, disabled }, 'Send test event'),
-      el('form', { class: 'lookup', id: 'recover', onsubmit: recover }, el('label', {}, 'Recover failed since ', since), el('button', { type: 'submit', disabled }, 'Recover'), el('span', { class: 'quiet' }, zone)),
-      el('button', { type: 'button', id: 'refresh-deliveries', onclick: () => refresh().catch((err) => results.replaceChildren(errorBox(err, 'Could not reload the deliveries'))) }, 'Refresh')),
-    progress, results,
-    el('nav', { class: 'filters' }, ['all', 'pending', 'succeeded', 'failed', 'abandoned'].map((s) => el('a', { href: href(`/webhooks/${encodeURIComponent(endpointId)}`, s === 'all' ? {} : { status: s }), class: (status ?? 'all') === s ? 'current' : null }, s))),
-    deliveriesBox);
+      el(
+        'form',
+        { class: 'lookup', id: 'recover', onsubmit: recover },
+        el('label', {}, 'Recover failed since ', since),
+        el('button', { type: 'submit', disabled }, 'Recover'),
+        el('span', { class: 'quiet' }, zone),
+      ),
+      el(
+        'button',
+        {
+          type: 'button',
+          id: 'refresh-deliveries',
+          onclick: () =>
+            refresh().catch((err) => results.replaceChildren(errorBox(err, 'Could not reload the deliveries'))),
+        },
+        'Refresh',
+      ),
+    ),
+    progress,
+    results,
+    el(
+      'nav',
+      { class: 'filters' },
+      ['all', 'pending', 'succeeded', 'failed', 'abandoned'].map((s) =>
+        el(
+          'a',
+          {
+            href: href(`/webhooks/${encodeURIComponent(endpointId)}`, s === 'all' ? {} : { status: s }),
+            class: (status ?? 'all') === s ? 'current' : null,
+          },
+          s,
+        ),
+      ),
+    ),
+    deliveriesBox,
+  );
   drawDeliveries();
 }
 
@@ -638,11 +1183,28 @@ async function tenantsScreen() {
   const heading = el('h1', {}, 'Tenants');
   try {
     const { items } = await api.tenants();
-    show(heading, el('p', {}, 'Open a tenant to see its escalations, runs, gates, wallets and webhooks.'),
-      table(['Tenant', 'Name', 'Rate limit', 'Created'], items.map((t) => el('tr', {},
-        el('td', {}, el('a', { href: `/console/escalations?tenant=${encodeURIComponent(t.tenantId)}` }, t.tenantId)), el('td', {}, t.name),
-        el('td', {}, t.rateLimit ? `${t.rateLimit.limit} / ${t.rateLimit.windowSeconds}s` : 'default'), el('td', {}, time(t.createdAt)))),
-      'No tenants yet. Create one with POST /ops/tenants.'));
+    show(
+      heading,
+      el('p', {}, 'Open a tenant to see its escalations, runs, gates, wallets and webhooks.'),
+      table(
+        ['Tenant', 'Name', 'Rate limit', 'Created'],
+        items.map((t) =>
+          el(
+            'tr',
+            {},
+            el(
+              'td',
+              {},
+              el('a', { href: `/console/escalations?tenant=${encodeURIComponent(t.tenantId)}` }, t.tenantId),
+            ),
+            el('td', {}, t.name),
+            el('td', {}, t.rateLimit ? `${t.rateLimit.limit} / ${t.rateLimit.windowSeconds}s` : 'default'),
+            el('td', {}, time(t.createdAt)),
+          ),
+        ),
+        'No tenants yet. Create one with POST /ops/tenants.',
+      ),
+    );
   } catch (err) {
     show(heading, errorBox(err, 'Could not list tenants'));
   }
@@ -657,19 +1219,32 @@ async function route() {
     if (a.getAttribute('href') !== '/console/tenants') a.href = href(a.getAttribute('href').replace(/^\/console/, ''));
     if (a.pathname === `/console/${screenName}`) a.classList.add('current');
   });
-  if (screenName === 'tenants') return isOperator ? tenantsScreen() : show(el('p', { class: 'error' }, 'Only the operator (the admin key) sees the tenants.'));
+  if (screenName === 'tenants')
+    return isOperator
+      ? tenantsScreen()
+      : show(el('p', { class: 'error' }, 'Only the operator (the admin key) sees the tenants.'));
   if (!(await needTenant())) return;
   switch (screenName) {
-    case 'escalations': return escalationsScreen();
-    case 'runs': return id ? runScreen(id) : genericListScreen('runs');
-    case 'agents': return genericListScreen('agents');
-    case 'gates': return id ? gateScreen(id) : genericListScreen('gates');
-    case 'sessions': return id ? sessionScreen(id) : genericListScreen('sessions');
-    case 'settlements': return settlementLookupScreen();
-    case 'disputes': return genericListScreen('disputes');
-    case 'wallets': return id ? walletScreen(id) : lookupScreen('Wallets', 'Wallet id', (v) => `/wallets/${encodeURIComponent(v)}`);
-    case 'webhooks': return id ? endpointScreen(id) : webhooksScreen();
-    default: return show(el('p', { class: 'error' }, 'No such screen. '), link('/escalations', 'Go to the escalation inbox'));
+    case 'escalations':
+      return escalationsScreen();
+    case 'runs':
+      return id ? runScreen(id) : genericListScreen('runs');
+    case 'agents':
+      return genericListScreen('agents');
+    case 'gates':
+      return id ? gateScreen(id) : genericListScreen('gates');
+    case 'sessions':
+      return id ? sessionScreen(id) : genericListScreen('sessions');
+    case 'settlements':
+      return settlementLookupScreen();
+    case 'disputes':
+      return genericListScreen('disputes');
+    case 'wallets':
+      return id ? walletScreen(id) : lookupScreen('Wallets', 'Wallet id', (v) => `/wallets/${encodeURIComponent(v)}`);
+    case 'webhooks':
+      return id ? endpointScreen(id) : webhooksScreen();
+    default:
+      return show(el('p', { class: 'error' }, 'No such screen. '), link('/escalations', 'Go to the escalation inbox'));
   }
 }
 

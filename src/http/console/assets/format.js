@@ -7,7 +7,8 @@ function digitsOf(currency) {
     let digits = null;
     try {
       if (Intl.supportedValuesOf('currency').includes(currency)) {
-        digits = new Intl.NumberFormat(undefined, { style: 'currency', currency }).resolvedOptions().maximumFractionDigits;
+        digits = new Intl.NumberFormat(undefined, { style: 'currency', currency }).resolvedOptions()
+          .maximumFractionDigits;
       }
     } catch {
       digits = null;

@@ -6,7 +6,12 @@ form.addEventListener('submit', async (event) => {
   event.preventDefault();
   const key = form.elements.key.value.trim();
   notice.hidden = true;
-  const res = await fetch('/console/session', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ key }), credentials: 'same-origin' });
+  const res = await fetch('/console/session', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ key }),
+    credentials: 'same-origin',
+  });
   if (res.ok) {
     form.reset();
     location.assign(location.pathname.startsWith('/console/') ? location.pathname + location.search : '/console');
