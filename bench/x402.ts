@@ -22,7 +22,7 @@ import { MongoClient, type Collection } from 'mongodb';
 import { loadConfig } from '../src/config.ts';
 import { createLogger } from '../src/logger.ts';
 import { connectRuntime, createRuntime } from '../src/runtime.ts';
-import { X402Service } from '../src/services/x402.ts';
+import { X402Service } from '../src/services/x402/service.ts';
 import { HttpClient } from './growth/http-client.ts';
 import {
   benchService,

@@ -8,8 +8,8 @@ import { accountOf, attemptId, type Bucket, type LedgerEntryDoc, type PostingDoc
 import type { AuditAccountDoc, AuditEntryDoc, AuditReserveDoc } from '../store/ledger-audit.ts';
 import { candidateEntries, settlementIdFor, termsOf, type SettlementDoc } from '../store/settlements.ts';
 import { escrowEntryIds } from './escrow.ts';
-import { gateSettlementId, x402EntryIds } from './x402.ts';
-import { sessionEntryIds, sessionOfEntry, sessionOfSettlement } from './x402-sessions.ts';
+import { gateSettlementId, x402EntryIds } from './x402/service.ts';
+import { sessionEntryIds, sessionOfEntry, sessionOfSettlement } from './x402/sessions.ts';
 
 // The money invariant audit (contract section 11), per currency: credits equal the sum of balances (no payouts
 // exist; every other entry's legs sum to zero), each escrow account equals the sum of its owners' open reserves and

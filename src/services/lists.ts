@@ -12,10 +12,10 @@ import { decodeCursor, encodeCursor } from '../store/paging.ts';
 import { readSettlement, type SettlementState } from '../store/settlements.ts';
 import { getAgent } from './agents.ts';
 import { getRun, type RunWithHead } from './runs.ts';
-import { escalationStatus, type EscalationState } from './x402-escalations.ts';
-import type { GateState } from './x402-gates.ts';
-import type { SessionState } from './x402-sessions.ts';
-import type { X402Service } from './x402.ts';
+import { escalationStatus, type EscalationState } from './x402/escalations.ts';
+import type { GateState } from './x402/gates.ts';
+import type { SessionState } from './x402/sessions.ts';
+import type { X402Service } from './x402/service.ts';
 
 export const DEFAULT_LIMIT = 50;
 export const MAX_LIMIT = 200;

@@ -1,7 +1,7 @@
 import type { Runtime } from '../runtime.ts';
-import { X402GateExpiry } from '../services/x402-expiry.ts';
+import { X402GateExpiry } from '../services/x402/expiry.ts';
 import { RedisLossWatch } from '../services/redis-loss.ts';
-import { x402Service } from '../services/x402.ts';
+import { x402Service } from '../services/x402/service.ts';
 import type { QueueProcessor } from './runner.ts';
 
 /**

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { GateSweepSummary } from '../../src/services/x402-expiry.ts';
-import { x402EntryIds } from '../../src/services/x402.ts';
+import type { GateSweepSummary } from '../../src/services/x402/expiry.ts';
+import { x402EntryIds } from '../../src/services/x402/service.ts';
 import { createProcessors } from '../../src/workers/index.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';

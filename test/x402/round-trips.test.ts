@@ -1,6 +1,6 @@
 import type { CommandStartedEvent } from 'mongodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { gateSettlementId } from '../../src/services/x402-gates.ts';
+import { gateSettlementId } from '../../src/services/x402/gates.ts';
 import { accountOf } from '../../src/store/ledger.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 import { balances } from '../helpers/money.ts';

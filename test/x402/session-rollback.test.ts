@@ -5,7 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { x402RequestSha256 } from '../../src/domain/x402.ts';
-import { X402Service } from '../../src/services/x402.ts';
+import { X402Service } from '../../src/services/x402/service.ts';
 import { createProcessors } from '../../src/workers/index.ts';
 import { expectCleanAudit } from '../helpers/audit.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';

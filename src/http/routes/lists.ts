@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { listPage } from '../../services/lists.ts';
-import { x402Service } from '../../services/x402.ts';
+import { x402Service } from '../../services/x402/service.ts';
 import { LIST_KINDS, type ListKind } from '../../store/list-index.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses } from '../schemas/common.ts';

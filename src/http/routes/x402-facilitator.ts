@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
 import type { Runtime } from '../../runtime.ts';
-import { X402FacilitatorService } from '../../services/x402-facilitator.ts';
+import { X402FacilitatorService } from '../../services/x402/facilitator.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { errorResponses } from '../schemas/common.ts';
 import {

@@ -2,7 +2,7 @@ import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
 import { errors, ServiceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
-import { x402Service } from '../../services/x402.ts';
+import { x402Service } from '../../services/x402/service.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { idempotencyKeyOf } from '../plugins/idempotency.ts';
 import { errorResponses, type ErrorCodes } from '../schemas/common.ts';

@@ -1,7 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
 import type { Runtime } from '../../runtime.ts';
-import { x402Service } from '../../services/x402.ts';
+import { x402Service } from '../../services/x402/service.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import type { FastifyRequest } from 'fastify';
 import type { Decider } from '../../store/x402.ts';
@@ -42,7 +42,7 @@ import {
 
 /** x402 errors a call can meet, beside the platform's own. */
 const x402Errors = (...statuses: Array<number | ErrorCodes>) => errorResponses(400, 401, 403, 404, ...statuses);
-/** What a quote can be refused for when a call names it (services/x402-quotes.ts). */
+/** What a quote can be refused for when a call names it (services/x402/quotes.ts). */
 const QUOTE_CODES = [
   'X402_GATE_TERMINAL',
   'X402_QUOTE_NOT_FOUND',

@@ -1,7 +1,7 @@
 // Request and response schemas of x402 payment sessions, and the views that fill them.
 import { Type, type Static } from 'typebox';
 import { MAX_SESSION_PAYEES, MAX_SESSION_TTL_SECONDS, type StatementCharge } from '../../domain/x402-sessions.ts';
-import type { ChargeAnswer, SessionState } from '../../services/x402-sessions.ts';
+import type { ChargeAnswer, SessionState } from '../../services/x402/sessions.ts';
 import type { CloseDoc } from '../../store/x402-sessions.ts';
 import { AgentId, Amount, Currency, Timestamp } from './common.ts';
 

@@ -2,8 +2,8 @@
 import { Type, type Static } from 'typebox';
 import { MAX_AMOUNT } from '../../domain/money.ts';
 import { DEFAULT_ESCALATION_TIMEOUT_SECONDS, MAX_QUOTE_TTL_SECONDS } from '../../domain/x402.ts';
-import type { EscalationState, GateState, PaymentAuthorization, QuoteResult } from '../../services/x402.ts';
-import { deadlineOf, deciderName, escalationStatus, type BulkOutcome } from '../../services/x402.ts';
+import type { EscalationState, GateState, PaymentAuthorization, QuoteResult } from '../../services/x402/service.ts';
+import { deadlineOf, deciderName, escalationStatus, type BulkOutcome } from '../../services/x402/service.ts';
 import type { PolicyVersionDoc, WindDownSummary as WindDownSummaryDoc } from '../../store/x402.ts';
 import { AgentId, Amount, Currency, Timestamp } from './common.ts';
 

@@ -1,8 +1,8 @@
 // The JWTs the x402 flows sign with the service's active key (wallet decisions, payment tokens, escalation
 // overrides) and check again when a client hands one back.
 import { createLocalJWKSet, jwtVerify, SignJWT, type JWTPayload } from 'jose';
-import { newId } from '../domain/crypto.ts';
-import type { Runtime } from '../runtime.ts';
+import { newId } from '../../domain/crypto.ts';
+import type { Runtime } from '../../runtime.ts';
 
 export class X402Tokens {
   private readonly jwks;

@@ -3,22 +3,22 @@
 // its quotes. Nobody deciding by the deadline denies it by itself and returns the gate's reserve (the deadline sweep
 // below). Every decision (a person's, the deadline's, a wind-down's) is the one unique insert of the escalation's
 // resolution: whichever comes first is the escalation's fate, and the others change nothing.
-import { errors, ServiceError, x402Error } from '../domain/errors.ts';
-import { failpoint } from '../domain/failpoints.ts';
+import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
+import { failpoint } from '../../domain/failpoints.ts';
 import {
   escalationDeadline,
   escalationIdFor,
   OVERRIDE_TTL_SECONDS,
   TOKEN_AUDIENCE,
   type PolicyBreach,
-} from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
-import type { Decider, EscalationDoc, GateDoc, QuoteDoc, ResolutionDoc } from '../store/x402.ts';
-import { emitEvent } from './events.ts';
-import { sweepDue, type DueLook } from './sweep-items.ts';
-import { gateExpiredEvent } from './x402-gates.ts';
-import type { X402Tokens } from './x402-tokens.ts';
-import type { X402Gates } from './x402-gates.ts';
+} from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { Decider, EscalationDoc, GateDoc, QuoteDoc, ResolutionDoc } from '../../store/x402.ts';
+import { emitEvent } from '../events.ts';
+import { sweepDue, type DueLook } from '../sweep-items.ts';
+import { gateExpiredEvent } from './gates.ts';
+import type { X402Tokens } from './tokens.ts';
+import type { X402Gates } from './gates.ts';
 
 /** The reason a deadline's own denial records. */
 export const DEADLINE_PASSED = 'deadline_passed';

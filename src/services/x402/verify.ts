@@ -3,27 +3,27 @@
 // decision (domain/settlement.ts), signs the receipt and hands the money to the settlement machinery.
 import { QueueEvents } from 'bullmq';
 import { BSON } from 'mongodb';
-import { errors, x402Error, type ServiceError } from '../domain/errors.ts';
-import { failpoint } from '../domain/failpoints.ts';
-import { holdbackOf, MoneyInvariantError } from '../domain/money.ts';
-import { receiptMoney, signReceipt } from '../domain/receipt.ts';
+import { errors, x402Error, type ServiceError } from '../../domain/errors.ts';
+import { failpoint } from '../../domain/failpoints.ts';
+import { holdbackOf, MoneyInvariantError } from '../../domain/money.ts';
+import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
 import {
   decideSettlement,
   entryIds,
   releaseCredits,
   type DecisionFact,
   type SettlementView,
-} from '../domain/settlement.ts';
-import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../domain/x402.ts';
-import { watchRedis } from '../outages.ts';
-import { bullPrefix, jobIdFor } from '../queues/index.ts';
-import { createRedisClient, isClusterUrl, type RedisClient } from '../redis.ts';
-import type { Runtime } from '../runtime.ts';
-import { accountOf, type ReportedHead } from '../store/ledger.ts';
-import type { SettlementState } from '../store/settlements.ts';
-import type { GateDoc, VerificationDoc } from '../store/x402.ts';
-import { emitEvent } from './events.ts';
-import { advanceSettlement } from './settlement.ts';
+} from '../../domain/settlement.ts';
+import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../../domain/x402.ts';
+import { watchRedis } from '../../outages.ts';
+import { bullPrefix, jobIdFor } from '../../queues/index.ts';
+import { createRedisClient, isClusterUrl, type RedisClient } from '../../redis.ts';
+import type { Runtime } from '../../runtime.ts';
+import { accountOf, type ReportedHead } from '../../store/ledger.ts';
+import type { SettlementState } from '../../store/settlements.ts';
+import type { GateDoc, VerificationDoc } from '../../store/x402.ts';
+import { emitEvent } from '../events.ts';
+import { advanceSettlement } from '../settlement.ts';
 import {
   gateExpiredEvent,
   gateSettlementId,
@@ -32,7 +32,7 @@ import {
   woundDownError,
   type GateState,
   type X402Gates,
-} from './x402-gates.ts';
+} from './gates.ts';
 
 /** How long verify waits for its job before answering 202 with the status URL. */
 const VERIFY_WAIT_MS = 2_000;

@@ -1,17 +1,17 @@
 // x402 quotes: a gate's quotes form a chain (the last one is current), each bound to one request and live until it
 // expires; the checks every later step makes on the quote it is handed.
-import { newId } from '../domain/crypto.ts';
-import { x402Error } from '../domain/errors.ts';
+import { newId } from '../../domain/crypto.ts';
+import { x402Error } from '../../domain/errors.ts';
 import {
   DEFAULT_QUOTE_TTL_SECONDS,
   paymentRequiredHeader,
   paymentRequirements,
   quoteSha256,
   type PaymentRequirementsV2,
-} from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
-import type { GateDoc, QuoteDoc } from '../store/x402.ts';
-import { isTerminal, valueOf, type X402Gates } from './x402-gates.ts';
+} from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { GateDoc, QuoteDoc } from '../../store/x402.ts';
+import { isTerminal, valueOf, type X402Gates } from './gates.ts';
 
 export interface QuoteResult {
   quote: QuoteDoc;

@@ -1,14 +1,14 @@
 // x402 wind-down: an agent's wind-down is a fact (first call wins); its gates nobody authorized are cancelled and
 // their escrow returned, their quotes die, pending escalations are denied; authorized gates wait for their
 // verification (or the sweeper's return). The summary is recorded once.
-import { errors } from '../domain/errors.ts';
-import { failpoint } from '../domain/failpoints.ts';
-import type { Runtime } from '../runtime.ts';
-import type { ResolutionDoc, WindDownSummary } from '../store/x402.ts';
-import { emitEvent } from './events.ts';
-import { escalationEvent, type X402Escalations } from './x402-escalations.ts';
-import type { X402Gates } from './x402-gates.ts';
-import type { X402Sessions } from './x402-sessions.ts';
+import { errors } from '../../domain/errors.ts';
+import { failpoint } from '../../domain/failpoints.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { ResolutionDoc, WindDownSummary } from '../../store/x402.ts';
+import { emitEvent } from '../events.ts';
+import { escalationEvent, type X402Escalations } from './escalations.ts';
+import type { X402Gates } from './gates.ts';
+import type { X402Sessions } from './sessions.ts';
 
 export class X402WindDown {
   constructor(

@@ -1,31 +1,32 @@
-// The x402 payment gate's use cases (contract section 8), one file per flow:
-//   x402-gates.ts             create and fund a gate (raced against a wind-down), its state, its reserve's return
-//   x402-quotes.ts            a gate's quote chain and the checks on a quote
-//   x402-wallet-policies.ts   wallet policies, the daily spend, a sponsor wallet's decision
-//   x402-authorization.ts     payment authorization (the gate's one commitment and its payment token)
-//   x402-escalations.ts       escalations of policy refusals, approved or denied by a person
-//   x402-verify.ts            the provider's report and the x402-verify job's settlement decision
-//   x402-wind-down.ts         an agent's wind-down
-//   x402-sessions.ts          payment sessions: a budget reserved once, one request per paid call, settled at close
-//   x402-tokens.ts            the JWTs those flows sign and check
-//   x402-expiry.ts            the sweeper of gates past their deadline; x402-facilitator.ts the x402 v2 facilitator
+// The x402 payment gate's use cases (contract section 8), one file per flow in this folder:
+//   gates.ts                create and fund a gate (raced against a wind-down), its state, its reserve's return
+//   quotes.ts               a gate's quote chain and the checks on a quote
+//   wallet-policies.ts      wallet policies, the daily spend, a sponsor wallet's decision
+//   authorization.ts        payment authorization (the gate's one commitment and its payment token)
+//   escalations.ts          escalations of policy refusals, approved or denied by a person
+//   verify.ts               the provider's report and the x402-verify job's settlement decision
+//   wind-down.ts            an agent's wind-down
+//   sessions.ts             payment sessions: a budget reserved once, one request per paid call, settled at close
+//   session-facilitator.ts  the facilitator's verify and settle for session payments
+//   tokens.ts               the JWTs those flows sign and check
+//   expiry.ts               the sweeper of gates past their deadline; facilitator.ts the x402 v2 facilitator
 // Every ledger entry id and every event of a gate is decided in these files. X402Service wires the flows together,
 // and its callers (routes, the x402-verify worker, the sweeper, the facilitator) name the flow they call:
 // `x402.gates.createGate(...)`, `x402.sessions.charge(...)`. One instance per process (x402Service), so they share
 // its per-process memory (funded gates, wallets seen, session seqs handed out) and its one listener on the verify
 // queue's events.
-import type { Runtime } from '../runtime.ts';
-import { X402Authorization } from './x402-authorization.ts';
-import { X402EscalationDeadlines, X402Escalations } from './x402-escalations.ts';
-import { X402Gates } from './x402-gates.ts';
-import { X402Quotes } from './x402-quotes.ts';
-import { X402Sessions } from './x402-sessions.ts';
-import { X402Tokens } from './x402-tokens.ts';
-import { X402Verification } from './x402-verify.ts';
-import { X402WalletPolicies } from './x402-wallet-policies.ts';
-import { X402WindDown } from './x402-wind-down.ts';
+import type { Runtime } from '../../runtime.ts';
+import { X402Authorization } from './authorization.ts';
+import { X402EscalationDeadlines, X402Escalations } from './escalations.ts';
+import { X402Gates } from './gates.ts';
+import { X402Quotes } from './quotes.ts';
+import { X402Sessions } from './sessions.ts';
+import { X402Tokens } from './tokens.ts';
+import { X402Verification } from './verify.ts';
+import { X402WalletPolicies } from './wallet-policies.ts';
+import { X402WindDown } from './wind-down.ts';
 
-export type { PaymentAuthorization } from './x402-authorization.ts';
+export type { PaymentAuthorization } from './authorization.ts';
 export {
   BULK_RESOLVE_LIMIT,
   deadlineOf,
@@ -33,10 +34,10 @@ export {
   escalationStatus,
   type BulkOutcome,
   type EscalationState,
-} from './x402-escalations.ts';
-export { gateSettlementId, x402EntryIds, type CreateGateInput, type GateState } from './x402-gates.ts';
-export type { QuoteResult } from './x402-quotes.ts';
-export type { VerifyOutcome } from './x402-verify.ts';
+} from './escalations.ts';
+export { gateSettlementId, x402EntryIds, type CreateGateInput, type GateState } from './gates.ts';
+export type { QuoteResult } from './quotes.ts';
+export type { VerifyOutcome } from './verify.ts';
 
 /** The one x402 service of each runtime (a process has one; each test app its own). */
 const perRuntime = new WeakMap<Runtime, X402Service>();

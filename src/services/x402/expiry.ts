@@ -9,14 +9,14 @@
 //   verification slot filled with its return, racing the provider's report; the verify decision then refunds it;
 // - half-done work is finished: a cancelled or expired gate's lock is returned (also a lock its create recorded after
 //   the cancellation), a voided gate whose report was lost is refunded, a reported gate is decided and settled.
-import { failpoint } from '../domain/failpoints.ts';
-import { authorizationDeadline, heldGateDeadline } from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
-import type { CommitmentDoc, GateDoc, VerificationDoc } from '../store/x402.ts';
-import { emitEvent } from './events.ts';
-import { sweepDue, type DueLook } from './sweep-items.ts';
-import { gateExpiredEvent } from './x402-gates.ts';
-import type { X402Service } from './x402.ts';
+import { failpoint } from '../../domain/failpoints.ts';
+import { authorizationDeadline, heldGateDeadline } from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { CommitmentDoc, GateDoc, VerificationDoc } from '../../store/x402.ts';
+import { emitEvent } from '../events.ts';
+import { sweepDue, type DueLook } from '../sweep-items.ts';
+import { gateExpiredEvent } from './gates.ts';
+import type { X402Service } from './service.ts';
 
 /** A create records its lock right after its gate: a closed gate this old without a lock entry never gets one. */
 const LOCK_GRACE_MS = 60_000;

@@ -3,9 +3,9 @@
 // it is checked offline against the service's own key ring, then against the gate it names (by `_id`, in the
 // caller's tenant only). Settling reports the served call to the gate's verify, so money moves exactly as there.
 import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } from 'jose';
-import { isSha256Hex, sha256Hex } from '../domain/crypto.ts';
-import { errors, ServiceError } from '../domain/errors.ts';
-import { capturedOf } from '../domain/settlement.ts';
+import { isSha256Hex, sha256Hex } from '../../domain/crypto.ts';
+import { errors, ServiceError } from '../../domain/errors.ts';
+import { capturedOf } from '../../domain/settlement.ts';
 import {
   acceptsNetwork,
   authorizationDeadline,
@@ -16,7 +16,7 @@ import {
   X402_VERSION,
   x402RequestSha256,
   type PaymentTokenClaims,
-} from '../domain/x402.ts';
+} from '../../domain/x402.ts';
 import {
   paymentStatusAnswer,
   unpaidAnswer,
@@ -24,10 +24,10 @@ import {
   type PaymentStatusAnswer,
   type SettleAnswer,
   type VerifyAnswer,
-} from '../domain/x402-facilitator.ts';
-import type { Runtime } from '../runtime.ts';
-import { X402SessionFacilitator } from './x402-session-facilitator.ts';
-import { x402Service, type GateState, type X402Service } from './x402.ts';
+} from '../../domain/x402-facilitator.ts';
+import type { Runtime } from '../../runtime.ts';
+import { X402SessionFacilitator } from './session-facilitator.ts';
+import { x402Service, type GateState, type X402Service } from './service.ts';
 
 /** A refusal in the protocol's terms: a snake_case reason and a sentence that names no secret. */
 class Refusal extends Error {

@@ -1,6 +1,6 @@
 // x402 wallet policies: a wallet's versioned spending policy, its daily spend counted once per decision, and a
 // sponsor wallet's decision to pay for one gate, quote and request.
-import { errors, ServiceError, x402Error } from '../domain/errors.ts';
+import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
 import {
   evaluateDailyLimit,
   evaluateStaticPolicy,
@@ -9,13 +9,13 @@ import {
   WALLET_DECISION_TTL_SECONDS,
   type PolicyBreach,
   type WalletPolicy,
-} from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
-import type { WalletDoc } from '../store/ledger.ts';
-import { OtherKeyTaken, type PolicyVersionDoc } from '../store/x402.ts';
-import { valueOf, type X402Gates } from './x402-gates.ts';
-import type { X402Quotes } from './x402-quotes.ts';
-import type { X402Tokens } from './x402-tokens.ts';
+} from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { WalletDoc } from '../../store/ledger.ts';
+import { OtherKeyTaken, type PolicyVersionDoc } from '../../store/x402.ts';
+import { valueOf, type X402Gates } from './gates.ts';
+import type { X402Quotes } from './quotes.ts';
+import type { X402Tokens } from './tokens.ts';
 
 export class X402WalletPolicies {
   constructor(

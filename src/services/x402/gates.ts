@@ -1,17 +1,17 @@
 // x402 gates: creating and funding a gate (its escrow lock, raced against a wind-down), the gate's state from its
 // facts, and the two ways its reserve goes back outside a settlement (a cancellation, an expiry). Also the reads every
-// other x402 flow checks first: the agents' lifecycle, the gate, whether it is funded. See services/x402.ts.
-import { idFromIdempotency, newId } from '../domain/crypto.ts';
-import { errors, ServiceError, x402Error } from '../domain/errors.ts';
-import { settlementSubject } from '../domain/events.ts';
-import { failpoint } from '../domain/failpoints.ts';
-import { firstGateCheck, type GateStatus } from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
-import type { AgentDoc } from '../store/agents.ts';
-import type { NewLedgerEntry, PreparedEntry, WalletDoc } from '../store/ledger.ts';
-import { bucketMove, isInsufficientFunds } from '../store/ledger.ts';
-import { readSettlement, type SettlementState } from '../store/settlements.ts';
-import type { CommitmentDoc, GateDoc, QuoteDoc, VerificationDoc } from '../store/x402.ts';
+// other x402 flow checks first: the agents' lifecycle, the gate, whether it is funded. See service.ts.
+import { idFromIdempotency, newId } from '../../domain/crypto.ts';
+import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
+import { settlementSubject } from '../../domain/events.ts';
+import { failpoint } from '../../domain/failpoints.ts';
+import { firstGateCheck, type GateStatus } from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { AgentDoc } from '../../store/agents.ts';
+import type { NewLedgerEntry, PreparedEntry, WalletDoc } from '../../store/ledger.ts';
+import { bucketMove, isInsufficientFunds } from '../../store/ledger.ts';
+import { readSettlement, type SettlementState } from '../../store/settlements.ts';
+import type { CommitmentDoc, GateDoc, QuoteDoc, VerificationDoc } from '../../store/x402.ts';
 
 export const x402EntryIds = {
   lock: (gateId: string) => `x402:${gateId}:lock`,

@@ -2,11 +2,11 @@
 // id of the payer's. Verify holds the required amount in the session's budget (so a verified call can always be
 // paid, and parallel calls never overspend); settle charges what the call cost, at most that (the stock middleware's
 // settlement overrides send the actual amount), and the rest of the hold goes back to the budget at once. Both are
-// idempotent by the payment id: a repeated settle answers the same charge. See services/x402-sessions.ts.
-import { isSha256Hex } from '../domain/crypto.ts';
-import { ServiceError } from '../domain/errors.ts';
-import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
+// idempotent by the payment id: a repeated settle answers the same charge. See sessions.ts.
+import { isSha256Hex } from '../../domain/crypto.ts';
+import { ServiceError } from '../../domain/errors.ts';
+import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
 import {
   paymentStatusAnswer,
   unpaidAnswer,
@@ -14,9 +14,9 @@ import {
   type PaymentStatusAnswer,
   type SettleAnswer,
   type VerifyAnswer,
-} from '../domain/x402-facilitator.ts';
-import type { ChargeAnswer } from './x402-sessions.ts';
-import type { X402Service } from './x402.ts';
+} from '../../domain/x402-facilitator.ts';
+import type { ChargeAnswer } from './sessions.ts';
+import type { X402Service } from './service.ts';
 
 const AMOUNT = /^(0|[1-9][0-9]{0,15})$/;
 

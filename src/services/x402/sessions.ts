@@ -6,12 +6,12 @@
 // Money: the budget is one reserve (`x402ses:<id>:lock`). Its fate is the session's close record (first insert
 // wins). The close returns budget - charged by `x402ses:<id>:refund` and pays each payee through a settlement of its
 // own (`sst_<id>_<payee index>`), which holds back and can be disputed like any settlement.
-import { idFromIdempotency, newId } from '../domain/crypto.ts';
-import { errors, ServiceError, x402Error } from '../domain/errors.ts';
-import { failpoint } from '../domain/failpoints.ts';
-import { receiptMoney, signReceipt } from '../domain/receipt.ts';
-import { decideSettlement } from '../domain/settlement.ts';
-import { evaluateStaticPolicy } from '../domain/x402.ts';
+import { idFromIdempotency, newId } from '../../domain/crypto.ts';
+import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
+import { failpoint } from '../../domain/failpoints.ts';
+import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
+import { decideSettlement } from '../../domain/settlement.ts';
+import { evaluateStaticPolicy } from '../../domain/x402.ts';
 import {
   chargesSha256,
   DEFAULT_SESSION_TTL_SECONDS,
@@ -22,9 +22,9 @@ import {
   type SessionStatus,
   type SignedChargeReceipt,
   type StatementCharge,
-} from '../domain/x402-sessions.ts';
-import type { Runtime } from '../runtime.ts';
-import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../store/ledger.ts';
+} from '../../domain/x402-sessions.ts';
+import type { Runtime } from '../../runtime.ts';
+import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../../store/ledger.ts';
 import {
   chargeId,
   type BudgetState,
@@ -35,13 +35,13 @@ import {
   type DebitResult,
   type HoldBinding,
   type SessionDoc,
-} from '../store/x402-sessions.ts';
-import { disputeSettlement } from './disputes.ts';
-import { emitEvent } from './events.ts';
-import { advanceSettlement } from './settlement.ts';
-import { sweepDue } from './sweep-items.ts';
-import { woundDownError, type X402Gates } from './x402-gates.ts';
-import type { X402WalletPolicies } from './x402-wallet-policies.ts';
+} from '../../store/x402-sessions.ts';
+import { disputeSettlement } from '../disputes.ts';
+import { emitEvent } from '../events.ts';
+import { advanceSettlement } from '../settlement.ts';
+import { sweepDue } from '../sweep-items.ts';
+import { woundDownError, type X402Gates } from './gates.ts';
+import type { X402WalletPolicies } from './wallet-policies.ts';
 
 export const sessionEntryIds = {
   lock: (sessionId: string) => `x402ses:${sessionId}:lock`,

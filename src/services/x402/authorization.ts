@@ -1,17 +1,17 @@
 // x402 payment authorization: every check of the contract in its order (agents, gate, quote, request binding,
 // wallet decision, policy limits, or an approved escalation's override), then the gate's one commitment, which
 // carries the payment token the payee's server checks.
-import { newId } from '../domain/crypto.ts';
-import { x402Error } from '../domain/errors.ts';
-import { failpoint } from '../domain/failpoints.ts';
-import { evaluateStaticPolicy, paymentTokenClaims, TOKEN_AUDIENCE, type PolicyBreach } from '../domain/x402.ts';
-import type { Runtime } from '../runtime.ts';
-import type { CommitmentDoc, GateDoc, PolicyVersionDoc, QuoteDoc } from '../store/x402.ts';
-import { escalationStatus, type X402Escalations } from './x402-escalations.ts';
-import { isTerminal, valueOf, type GateState, type X402Gates } from './x402-gates.ts';
-import type { X402Quotes } from './x402-quotes.ts';
-import type { X402Tokens } from './x402-tokens.ts';
-import type { X402WalletPolicies } from './x402-wallet-policies.ts';
+import { newId } from '../../domain/crypto.ts';
+import { x402Error } from '../../domain/errors.ts';
+import { failpoint } from '../../domain/failpoints.ts';
+import { evaluateStaticPolicy, paymentTokenClaims, TOKEN_AUDIENCE, type PolicyBreach } from '../../domain/x402.ts';
+import type { Runtime } from '../../runtime.ts';
+import type { CommitmentDoc, GateDoc, PolicyVersionDoc, QuoteDoc } from '../../store/x402.ts';
+import { escalationStatus, type X402Escalations } from './escalations.ts';
+import { isTerminal, valueOf, type GateState, type X402Gates } from './gates.ts';
+import type { X402Quotes } from './quotes.ts';
+import type { X402Tokens } from './tokens.ts';
+import type { X402WalletPolicies } from './wallet-policies.ts';
 
 export interface PaymentAuthorization {
   authorizationRef: string;
