@@ -143,13 +143,13 @@ async function main(): Promise<void> {
   const mongo = new MongoClient(`${MONGO_BASE}/${service.dbName}`);
   await mongo.connect();
   const config = loadConfig(service.env);
-  const rt = createRuntime(config, createLogger({ ...config, logLevel: 'warn' }, 'bench'));
+  const runtime = createRuntime(config, createLogger({ ...config, logLevel: 'warn' }, 'bench'));
   try {
     const seeded = await seed(mongo, service.dbName);
-    await connectRuntime(rt, 10_000);
+    await connectRuntime(runtime, 10_000);
 
     log('first audit (no checkpoints)');
-    const first = await auditLedger(rt, { budgetMs: 3_600_000 });
+    const first = await auditLedger(runtime, { budgetMs: 3_600_000 });
     log(`first audit: ${first.tookMs} ms, ${first.checked.postingsRead} postings, clean ${first.clean}`);
     if (!first.clean) log(JSON.stringify(first.violations.slice(0, 5)));
 
@@ -157,7 +157,7 @@ async function main(): Promise<void> {
     for (let i = RUNS; i < RUNS + NEW_RUNS; i++) {
       const [payer, payee, amount, runId] = [payerOf(i), payeeOf(i), amountOf(i), runIdOf(i)];
       const settlementId = settlementIdFor(runId);
-      await rt.stores.ledger.apply({
+      await runtime.stores.ledger.apply({
         _id: escrowEntryIds.lock(runId),
         tenantId: TENANT,
         kind: 'escrow_lock',
@@ -165,7 +165,7 @@ async function main(): Promise<void> {
         legs: bucketMove(payer, 'available', 'escrow', amount),
         ref: { runId, generation: '1' },
       });
-      await rt.stores.ledger.apply({
+      await runtime.stores.ledger.apply({
         _id: entryIds.release(settlementId),
         tenantId: TENANT,
         kind: 'settlement_release',
@@ -177,7 +177,7 @@ async function main(): Promise<void> {
         ref: { settlementId, runId },
       });
     }
-    const incremental = await auditLedger(rt);
+    const incremental = await auditLedger(runtime);
     log(
       `incremental audit: ${incremental.tookMs} ms, ${incremental.checked.postingsRead} postings, clean ${incremental.clean}`,
     );
@@ -200,7 +200,7 @@ async function main(): Promise<void> {
       ),
     );
   } finally {
-    await rt.close();
+    await runtime.close();
     if (process.env.BENCH_KEEP_DATA !== '1') await dropBenchData(service, mongo, log);
     await mongo.close();
   }

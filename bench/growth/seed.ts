@@ -124,18 +124,18 @@ function chain(runId: string, count: number, agent: SeedAgent, startedAt: number
 }
 
 export async function seedDatabase(
-  rt: Runtime,
+  runtime: Runtime,
   options: SeedOptions,
   log: (line: string) => void,
 ): Promise<SeedReport> {
   const started = performance.now();
-  const { runs: runStore, settlements } = rt.stores;
-  const tenant = await createTenant(rt, { name: 'seeded' });
+  const { runs: runStore, settlements } = runtime.stores;
+  const tenant = await createTenant(runtime, { name: 'seeded' });
   const agents: SeedAgent[] = [];
   for (let i = 0; i < 20; i++) {
     const pair = generateEd25519KeyPair();
     const publicKey = Buffer.from(pair.raw).toString('base64url');
-    const { agent, key } = await registerAgent(rt, tenant._id, { name: `agent-${i}`, publicKey });
+    const { agent, key } = await registerAgent(runtime, tenant._id, { name: `agent-${i}`, publicKey });
     agents.push({
       agentId: agent._id,
       keyId: key.keyId,
@@ -230,7 +230,7 @@ export async function seedDatabase(
             events,
             finalizedAt: sealedAt.toISOString(),
           },
-          rt.keys.active,
+          runtime.keys.active,
         );
         const { items: _items, ...eventsHeader } = artifact.events;
         const finalizedAt = new Date(sealedAt.getTime() + 500);
@@ -276,7 +276,7 @@ export async function seedDatabase(
             artifactHash: artifact.artifactHash,
             decidedAt,
           },
-          rt.keys.active,
+          runtime.keys.active,
         );
         const disputeWindowEndsAt = new Date(Date.parse(decidedAt) + 3_600_000).toISOString();
         settlementDocs.push({

@@ -23,17 +23,17 @@ const SERVICE_KEY_STORE = 'sealed in the service (/mcp)';
  * Agents registered through /mcp keep their signing key in the service (see services/mcp-agent-keys.ts). A path
  * argument would name a file on the service's machine, so it is refused.
  */
-function serviceKeyStore(rt: Runtime, tenantId: string): (requested: string | undefined) => AgentKeyStore {
+function serviceKeyStore(runtime: Runtime, tenantId: string): (requested: string | undefined) => AgentKeyStore {
   const store: AgentKeyStore = {
     location: SERVICE_KEY_STORE,
     async ensureUsable() {},
     async save(agentId, privateKey, keyId) {
-      if (!(await keepMcpAgentKey(rt, tenantId, agentId, keyId, privateKeyToPem(privateKey)))) {
+      if (!(await keepMcpAgentKey(runtime, tenantId, agentId, keyId, privateKeyToPem(privateKey)))) {
         throw new KeyFileError('KEY_FILE_UNAVAILABLE', `agent ${agentId} already has a key in the service`);
       }
     },
     async load(agentId) {
-      const kept = await mcpAgentKey(rt, tenantId, agentId);
+      const kept = await mcpAgentKey(runtime, tenantId, agentId);
       if (!kept)
         throw new KeyFileError(
           'AGENT_KEY_NOT_FOUND',
@@ -61,16 +61,16 @@ function serviceKeyStore(rt: Runtime, tenantId: string): (requested: string | un
 
 /** Answers one MCP POST (a JSON-RPC message or batch) with a JSON response, then drops the server. */
 export async function answerMcpRequest(
-  rt: Runtime,
+  runtime: Runtime,
   caller: McpCaller,
   request: Request,
   parsedBody: unknown,
   apiFetch: FetchLike,
 ): Promise<Response> {
   const server = buildMcpServer(
-    { baseUrl: rt.config.publicBaseUrl, tenantId: caller.tenantId, apiKey: caller.apiKey },
-    (line) => rt.logger.warn({ tenantId: caller.tenantId }, line),
-    { fetch: apiFetch, agentKeys: serviceKeyStore(rt, caller.tenantId) },
+    { baseUrl: runtime.config.publicBaseUrl, tenantId: caller.tenantId, apiKey: caller.apiKey },
+    (line) => runtime.logger.warn({ tenantId: caller.tenantId }, line),
+    { fetch: apiFetch, agentKeys: serviceKeyStore(runtime, caller.tenantId) },
   );
   const transport = new WebStandardStreamableHTTPServerTransport({
     sessionIdGenerator: undefined,

@@ -46,7 +46,7 @@ function agentIdFor(tenantId: string, namespace: string | undefined, name: strin
 
 /** Registers an agent identity with its first key; its metadata is kept as the client sent it (canonical JSON). */
 export async function registerAgent(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   input: RegisterAgentInput,
 ): Promise<{ agent: AgentDoc; key: AgentKeyDoc }> {
@@ -73,8 +73,8 @@ export async function registerAgent(
     );
   }
   // Listed before it is stored (see store/list-index.ts); a refused duplicate's entry matches no agent and is skipped.
-  await rt.stores.lists.add({ kind: 'agents', id: agentId, tenantId, at: now, agentIds: [agentId] });
-  const agent = await rt.stores.agents.create(tenantId, {
+  await runtime.stores.lists.add({ kind: 'agents', id: agentId, tenantId, at: now, agentIds: [agentId] });
+  const agent = await runtime.stores.agents.create(tenantId, {
     _id: agentId,
     displayName: input.displayName ?? null,
     metadataJson: input.metadata === undefined ? null : toStoredJson(input.metadata),
@@ -85,39 +85,39 @@ export async function registerAgent(
   return { agent, key };
 }
 
-export async function getAgent(rt: Runtime, tenantId: string, agentId: string): Promise<AgentDoc> {
-  const agent = await rt.stores.agents.get(tenantId, agentId);
+export async function getAgent(runtime: Runtime, tenantId: string, agentId: string): Promise<AgentDoc> {
+  const agent = await runtime.stores.agents.get(tenantId, agentId);
   if (!agent) throw errors.notFound('agent');
   return agent;
 }
 
 export async function addAgentKey(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   agentId: string,
   publicKey: string,
 ): Promise<AgentKeyDoc> {
   const key = agentKeyFrom(publicKey, new Date());
-  await rt.stores.agents.addKey(tenantId, agentId, key);
-  await rt.credentials.invalidate('agent', agentId);
+  await runtime.stores.agents.addKey(tenantId, agentId, key);
+  await runtime.credentials.invalidate('agent', agentId);
   return key;
 }
 
 /** Revokes an agent key: events it signs are refused from now on, on every process. */
 export async function revokeAgentKey(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   agentId: string,
   keyId: string,
 ): Promise<AgentKeyDoc> {
-  const key = await rt.stores.agents.revokeKey(tenantId, agentId, keyId);
-  await rt.credentials.invalidate('agent', agentId);
+  const key = await runtime.stores.agents.revokeKey(tenantId, agentId, keyId);
+  await runtime.credentials.invalidate('agent', agentId);
   return key;
 }
 
 /** The tenant's agent as the signature checks see it (cached across requests; see CredentialCache). */
-export async function signingAgent(rt: Runtime, tenantId: string, agentId: string): Promise<AgentDoc> {
-  const agent = await rt.credentials.agent(rt.stores.agents, agentId);
+export async function signingAgent(runtime: Runtime, tenantId: string, agentId: string): Promise<AgentDoc> {
+  const agent = await runtime.credentials.agent(runtime.stores.agents, agentId);
   if (!agent || agent.tenantId !== tenantId) throw errors.notFound('agent');
   return agent;
 }

@@ -15,24 +15,28 @@ import { applyRuling, read } from './settlement.ts';
  * holdback's release at the window's end claim the same fact, so whichever is recorded first decides.
  */
 export async function openDispute(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   runId: string,
   input: { reason: string; evidence?: unknown },
 ) {
-  const { runs, settlements } = rt.stores;
+  const { runs, settlements } = runtime.stores;
   const run = await runs.get(tenantId, runId);
   const s = run && (await settlements.byRun(run._id));
   if (!s) throw errors.notFound('settlement');
-  return disputeSettlement(rt, s, input);
+  return disputeSettlement(runtime, s, input);
 }
 
 /** Disputes one settlement (a run's, or a payment session payee's): its holdback is frozen until a ruling. */
-export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { reason: string; evidence?: unknown }) {
-  const { settlements } = rt.stores;
+export async function disputeSettlement(
+  runtime: Runtime,
+  s: SettlementDoc,
+  input: { reason: string; evidence?: unknown },
+) {
+  const { settlements } = runtime.stores;
   if (input.evidence !== undefined) assertClientJsonDepth(input.evidence, 'body.evidence');
   const evidenceJson = input.evidence === undefined ? null : toStoredJson(input.evidence);
-  const { view, facts } = await read(rt, s);
+  const { view, facts } = await read(runtime, s);
   const now = Date.now();
   if (view.status !== 'completed' || facts.holdback)
     throw errors.transitionIllegal(`a ${view.status} settlement cannot be disputed`, view.status);
@@ -43,7 +47,7 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   await settlements.referDispute(disputeId, s);
   // Due before the dispute exists: a crash before its announcement leaves it for a pass to announce (a settlement
   // with nothing held has no due record of its own by then; the pass sets the next one).
-  await settlements.due.mark(s._id, s.tenantId, new Date(now + rt.config.sweeper.staleAfterMs));
+  await settlements.due.mark(s._id, s.tenantId, new Date(now + runtime.config.sweeper.staleAfterMs));
   const { won, fact } = await settlements.claim(s._id, 'holdback', {
     fate: 'dispute',
     disputeId,
@@ -64,7 +68,7 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
   // A test gate's settlement is test traffic: its events are marked and reach only endpoints that want them.
   const marks = { test: s.test === true };
   await emitEvent(
-    rt,
+    runtime,
     s.tenantId,
     'dispute.opened',
     { disputeId, ...subject, settlementId: s._id },
@@ -76,11 +80,11 @@ export async function disputeSettlement(rt: Runtime, s: SettlementDoc, input: { 
 
 /** Ops ruling on an open dispute: the frozen holdback goes to the payee, the payer, or is split. */
 export async function resolveDispute(
-  rt: Runtime,
+  runtime: Runtime,
   disputeId: string,
   ruling: { outcome: 'payee' | 'payer' | 'split'; payerShareBps?: number },
 ): Promise<{ state: SettlementState; applied: boolean }> {
-  const { settlements } = rt.stores;
+  const { settlements } = runtime.stores;
   const { outcome, payerShareBps } = ruling;
   if ((outcome === 'split') !== (payerShareBps !== undefined)) {
     throw errors.unprocessable('payerShareBps goes with outcome "split", and only with it', {
@@ -89,7 +93,7 @@ export async function resolveDispute(
   }
   const s = await settlements.byDispute(disputeId);
   if (!s) throw errors.notFound('dispute');
-  const { facts, view } = await read(rt, s);
+  const { facts, view } = await read(runtime, s);
   if (facts.holdback?.fate !== 'dispute' || facts.holdback.disputeId !== disputeId) throw errors.notFound('dispute');
   const { toPayer, toPayee } = disputeSplit(facts.holdback.frozenAmount, outcome, payerShareBps);
   const sameRuling = (r: RulingFact) => r.outcome === outcome && r.payerShareBps === (payerShareBps ?? null);
@@ -108,5 +112,5 @@ export async function resolveDispute(
     if (!sameRuling(fact)) throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
   }
   failpoint('dispute.ruled');
-  return applyRuling(rt, s, `dispute-${disputeId}`);
+  return applyRuling(runtime, s, `dispute-${disputeId}`);
 }

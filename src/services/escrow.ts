@@ -42,8 +42,8 @@ export const escrowEntryIds = {
 const MAX_RESERVE_GENERATIONS = 20;
 
 /** When a run reserve not captured by then goes back to the payer. */
-function deadlineOf(rt: Runtime, lock: LedgerEntryDoc): number {
-  return lock.createdAt.getTime() + rt.config.reserves.runDeadlineSeconds * 1000;
+function deadlineOf(runtime: Runtime, lock: LedgerEntryDoc): number {
+  return lock.createdAt.getTime() + runtime.config.reserves.runDeadlineSeconds * 1000;
 }
 
 /**
@@ -51,13 +51,13 @@ function deadlineOf(rt: Runtime, lock: LedgerEntryDoc): number {
  * behind as it lets a fresh lock's request store its run (staleness, at least RUN_GRACE_MS), so the score is `at`
  * less that lag.
  */
-export function lookAtReserveAgain(rt: Runtime, lockEntryId: string, at: Date): Promise<void> {
-  const lag = Math.max(rt.config.sweeper.staleAfterMs, RUN_GRACE_MS);
-  return rt.stores.ledger.checkLockAt(lockEntryId, new Date(at.getTime() - lag));
+export function lookAtReserveAgain(runtime: Runtime, lockEntryId: string, at: Date): Promise<void> {
+  const lag = Math.max(runtime.config.sweeper.staleAfterMs, RUN_GRACE_MS);
+  return runtime.stores.ledger.checkLockAt(lockEntryId, new Date(at.getTime() - lag));
 }
 
-function lookAgainAtDeadline(rt: Runtime, lock: LedgerEntryDoc): Promise<void> {
-  return lookAtReserveAgain(rt, lock.entryId, new Date(deadlineOf(rt, lock)));
+function lookAgainAtDeadline(runtime: Runtime, lock: LedgerEntryDoc): Promise<void> {
+  return lookAtReserveAgain(runtime, lock.entryId, new Date(deadlineOf(runtime, lock)));
 }
 
 function generationOf(lock: LedgerEntryDoc): number {
@@ -93,14 +93,14 @@ function lockHolds(lock: LedgerEntryDoc, payerWalletId: string, amount: number, 
  * commit another's money.
  */
 export async function withRunEscrow<T>(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   runId: string,
   payeeAgentId: string,
   terms: RunSettlementTerms,
   attach: () => Promise<T>,
 ): Promise<T> {
-  const { agents, ledger, reserves } = rt.stores;
+  const { agents, ledger, reserves } = runtime.stores;
   if (terms.payerAgentId === payeeAgentId) {
     throw errors.unprocessable('the payer must be another agent than the one doing the work', {
       errors: [{ path: 'body.settlement.payerAgentId', message: 'equals the run agent' }],
@@ -133,7 +133,7 @@ export async function withRunEscrow<T>(
   const attached = await attach();
   failpoint('run.escrow.attached');
   // Owned now: the sweeper looks at it again at its deadline (returned then unless its settlement captured it).
-  await lookAgainAtDeadline(rt, lock);
+  await lookAgainAtDeadline(runtime, lock);
   return attached;
 }
 
@@ -143,10 +143,10 @@ export async function withRunEscrow<T>(
  * loud 402 that leaves the settlement pending, never a payment out of someone else's escrow). Answers the lock id.
  */
 export async function captureRunReserve(
-  rt: Runtime,
+  runtime: Runtime,
   s: { _id: string; tenantId: string; runId: string; payerWalletId: string; amount: number; currency: string },
 ): Promise<string> {
-  const { ledger, reserves } = rt.stores;
+  const { ledger, reserves } = runtime.stores;
   for (let generation = 1; generation <= MAX_RESERVE_GENERATIONS; generation++) {
     const lockId = escrowEntryIds.lock(s.runId, generation);
     const [fate, existing] = await Promise.all([reserves.claim(lockId, 'captured', s._id), ledger.getEntry(lockId)]);
@@ -174,14 +174,14 @@ export async function captureRunReserve(
  * return is claimed before the money moves, so a crash after the claim is finished by the next sweep.
  * Answers whether this look returned it.
  */
-export async function reconcileRunReserve(rt: Runtime, lock: LedgerEntryDoc): Promise<boolean> {
-  const { ledger, reserves, runs } = rt.stores;
+export async function reconcileRunReserve(runtime: Runtime, lock: LedgerEntryDoc): Promise<boolean> {
+  const { ledger, reserves, runs } = runtime.stores;
   const runId = lock.ref.runId!;
   const [run, known] = await Promise.all([runs.getAny(runId), reserves.fateOf(lock.entryId)]);
   let fate = known;
   if (!fate) {
-    if (run?.settlement && Date.now() < deadlineOf(rt, lock)) {
-      await lookAgainAtDeadline(rt, lock); // owned and in time
+    if (run?.settlement && Date.now() < deadlineOf(runtime, lock)) {
+      await lookAgainAtDeadline(runtime, lock); // owned and in time
       return false;
     }
     fate = await reserves.claim(lock.entryId, 'returned', run?.settlement ? 'deadline' : 'orphaned');
@@ -204,7 +204,7 @@ export async function reconcileRunReserve(rt: Runtime, lock: LedgerEntryDoc): Pr
     });
     failpoint('run.reserve.returned');
     await emitEvent(
-      rt,
+      runtime,
       lock.tenantId,
       'escrow.returned',
       {

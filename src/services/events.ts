@@ -15,7 +15,7 @@ import type { OutboxEventDoc } from '../store/outbox.ts';
  * after the look began, and would not have been sent the event anyway (unless in the very same millisecond).
  */
 export async function emitEvent(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   type: EventType,
   data: Record<string, unknown>,
@@ -23,14 +23,14 @@ export async function emitEvent(
   options: { test?: boolean } = {},
 ): Promise<OutboxEventDoc> {
   const createdAt = new Date();
-  const fanOut = await rt.stores.webhookEndpoints.anyRegistered(tenantId);
-  const event = await rt.stores.outbox.record(tenantId, type, data, cause, {
+  const fanOut = await runtime.stores.webhookEndpoints.anyRegistered(tenantId);
+  const event = await runtime.stores.outbox.record(tenantId, type, data, cause, {
     test: options.test === true,
     fanOut,
     createdAt,
   });
   if (fanOut)
-    await rt.producers.enqueue(
+    await runtime.producers.enqueue(
       'webhook-dispatch',
       { tenantId, eventId: event._id },
       jobIdFor('webhook-dispatch', event._id),

@@ -98,25 +98,25 @@ function caller(baseUrl: string, bearer: string): Caller {
 }
 
 /** Key material derived from the service's session secret: the same attempt always gets the same, nobody else can. */
-function derive(rt: Runtime, purpose: string, attemptId: string): Buffer {
-  return createHmac('sha256', rt.config.onboarding.sessionSecret)
+function derive(runtime: Runtime, purpose: string, attemptId: string): Buffer {
+  return createHmac('sha256', runtime.config.onboarding.sessionSecret)
     .update(`first-paid-call\n${purpose}\n${attemptId}`)
     .digest();
 }
 
 /** The attempt's own tenant key: id and secret derive from the attempt, so a resumed attempt presents the same one. */
 async function attemptCredential(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   attemptId: string,
   createdAt: Date,
 ): Promise<{ keyId: string; token: string }> {
-  const keyId = `ak_fpc${derive(rt, 'key-id', attemptId).toString('hex').slice(0, 24)}`;
-  const secret = derive(rt, 'key-secret', attemptId).toString('base64url');
-  const existing = await rt.stores.apiKeys.get(keyId);
+  const keyId = `ak_fpc${derive(runtime, 'key-id', attemptId).toString('hex').slice(0, 24)}`;
+  const secret = derive(runtime, 'key-secret', attemptId).toString('base64url');
+  const existing = await runtime.stores.apiKeys.get(keyId);
   if (!existing) {
     try {
-      await rt.stores.apiKeys.issue({
+      await runtime.stores.apiKeys.issue({
         id: keyId,
         secret,
         tenantId,
@@ -142,8 +142,8 @@ export function paidCallAttemptId(tenantId: string, idempotencyKey: string | nul
  * A sponsor wallet named by the caller must be one of theirs: a wrong id is the caller's mistake (404 before any
  * step runs), while a real wallet that cannot pay (no money, no policy) fails its step with 502 as the contract says.
  */
-async function requireSponsorWallet(rt: Runtime, tenantId: string, walletId: string): Promise<void> {
-  const wallet = await rt.stores.ledger.getWallet(walletId);
+async function requireSponsorWallet(runtime: Runtime, tenantId: string, walletId: string): Promise<void> {
+  const wallet = await runtime.stores.ledger.getWallet(walletId);
   if (wallet?.tenantId !== tenantId || wallet.kind !== 'sponsor') throw errors.notFound('sponsor wallet');
 }
 
@@ -152,16 +152,16 @@ async function requireSponsorWallet(rt: Runtime, tenantId: string, walletId: str
  * 502 SETTLD_API_CALL_FAILED naming the step, and is recorded on the attempt for the history.
  */
 export async function runFirstPaidCall(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   input: { attemptId: string; sponsorWalletId?: string | null },
   failpoint: Failpoint = noFailpoint,
 ): Promise<FirstPaidCallResult> {
-  const store = rt.stores.onboarding;
-  if (!(await rt.stores.tenants.get(tenantId))) throw errors.notFound('tenant');
+  const store = runtime.stores.onboarding;
+  if (!(await runtime.stores.tenants.get(tenantId))) throw errors.notFound('tenant');
   const known = await store.attempt(input.attemptId);
   if (known && known.tenantId !== tenantId) throw errors.notFound('first paid call attempt');
-  if (!known && input.sponsorWalletId) await requireSponsorWallet(rt, tenantId, input.sponsorWalletId);
+  if (!known && input.sponsorWalletId) await requireSponsorWallet(runtime, tenantId, input.sponsorWalletId);
   // Starts the attempt, or returns it (finishing its history slot if a crash interrupted that).
   const attempt = await store.startAttempt({
     attemptId: input.attemptId,
@@ -176,10 +176,10 @@ export async function runFirstPaidCall(
 
   const attemptId = attempt._id;
   const sponsorWalletId = attempt.sponsorWalletId;
-  const base = rt.config.publicBaseUrl;
-  const credential = await attemptCredential(rt, tenantId, attemptId, attempt.createdAt);
+  const base = runtime.config.publicBaseUrl;
+  const credential = await attemptCredential(runtime, tenantId, attemptId, attempt.createdAt);
   const api = caller(base, credential.token);
-  const ops = caller(base, rt.config.adminKey); // crediting is an ops action; the admin key never leaves this process
+  const ops = caller(base, runtime.config.adminKey); // crediting is an ops action; the admin key never leaves this process
   const steps: PaidCallStep[] = [];
   const idem = (step: string) => `${attemptId}:${step}`;
   const step = async <T>(name: string, work: () => Promise<T>): Promise<T> => {
@@ -208,7 +208,7 @@ export async function runFirstPaidCall(
       step(`register-${role}`, async () => {
         const agentId = `${tenantNamespace(tenantId)}:agent:${attemptId}-${role}`;
         const publicKey = publicKeyOf(
-          parsePrivateKey(derive(rt, `agent-${role}`, attemptId).toString('base64url')),
+          parsePrivateKey(derive(runtime, `agent-${role}`, attemptId).toString('base64url')),
         ).raw.toString('base64url');
         // The agent id is the attempt's own, so AGENT_EXISTS means an earlier run of this attempt registered it.
         await api.call(`register-${role}`, 'POST', '/v1/agents', {
@@ -358,7 +358,7 @@ export async function runFirstPaidCall(
       finishedAt: new Date(),
     };
     const recorded = await store.recordResult(doc);
-    await revokeApiKey(rt, credential.keyId); // the attempt is over; its credential is not needed again
+    await revokeApiKey(runtime, credential.keyId); // the attempt is over; its credential is not needed again
     return resultView(recorded);
   } catch (err) {
     if (!(err instanceof StepFailed)) throw err;
@@ -400,6 +400,6 @@ function resultView(doc: PaidCallResultDoc): FirstPaidCallResult {
   };
 }
 
-export async function firstPaidCallHistory(rt: Runtime, tenantId: string, limit: number, before: number | null) {
-  return rt.stores.onboarding.history(tenantId, limit, before);
+export async function firstPaidCallHistory(runtime: Runtime, tenantId: string, limit: number, before: number | null) {
+  return runtime.stores.onboarding.history(tenantId, limit, before);
 }

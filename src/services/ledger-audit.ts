@@ -127,14 +127,14 @@ type Subject = NonNullable<AuditReserveDoc['subject']>;
  * The reserve an escrow posting belongs to: its owner's settlement id (the one key shared by lock, moves and unlock),
  * or for a payment session the session id (its budget is one reserve, paid out through a settlement per payee).
  */
-async function ownerOf(rt: Runtime, p: PostingDoc): Promise<{ owner: string; subject: Subject | null } | null> {
-  const found = await settlementOwnerOf(rt, p);
+async function ownerOf(runtime: Runtime, p: PostingDoc): Promise<{ owner: string; subject: Subject | null } | null> {
+  const found = await settlementOwnerOf(runtime, p);
   const sessionId = found && found.subject === null ? sessionOfSettlement(found.owner) : null;
   return sessionId ? { owner: sessionId, subject: { kind: 'session', id: sessionId } } : found;
 }
 
 async function settlementOwnerOf(
-  rt: Runtime,
+  runtime: Runtime,
   p: PostingDoc,
 ): Promise<{ owner: string; subject: Subject | null } | null> {
   if (p.kind === 'x402_session_lock' || p.kind === 'x402_session_refund') {
@@ -166,7 +166,7 @@ async function settlementOwnerOf(
     ].includes(p.entryId)
   )
     return { owner: m[1]!, subject: null };
-  const entry = await rt.stores.ledgerAudit.entryAttempt(attemptId(p.entryId, p.attempt));
+  const entry = await runtime.stores.ledgerAudit.entryAttempt(attemptId(p.entryId, p.attempt));
   return entry?.ref.settlementId ? { owner: entry.ref.settlementId, subject: null } : null;
 }
 
@@ -207,8 +207,8 @@ async function eachLimited<T>(items: T[], limit: number, work: (item: T) => Prom
 }
 
 /** One audit pass. Throws 409 AUDIT_IN_PROGRESS when another process's audit holds the lock past `waitMs`. */
-export async function auditLedger(rt: Runtime, options: AuditOptions = {}): Promise<LedgerAuditReport> {
-  const store = rt.stores.ledgerAudit;
+export async function auditLedger(runtime: Runtime, options: AuditOptions = {}): Promise<LedgerAuditReport> {
+  const store = runtime.stores.ledgerAudit;
   const waitUntil = Date.now() + (options.waitMs ?? 0);
   let token = await store.lock(LOCK_TTL_MS);
   while (!token && Date.now() < waitUntil) {
@@ -231,7 +231,7 @@ export async function auditLedger(rt: Runtime, options: AuditOptions = {}): Prom
     );
   }, LOCK_RENEW_MS);
   try {
-    const report = await runPass(rt, options, () => lost);
+    const report = await runPass(runtime, options, () => lost);
     recordMetrics(report);
     return report;
   } finally {
@@ -240,8 +240,8 @@ export async function auditLedger(rt: Runtime, options: AuditOptions = {}): Prom
   }
 }
 
-async function runPass(rt: Runtime, options: AuditOptions, lockLost: () => boolean): Promise<LedgerAuditReport> {
-  const pass = new AuditPass(rt, options, lockLost);
+async function runPass(runtime: Runtime, options: AuditOptions, lockLost: () => boolean): Promise<LedgerAuditReport> {
+  const pass = new AuditPass(runtime, options, lockLost);
   await pass.load();
   await pass.walkAccounts();
   await pass.rebuildEntries();
@@ -288,14 +288,14 @@ class AuditPass {
   private now = 0;
 
   constructor(
-    private readonly rt: Runtime,
+    private readonly runtime: Runtime,
     options: AuditOptions,
     private readonly lockLost: () => boolean,
   ) {
-    this.store = rt.stores.ledgerAudit;
+    this.store = runtime.stores.ledgerAudit;
     this.full = options.full === true;
     this.deadline = this.startedAt + (options.budgetMs ?? DEFAULT_BUDGET_MS);
-    this.sweepMs = rt.config.sweeper.staleAfterMs + rt.config.sweeper.intervalMs;
+    this.sweepMs = runtime.config.sweeper.staleAfterMs + runtime.config.sweeper.intervalMs;
   }
 
   private add(v: AuditViolation): void {
@@ -352,7 +352,7 @@ class AuditPass {
     }
     if (account.bucket !== 'escrow') return;
     const { currency, walletId } = account;
-    const owner = await ownerOf(this.rt, p);
+    const owner = await ownerOf(this.runtime, p);
     if (!owner) {
       this.add({
         kind: 'escrow_unattributed',
@@ -471,12 +471,12 @@ class AuditPass {
    * the ledger's started ones (a pass that died after an account's checkpoint and before saving them forgot legs).
    */
   async rebuildEntries(): Promise<void> {
-    const { rt, entries } = this;
+    const { runtime, entries } = this;
     this.startedEntries = await this.store.startedEntries(MAX_STARTED_ENTRIES);
     await eachLimited([...new Set(this.startedEntries.map((e) => e.entryId))], READ_CONCURRENCY, async (entryId) => {
-      this.startedAttempts.set(entryId, await rt.stores.ledger.getEntry(entryId));
+      this.startedAttempts.set(entryId, await runtime.stores.ledger.getEntry(entryId));
     });
-    await recoverEntryLegs(rt, entries, this.checkpoints, [...this.startedAttempts.values()]);
+    await recoverEntryLegs(runtime, entries, this.checkpoints, [...this.startedAttempts.values()]);
     for (const e of entries.values()) if (isComplete(e) && !this.storedEntries.has(e._id)) entries.delete(e._id);
   }
 
@@ -616,7 +616,7 @@ class AuditPass {
   async checkReserves(): Promise<AuditReserveDoc[]> {
     const open = [...this.reserves.values()].filter((r) => r.amount > 0 && this.caughtUp.has(r.account));
     await eachLimited(open, READ_CONCURRENCY, async (r) => {
-      const problem = await reserveProblem(this.rt, r, this.now, this.startedAt, this.sweepMs);
+      const problem = await reserveProblem(this.runtime, r, this.now, this.startedAt, this.sweepMs);
       if (problem)
         this.add({ currency: r.currency, walletId: r.walletId, owner: r.owner, amount: r.amount, ...problem });
     });
@@ -625,7 +625,7 @@ class AuditPass {
 
   /** (e) settlements whose due step is long overdue, or that the sweeper parked. */
   async checkStuckSettlements(): Promise<void> {
-    for (const v of await stuckSettlements(this.rt, this.now)) this.add(v);
+    for (const v of await stuckSettlements(this.runtime, this.now)) this.add(v);
   }
 
   /**
@@ -635,7 +635,7 @@ class AuditPass {
   async checkSessions(open: AuditReserveDoc[]): Promise<void> {
     for (const r of open) if (r.subject?.kind === 'session') this.sessionsMoved.add(r.subject.id);
     await eachLimited([...this.sessionsMoved], READ_CONCURRENCY, async (sessionId) => {
-      const problem = await sessionChargesProblem(this.rt, sessionId);
+      const problem = await sessionChargesProblem(this.runtime, sessionId);
       if (problem) this.add({ owner: sessionId, ...problem });
     });
   }
@@ -679,24 +679,24 @@ const MAX_LEG_SEARCH = 512;
  * from the cache is looked for from its floor up to its account's checkpoint, where it would have been counted.
  */
 async function recoverEntryLegs(
-  rt: Runtime,
+  runtime: Runtime,
   entries: Map<string, AuditEntryDoc>,
   checkpoints: Map<string, AuditAccountDoc>,
   startedAttempts: Array<LedgerEntryDoc | null>,
 ): Promise<void> {
-  const store = rt.stores.ledgerAudit;
+  const store = runtime.stores.ledgerAudit;
   const inQuestion = [...entries.values()].filter((e) => !isComplete(e) && e.duplicates.length === 0).map((e) => e._id);
   await eachLimited([...new Set(inQuestion)], READ_CONCURRENCY, async (id) => {
     const attempt = await store.entryAttempt(id);
-    if (attempt) await recoverLegsOf(rt, entries, checkpoints, attempt);
+    if (attempt) await recoverLegsOf(runtime, entries, checkpoints, attempt);
   });
   await eachLimited(startedAttempts, READ_CONCURRENCY, async (attempt) => {
-    if (attempt && !entries.has(attempt._id)) await recoverLegsOf(rt, entries, checkpoints, attempt);
+    if (attempt && !entries.has(attempt._id)) await recoverLegsOf(runtime, entries, checkpoints, attempt);
   });
 }
 
 async function recoverLegsOf(
-  rt: Runtime,
+  runtime: Runtime,
   entries: Map<string, AuditEntryDoc>,
   checkpoints: Map<string, AuditAccountDoc>,
   attempt: LedgerEntryDoc,
@@ -715,7 +715,7 @@ async function recoverLegsOf(
     const account = accountOf(spec.walletId, attempt.currency, spec.bucket);
     const upTo = Math.min(checkpoints.get(account)?.seq ?? 0, (attempt.floors[leg] ?? 0) + MAX_LEG_SEARCH);
     for (let from = (attempt.floors[leg] ?? 0) + 1; from <= upTo; from += 32) {
-      const found = (await rt.stores.ledgerAudit.postingsAt(account, from, Math.min(32, upTo - from + 1))).find(
+      const found = (await runtime.stores.ledgerAudit.postingsAt(account, from, Math.min(32, upTo - from + 1))).find(
         (p) => p && p.entryId === attempt.entryId && p.attempt === attempt.attempt && p.leg === leg,
       );
       if (found) {
@@ -731,8 +731,13 @@ async function recoverLegsOf(
  * Whether the settlement is final with every entry it applied settled before `before` (so every posting of it was
  * on its chain when the pass began, and its reserve must read 0).
  */
-async function finishedBefore(rt: Runtime, s: SettlementDoc, facts: SettlementFacts, before: number): Promise<boolean> {
-  const latest = await Promise.all(candidateEntries(s, facts).map((id) => rt.stores.ledger.getEntry(id)));
+async function finishedBefore(
+  runtime: Runtime,
+  s: SettlementDoc,
+  facts: SettlementFacts,
+  before: number,
+): Promise<boolean> {
+  const latest = await Promise.all(candidateEntries(s, facts).map((id) => runtime.stores.ledger.getEntry(id)));
   const applied = latest.filter((e) => e?.state === 'applied');
   if (!deriveSettlement(termsOf(s), facts, new Set(applied.map((e) => e!.entryId)), new Date()).final) return false;
   return applied.every((e) => e!.settledAt !== null && e!.settledAt.getTime() < before);
@@ -740,13 +745,13 @@ async function finishedBefore(rt: Runtime, s: SettlementDoc, facts: SettlementFa
 
 /** What is wrong with an open reserve given its owner's facts (read by `_id`), if anything. */
 async function reserveProblem(
-  rt: Runtime,
+  runtime: Runtime,
   r: AuditReserveDoc,
   now: number,
   passStartedAt: number,
   sweepMs: number,
 ): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
-  const { settlements, runs, x402 } = rt.stores;
+  const { settlements, runs, x402 } = runtime.stores;
   const olderThanASweep = (at: Date | null) => at !== null && at.getTime() < now - sweepMs;
   const s = await settlements.get(r.owner);
   const subject: Subject | null =
@@ -755,7 +760,7 @@ async function reserveProblem(
     return { kind: 'reserve_owner_missing', detail: `reserve ${r._id} has neither a lock nor a settlement` };
   let deadline: number;
   if (subject.kind === 'session')
-    return sessionReserveProblem(rt, r, subject.id, olderThanASweep, now, passStartedAt, sweepMs);
+    return sessionReserveProblem(runtime, r, subject.id, olderThanASweep, now, passStartedAt, sweepMs);
   if (subject.kind === 'run') {
     const run = await runs.getAny(subject.id);
     if (!run)
@@ -766,7 +771,7 @@ async function reserveProblem(
       return olderThanASweep(r.lockedAt ?? r.openedAt)
         ? { kind: 'reserve_owner_missing', detail: `run ${subject.id} never took the terms its reserve was locked for` }
         : null;
-    deadline = (r.lockedAt ?? r.openedAt).getTime() + rt.config.reserves.runDeadlineSeconds * 1000;
+    deadline = (r.lockedAt ?? r.openedAt).getTime() + runtime.config.reserves.runDeadlineSeconds * 1000;
   } else {
     const [gate, commitment] = await Promise.all([x402.storedGate(subject.id), x402.commitmentOf(subject.id)]);
     if (!gate)
@@ -779,13 +784,13 @@ async function reserveProblem(
         detail: `gate ${subject.id} was ${commitment.kind === 'expired' ? 'expired' : 'cancelled'} at ${commitment.at.toISOString()} and still holds its reserve`,
       };
     }
-    deadline = gate.createdAt.getTime() + rt.config.x402.gateTtlSeconds * 1000 + GATE_DEADLINE_SLACK_MS;
+    deadline = gate.createdAt.getTime() + runtime.config.x402.gateTtlSeconds * 1000 + GATE_DEADLINE_SLACK_MS;
   }
   if (s) {
     const facts = await settlements.factsOf(s._id);
     if (facts.decision) {
       // Captured: what remains is the settlement's to move (a settlement that cannot is reported as stuck).
-      if (await finishedBefore(rt, s, facts, passStartedAt))
+      if (await finishedBefore(runtime, s, facts, passStartedAt))
         return {
           kind: 'reserve_owner_finished',
           detail: `settlement ${s._id} of ${subject.kind} ${subject.id} is final yet its reserve holds ${r.amount}`,
@@ -806,7 +811,7 @@ async function reserveProblem(
  * still to move (holdbacks in their window, disputes), and nothing once they are all final.
  */
 async function sessionReserveProblem(
-  rt: Runtime,
+  runtime: Runtime,
   r: AuditReserveDoc,
   sessionId: string,
   olderThanASweep: (at: Date | null) => boolean,
@@ -814,7 +819,7 @@ async function sessionReserveProblem(
   passStartedAt: number,
   sweepMs: number,
 ): Promise<Pick<AuditViolation, 'kind' | 'detail'> | null> {
-  const { x402Sessions, settlements } = rt.stores;
+  const { x402Sessions, settlements } = runtime.stores;
   const [session, close] = await Promise.all([x402Sessions.storedSession(sessionId), x402Sessions.closeOf(sessionId)]);
   if (!session)
     return olderThanASweep(r.openedAt)
@@ -832,12 +837,12 @@ async function sessionReserveProblem(
   if (!olderThanASweep(close.at)) return null;
   const refundDone =
     close.statement.body.refunded === 0 ||
-    (await rt.stores.ledger.firstAttemptApplied(sessionEntryIds.refund(sessionId)));
+    (await runtime.stores.ledger.firstAttemptApplied(sessionEntryIds.refund(sessionId)));
   for (const payee of close.statement.body.payees) {
     if (!payee.settlementId) continue;
     const s = await settlements.get(payee.settlementId);
     const facts = s && (await settlements.factsOf(s._id));
-    if (!s || !facts?.decision || !(await finishedBefore(rt, s, facts, passStartedAt))) return null; // still moving (a stuck one is reported as such)
+    if (!s || !facts?.decision || !(await finishedBefore(runtime, s, facts, passStartedAt))) return null; // still moving (a stuck one is reported as such)
   }
   return refundDone
     ? {
@@ -856,10 +861,10 @@ const SESSION_PROBE = 4;
  * statement's last seq is a receipt the close did not pay.
  */
 async function sessionChargesProblem(
-  rt: Runtime,
+  runtime: Runtime,
   sessionId: string,
 ): Promise<Pick<AuditViolation, 'kind' | 'detail' | 'amount' | 'currency'> | null> {
-  const store = rt.stores.x402Sessions;
+  const store = runtime.stores.x402Sessions;
   const [session, close, budget] = await Promise.all([
     store.get(sessionId),
     store.closeOf(sessionId),
@@ -890,8 +895,8 @@ async function sessionChargesProblem(
   };
 }
 
-async function stuckSettlements(rt: Runtime, now: number): Promise<AuditViolation[]> {
-  const { settlements, sweepParked } = rt.stores;
+async function stuckSettlements(runtime: Runtime, now: number): Promise<AuditViolation[]> {
+  const { settlements, sweepParked } = runtime.stores;
   const found = new Map<string, AuditViolation>();
   for (const record of await settlements.due.overdue(
     new Date(now - SETTLEMENT_STUCK_AFTER_MS),
@@ -933,16 +938,16 @@ function recordMetrics(report: LedgerAuditReport): void {
  * being read), logged at error level when it finds violations. Null when it was not due, another audit runs or it
  * failed (logged; it never fails the sweep).
  */
-export async function periodicLedgerAudit(rt: Runtime): Promise<LedgerAuditReport | null> {
-  const store = rt.stores.ledgerAudit;
+export async function periodicLedgerAudit(runtime: Runtime): Promise<LedgerAuditReport | null> {
+  const store = runtime.stores.ledgerAudit;
   if (!(await store.claimPeriodic(AUDIT_EVERY_MS))) return null;
   let report: LedgerAuditReport;
   try {
-    report = await auditLedger(rt);
+    report = await auditLedger(runtime);
   } catch (err) {
     // Never fails the sweep it runs in; the next claim tries again.
     if ((err as { code?: string }).code !== 'AUDIT_IN_PROGRESS')
-      rt.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'ledger audit failed');
+      runtime.logger.warn({ err: err instanceof Error ? err.message : String(err) }, 'ledger audit failed');
     return null;
   }
   const summary = {
@@ -952,15 +957,15 @@ export async function periodicLedgerAudit(rt: Runtime): Promise<LedgerAuditRepor
     tookMs: report.tookMs,
   };
   if (report.violations.length > 0)
-    rt.logger.error(
+    runtime.logger.error(
       { ...summary, first: report.violations.slice(0, 20) },
       'ledger audit found money invariant violations',
     );
   else
-    rt.logger.info(
+    runtime.logger.info(
       summary,
       report.complete ? 'ledger audit clean' : 'ledger audit read part of its backlog; it goes on next sweep',
     );
-  if (!report.complete) await store.claimPeriodicAgainIn(rt.config.sweeper.intervalMs / 2);
+  if (!report.complete) await store.claimPeriodicAgainIn(runtime.config.sweeper.intervalMs / 2);
   return report;
 }

@@ -61,7 +61,7 @@ interface Loaded<T> {
 }
 
 type Loader<K extends ListKind> = (
-  rt: Runtime,
+  runtime: Runtime,
   x402: X402Service,
   tenantId: string,
   id: string,
@@ -77,27 +77,29 @@ async function orNull<T>(read: Promise<T>): Promise<T | null> {
   }
 }
 
-async function loadSettlement(rt: Runtime, tenantId: string, id: string): Promise<SettlementState | null> {
-  const doc = await rt.stores.settlements.get(id);
-  return doc && doc.tenantId === tenantId ? readSettlement(rt.stores.settlements, rt.stores.ledger, doc) : null;
+async function loadSettlement(runtime: Runtime, tenantId: string, id: string): Promise<SettlementState | null> {
+  const doc = await runtime.stores.settlements.get(id);
+  return doc && doc.tenantId === tenantId
+    ? readSettlement(runtime.stores.settlements, runtime.stores.ledger, doc)
+    : null;
 }
 
 const loaders: { [K in ListKind]: Loader<K> } = {
-  async runs(rt, _x, tenantId, id) {
-    const r = await orNull(getRun(rt, tenantId, id));
+  async runs(runtime, _x, tenantId, id) {
+    const r = await orNull(getRun(runtime, tenantId, id));
     return r && { state: r, createdAt: r.run.createdAt, status: r.run.status };
   },
-  async agents(rt, _x, tenantId, id) {
-    const a = await orNull(getAgent(rt, tenantId, id));
+  async agents(runtime, _x, tenantId, id) {
+    const a = await orNull(getAgent(runtime, tenantId, id));
     return a && { state: a, createdAt: a.createdAt, status: a.status };
   },
-  async settlements(rt, _x, tenantId, id) {
-    const s = await loadSettlement(rt, tenantId, id);
+  async settlements(runtime, _x, tenantId, id) {
+    const s = await loadSettlement(runtime, tenantId, id);
     return s && { state: s, createdAt: s.doc.createdAt, status: s.view.status };
   },
-  async disputes(rt, _x, tenantId, id) {
-    const ref = await rt.stores.settlements.disputeRef(id);
-    const s = ref && (await loadSettlement(rt, tenantId, ref.settlementId));
+  async disputes(runtime, _x, tenantId, id) {
+    const ref = await runtime.stores.settlements.disputeRef(id);
+    const s = ref && (await loadSettlement(runtime, tenantId, ref.settlementId));
     const hb = s?.facts.holdback;
     // A dispute exists once it holds the settlement's holdback; a ref whose claim lost is no dispute.
     if (!s || hb?.fate !== 'dispute' || hb.disputeId !== id) return null;
@@ -149,17 +151,17 @@ export function checkListQuery(q: Pick<ListQuery, 'limit' | 'createdAfter' | 'cr
  * while a client pages appear before its first page, never as duplicates or gaps inside the pages it reads.
  */
 export async function listPage<K extends ListKind>(
-  rt: Runtime,
+  runtime: Runtime,
   x402: X402Service,
   kind: K,
   q: ListQuery,
 ): Promise<ListPage<ListStates[K]>> {
   const { limit, createdAfter, createdBefore, before } = checkListQuery(q);
-  const index = rt.stores.lists;
+  const index = runtime.stores.lists;
   let scope: ListScope = q.tenantId === null ? 'all' : { tenantId: q.tenantId };
   if (q.agentId !== undefined) {
     // An agent of another tenant has nothing in this tenant's lists (and saying so would reveal it exists).
-    if (q.tenantId !== null && !(await rt.stores.agents.belongsTo(q.tenantId, q.agentId)))
+    if (q.tenantId !== null && !(await runtime.stores.agents.belongsTo(q.tenantId, q.agentId)))
       return { items: [], nextCursor: null };
     scope = { agentId: q.agentId };
   }
@@ -173,7 +175,7 @@ export async function listPage<K extends ListKind>(
     const rows = await index.page(kind, scope, { before: position, createdAfter, createdBefore }, want);
     const loaded = await Promise.all(
       rows.map((row) =>
-        q.tenantId !== null && row.tenantId !== q.tenantId ? null : load(rt, x402, row.tenantId, row.id),
+        q.tenantId !== null && row.tenantId !== q.tenantId ? null : load(runtime, x402, row.tenantId, row.id),
       ),
     );
     let consumed = 0;
@@ -183,7 +185,7 @@ export async function listPage<K extends ListKind>(
       position = { at: row.at, id: row.id };
       const found = loaded[i];
       if (!found || found.createdAt.getTime() !== row.at.getTime()) {
-        if (q.tenantId === null || row.tenantId === q.tenantId) await repairIfDead(rt, kind, scope, row);
+        if (q.tenantId === null || row.tenantId === q.tenantId) await repairIfDead(runtime, kind, scope, row);
         continue;
       }
       if (q.status && found.status !== q.status) continue;
@@ -206,7 +208,7 @@ export async function listPage<K extends ListKind>(
 }
 
 /** An entry whose object is missing (or of another creation) once no writer can still be on its way is removed. */
-async function repairIfDead(rt: Runtime, kind: ListKind, scope: ListScope, row: IndexedRow): Promise<void> {
+async function repairIfDead(runtime: Runtime, kind: ListKind, scope: ListScope, row: IndexedRow): Promise<void> {
   if (Date.now() - row.at.getTime() < LIST_ENTRY_REPAIR_AFTER_MS) return;
-  await rt.stores.lists.removeFrom(kind, scope, row.member);
+  await runtime.stores.lists.removeFrom(kind, scope, row.member);
 }

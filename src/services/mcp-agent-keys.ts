@@ -7,30 +7,30 @@ import { mcpAgentKeyId } from '../store/mcp-agent-keys.ts';
 
 /** Records the key of a newly registered agent; false when the agent already has one (it is never replaced). */
 export async function keepMcpAgentKey(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   agentId: string,
   keyId: string,
   privateKeyPem: string,
 ): Promise<boolean> {
   const _id = mcpAgentKeyId(tenantId, agentId);
-  return rt.stores.mcpAgentKeys.record({
+  return runtime.stores.mcpAgentKeys.record({
     _id,
     tenantId,
     agentId,
     keyId,
-    sealed: encryptAtRest(rt.config.atRestKey, privateKeyPem, _id),
+    sealed: encryptAtRest(runtime.config.atRestKey, privateKeyPem, _id),
     createdAt: new Date(),
   });
 }
 
 /** The key of an agent of this tenant, or null when /mcp registered none for it. */
 export async function mcpAgentKey(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   agentId: string,
 ): Promise<{ keyId: string; privateKeyPem: string } | null> {
-  const doc = await rt.stores.mcpAgentKeys.get(tenantId, agentId);
+  const doc = await runtime.stores.mcpAgentKeys.get(tenantId, agentId);
   if (doc?.tenantId !== tenantId) return null;
-  return { keyId: doc.keyId, privateKeyPem: decryptAtRest(rt.config.atRestKey, doc.sealed, doc._id) };
+  return { keyId: doc.keyId, privateKeyPem: decryptAtRest(runtime.config.atRestKey, doc.sealed, doc._id) };
 }

@@ -29,8 +29,8 @@ import { issueApiKey } from './tenants.ts';
 const MCP_LAUNCHER = fileURLToPath(new URL('../../bin/agent-settlement.js', import.meta.url));
 
 /** The stdio command by absolute paths: this Node binary and this installation's launcher (a test may swap the launcher). */
-function launchFrom(rt: Runtime): { nodePath: string; launcherPath: string } {
-  return { nodePath: process.execPath, launcherPath: rt.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER };
+function launchFrom(runtime: Runtime): { nodePath: string; launcherPath: string } {
+  return { nodePath: process.execPath, launcherPath: runtime.config.onboarding.smokeTestEntryForTests ?? MCP_LAUNCHER };
 }
 /** How long the API waits for a worker beyond the smoke test's own limit (queue latency, process start). */
 const SMOKE_WAIT_MARGIN_MS = 15_000;
@@ -38,17 +38,21 @@ const SMOKE_POLL_MS = 150;
 /** The tool the smoke test calls: it reaches the API with the key and proves the tenant. */
 const SMOKE_TOOL = 'whoami';
 
-async function requireTenant(rt: Runtime, tenantId: string): Promise<void> {
-  if (!(await rt.stores.tenants.get(tenantId))) throw errors.notFound('tenant');
+async function requireTenant(runtime: Runtime, tenantId: string): Promise<void> {
+  if (!(await runtime.stores.tenants.get(tenantId))) throw errors.notFound('tenant');
 }
 
 /** A signed, expiring session bound to one tenant; the caller sets it as the `ml_buyer_session` cookie. */
 export async function issueBuyerSession(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
 ): Promise<{ value: string; session: BuyerSession }> {
-  await requireTenant(rt, tenantId);
-  return signBuyerSession(rt.config.onboarding.sessionSecret, tenantId, rt.config.onboarding.buyerSessionTtlSeconds);
+  await requireTenant(runtime, tenantId);
+  return signBuyerSession(
+    runtime.config.onboarding.sessionSecret,
+    tenantId,
+    runtime.config.onboarding.buyerSessionTtlSeconds,
+  );
 }
 
 export interface RuntimeBootstrap {
@@ -65,33 +69,33 @@ const CONFORMANCE_KEY_TTL_MS = 3_600_000;
 
 /** Issues a runtime key (shown once, in mcp.env; expiring at `expiresAt` if given) and the MCP configuration that carries it. */
 export async function bootstrapRuntime(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   options: { expiresAt?: Date; description?: string } = {},
 ): Promise<RuntimeBootstrap> {
-  await requireTenant(rt, tenantId);
-  const { key, token } = await issueApiKey(rt, {
+  await requireTenant(runtime, tenantId);
+  const { key, token } = await issueApiKey(runtime, {
     tenantId,
     scopes: RUNTIME_SCOPES,
     description: options.description ?? 'agent runtime (runtime bootstrap)',
     expiresAt: options.expiresAt ?? null,
   });
   const launch = mcpLaunch(
-    { SERVICE_BASE_URL: rt.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token },
-    launchFrom(rt),
+    { SERVICE_BASE_URL: runtime.config.publicBaseUrl, SERVICE_TENANT_ID: tenantId, SERVICE_API_KEY: token },
+    launchFrom(runtime),
   );
   return {
     tenantId,
     apiKey: { keyId: key._id, scopes: key.scopes, expiresAt: key.expiresAt?.toISOString() ?? null },
     mcp: launch,
-    mcpHttp: mcpHttpConfig(rt.config.publicBaseUrl, token),
+    mcpHttp: mcpHttpConfig(runtime.config.publicBaseUrl, token),
     mcpConfigJson: mcpServersJson(launch),
   };
 }
 
 /** Where a smoke test's env waits for its worker: sealed (AES-GCM, bound to this key name), expiring, deleted after use. */
-function sealedEnvKey(rt: Runtime, smokeTestId: string): string {
-  return `${rt.config.redisPrefix}:onboarding:smoke-env:${smokeTestId}`;
+function sealedEnvKey(runtime: Runtime, smokeTestId: string): string {
+  return `${runtime.config.redisPrefix}:onboarding:smoke-env:${smokeTestId}`;
 }
 
 /**
@@ -99,17 +103,17 @@ function sealedEnvKey(rt: Runtime, smokeTestId: string): string {
  * its API key) waits for the worker sealed in Redis, never in clear. The base URL must be this service's own: the
  * worker would otherwise make requests wherever a caller points it.
  */
-export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
-  await requireTenant(rt, tenantId);
+export async function runSmokeTest(runtime: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
+  await requireTenant(runtime, tenantId);
   let origin: string;
   try {
     origin = new URL(env.SERVICE_BASE_URL).origin;
   } catch {
     origin = '';
   }
-  if (origin !== new URL(rt.config.publicBaseUrl).origin) {
+  if (origin !== new URL(runtime.config.publicBaseUrl).origin) {
     throw errors.unprocessable("env.SERVICE_BASE_URL must point at this service's base URL", {
-      errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${rt.config.publicBaseUrl}` }],
+      errors: [{ path: 'body.env.SERVICE_BASE_URL', message: `must start with ${runtime.config.publicBaseUrl}` }],
     });
   }
   // A wrong tenant or key is the caller's mistake (422), found before any server starts; 502 is left for a runtime
@@ -119,23 +123,23 @@ export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): 
       errors: [{ path: 'body.env.SERVICE_TENANT_ID', message: 'differs from the path tenantId' }],
     });
   }
-  const runtimeKey = await rt.credentials.authenticate(rt.stores.apiKeys, env.SERVICE_API_KEY);
+  const runtimeKey = await runtime.credentials.authenticate(runtime.stores.apiKeys, env.SERVICE_API_KEY);
   if (runtimeKey?.tenantId !== tenantId) {
     throw errors.unprocessable('env.SERVICE_API_KEY must be a live API key of this tenant', {
       errors: [{ path: 'body.env.SERVICE_API_KEY', message: 'not a live key of this tenant' }],
     });
   }
   const smokeTestId = newId('smk');
-  const key = sealedEnvKey(rt, smokeTestId);
-  const waitMs = rt.config.onboarding.smokeTestTimeoutMs + SMOKE_WAIT_MARGIN_MS;
-  await rt.redis.set(key, encryptAtRest(rt.config.atRestKey, JSON.stringify(env), key), 'PX', waitMs);
+  const key = sealedEnvKey(runtime, smokeTestId);
+  const waitMs = runtime.config.onboarding.smokeTestTimeoutMs + SMOKE_WAIT_MARGIN_MS;
+  await runtime.redis.set(key, encryptAtRest(runtime.config.atRestKey, JSON.stringify(env), key), 'PX', waitMs);
   try {
-    await rt.producers.enqueue('smoke-test', { tenantId, smokeTestId }, jobIdFor('smoke-test', smokeTestId), {
+    await runtime.producers.enqueue('smoke-test', { tenantId, smokeTestId }, jobIdFor('smoke-test', smokeTestId), {
       attempts: 2,
     });
     const deadline = Date.now() + waitMs;
     while (Date.now() < deadline) {
-      const done = await rt.stores.onboarding.smokeTest(smokeTestId);
+      const done = await runtime.stores.onboarding.smokeTest(smokeTestId);
       if (done) return done;
       await new Promise((resolve) => setTimeout(resolve, SMOKE_POLL_MS));
     }
@@ -145,13 +149,13 @@ export async function runSmokeTest(rt: Runtime, tenantId: string, env: McpEnv): 
       waitedMs: waitMs,
     });
   } finally {
-    await rt.redis.del(key).catch(() => undefined); // the worker deletes it too; whoever is first
+    await runtime.redis.del(key).catch(() => undefined); // the worker deletes it too; whoever is first
   }
 }
 
 /** The smoke test's answer for the route: the outcome, or 502 MCP_SMOKE_TEST_FAILED naming the failing step. */
-export async function smokeTest(rt: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
-  const doc = await runSmokeTest(rt, tenantId, env);
+export async function smokeTest(runtime: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
+  const doc = await runSmokeTest(runtime, tenantId, env);
   if (!doc.outcome.passed) {
     throw new ServiceError(
       502,
@@ -173,14 +177,14 @@ export async function smokeTest(rt: Runtime, tenantId: string, env: McpEnv): Pro
  * unexpectedly is retried and needs it again (else it expires, and the waiting request deletes it when it ends).
  */
 export async function smokeTestJob(
-  rt: Runtime,
+  runtime: Runtime,
   payload: { tenantId: string; smokeTestId: string },
 ): Promise<SmokeTestDoc> {
-  const store = rt.stores.onboarding;
+  const store = runtime.stores.onboarding;
   const recorded = await store.smokeTest(payload.smokeTestId);
   if (recorded) return recorded;
-  const key = sealedEnvKey(rt, payload.smokeTestId);
-  const sealed = await rt.redis.get(key);
+  const key = sealedEnvKey(runtime, payload.smokeTestId);
+  const sealed = await runtime.redis.get(key);
   const record = (outcome: SmokeTestDoc['outcome'], pid: number | null) =>
     store.recordSmokeTest({
       _id: payload.smokeTestId,
@@ -203,17 +207,17 @@ export async function smokeTestJob(
       null,
     );
   }
-  const env = JSON.parse(decryptAtRest(rt.config.atRestKey, sealed, key)) as McpEnv;
+  const env = JSON.parse(decryptAtRest(runtime.config.atRestKey, sealed, key)) as McpEnv;
   // The very command the runtime bootstrap hands out for this env.
-  const launch = mcpLaunch(env, launchFrom(rt));
+  const launch = mcpLaunch(env, launchFrom(runtime));
   const { outcome, pid } = await probeMcpServer({
     server: { command: launch.command, args: launch.args, env: { ...launch.env } },
-    timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
+    timeoutMs: runtime.config.onboarding.smokeTestTimeoutMs,
     tool: SMOKE_TOOL,
     secrets: [env.SERVICE_API_KEY],
   });
   const doc = await record(outcome, pid);
-  await rt.redis.del(key).catch(() => undefined);
+  await runtime.redis.del(key).catch(() => undefined);
   return doc;
 }
 
@@ -241,17 +245,17 @@ export interface ConformanceMatrix {
  * started and listed its tools and the first paid call passed; the matrix is ready when every requested one is.
  */
 export async function conformanceMatrix(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   targets: RuntimeTarget[],
 ): Promise<ConformanceMatrix> {
-  const bootstrap = await bootstrapRuntime(rt, tenantId, {
+  const bootstrap = await bootstrapRuntime(runtime, tenantId, {
     expiresAt: new Date(Date.now() + CONFORMANCE_KEY_TTL_MS),
     description: 'conformance matrix (expires by itself)',
   });
   let smoke: ConformanceMatrix['checks']['smokeTest'];
   try {
-    const doc = await runSmokeTest(rt, tenantId, bootstrap.mcp.env);
+    const doc = await runSmokeTest(runtime, tenantId, bootstrap.mcp.env);
     smoke = { status: doc.outcome.passed ? 'passed' : 'failed', smokeTestId: doc._id, step: doc.outcome.failedStep };
   } catch (err) {
     if (!(err instanceof ServiceError) || err.status !== 502) throw err;
@@ -263,7 +267,7 @@ export async function conformanceMatrix(
   }
   const probe = await probeMcpServer({
     server: { url: bootstrap.mcpHttp.url, headers: { ...bootstrap.mcpHttp.headers } },
-    timeoutMs: rt.config.onboarding.smokeTestTimeoutMs,
+    timeoutMs: runtime.config.onboarding.smokeTestTimeoutMs,
     tool: SMOKE_TOOL,
     secrets: [bootstrap.mcp.env.SERVICE_API_KEY],
   });
@@ -275,7 +279,7 @@ export async function conformanceMatrix(
   const attemptId = paidCallAttemptId(tenantId, null);
   let paid: ConformanceMatrix['checks']['firstPaidCall'];
   try {
-    const result = await runFirstPaidCall(rt, tenantId, { attemptId });
+    const result = await runFirstPaidCall(runtime, tenantId, { attemptId });
     paid = { status: result.result, attemptId, step: null, result };
   } catch (err) {
     if (!(err instanceof ServiceError) || err.code !== 'SETTLD_API_CALL_FAILED') throw err;

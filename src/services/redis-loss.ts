@@ -20,13 +20,13 @@ export class RedisLossWatch {
   private seen: string | null = null;
 
   constructor(
-    private readonly rt: Runtime,
+    private readonly runtime: Runtime,
     private readonly sessions: SessionBudgetRepair,
   ) {}
 
   /** One look: cheap (one INFO per master) unless the masters changed since this process last looked. */
   async look(): Promise<{ lineage: string; reconciled: boolean }> {
-    const store = this.rt.stores.redisLineage;
+    const store = this.runtime.stores.redisLineage;
     const { id, runIds } = await store.current();
     if (id === this.seen) return { lineage: id, reconciled: false };
     if (await store.reconciled(id)) {
@@ -37,7 +37,7 @@ export class RedisLossWatch {
     const summary = await this.reconcile();
     await store.record(id, runIds, true);
     this.seen = id;
-    this.rt.logger.warn(
+    this.runtime.logger.warn(
       { lineage: id, masters: runIds.length, ...summary },
       'Redis masters changed (restart or failover): due indexes audited and session budgets checked against MongoDB',
     );
@@ -45,7 +45,7 @@ export class RedisLossWatch {
   }
 
   private async reconcile() {
-    const { settlements, runs, x402, x402Sessions, ledger } = this.rt.stores;
+    const { settlements, runs, x402, x402Sessions, ledger } = this.runtime.stores;
     await Promise.all(
       [settlements.due, runs.finalizeDue, x402.due, x402.escalationsDue, x402Sessions.due].map((due) =>
         due.forgetAuditClaim(),

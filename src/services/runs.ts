@@ -25,12 +25,12 @@ import { emitEvent } from './events.ts';
 
 /** The key of batch attestations, derived from the at-rest key every process of a deployment shares. */
 const attestationKeys = new WeakMap<Runtime, Buffer>();
-function attestationKey(rt: Runtime): Buffer {
-  let key = attestationKeys.get(rt);
+function attestationKey(runtime: Runtime): Buffer {
+  let key = attestationKeys.get(runtime);
   if (!key)
     attestationKeys.set(
-      rt,
-      (key = createHmac('sha256', rt.config.atRestKey).update('run-batch-attestation/v1').digest()),
+      runtime,
+      (key = createHmac('sha256', runtime.config.atRestKey).update('run-batch-attestation/v1').digest()),
     );
   return key;
 }
@@ -41,11 +41,11 @@ function attestationKey(rt: Runtime): Buffer {
  * attestations, under another key, or altered in storage) is simply checked in full.
  */
 export function attestedSignatures(
-  rt: Runtime,
+  runtime: Runtime,
   runId: string,
   batches: ReadonlyArray<{ events: EventEnvelope[]; attestation: string | null }>,
 ): SignatureVerified {
-  const key = attestationKey(rt);
+  const key = attestationKey(runtime);
   const verified = new Set<string>();
   for (const b of batches) {
     if (b.attestation !== null && attestationHolds(key, runId, b.events, b.attestation))
@@ -83,12 +83,12 @@ export interface RunWithHead {
  * finishes that same run and its one reserve instead of starting a second.
  */
 export async function createRun(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput },
   idempotencyScope: string | null = null,
 ): Promise<RunWithHead> {
-  const { runs, agents } = rt.stores;
+  const { runs, agents } = runtime.stores;
   const terms: Terms = input.terms ?? {};
   const problems = termsProblems(terms);
   if (problems.length > 0)
@@ -116,13 +116,15 @@ export async function createRun(
       finalizedAt: null,
       finalizeError: null,
     });
-  const run = settlement ? await withRunEscrow(rt, tenantId, runId, agent._id, settlement, insert) : await insert();
+  const run = settlement
+    ? await withRunEscrow(runtime, tenantId, runId, agent._id, settlement, insert)
+    : await insert();
   return { run, head: { seq: 0, chainHash: null } };
 }
 
 /** The run with its chain head (the frozen one once sealed, else the live head). */
-export async function getRun(rt: Runtime, tenantId: string, runId: string): Promise<RunWithHead> {
-  const { runs } = rt.stores;
+export async function getRun(runtime: Runtime, tenantId: string, runId: string): Promise<RunWithHead> {
+  const { runs } = runtime.stores;
   if (runs.hasHeadHint(runId)) {
     // This process knows a head of the run: the run and the position after that head are read at once.
     const [run, current] = await Promise.all([runs.get(tenantId, runId), runs.repairHead(runId)]);
@@ -140,18 +142,18 @@ export async function getRun(rt: Runtime, tenantId: string, runId: string): Prom
  * other content is a conflict. `accepted` counts the request's events now in the chain.
  */
 export async function appendEvents(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   runId: string,
   incoming: EventEnvelope[],
 ): Promise<{ runId: string; accepted: number; head: ChainHead }> {
-  const { runs } = rt.stores;
+  const { runs } = runtime.stores;
   incoming.forEach((e, i) => assertClientJsonDepth(e.payload, `body.events[${i}].payload`));
   const [run, cached] = await Promise.all([runs.getForAppend(tenantId, runId), runs.knownHead(runId)]);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'in_progress') throw errors.transitionIllegal(`run is ${run.status}`, run.status);
   try {
-    return await appendToRun(rt, run, cached.head, incoming);
+    return await appendToRun(runtime, run, cached.head, incoming);
   } catch (err) {
     // The run was remembered in progress, and a seal refused the append: say what the run is now.
     if (!(err instanceof ServiceError && err.code === 'TRANSITION_ILLEGAL')) throw err;
@@ -161,12 +163,12 @@ export async function appendEvents(
 }
 
 async function appendToRun(
-  rt: Runtime,
+  runtime: Runtime,
   run: AppendTarget,
   knownHead: ChainHead,
   incoming: EventEnvelope[],
 ): Promise<{ runId: string; accepted: number; head: ChainHead }> {
-  const { runs } = rt.stores;
+  const { runs } = runtime.stores;
   const tenantId = run.tenantId;
   const ids = incoming.map((e) => e.id);
   if (new Set(ids).size !== ids.length) {
@@ -192,7 +194,7 @@ async function appendToRun(
   const fresh = incoming.filter((e) => !stored.has(e.id));
   if (fresh.length === 0) return { runId: run._id, accepted: incoming.length, head };
 
-  const activeKeys = activeKeysOf(await signingAgent(rt, tenantId, run.agentId));
+  const activeKeys = activeKeysOf(await signingAgent(runtime, tenantId, run.agentId));
   let check = verifyEventBatch(fresh, head, activeKeys, run._id);
   if (!check.ok && check.code === 'CHAIN_CONFLICT') {
     // The cached head may trail an appender that stopped after storing its batch: repair, then judge again.
@@ -214,15 +216,15 @@ async function appendToRun(
     });
   }
   // Every signature of the batch verified just now: attest it, so finalize and verify need not check them again.
-  const newHead = await runs.append(run, head, fresh, batchAttestation(attestationKey(rt), run._id, fresh));
+  const newHead = await runs.append(run, head, fresh, batchAttestation(attestationKey(runtime), run._id, fresh));
   return { runId: run._id, accepted: incoming.length, head: newHead };
 }
 
 /** Seals the run and makes sure its finalize job will run; repeats are harmless and return the run as it is. */
-export async function requestFinalize(rt: Runtime, tenantId: string, runId: string): Promise<RunDoc> {
-  const run = await rt.stores.runs.beginFinalize(tenantId, runId);
+export async function requestFinalize(runtime: Runtime, tenantId: string, runId: string): Promise<RunDoc> {
+  const run = await runtime.stores.runs.beginFinalize(tenantId, runId);
   if (run.status === 'finalizing') {
-    await rt.producers.ensure('finalize', { tenantId, runId: run._id }, jobIdFor('finalize', run._id));
+    await runtime.producers.ensure('finalize', { tenantId, runId: run._id }, jobIdFor('finalize', run._id));
   }
   return run;
 }
@@ -240,11 +242,11 @@ function isPermanentBuildFailure(err: unknown): err is Error {
  * settlement rules instead of staying locked behind a job that retries for ever; that is logged as an alert.
  */
 export async function finalizeRun(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   runId: string,
 ): Promise<{ artifactId: string | null; verdict: string | null } | { skipped: string }> {
-  const { runs, agents } = rt.stores;
+  const { runs, agents } = runtime.stores;
   let run = await runs.get(tenantId, runId);
   if (!run || run.status === 'in_progress') return { skipped: run ? 'not finalizing' : 'no such run' };
 
@@ -262,16 +264,16 @@ export async function finalizeRun(
           terms: run.terms,
           events: chain.events,
           finalizedAt: run.finalizeRequestedAt!.toISOString(),
-          signatureVerified: attestedSignatures(rt, runId, chain.batches),
+          signatureVerified: attestedSignatures(runtime, runId, chain.batches),
         },
-        rt.keys.active,
+        runtime.keys.active,
       );
       await runs.saveArtifact(tenantId, artifact);
       await runs.markFinalized(runId, artifact.artifactId, artifact.evaluation.verdict);
       outcome = { artifactId: artifact.artifactId, verdict: artifact.evaluation.verdict, finalizeError: null };
     } catch (err) {
       if (!isPermanentBuildFailure(err)) throw err;
-      rt.logger.error(
+      runtime.logger.error(
         { alert: 'finalize_failed', runId, err: err.message },
         'run cannot be finalized into an artifact; finalized as fail',
       );
@@ -285,7 +287,7 @@ export async function finalizeRun(
   }
 
   await emitEvent(
-    rt,
+    runtime,
     tenantId,
     'run.finalized',
     {
@@ -303,19 +305,22 @@ export async function finalizeRun(
 }
 
 /** Runs whose finalize is owed: left in finalizing, or finalized before run.finalized was recorded (job lost or failed). */
-export async function sweepFinalizing(rt: Runtime, limit: number): Promise<{ checked: number; repaired: number }> {
-  const audit = await rt.stores.runs.finalizeDue.audit();
-  if (audit) rt.logger.info(audit, 'finalize due index audited against its records');
-  const stale = await rt.stores.runs.staleFinalizing(new Date(Date.now() - rt.config.sweeper.staleAfterMs), limit);
+export async function sweepFinalizing(runtime: Runtime, limit: number): Promise<{ checked: number; repaired: number }> {
+  const audit = await runtime.stores.runs.finalizeDue.audit();
+  if (audit) runtime.logger.info(audit, 'finalize due index audited against its records');
+  const stale = await runtime.stores.runs.staleFinalizing(
+    new Date(Date.now() - runtime.config.sweeper.staleAfterMs),
+    limit,
+  );
   let repaired = 0;
   for (const run of stale) {
-    const outcome = await rt.producers.ensure(
+    const outcome = await runtime.producers.ensure(
       'finalize',
       { tenantId: run.tenantId, runId: run._id },
       jobIdFor('finalize', run._id),
     );
     if (outcome !== 'live') repaired++;
   }
-  if (repaired > 0) rt.logger.warn({ repaired }, 'finalize sweeper re-enqueued runs');
+  if (repaired > 0) runtime.logger.warn({ repaired }, 'finalize sweeper re-enqueued runs');
   return { checked: stale.length, repaired };
 }

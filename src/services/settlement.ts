@@ -32,8 +32,8 @@ const namedCrashPoints: Failpoint = (step) => crashPoint(`settlement.${step}`);
 /** How long a settlement waiting for a person (a held one, an open dispute) goes before the sweeper looks again. */
 const AWAITING_RULING_RECHECK_MS = 60 * 60 * 1000;
 
-export function read(rt: Runtime, s: SettlementDoc): Promise<SettlementState> {
-  return readSettlement(rt.stores.settlements, rt.stores.ledger, s);
+export function read(runtime: Runtime, s: SettlementDoc): Promise<SettlementState> {
+  return readSettlement(runtime.stores.settlements, runtime.stores.ledger, s);
 }
 
 function settleJob(s: SettlementDoc, ...parts: string[]) {
@@ -49,12 +49,12 @@ function settleJob(s: SettlementDoc, ...parts: string[]) {
  * settlement that the settle worker decides. Repeats return the same settlement.
  */
 export async function settleRun(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   runId: string,
   offeredInput?: SettlementTermsInput,
 ): Promise<{ run: RunDoc; settlement: SettlementDoc; state: SettlementState }> {
-  const { runs, settlements } = rt.stores;
+  const { runs, settlements } = runtime.stores;
   let run = await runs.get(tenantId, runId);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'finalized') throw errors.transitionIllegal('only a finalized run can be settled', run.status);
@@ -72,7 +72,7 @@ export async function settleRun(
         settlement: null,
       });
     const current = run;
-    run = await withRunEscrow(rt, tenantId, run._id, run.agentId, offered, () =>
+    run = await withRunEscrow(runtime, tenantId, run._id, run.agentId, offered, () =>
       runs.attachSettlement(tenantId, current._id, offered),
     );
     if (canonicalize(run.settlement) !== canonicalize(offered)) throw otherTerms(run);
@@ -88,17 +88,17 @@ export async function settleRun(
     holdbackBps: terms.holdbackBps,
     disputeWindowSeconds: terms.disputeWindowSeconds,
   });
-  const state = await read(rt, s);
-  if (state.view.status === 'pending') await rt.producers.ensure(...settleJob(s));
+  const state = await read(runtime, s);
+  if (state.view.status === 'pending') await runtime.producers.ensure(...settleJob(s));
   return { run, settlement: s, state };
 }
 
 /** The settlement of one of the tenant's runs. */
-export async function getRunSettlement(rt: Runtime, tenantId: string, runId: string): Promise<SettlementState> {
-  const run = await rt.stores.runs.get(tenantId, runId);
-  const s = run && (await rt.stores.settlements.byRun(run._id));
+export async function getRunSettlement(runtime: Runtime, tenantId: string, runId: string): Promise<SettlementState> {
+  const run = await runtime.stores.runs.get(tenantId, runId);
+  const s = run && (await runtime.stores.settlements.byRun(run._id));
   if (!s) throw errors.notFound('settlement');
-  return read(rt, s);
+  return read(runtime, s);
 }
 
 /**
@@ -107,27 +107,27 @@ export async function getRunSettlement(rt: Runtime, tenantId: string, runId: str
  * the state and whether it is final.
  */
 export async function applyRuling(
-  rt: Runtime,
+  runtime: Runtime,
   s: SettlementDoc,
   ruling: string,
 ): Promise<{ state: SettlementState; applied: boolean }> {
-  await rt.producers.ensure(...settleJob(s, ruling));
-  const state = (await advanceSettlement(rt, s._id)) ?? (await read(rt, s));
+  await runtime.producers.ensure(...settleJob(s, ruling));
+  const state = (await advanceSettlement(runtime, s._id)) ?? (await read(runtime, s));
   return { state, applied: state.view.final };
 }
 
 /** Ops ruling on a held settlement: the whole escrow to the payee (`release`) or back to the payer (`refund`). */
 export async function resolveHeldSettlement(
-  rt: Runtime,
+  runtime: Runtime,
   settlementId: string,
   outcome: 'release' | 'refund',
 ): Promise<{ state: SettlementState; applied: boolean }> {
-  const { settlements } = rt.stores;
+  const { settlements } = runtime.stores;
   const s = await settlements.get(settlementId);
   if (!s) throw errors.notFound('settlement');
-  const { view, facts } = await read(rt, s);
+  const { view, facts } = await read(runtime, s);
   // The same ruling again (a retry after a crash or a lost answer) finishes applying it; another one is refused.
-  if (facts.heldRuling?.outcome === outcome) return applyRuling(rt, s, 'held-ruling');
+  if (facts.heldRuling?.outcome === outcome) return applyRuling(runtime, s, 'held-ruling');
   if (view.status !== 'held')
     throw errors.transitionIllegal(`a ${view.status} settlement cannot be resolved this way`, view.status);
   await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
@@ -135,7 +135,7 @@ export async function resolveHeldSettlement(
   if (fact.outcome !== outcome)
     throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
   crashPoint('settlement.held-ruled');
-  return applyRuling(rt, s, 'held-ruling');
+  return applyRuling(runtime, s, 'held-ruling');
 }
 
 /**
@@ -144,7 +144,7 @@ export async function resolveHeldSettlement(
  * request may run this at once, or again after a crash anywhere, and every effect still happens exactly once.
  */
 export async function advanceSettlement(
-  rt: Runtime,
+  runtime: Runtime,
   settlementId: string,
   failpoint: Failpoint = namedCrashPoints,
   /**
@@ -154,10 +154,10 @@ export async function advanceSettlement(
    */
   known?: { doc: SettlementDoc; facts: SettlementFacts; decidedNow: boolean; prepared?: Map<string, PreparedEntry> },
 ): Promise<SettlementState | null> {
-  const s = known?.doc ?? (await rt.stores.settlements.get(settlementId));
+  const s = known?.doc ?? (await runtime.stores.settlements.get(settlementId));
   if (!s) return null;
-  const facts: SettlementFacts = known ? { ...known.facts } : await rt.stores.settlements.factsOf(s._id);
-  const pass = new SettlementPass(rt, s, facts, failpoint, known);
+  const facts: SettlementFacts = known ? { ...known.facts } : await runtime.stores.settlements.factsOf(s._id);
+  const pass = new SettlementPass(runtime, s, facts, failpoint, known);
   const decision = await pass.decide();
   const paid = decision.verdict === 'pass';
   await pass.releaseNow(decision);
@@ -185,7 +185,7 @@ class SettlementPass {
   private readonly started: Array<Promise<unknown>> = [];
 
   constructor(
-    private readonly rt: Runtime,
+    private readonly runtime: Runtime,
     private readonly s: SettlementDoc,
     private readonly facts: SettlementFacts,
     private readonly failpoint: Failpoint,
@@ -208,7 +208,7 @@ class SettlementPass {
       fromEscrow,
       ...credits.map((c): Leg => ({ walletId: c.walletId, bucket: 'available', delta: c.amount })),
     ];
-    await this.rt.stores.ledger.apply(
+    await this.runtime.stores.ledger.apply(
       { _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs, ref: this.ref },
       { expectNew: this.known?.decidedNow === true, prepared: this.known?.prepared?.get(id) },
     );
@@ -222,7 +222,7 @@ class SettlementPass {
 
   private emit(type: Parameters<typeof emitEvent>[2], data: Record<string, unknown>, cause: string): Promise<unknown> {
     return emitEvent(
-      this.rt,
+      this.runtime,
       this.s.tenantId,
       type,
       { ...this.subject, settlementId: this.s._id, ...data },
@@ -236,15 +236,15 @@ class SettlementPass {
    *    without an artifact (its data could never make one) is a fail: its escrow is held for an ops ruling.
    */
   async decide(): Promise<Decision> {
-    const { rt, s, facts } = this;
+    const { runtime, s, facts } = this;
     if (!facts.decision) {
-      const run = await rt.stores.runs.get(s.tenantId, s.runId);
+      const run = await runtime.stores.runs.get(s.tenantId, s.runId);
       if (!run || run.status !== 'finalized' || !run.verdict)
         throw new Error(`run ${s.runId} of ${s._id} is not finalized`);
       // The run's reserve becomes this settlement's before anything is decided: every later move takes from it.
       const [reserveId] = await Promise.all([
-        captureRunReserve(rt, s),
-        rt.stores.ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent'),
+        captureRunReserve(runtime, s),
+        runtime.stores.ledger.ensureWallet(s.payeeWalletId, s.tenantId, 'agent'),
       ]);
       this.failpoint('reserve-captured');
       const verdict = run.verdict === 'pass' && run.artifactId !== null ? 'pass' : 'fail';
@@ -256,7 +256,7 @@ class SettlementPass {
             artifactId: run.artifactId,
             artifactHash: run.artifactId?.slice('art_'.length) ?? null,
           },
-          rt.keys.active,
+          runtime.keys.active,
         );
       const decision = decideSettlement(
         { settlementId: s._id, ...s },
@@ -266,7 +266,7 @@ class SettlementPass {
         sign,
         reserveId,
       );
-      facts.decision = (await rt.stores.settlements.claim(s._id, 'decision', decision)).fact;
+      facts.decision = (await runtime.stores.settlements.claim(s._id, 'decision', decision)).fact;
     }
     const d = facts.decision;
     assertDecisionSplit(s._id, s.amount, d);
@@ -316,14 +316,14 @@ class SettlementPass {
 
   /** 3. The holdback's fate: released when the window ends, unless a dispute claimed it first. */
   async holdbackFate(d: Decision): Promise<void> {
-    const { rt, s, facts } = this;
+    const { runtime, s, facts } = this;
     const windowEnds = Date.parse(d.disputeWindowEndsAt);
     if (d.verdict === 'pass' && d.holdback > 0 && !facts.holdback) {
       if (Date.now() >= windowEnds)
         facts.holdback = (
-          await rt.stores.settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })
+          await runtime.stores.settlements.claim(s._id, 'holdback', { fate: 'release', at: new Date().toISOString() })
         ).fact;
-      else this.inFlight(rt.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now()));
+      else this.inFlight(runtime.producers.schedule(...settleJob(s, 'holdback'), windowEnds - Date.now()));
     }
     if (facts.holdback?.fate !== 'release') return;
     await this.apply(entryIds.holdback(s._id), 'holdback_release', [{ walletId: s.payeeWalletId, amount: d.holdback }]);
@@ -340,9 +340,9 @@ class SettlementPass {
   async dispute(dispute: Extract<NonNullable<SettlementFacts['holdback']>, { fate: 'dispute' }>): Promise<void> {
     const { s, facts } = this;
     await Promise.all(this.started);
-    const { rt, subject, marks } = this;
+    const { runtime, subject, marks } = this;
     await emitEvent(
-      rt,
+      runtime,
       s.tenantId,
       'dispute.opened',
       { disputeId: dispute.disputeId, ...subject, settlementId: s._id },
@@ -363,7 +363,7 @@ class SettlementPass {
     this.failpoint('dispute-payee-paid');
     const { outcome, toPayer, toPayee } = ruling;
     await emitEvent(
-      rt,
+      runtime,
       s.tenantId,
       'dispute.resolved',
       {
@@ -410,9 +410,9 @@ class SettlementPass {
    * the sweeper would redo has landed (the record is a hint and does not wait for the rest in flight).
    */
   async finish(): Promise<SettlementState> {
-    const { rt, s } = this;
+    const { runtime, s } = this;
     const state = settlementState(s, this.facts, this.applied);
-    const next = nextCheck(state, rt.config.sweeper.staleAfterMs);
+    const next = nextCheck(state, runtime.config.sweeper.staleAfterMs);
     // A gate's or a session payee's settlement has a due record only once a pass left work for later: the pass that
     // won its decision (nothing before the decision marks one) has none to remove.
     const noRecord = this.known?.decidedNow === true && (s.gateId != null || s.sessionId != null);
@@ -420,10 +420,10 @@ class SettlementPass {
     await Promise.all([
       started,
       next
-        ? rt.stores.settlements.due.mark(s._id, s.tenantId, next)
+        ? runtime.stores.settlements.due.mark(s._id, s.tenantId, next)
         : noRecord
           ? null
-          : started.then(() => rt.stores.settlements.due.done(s._id)),
+          : started.then(() => runtime.stores.settlements.due.done(s._id)),
     ]);
     return state;
   }
@@ -447,23 +447,23 @@ function nextCheck({ view, facts }: SettlementState, staleAfterMs: number): Date
  * Advances every settlement that is due (their job lost, or a step waiting for its time). One that fails backs off
  * alone (its due record moves later) and is counted; the sweep goes on with the others.
  */
-export async function sweepSettlements(rt: Runtime, limit: number): Promise<{ looked: number; failed: number }> {
-  const audit = await rt.stores.settlements.due.audit();
-  if (audit) rt.logger.info(audit, 'settlement due index audited against its records');
+export async function sweepSettlements(runtime: Runtime, limit: number): Promise<{ looked: number; failed: number }> {
+  const audit = await runtime.stores.settlements.due.audit();
+  if (audit) runtime.logger.info(audit, 'settlement due index audited against its records');
   const now = Date.now();
-  const due = await rt.stores.settlements.due.due(new Date(now), limit);
-  const items = sweepItems(rt, 'settlements');
+  const due = await runtime.stores.settlements.due.due(new Date(now), limit);
+  const items = sweepItems(runtime, 'settlements');
   let failed = 0;
   for (const record of due) {
-    const outcome = await items.run(record._id, () => advanceSettlement(rt, record._id));
+    const outcome = await items.run(record._id, () => advanceSettlement(runtime, record._id));
     if (!outcome.ok) {
       failed++;
-      await rt.stores.settlements.due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
+      await runtime.stores.settlements.due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
       continue;
     }
     // A record is written just before its settlement: only one long without a settlement outlived a failed create.
-    if (!outcome.value && record.dueAt.getTime() < now - rt.config.sweeper.staleAfterMs)
-      await rt.stores.settlements.due.done(record._id);
+    if (!outcome.value && record.dueAt.getTime() < now - runtime.config.sweeper.staleAfterMs)
+      await runtime.stores.settlements.due.done(record._id);
   }
   return { looked: due.length, failed };
 }

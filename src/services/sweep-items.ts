@@ -105,11 +105,11 @@ export class SweepItems {
 
 /** One SweepItems per sweeper and runtime. */
 const registry = new WeakMap<Runtime, Map<string, SweepItems>>();
-export function sweepItems(rt: Runtime, sweeper: string): SweepItems {
-  let byName = registry.get(rt);
-  if (!byName) registry.set(rt, (byName = new Map()));
+export function sweepItems(runtime: Runtime, sweeper: string): SweepItems {
+  let byName = registry.get(runtime);
+  if (!byName) registry.set(runtime, (byName = new Map()));
   let items = byName.get(sweeper);
-  if (!items) byName.set(sweeper, (items = new SweepItems(sweeper, rt.logger, rt.stores.sweepParked)));
+  if (!items) byName.set(sweeper, (items = new SweepItems(sweeper, runtime.logger, runtime.stores.sweepParked)));
   return items;
 }
 
@@ -125,15 +125,15 @@ const DUE_BATCH = 200;
  * next batch is new work.
  */
 export async function sweepDue(
-  rt: Runtime,
+  runtime: Runtime,
   sweeper: string,
   due: DueWorkStore,
   maxMs: number,
   look: (id: string, now: Date) => Promise<DueLook>,
 ): Promise<{ looked: number; failed: number }> {
   const audit = await due.audit();
-  if (audit) rt.logger.info(audit, `${sweeper} due index audited against its records`);
-  const items = sweepItems(rt, sweeper);
+  if (audit) runtime.logger.info(audit, `${sweeper} due index audited against its records`);
+  const items = sweepItems(runtime, sweeper);
   const counts = { looked: 0, failed: 0 };
   const started = Date.now();
   for (;;) {

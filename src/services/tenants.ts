@@ -6,41 +6,41 @@ import type { ApiKeyDoc, IssuedKey } from '../store/api-keys.ts';
 import type { TenantDoc } from '../store/tenants.ts';
 
 export function createTenant(
-  rt: Runtime,
+  runtime: Runtime,
   input: { name: string; rateLimit?: RateLimitPolicy | null },
 ): Promise<TenantDoc> {
-  return rt.stores.tenants.create(input);
+  return runtime.stores.tenants.create(input);
 }
 
-export function listTenants(rt: Runtime, limit: number): Promise<TenantDoc[]> {
-  return rt.stores.tenants.list(limit);
+export function listTenants(runtime: Runtime, limit: number): Promise<TenantDoc[]> {
+  return runtime.stores.tenants.list(limit);
 }
 
 /** Issues an API key for an existing tenant; the token (secret included) is in the result only, never stored. */
 export async function issueApiKey(
-  rt: Runtime,
+  runtime: Runtime,
   input: { tenantId: string; scopes: Scope[]; description?: string; expiresAt?: Date | null },
 ): Promise<IssuedKey> {
-  if (!(await rt.stores.tenants.get(input.tenantId))) throw errors.notFound('tenant');
+  if (!(await runtime.stores.tenants.get(input.tenantId))) throw errors.notFound('tenant');
   if (input.expiresAt && input.expiresAt.getTime() <= Date.now()) {
     throw errors.unprocessable('expiresAt must be in the future', {
       errors: [{ path: 'body.expiresAt', message: 'must be in the future' }],
     });
   }
-  return rt.stores.apiKeys.issue(input);
+  return runtime.stores.apiKeys.issue(input);
 }
 
-export function listApiKeys(rt: Runtime, filter: { tenantId?: string }, limit: number): Promise<ApiKeyDoc[]> {
-  return rt.stores.apiKeys.list(filter, limit);
+export function listApiKeys(runtime: Runtime, filter: { tenantId?: string }, limit: number): Promise<ApiKeyDoc[]> {
+  return runtime.stores.apiKeys.list(filter, limit);
 }
 
 /** Issues a successor key; the old one keeps working for the grace period, then stops on every process. */
 export async function rotateApiKey(
-  rt: Runtime,
+  runtime: Runtime,
   keyId: string,
   gracePeriodSeconds: number,
 ): Promise<{ issued: IssuedKey; old: ApiKeyDoc }> {
-  const rotated = await rt.stores.apiKeys.rotate(keyId, gracePeriodSeconds);
+  const rotated = await runtime.stores.apiKeys.rotate(keyId, gracePeriodSeconds);
   if (!rotated) throw errors.notFound('API key');
   if ('refused' in rotated) {
     const { status, rotatedTo } = rotated.refused;
@@ -49,14 +49,14 @@ export async function rotateApiKey(
       rotatedTo ? 'rotated' : status,
     );
   }
-  await rt.credentials.invalidate('key', keyId);
+  await runtime.credentials.invalidate('key', keyId);
   return rotated;
 }
 
 /** Revokes a key now, on every API process within the invalidation latency. */
-export async function revokeApiKey(rt: Runtime, keyId: string): Promise<ApiKeyDoc> {
-  const key = await rt.stores.apiKeys.revoke(keyId);
+export async function revokeApiKey(runtime: Runtime, keyId: string): Promise<ApiKeyDoc> {
+  const key = await runtime.stores.apiKeys.revoke(keyId);
   if (!key) throw errors.notFound('API key');
-  await rt.credentials.invalidate('key', keyId);
+  await runtime.credentials.invalidate('key', keyId);
   return key;
 }

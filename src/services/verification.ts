@@ -15,16 +15,16 @@ export interface Verification {
   settlement: { status: string; amount: number; currency: string } | null;
 }
 
-async function verifyDoc(rt: Runtime, doc: ArtifactDoc): Promise<Verification> {
-  let cache = verified.get(rt);
-  if (!cache) verified.set(rt, (cache = new Map()));
-  const artifact = rt.stores.runs.artifactHeader(doc);
+async function verifyDoc(runtime: Runtime, doc: ArtifactDoc): Promise<Verification> {
+  let cache = verified.get(runtime);
+  if (!cache) verified.set(runtime, (cache = new Map()));
+  const artifact = runtime.stores.runs.artifactHeader(doc);
   // The settlement does not depend on the checks: read it while they run.
   const settlementRead = (async () => {
-    const s = await rt.stores.settlements.byRun(artifact.runId);
+    const s = await runtime.stores.settlements.byRun(artifact.runId);
     return (
       s && {
-        status: (await readSettlement(rt.stores.settlements, rt.stores.ledger, s)).view.status,
+        status: (await readSettlement(runtime.stores.settlements, runtime.stores.ledger, s)).view.status,
         amount: s.amount,
         currency: s.currency,
       }
@@ -34,8 +34,10 @@ async function verifyDoc(rt: Runtime, doc: ArtifactDoc): Promise<Verification> {
   if (!result) {
     try {
       // Every check runs, except the Ed25519 checks of events this service attested when it verified them at append.
-      const { artifact: full, batches } = await rt.stores.runs.loadArtifactChain(doc);
-      result = verifyArtifact(full, rt.keys.jwks, { signatureVerified: attestedSignatures(rt, doc.runId, batches) });
+      const { artifact: full, batches } = await runtime.stores.runs.loadArtifactChain(doc);
+      result = verifyArtifact(full, runtime.keys.jwks, {
+        signatureVerified: attestedSignatures(runtime, doc.runId, batches),
+      });
     } catch (err) {
       settlementRead.catch(() => undefined); // its own outcome no longer matters
       throw err;
@@ -47,31 +49,35 @@ async function verifyDoc(rt: Runtime, doc: ArtifactDoc): Promise<Verification> {
 }
 
 /** The full artifact of one of the tenant's runs. */
-export async function getArtifact(rt: Runtime, tenantId: string, artifactId: string): Promise<RunArtifact> {
-  const doc = await rt.stores.runs.getArtifactDoc(artifactId);
+export async function getArtifact(runtime: Runtime, tenantId: string, artifactId: string): Promise<RunArtifact> {
+  const doc = await runtime.stores.runs.getArtifactDoc(artifactId);
   if (!doc || doc.tenantId !== tenantId) throw errors.notFound('artifact');
-  return rt.stores.runs.loadArtifact(doc);
+  return runtime.stores.runs.loadArtifact(doc);
 }
 
 /** Public verification by artifact id or run id: anyone holding the id may check it. */
-export async function verifyPublic(rt: Runtime, id: string): Promise<Verification> {
+export async function verifyPublic(runtime: Runtime, id: string): Promise<Verification> {
   let doc: ArtifactDoc | null = null;
-  if (id.startsWith('art_')) doc = await rt.stores.runs.getArtifactDoc(id);
+  if (id.startsWith('art_')) doc = await runtime.stores.runs.getArtifactDoc(id);
   else {
-    const run = await rt.stores.runs.getAny(id);
-    if (run?.artifactId) doc = await rt.stores.runs.getArtifactDoc(run.artifactId);
+    const run = await runtime.stores.runs.getAny(id);
+    if (run?.artifactId) doc = await runtime.stores.runs.getArtifactDoc(run.artifactId);
   }
   if (!doc) throw errors.notFound('artifact');
-  return verifyDoc(rt, doc);
+  return verifyDoc(runtime, doc);
 }
 
 /** The verification of one of the tenant's runs, with the run itself. */
-export async function verifyRun(rt: Runtime, tenantId: string, runId: string): Promise<Verification & { run: RunDoc }> {
-  const run = await rt.stores.runs.get(tenantId, runId);
+export async function verifyRun(
+  runtime: Runtime,
+  tenantId: string,
+  runId: string,
+): Promise<Verification & { run: RunDoc }> {
+  const run = await runtime.stores.runs.get(tenantId, runId);
   if (!run) throw errors.notFound('run');
   if (run.status !== 'finalized' || !run.artifactId)
     throw errors.transitionIllegal('the run has no artifact yet', run.status);
-  const doc = await rt.stores.runs.getArtifactDoc(run.artifactId);
+  const doc = await runtime.stores.runs.getArtifactDoc(run.artifactId);
   if (!doc) throw errors.notFound('artifact');
-  return { ...(await verifyDoc(rt, doc)), run };
+  return { ...(await verifyDoc(runtime, doc)), run };
 }

@@ -35,8 +35,8 @@ export function creditEntryId(walletId: string, reference: string): string {
  * sponsor wallet of an existing tenant). The entry id derives from the reference, so a repeat credits once; the
  * same reference with another amount or currency is refused.
  */
-export async function creditWallet(rt: Runtime, input: CreditInput): Promise<WalletState & { entryId: string }> {
-  const { agents, ledger, tenants } = rt.stores;
+export async function creditWallet(runtime: Runtime, input: CreditInput): Promise<WalletState & { entryId: string }> {
+  const { agents, ledger, tenants } = runtime.stores;
   const { walletId, amount, currency, reference } = input;
   const agent = await agents.getAny(walletId);
   let wallet = await ledger.getWallet(walletId);
@@ -72,26 +72,26 @@ export async function creditWallet(rt: Runtime, input: CreditInput): Promise<Wal
 }
 
 /** The wallet of this tenant; another tenant's wallet is not found, like one that does not exist. */
-async function walletOf(rt: Runtime, tenantId: string, walletId: string): Promise<WalletDoc> {
-  const wallet = await rt.stores.ledger.getWallet(walletId);
+async function walletOf(runtime: Runtime, tenantId: string, walletId: string): Promise<WalletDoc> {
+  const wallet = await runtime.stores.ledger.getWallet(walletId);
   if (!wallet || wallet.tenantId !== tenantId) throw errors.notFound('wallet');
   return wallet;
 }
 
-export async function getWallet(rt: Runtime, tenantId: string, walletId: string): Promise<WalletState> {
-  const wallet = await walletOf(rt, tenantId, walletId);
-  return { wallet, balances: await rt.stores.ledger.balances(wallet._id) };
+export async function getWallet(runtime: Runtime, tenantId: string, walletId: string): Promise<WalletState> {
+  const wallet = await walletOf(runtime, tenantId, walletId);
+  return { wallet, balances: await runtime.stores.ledger.balances(wallet._id) };
 }
 
 /** A page of the wallet's balance changes, newest first; `cursor` is the previous page's `nextCursor`. */
 export async function listWalletEntries(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   walletId: string,
   page: { limit: number; cursor?: string },
 ): Promise<{ items: PostingDoc[]; nextCursor: string | null }> {
-  const wallet = await walletOf(rt, tenantId, walletId);
-  const listed = await rt.stores.ledger.listPostings(wallet._id, page.limit, page.cursor);
+  const wallet = await walletOf(runtime, tenantId, walletId);
+  const listed = await runtime.stores.ledger.listPostings(wallet._id, page.limit, page.cursor);
   if (!listed)
     throw errors.unprocessable('cursor is not one this API issued', {
       errors: [{ path: 'querystring.cursor', message: 'invalid' }],

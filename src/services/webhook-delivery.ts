@@ -35,14 +35,14 @@ import { destinationRefusal, sendWebhook, type Resolver, type SendResult } from 
 //    attempt's job is enqueued. Killed in between: the sweeper finds the pending delivery once it is due.
 
 /** Enqueues the attempt of a delivery at its current revision, after `delayMs`. */
-export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delayMs: number): Promise<void> {
+export function scheduleAttempt(runtime: Runtime, delivery: WebhookDeliveryDoc, delayMs: number): Promise<void> {
   const payload = {
     kind: 'deliver' as const,
     tenantId: delivery.tenantId,
     deliveryId: delivery._id,
     rev: delivery.rev,
   };
-  return rt.producers.schedule(
+  return runtime.producers.schedule(
     'webhook-dispatch',
     payload,
     deliverJobId(delivery._id, delivery.rev),
@@ -58,7 +58,7 @@ export function scheduleAttempt(rt: Runtime, delivery: WebhookDeliveryDoc, delay
  * to the attempt, which records the failure).
  */
 export async function assertSendable(
-  rt: Runtime,
+  runtime: Runtime,
   endpoint: WebhookEndpoint,
   options: { resolver?: Resolver } = {},
 ): Promise<void> {
@@ -77,7 +77,7 @@ export async function assertSendable(
     );
   }
   const refusal = await destinationRefusal(endpoint.url, {
-    allowPrivateAddresses: rt.config.webhooks.allowPrivateAddresses,
+    allowPrivateAddresses: runtime.config.webhooks.allowPrivateAddresses,
     resolver: options.resolver,
   });
   if (refusal) throw errors.destinationRefused(`deliveries to this endpoint are refused: ${refusal}`);
@@ -89,23 +89,23 @@ export async function assertSendable(
  * moved the delivery first (the caller says so). The due entry is written before the revision, so a crash before
  * the enqueue is found by the sweeper.
  */
-export async function sendAgain(rt: Runtime, delivery: WebhookDeliveryDoc): Promise<WebhookDeliveryDoc | null> {
-  const due = await rt.stores.webhookDeliveries.transition(delivery, {
+export async function sendAgain(runtime: Runtime, delivery: WebhookDeliveryDoc): Promise<WebhookDeliveryDoc | null> {
+  const due = await runtime.stores.webhookDeliveries.transition(delivery, {
     status: 'pending',
     nextAttemptAt: new Date(),
     lastError: delivery.lastError,
     roundAttempts: 0,
   });
   if (due)
-    await scheduleAttempt(rt, due, 0).catch((err: Error) =>
-      rt.logger.warn({ deliveryId: due._id, err: err.message }, 'resent delivery left to the sweeper'),
+    await scheduleAttempt(runtime, due, 0).catch((err: Error) =>
+      runtime.logger.warn({ deliveryId: due._id, err: err.message }, 'resent delivery left to the sweeper'),
     );
   return due;
 }
 
 /** Enqueues a recovery's job (one per recovery, whoever asks). */
-export function scheduleRecovery(rt: Runtime, recovery: { tenantId: string; _id: string }): Promise<void> {
-  return rt.producers.schedule(
+export function scheduleRecovery(runtime: Runtime, recovery: { tenantId: string; _id: string }): Promise<void> {
+  return runtime.producers.schedule(
     'webhook-dispatch',
     { kind: 'recover', tenantId: recovery.tenantId, recoveryId: recovery._id },
     recoverJobId(recovery._id),
@@ -124,10 +124,10 @@ const RECOVERY_BATCH = 100;
  * it was failed at, and sent only while it is still at that revision, so each is sent again once per recovery.
  */
 export async function runRecovery(
-  rt: Runtime,
+  runtime: Runtime,
   input: { tenantId: string; recoveryId: string },
 ): Promise<{ queued: number; scannedDownTo: number }> {
-  const deliveries = rt.stores.webhookDeliveries;
+  const deliveries = runtime.stores.webhookDeliveries;
   const recovery = await deliveries.recoveryOf(input.recoveryId);
   if (!recovery || recovery.tenantId !== input.tenantId) return { queued: 0, scannedDownTo: 0 };
   let queued = 0;
@@ -144,7 +144,7 @@ export async function runRecovery(
       }
       if (d.status !== 'failed' && d.status !== 'abandoned') continue;
       const claim = await deliveries.claimRecoveryItem(recovery._id, positions[i]!, d);
-      if (claim.fromRev === d.rev && (await sendAgain(rt, d))) queued++;
+      if (claim.fromRev === d.rev && (await sendAgain(runtime, d))) queued++;
     }
     const low = positions.at(-1)!;
     if (reachedSince || low === 1) {
@@ -158,11 +158,11 @@ export async function runRecovery(
 }
 
 /** Creates the deliveries of an outbox event, one per endpoint subscribed when it happened, and enqueues them. */
-export async function fanOut(rt: Runtime, input: { tenantId: string; eventId: string }) {
-  const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = rt.stores;
+export async function fanOut(runtime: Runtime, input: { tenantId: string; eventId: string }) {
+  const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = runtime.stores;
   const event = await outbox.get(input.eventId);
   if (!event || event.tenantId !== input.tenantId) {
-    rt.logger.warn(input, 'webhook fan-out for an unknown event; nothing to do');
+    runtime.logger.warn(input, 'webhook fan-out for an unknown event; nothing to do');
     return { deliveries: 0 };
   }
   if (event.fannedOutAt) return { deliveries: 0, alreadyFannedOut: true };
@@ -178,7 +178,7 @@ export async function fanOut(rt: Runtime, input: { tenantId: string; eventId: st
   for (const endpoint of subscribers) {
     const delivery = await deliveries.ensure({ eventId: event._id, eventType: event.type, endpoint, now });
     if (delivery.status === 'pending')
-      await scheduleAttempt(rt, delivery, (delivery.nextAttemptAt?.getTime() ?? now.getTime()) - Date.now());
+      await scheduleAttempt(runtime, delivery, (delivery.nextAttemptAt?.getTime() ?? now.getTime()) - Date.now());
   }
   await outbox.markFannedOut(event._id, new Date());
   return { deliveries: subscribers.length };
@@ -192,13 +192,13 @@ export interface AttemptOutcome {
 
 /** Makes one attempt of a pending delivery (the caller holds its lease) and records the outcome. */
 export async function attemptDelivery(
-  rt: Runtime,
+  runtime: Runtime,
   current: WebhookDeliveryDoc,
   options: { resolver?: Resolver } = {},
 ): Promise<AttemptOutcome> {
-  const { config } = rt;
-  const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = rt.stores;
-  const log = rt.logger.child({ component: 'webhook-dispatch' });
+  const { config } = runtime;
+  const { outbox, webhookEndpoints: endpoints, webhookDeliveries: deliveries } = runtime.stores;
+  const log = runtime.logger.child({ component: 'webhook-dispatch' });
   const { tenantId, _id: deliveryId } = current;
   const [endpoint, event] = await Promise.all([endpoints.get(current.endpointId), outbox.get(current.eventId)]);
   // Deleting an endpoint does not touch its deliveries: each one is cancelled here, when its attempt comes due.
@@ -294,7 +294,7 @@ export async function attemptDelivery(
       { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` },
       attempt,
     );
-    await disableEndpoint(rt, endpoint, 'the receiver answered 410 Gone');
+    await disableEndpoint(runtime, endpoint, 'the receiver answered 410 Gone');
     log.info(logFields, 'webhook receiver is gone');
     return { status: 'abandoned' };
   }
@@ -309,7 +309,7 @@ export async function attemptDelivery(
       { status: 'abandoned', nextAttemptAt: null, lastError: `${result.error}; endpoint disabled` },
       attempt,
     );
-    await disableEndpoint(rt, endpoint, `every delivery failed since ${failingSince.toISOString()}`);
+    await disableEndpoint(runtime, endpoint, `every delivery failed since ${failingSince.toISOString()}`);
     log.info({ ...logFields, error: result.error }, 'webhook attempt failed');
     return { status: 'abandoned' };
   }
@@ -337,15 +337,18 @@ export async function attemptDelivery(
 }
 
 /** Disables an active endpoint (a new revision); its pending deliveries are abandoned as their attempts come due. */
-async function disableEndpoint(rt: Runtime, endpoint: WebhookEndpoint, reason: string): Promise<void> {
-  const endpoints = rt.stores.webhookEndpoints;
+async function disableEndpoint(runtime: Runtime, endpoint: WebhookEndpoint, reason: string): Promise<void> {
+  const endpoints = runtime.stores.webhookEndpoints;
   for (
     let current: WebhookEndpoint | null = endpoint;
     current && current.status === 'active';
     current = await endpoints.get(endpoint._id)
   ) {
     if (await endpoints.change(current, { status: 'disabled', disabledReason: reason, disabledAt: new Date() })) {
-      rt.logger.warn({ tenantId: endpoint.tenantId, endpointId: endpoint._id, reason }, 'webhook endpoint disabled');
+      runtime.logger.warn(
+        { tenantId: endpoint.tenantId, endpointId: endpoint._id, reason },
+        'webhook endpoint disabled',
+      );
       return;
     }
   }
@@ -359,10 +362,10 @@ type DueCheck = 'done' | 'waiting' | 'enqueued';
  * Safe to run concurrently: job ids are derived, so overlapping sweeps enqueue one job.
  */
 export async function sweepWebhookWork(
-  rt: Runtime,
+  runtime: Runtime,
   options: { batch: number; now?: number },
 ): Promise<{ events: number; deliveries: number }> {
-  const due = rt.stores.webhookDue;
+  const due = runtime.stores.webhookDue;
   const counts = { events: 0, deliveries: 0 };
   const start = await due.cursor();
   if (start === null) return counts;
@@ -375,13 +378,13 @@ export async function sweepWebhookWork(
     const done: number[] = [];
     for (const entry of entries) {
       // Work that fell due only just now is its job's to do; the sweeper is for work whose job was lost.
-      if (budget <= 0 || entry.dueAt.getTime() > now - rt.config.sweeper.staleAfterMs) {
+      if (budget <= 0 || entry.dueAt.getTime() > now - runtime.config.sweeper.staleAfterMs) {
         firstLive ??= entry.n;
         if (budget <= 0) break;
         continue;
       }
       budget--;
-      const check = await checkDueEntry(rt, entry, bucket, now);
+      const check = await checkDueEntry(runtime, entry, bucket, now);
       if (check === 'done') {
         done.push(entry.n);
         continue;
@@ -390,7 +393,7 @@ export async function sweepWebhookWork(
       if (check === 'enqueued') counts[entry.kind === 'fan-out' ? 'events' : 'deliveries']++;
     }
     // A past bucket is cleared once its work is done; the cursor only moves over a cleared prefix.
-    clearing = clearing && firstLive === null && bucketEnd(bucket) <= now - rt.config.sweeper.staleAfterMs;
+    clearing = clearing && firstLive === null && bucketEnd(bucket) <= now - runtime.config.sweeper.staleAfterMs;
     if (clearing) {
       await due.clear(bucket);
       await due.moveCursor(bucket + 1);
@@ -399,32 +402,32 @@ export async function sweepWebhookWork(
     }
   }
   if (counts.events + counts.deliveries > 0)
-    rt.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
+    runtime.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
   return counts;
 }
 
-async function checkDueEntry(rt: Runtime, entry: DueEntry, bucket: number, now: number): Promise<DueCheck> {
+async function checkDueEntry(runtime: Runtime, entry: DueEntry, bucket: number, now: number): Promise<DueCheck> {
   if (entry.kind === 'fan-out') {
-    const event = await rt.stores.outbox.get(entry.eventId);
+    const event = await runtime.stores.outbox.get(entry.eventId);
     if (!event || event.fannedOutAt) return 'done';
-    const state = await rt.producers.ensure(
+    const state = await runtime.producers.ensure(
       'webhook-dispatch',
       { tenantId: event.tenantId, eventId: event._id },
       fanOutJobId(event._id),
     );
     return state === 'live' ? 'waiting' : 'enqueued';
   }
-  const d = await rt.stores.webhookDeliveries.get(entry.deliveryId);
+  const d = await runtime.stores.webhookDeliveries.get(entry.deliveryId);
   if (!d || d.status !== 'pending' || !d.nextAttemptAt) return 'done';
   if (d.nextAttemptAt.getTime() >= bucketEnd(bucket)) return 'done'; // rescheduled: a later bucket holds it
   if (d.nextAttemptAt.getTime() > now) return 'waiting';
-  if (await rt.redis.exists(leaseKey(rt.config.redisPrefix, d._id))) return 'waiting'; // an attempt is running
+  if (await runtime.redis.exists(leaseKey(runtime.config.redisPrefix, d._id))) return 'waiting'; // an attempt is running
   const regular = deliverJobId(d._id, d.rev);
-  const regularState = await (await rt.producers.queues['webhook-dispatch'].getJob(regular))?.getState();
+  const regularState = await (await runtime.producers.queues['webhook-dispatch'].getJob(regular))?.getState();
   // `active` without a lease: the worker running it died mid-attempt. BullMQ would re-run it only after its lock
   // expires; a takeover job (same rev, so at most one of them can record a result) does it now.
   const jobId = regularState === 'active' ? takeoverJobId(d._id, d.rev) : regular;
   const payload = { kind: 'deliver' as const, tenantId: d.tenantId, deliveryId: d._id, rev: d.rev };
-  const state = await rt.producers.ensure('webhook-dispatch', payload, jobId, DELIVER_JOB);
+  const state = await runtime.producers.ensure('webhook-dispatch', payload, jobId, DELIVER_JOB);
   return state === 'live' ? 'waiting' : 'enqueued';
 }

@@ -46,7 +46,7 @@ function afterPosition(cursor: string | undefined): { position: number; at: Date
 }
 
 export async function readFeed(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   q: { after?: string; limit?: number },
@@ -54,8 +54,8 @@ export async function readFeed(
 ): Promise<FeedPage> {
   const { limit } = checkListQuery({ limit: q.limit }); // the lists' default, bounds and 422
   const { position: after, at: afterAt } = afterPosition(q.after);
-  const endpoint = await getEndpoint(rt, tenantId, endpointId);
-  const deliveries = rt.stores.webhookDeliveries;
+  const endpoint = await getEndpoint(runtime, tenantId, endpointId);
+  const deliveries = runtime.stores.webhookDeliveries;
   const [head, expiredThrough] = await Promise.all([
     deliveries.lastPosition(endpoint._id),
     deliveries.retention.expiredThrough(endpoint._id),
@@ -112,8 +112,8 @@ export async function readFeed(
     if (newest && (newest.indexedAt?.getTime() ?? 0) < settledBefore) consumed = end;
     else stopped = true;
   }
-  const events = await Promise.all(found.map(({ delivery }) => rt.stores.outbox.get(delivery.eventId)));
-  const secrets = rt.stores.webhookEndpoints.signingSecrets(endpoint, now);
+  const events = await Promise.all(found.map(({ delivery }) => runtime.stores.outbox.get(delivery.eventId)));
+  const secrets = runtime.stores.webhookEndpoints.signingSecrets(endpoint, now);
   const timestamp = Math.floor(now.getTime() / 1000);
   const items: FeedItem[] = [];
   for (const [i, { position, delivery }] of found.entries()) {

@@ -31,8 +31,8 @@ function retainedFrom(d: WebhookDeliveryDoc, now: number): number {
   return d.updatedAt.getTime();
 }
 
-async function expireOne(rt: Runtime, { member }: DueMember, cutoff: number, now: number): Promise<Outcome> {
-  const deliveries = rt.stores.webhookDeliveries;
+async function expireOne(runtime: Runtime, { member }: DueMember, cutoff: number, now: number): Promise<Outcome> {
+  const deliveries = runtime.stores.webhookDeliveries;
   const retention = deliveries.retention;
   if (member.kind === 'delivery') {
     const d = await deliveries.get(member.id);
@@ -69,23 +69,23 @@ async function expireOne(rt: Runtime, { member }: DueMember, cutoff: number, now
 
 /** One sweep: up to `batch` due records, each removed, kept (re-scored) or backed off. */
 export async function sweepWebhookRetention(
-  rt: Runtime,
+  runtime: Runtime,
   options: { batch: number; now?: number },
 ): Promise<RetentionSweep> {
   const now = options.now ?? Date.now();
-  const cutoff = now - rt.config.webhooks.retentionDays * 86_400_000;
-  const retention = rt.stores.webhookDeliveries.retention;
+  const cutoff = now - runtime.config.webhooks.retentionDays * 86_400_000;
+  const retention = runtime.stores.webhookDeliveries.retention;
   const due = await retention.due(cutoff, options.batch);
   const counts: RetentionSweep = { deliveries: 0, entries: 0, kept: 0, forgotten: 0, failed: 0 };
   for (let i = 0; i < due.length; i += PARALLEL) {
     await Promise.all(
       due.slice(i, i + PARALLEL).map(async (item) => {
         try {
-          counts[await expireOne(rt, item, cutoff, now)]++;
+          counts[await expireOne(runtime, item, cutoff, now)]++;
         } catch (err) {
           counts.failed++;
           const failures = await retention.backOff(item.member, cutoff).catch(() => null);
-          rt.logger.warn(
+          runtime.logger.warn(
             { record: item.member.member, failures, err: (err as Error).message },
             'webhook record not removed; it backs off and is tried again',
           );
@@ -93,6 +93,6 @@ export async function sweepWebhookRetention(
       }),
     );
   }
-  if (due.length > 0) rt.logger.info(counts, 'webhook retention sweep');
+  if (due.length > 0) runtime.logger.info(counts, 'webhook retention sweep');
   return counts;
 }

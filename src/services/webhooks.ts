@@ -106,7 +106,7 @@ function cursorAt(position: number, at: Date): string {
 }
 
 export async function registerEndpoint(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   input: {
     url?: string;
@@ -128,9 +128,9 @@ export async function registerEndpoint(
       'body.url',
       'a pull endpoint has no url: its events are read through GET /v1/webhooks/{id}/events',
     );
-  const url = input.url === undefined ? null : checkEndpointUrl(rt.config, input.url);
+  const url = input.url === undefined ? null : checkEndpointUrl(runtime.config, input.url);
   const events = checkEventTypes(input.events);
-  return rt.stores.webhookEndpoints.create(tenantId, {
+  return runtime.stores.webhookEndpoints.create(tenantId, {
     url,
     delivery,
     events,
@@ -140,8 +140,8 @@ export async function registerEndpoint(
 }
 
 /** A live endpoint of this tenant, or 404 (another tenant's and deleted ones alike). */
-export async function getEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<WebhookEndpoint> {
-  const endpoint = await rt.stores.webhookEndpoints.get(endpointId);
+export async function getEndpoint(runtime: Runtime, tenantId: string, endpointId: string): Promise<WebhookEndpoint> {
+  const endpoint = await runtime.stores.webhookEndpoints.get(endpointId);
   if (!endpoint || endpoint.tenantId !== tenantId || endpoint.status === 'revoked')
     throw errors.notFound('webhook endpoint');
   return endpoint;
@@ -149,12 +149,12 @@ export async function getEndpoint(rt: Runtime, tenantId: string, endpointId: str
 
 /** The tenant's live endpoints, newest first. */
 export async function listEndpoints(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   page: { limit: number; cursor?: string },
 ): Promise<Page<WebhookEndpoint>> {
   const before = positionOf(page.cursor) ?? Number.MAX_SAFE_INTEGER;
-  const live = (await rt.stores.webhookEndpoints.allOfTenant(tenantId))
+  const live = (await runtime.stores.webhookEndpoints.allOfTenant(tenantId))
     .filter((e) => e.status !== 'revoked' && e.seq < before)
     .sort((a, b) => b.seq - a.seq);
   const items = live.slice(0, page.limit);
@@ -164,31 +164,31 @@ export async function listEndpoints(
 
 /** Decides a change on the endpoint as just read and commits it as its next revision; null from `decide` is no change. */
 async function changeEndpoint(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   decide: (current: WebhookEndpoint) => Partial<WebhookEndpointDoc> | null,
 ): Promise<WebhookEndpoint> {
   for (let attempt = 0; attempt < CHANGE_ATTEMPTS; attempt++) {
-    const current = await getEndpoint(rt, tenantId, endpointId);
+    const current = await getEndpoint(runtime, tenantId, endpointId);
     const changes = decide(current);
     if (!changes) return current;
-    const next = await rt.stores.webhookEndpoints.change(current, changes);
+    const next = await runtime.stores.webhookEndpoints.change(current, changes);
     if (next) return { ...current, ...next };
   }
   throw new Error(`webhook endpoint ${endpointId}: too many concurrent changes`);
 }
 
 /** Deletes (revokes) an endpoint. Its pending deliveries are cancelled as their attempts come due, never sent. */
-export async function deleteEndpoint(rt: Runtime, tenantId: string, endpointId: string): Promise<void> {
-  await changeEndpoint(rt, tenantId, endpointId, () => ({ status: 'revoked', revokedAt: new Date() }));
+export async function deleteEndpoint(runtime: Runtime, tenantId: string, endpointId: string): Promise<void> {
+  await changeEndpoint(runtime, tenantId, endpointId, () => ({ status: 'revoked', revokedAt: new Date() }));
 }
 
 /** New current secret; the old current one keeps signing for `graceSeconds` (the secret is returned once). */
-export async function rotateSecret(rt: Runtime, tenantId: string, endpointId: string, graceSeconds: number) {
+export async function rotateSecret(runtime: Runtime, tenantId: string, endpointId: string, graceSeconds: number) {
   let secret = '';
-  const endpoint = await changeEndpoint(rt, tenantId, endpointId, (current) => {
-    const rotated = rt.stores.webhookEndpoints.rotatedSecrets(current, graceSeconds, new Date());
+  const endpoint = await changeEndpoint(runtime, tenantId, endpointId, (current) => {
+    const rotated = runtime.stores.webhookEndpoints.rotatedSecrets(current, graceSeconds, new Date());
     secret = rotated.secret;
     return { secrets: rotated.secrets };
   });
@@ -197,16 +197,16 @@ export async function rotateSecret(rt: Runtime, tenantId: string, endpointId: st
 
 /** Makes the endpoint active again (harmless on an active one) and replays its failed and abandoned deliveries. */
 export async function enableEndpoint(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
 ): Promise<{ endpoint: WebhookEndpoint; replayed: number }> {
-  const enabled = await changeEndpoint(rt, tenantId, endpointId, (current) =>
+  const enabled = await changeEndpoint(runtime, tenantId, endpointId, (current) =>
     current.status === 'disabled' ? { status: 'active', disabledReason: null, disabledAt: null } : null,
   );
-  await rt.stores.webhookEndpoints.clearFailing(endpointId);
+  await runtime.stores.webhookEndpoints.clearFailing(endpointId);
   const endpoint = { ...enabled, failingSince: null };
-  return { endpoint, replayed: await replayParked(rt, endpoint) };
+  return { endpoint, replayed: await replayParked(runtime, endpoint) };
 }
 
 /**
@@ -214,8 +214,8 @@ export async function enableEndpoint(
  * endpoint's parked index from where the last replay stopped, so the cost follows what is replayed; an entry read
  * twice (that mark is a cache) finds its delivery no longer parked and is skipped.
  */
-async function replayParked(rt: Runtime, endpoint: WebhookEndpoint): Promise<number> {
-  const deliveries = rt.stores.webhookDeliveries;
+async function replayParked(runtime: Runtime, endpoint: WebhookEndpoint): Promise<number> {
+  const deliveries = runtime.stores.webhookDeliveries;
   const last = await deliveries.lastParked(endpoint._id);
   let replayed = 0;
   for (let n = endpoint.replayedThrough + 1; n <= last; n++) {
@@ -229,13 +229,13 @@ async function replayParked(rt: Runtime, endpoint: WebhookEndpoint): Promise<num
       });
       if (due && replayed++ < REPLAY_ENQUEUE_LIMIT) {
         // If Redis refuses, the sweeper finds the delivery through its due entry.
-        await scheduleAttempt(rt, due, 0).catch((err: Error) =>
-          rt.logger.warn({ deliveryId: due._id, err: err.message }, 'replayed delivery left to the sweeper'),
+        await scheduleAttempt(runtime, due, 0).catch((err: Error) =>
+          runtime.logger.warn({ deliveryId: due._id, err: err.message }, 'replayed delivery left to the sweeper'),
         );
       }
     }
   }
-  await rt.stores.webhookEndpoints.markReplayedThrough(endpoint._id, last);
+  await runtime.stores.webhookEndpoints.markReplayedThrough(endpoint._id, last);
   return replayed;
 }
 
@@ -256,14 +256,14 @@ export interface DeliveryListQuery {
  * MAX_POSITIONS_PER_PAGE positions; a filtered page that ran out of them holds fewer items and a cursor to go on.
  */
 export async function listDeliveries(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   q: DeliveryListQuery,
 ): Promise<Page<DeliveryWithAttempts>> {
   const { limit, createdAfter, createdBefore, before } = checkListQuery(q);
-  const endpoint = await getEndpoint(rt, tenantId, endpointId);
-  const deliveries = rt.stores.webhookDeliveries;
+  const endpoint = await getEndpoint(runtime, tenantId, endpointId);
+  const deliveries = runtime.stores.webhookDeliveries;
   let position: number;
   if (before) {
     if (!/^\d{1,15}$/.test(before.id) || Number(before.id) < 1)
@@ -298,7 +298,7 @@ export async function listDeliveries(
     }
   }
   return {
-    items: await withAttempts(rt, items),
+    items: await withAttempts(runtime, items),
     nextCursor: position > 1 && !reachedAfter ? cursorAt(position, lastAt) : null,
   };
 }
@@ -314,22 +314,22 @@ const RECOVERY_READ_LIMIT = 10_000;
  * delivery; the delivery is listed with the others. A pull endpoint gets it stored, next in its feed.
  */
 export async function sendTestEvent(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   options: { resolver?: Resolver } = {},
 ) {
-  const endpoint = await getEndpoint(rt, tenantId, endpointId);
-  if (endpoint.url !== null) await assertSendable(rt, endpoint, options);
+  const endpoint = await getEndpoint(runtime, tenantId, endpointId);
+  if (endpoint.url !== null) await assertSendable(runtime, endpoint, options);
   const now = new Date();
   const data = { endpointId, message: 'a test event sent on request; it changes nothing' };
-  const event = await rt.stores.outbox.recordForOneEndpoint(
+  const event = await runtime.stores.outbox.recordForOneEndpoint(
     tenantId,
     'webhook.test',
     data,
     `webhook.test:${endpointId}:${randomUUID()}`,
   );
-  const delivery = await rt.stores.webhookDeliveries.ensure({
+  const delivery = await runtime.stores.webhookDeliveries.ensure({
     eventId: event._id,
     eventType: 'webhook.test',
     endpoint,
@@ -337,47 +337,47 @@ export async function sendTestEvent(
   });
   if (delivery.status !== 'pending') return { event, delivery }; // stored for a pull endpoint's feed
   // If Redis refuses, the sweeper finds the pending delivery through its due entry.
-  await scheduleAttempt(rt, delivery, 0).catch((err: Error) =>
-    rt.logger.warn({ deliveryId: delivery._id, err: err.message }, 'test delivery left to the sweeper'),
+  await scheduleAttempt(runtime, delivery, 0).catch((err: Error) =>
+    runtime.logger.warn({ deliveryId: delivery._id, err: err.message }, 'test delivery left to the sweeper'),
   );
   return { event, delivery };
 }
 
 /** Sends one delivery of this endpoint again: same event id and body, a new attempt (409 while one is already due). */
 export async function resendDelivery(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   deliveryId: string,
   options: { resolver?: Resolver } = {},
 ): Promise<WebhookDeliveryDoc> {
-  const endpoint = await getEndpoint(rt, tenantId, endpointId);
-  const delivery = await rt.stores.webhookDeliveries.get(deliveryId);
+  const endpoint = await getEndpoint(runtime, tenantId, endpointId);
+  const delivery = await runtime.stores.webhookDeliveries.get(deliveryId);
   if (!delivery || delivery.endpointId !== endpoint._id || delivery.tenantId !== tenantId)
     throw errors.notFound('webhook delivery');
-  await assertSendable(rt, endpoint, options);
+  await assertSendable(runtime, endpoint, options);
   const pending = () =>
     errors.conflict('WEBHOOK_DELIVERY_PENDING', 'an attempt of this delivery is already due; it needs no resend', {
       nextAttemptAt: delivery.nextAttemptAt?.toISOString() ?? null,
     });
   if (delivery.status === 'pending') throw pending();
-  const due = await sendAgain(rt, delivery);
+  const due = await sendAgain(runtime, delivery);
   if (!due) throw pending(); // a concurrent resend or replay moved it first
   return due;
 }
 
 /** Asks for every failed (or abandoned) delivery of the endpoint created since `since` to be sent again, by a job. */
 export async function recoverFailed(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   since: Date,
   options: { resolver?: Resolver } = {},
 ): Promise<WebhookRecoveryDoc> {
-  const endpoint = await getEndpoint(rt, tenantId, endpointId);
+  const endpoint = await getEndpoint(runtime, tenantId, endpointId);
   if (since.getTime() > Date.now()) throw fieldError('body.since', 'since must not be in the future');
-  await assertSendable(rt, endpoint, options);
-  const deliveries = rt.stores.webhookDeliveries;
+  await assertSendable(runtime, endpoint, options);
+  const deliveries = runtime.stores.webhookDeliveries;
   const fromPosition = await deliveries.lastPosition(endpoint._id);
   const recovery = await deliveries.recordRecovery({
     _id: `whr_${randomUUID().replace(/-/g, '')}`,
@@ -389,7 +389,7 @@ export async function recoverFailed(
     scannedDownTo: fromPosition + 1,
     finishedAt: null,
   });
-  await scheduleRecovery(rt, recovery);
+  await scheduleRecovery(runtime, recovery);
   return recovery;
 }
 
@@ -402,13 +402,13 @@ export interface RecoveryProgress {
 
 /** A recovery's progress, read back from its claims and their deliveries (by `_id`). */
 export async function getRecovery(
-  rt: Runtime,
+  runtime: Runtime,
   tenantId: string,
   endpointId: string,
   recoveryId: string,
 ): Promise<RecoveryProgress> {
-  const endpoint = await getEndpoint(rt, tenantId, endpointId);
-  const deliveries = rt.stores.webhookDeliveries;
+  const endpoint = await getEndpoint(runtime, tenantId, endpointId);
+  const deliveries = runtime.stores.webhookDeliveries;
   const recovery = await deliveries.recoveryOf(recoveryId);
   if (!recovery || recovery.tenantId !== tenantId || recovery.endpointId !== endpoint._id)
     throw errors.notFound('webhook recovery');
@@ -443,25 +443,29 @@ const RUN_EVENTS_LIMIT = 200;
  * derive from the event and the endpoint, so each is one `_id` read: the cost follows the run's events and the
  * tenant's few endpoints, never what is stored.
  */
-export async function deliveriesOfRun(rt: Runtime, tenantId: string, runId: string): Promise<DeliveryWithAttempts[]> {
-  if (!(await rt.stores.runs.get(tenantId, runId))) throw errors.notFound('run'); // another tenant's run alike
+export async function deliveriesOfRun(
+  runtime: Runtime,
+  tenantId: string,
+  runId: string,
+): Promise<DeliveryWithAttempts[]> {
+  if (!(await runtime.stores.runs.get(tenantId, runId))) throw errors.notFound('run'); // another tenant's run alike
   const [eventIds, endpoints] = await Promise.all([
-    rt.stores.outbox.eventIdsOfRun(runId, RUN_EVENTS_LIMIT),
-    rt.stores.webhookEndpoints.allOfTenant(tenantId),
+    runtime.stores.outbox.eventIdsOfRun(runId, RUN_EVENTS_LIMIT),
+    runtime.stores.webhookEndpoints.allOfTenant(tenantId),
   ]);
   const found = await Promise.all(
     eventIds.flatMap((eventId) =>
-      endpoints.map((endpoint) => rt.stores.webhookDeliveries.get(deliveryIdFor(eventId, endpoint._id))),
+      endpoints.map((endpoint) => runtime.stores.webhookDeliveries.get(deliveryIdFor(eventId, endpoint._id))),
     ),
   );
   return withAttempts(
-    rt,
+    runtime,
     found.filter((d): d is WebhookDeliveryDoc => d !== null && d.tenantId === tenantId),
   );
 }
 
 /** Each delivery with its attempts, read side by side. */
-async function withAttempts(rt: Runtime, items: WebhookDeliveryDoc[]): Promise<DeliveryWithAttempts[]> {
-  const attempts = await Promise.all(items.map((d) => rt.stores.webhookDeliveries.attemptsOf(d)));
+async function withAttempts(runtime: Runtime, items: WebhookDeliveryDoc[]): Promise<DeliveryWithAttempts[]> {
+  const attempts = await Promise.all(items.map((d) => runtime.stores.webhookDeliveries.attemptsOf(d)));
   return items.map((delivery, i) => ({ delivery, attempts: attempts[i]! }));
 }

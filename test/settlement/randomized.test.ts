@@ -48,12 +48,12 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
   });
 
   it(`keeps every currency balanced and every effect single across ${RUNS} settlements (seed ${seed})`, async () => {
-    const rt = t.runtime;
-    const tenant = await rt.stores.tenants.create({ name: 'random' });
+    const runtime = t.runtime;
+    const tenant = await runtime.stores.tenants.create({ name: 'random' });
     const tenantId = tenant._id;
     const mkAgent = async (role: string) => {
       const agentId = `rand:agent:${role}-${newId('x')}`;
-      await rt.stores.agents.create(tenantId, {
+      await runtime.stores.agents.create(tenantId, {
         _id: agentId,
         displayName: null,
         metadataJson: null,
@@ -61,7 +61,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         keys: {},
         createdAt: new Date(),
       });
-      await rt.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
+      await runtime.stores.ledger.ensureWallet(agentId, tenantId, 'agent');
       return agentId;
     };
     const payers = await Promise.all(Array.from({ length: 12 }, (_, i) => mkAgent(`payer${i}`)));
@@ -70,7 +70,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     for (const payer of payers) {
       for (const currency of CURRENCIES) {
         const amount = 20_000 + Math.floor(random() * 200_000);
-        await rt.stores.ledger.apply({
+        await runtime.stores.ledger.apply({
           _id: `credit:${payer}:${currency}`,
           tenantId,
           kind: 'credit',
@@ -84,7 +84,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
 
     // Crash between the legs of ledger entries now and then, and between a leg's position claim and its marker,
     // on both "processes".
-    for (const r of [rt, second]) {
+    for (const r of [runtime, second]) {
       r.stores.ledger.failAfterLeg = (_entry, leg) => {
         if (leg === 0 && random() < 0.08) throw new Crash('killed between ledger legs');
       };
@@ -117,11 +117,15 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     /** A job: its first run may crash anywhere; BullMQ retries it until it completes; a duplicate copy races it. */
     const job = async (settlementId: string) => {
       const duplicate = attempt(second, settlementId);
-      for (let tries = 0; tries < 20 && !(await attempt(rt, settlementId)); tries++);
+      for (let tries = 0; tries < 20 && !(await attempt(runtime, settlementId)); tries++);
       await duplicate;
     };
     const read = async (settlementId: string) =>
-      readSettlement(rt.stores.settlements, rt.stores.ledger, (await rt.stores.settlements.get(settlementId))!);
+      readSettlement(
+        runtime.stores.settlements,
+        runtime.stores.ledger,
+        (await runtime.stores.settlements.get(settlementId))!,
+      );
 
     let refused = 0;
     const settled: string[] = [];
@@ -137,7 +141,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       });
       const runId = newId('run');
       const insertRun = () =>
-        rt.stores.runs.createOrResume({
+        runtime.stores.runs.createOrResume({
           _id: runId,
           tenantId,
           agentId: payee,
@@ -153,7 +157,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
           finalizeError: null,
         });
       try {
-        await withRunEscrow(rt, tenantId, runId, payee, terms, insertRun);
+        await withRunEscrow(runtime, tenantId, runId, payee, terms, insertRun);
       } catch (err) {
         if (err instanceof ServiceError && err.code === 'INSUFFICIENT_FUNDS') {
           refused++;
@@ -162,7 +166,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         if (err instanceof Crash) return; // the request died between the lock's legs: the sweeper must give it back
         throw err;
       }
-      const s = await rt.stores.settlements.createOrGet({
+      const s = await runtime.stores.settlements.createOrGet({
         tenantId,
         runId,
         payerWalletId: payer,
@@ -179,7 +183,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
       if (view.status === 'completed' && terms.disputeWindowSeconds === 3_600 && random() < 0.5) {
         const disputeId = newId('dsp');
         const frozenAmount = view.holdbackState === 'held' ? view.holdback : 0;
-        const opened = await rt.stores.settlements.claim(s._id, 'holdback', {
+        const opened = await runtime.stores.settlements.claim(s._id, 'holdback', {
           fate: 'dispute',
           disputeId,
           reason: 'random',
@@ -191,7 +195,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         if (random() < 0.8) {
           const outcome = pick(['payee', 'payer', 'split'] as const);
           const bps = outcome === 'split' ? Math.floor(random() * 10_001) : undefined;
-          await rt.stores.settlements.claim(s._id, 'ruling', {
+          await runtime.stores.settlements.claim(s._id, 'ruling', {
             outcome,
             payerShareBps: bps ?? null,
             ...disputeSplit(frozenAmount, outcome, bps),
@@ -200,7 +204,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
           await job(s._id);
         }
       } else if (view.status === 'held' && !facts.heldRuling && random() < 0.6) {
-        await rt.stores.settlements.claim(s._id, 'heldRuling', {
+        await runtime.stores.settlements.claim(s._id, 'heldRuling', {
           outcome: pick(['release', 'refund'] as const),
           at: new Date().toISOString(),
         });
@@ -216,7 +220,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     );
 
     // Stop crashing; let the windows of 1 s end; then the sweepers of both processes repair everything, twice.
-    for (const r of [rt, second]) {
+    for (const r of [runtime, second]) {
       r.stores.ledger.failAfterLeg = null;
       r.stores.ledger.failAfterClaim = null;
     }
@@ -226,7 +230,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     let busyAt = Date.now();
     for (let round = 0; round < 60; round++) {
       const outcomes = (await Promise.all([
-        createSettleProcessor(rt).sweep!(),
+        createSettleProcessor(runtime).sweep!(),
         createSettleProcessor(second).sweep!(),
       ])) as Array<Record<string, number>>;
       if (!outcomes.every((o) => o.entries === 0 && o.settlements === 0 && o.locksChecked === 0 && o.unlocked === 0))
@@ -237,7 +241,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
 
     // 1. Every chain is gapless and never negative, and every currency balances: credited = available + escrow
     //    (+ 0 paid out, as this service has no payouts).
-    const postings = await rt.stores.ledger.postings.find({}).toArray();
+    const postings = await runtime.stores.ledger.postings.find({}).toArray();
     const byAccount = new Map<string, typeof postings>();
     for (const p of postings) byAccount.set(p.account, [...(byAccount.get(p.account) ?? []), p]);
     for (const [account, chain] of byAccount) {
@@ -250,29 +254,31 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
         expect(p.balanceAfter).toBeGreaterThanOrEqual(0);
       });
     }
-    const balances = new Map<string, Awaited<ReturnType<typeof rt.stores.ledger.balances>>>();
-    for (const wallet of [...payers, ...payees]) balances.set(wallet, await rt.stores.ledger.balances(wallet));
+    const balances = new Map<string, Awaited<ReturnType<typeof runtime.stores.ledger.balances>>>();
+    for (const wallet of [...payers, ...payees]) balances.set(wallet, await runtime.stores.ledger.balances(wallet));
     for (const currency of CURRENCIES) {
       let held = 0;
       for (const b of balances.values()) held += (b[currency]?.available ?? 0) + (b[currency]?.escrow ?? 0);
       expect(held, `${currency} balances`).toBe(credited[currency]);
     }
-    expect(await rt.stores.ledger.entries.countDocuments({ state: 'pending' })).toBe(0);
+    expect(await runtime.stores.ledger.entries.countDocuments({ state: 'pending' })).toBe(0);
     const legs = new Set(postings.map((p) => `${p.entryId}#${p.leg}`));
     expect(legs.size).toBe(postings.length);
 
     // 2. Each settlement's money happened exactly once: released + refunded + still in escrow = amount, and every
     //    wallet holds exactly what its settlements say.
-    const all = await rt.stores.settlements.settlements.find({ tenantId }).toArray();
+    const all = await runtime.stores.settlements.settlements.find({ tenantId }).toArray();
     expect(all.length).toBe(settled.length);
-    const views = await Promise.all(all.map((s) => readSettlement(rt.stores.settlements, rt.stores.ledger, s)));
+    const views = await Promise.all(
+      all.map((s) => readSettlement(runtime.stores.settlements, runtime.stores.ledger, s)),
+    );
     // A read looks only at what the settlement's state involves: it sees what reading every fact and every entry it
     // might have sees, in every state these runs reached.
     const now = new Date();
     for (const { doc } of views) {
-      const lean = await readSettlement(rt.stores.settlements, rt.stores.ledger, doc, now);
-      const facts = await rt.stores.settlements.factsOf(doc._id);
-      const applied = await rt.stores.ledger.appliedAmong(candidateEntries(doc, facts));
+      const lean = await readSettlement(runtime.stores.settlements, runtime.stores.ledger, doc, now);
+      const facts = await runtime.stores.settlements.factsOf(doc._id);
+      const applied = await runtime.stores.ledger.appliedAmong(candidateEntries(doc, facts));
       expect({ facts: lean.facts, view: lean.view }, doc._id).toEqual({
         facts,
         view: deriveSettlement(termsOf(doc), facts, applied, now),
@@ -317,7 +323,7 @@ describe('settlement money under retries, races and crashes (randomized)', () =>
     }
 
     // 3. Every event was emitted once: one id per cause, and one decision event per settlement.
-    const events = await rt.stores.outbox.events.find({ tenantId }).toArray();
+    const events = await runtime.stores.outbox.events.find({ tenantId }).toArray();
     expect(new Set(events.map((e) => e._id)).size).toBe(events.length);
     const decisions = events.filter((e) => e.type === 'settlement.completed' || e.type === 'settlement.held');
     const perSettlement = new Map<string, number>();

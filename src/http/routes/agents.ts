@@ -17,7 +17,7 @@ import {
 import { errorResponses } from '../schemas/common.ts';
 
 export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const tags = ['agents'];
 
   const registerSchema = {
@@ -40,7 +40,7 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
       url,
       { config: { access: 'agents:write' }, schema: { ...registerSchema, operationId } },
       async (request, reply) => {
-        const { agent, key } = await registerAgent(rt, tenantOf(request), request.body);
+        const { agent, key } = await registerAgent(runtime, tenantOf(request), request.body);
         return reply.status(201).send({
           agentId: agent._id,
           keyId: key.keyId,
@@ -63,7 +63,7 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
         response: { 200: Agent, ...errorResponses(401, 403, 404) },
       },
     },
-    async (request) => agentView(await getAgent(rt, tenantOf(request), request.params.agentId)),
+    async (request) => agentView(await getAgent(runtime, tenantOf(request), request.params.agentId)),
   );
 
   app.post<{ Params: Static<typeof AgentParams>; Body: Static<typeof AddKey> }>(
@@ -80,7 +80,7 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
       },
     },
     async (request, reply) => {
-      const key = await addAgentKey(rt, tenantOf(request), request.params.agentId, request.body.publicKey);
+      const key = await addAgentKey(runtime, tenantOf(request), request.params.agentId, request.body.publicKey);
       return reply.status(201).send({ agentId: request.params.agentId, ...keyView(key) });
     },
   );
@@ -98,7 +98,7 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
       },
     },
     async (request) => {
-      const key = await revokeAgentKey(rt, tenantOf(request), request.params.agentId, request.params.keyId);
+      const key = await revokeAgentKey(runtime, tenantOf(request), request.params.agentId, request.params.keyId);
       return { agentId: request.params.agentId, ...keyView(key) };
     },
   );

@@ -16,9 +16,9 @@ import {
 } from '../schemas/verification.ts';
 
 export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const tags = ['verification'];
-  const jwksUrl = `${rt.config.publicBaseUrl}/.well-known/jwks.json`;
+  const jwksUrl = `${runtime.config.publicBaseUrl}/.well-known/jwks.json`;
 
   app.get(
     '/.well-known/jwks.json',
@@ -33,7 +33,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
     },
     async (_request, reply) => {
       reply.header('cache-control', 'public, max-age=300');
-      return rt.keys.jwks;
+      return runtime.keys.jwks;
     },
   );
 
@@ -50,7 +50,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
       },
     },
     async (request, reply) => {
-      const artifact = await getArtifact(rt, tenantOf(request), request.params.artifactId);
+      const artifact = await getArtifact(runtime, tenantOf(request), request.params.artifactId);
       // Serialised once here: artifacts can hold many thousands of events.
       return reply.type('application/json; charset=utf-8').send(JSON.stringify(artifact));
     },
@@ -69,7 +69,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
         response: { 200: PublicVerification, ...errorResponses(404) },
       },
     },
-    async (request) => verificationView(await verifyPublic(rt, request.params.id), jwksUrl),
+    async (request) => verificationView(await verifyPublic(runtime, request.params.id), jwksUrl),
   );
 
   app.get<{ Params: Static<typeof RunParams> }>(
@@ -85,7 +85,7 @@ export async function artifactRoutes(app: FastifyInstance, opts: { runtime: Runt
       },
     },
     async (request) => {
-      const verification = await verifyRun(rt, tenantOf(request), request.params.runId);
+      const verification = await verifyRun(runtime, tenantOf(request), request.params.runId);
       const { run, artifact } = verification;
       return {
         ...verificationView(verification, jwksUrl),

@@ -26,7 +26,7 @@ const SignIn = Type.Object({ key: Type.String({ minLength: 1, maxLength: 512 }) 
  * plugin checks those reads exactly as for the key that signed in. Not API operations, so kept out of the document.
  */
 export async function consoleRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const open = { access: 'public' } as const;
   // Read once at start-up: a missing file fails the start, not a visit.
   const assets = new Map(
@@ -36,7 +36,7 @@ export async function consoleRoutes(app: FastifyInstance, opts: { runtime: Runti
   );
 
   const cookie = (value: string, maxAgeSeconds: number) =>
-    `${CONSOLE_SESSION_COOKIE}=${value}; Path=/; HttpOnly; SameSite=Strict; Max-Age=${maxAgeSeconds}${rt.config.console.secureCookie ? '; Secure' : ''}`;
+    `${CONSOLE_SESSION_COOKIE}=${value}; Path=/; HttpOnly; SameSite=Strict; Max-Age=${maxAgeSeconds}${runtime.config.console.secureCookie ? '; Secure' : ''}`;
 
   const html = (reply: FastifyReply, body: string) =>
     reply
@@ -51,7 +51,7 @@ export async function consoleRoutes(app: FastifyInstance, opts: { runtime: Runti
     request: FastifyRequest,
   ): Promise<{ token: string; session: ConsoleSession } | { token: string | null; session: null }> => {
     const token = cookieValue(request.headers.cookie, CONSOLE_SESSION_COOKIE);
-    const session = token ? await consoleSession(rt, token) : null;
+    const session = token ? await consoleSession(runtime, token) : null;
     return session ? { token: token!, session } : { token, session: null };
   };
 
@@ -105,8 +105,8 @@ export async function consoleRoutes(app: FastifyInstance, opts: { runtime: Runti
       const site = request.headers['sec-fetch-site'];
       if (site !== undefined && site !== 'same-origin' && site !== 'none')
         throw errors.forbidden('a same-origin sign-in');
-      const { sessionToken, session } = await signInToConsole(rt, request.body.key);
-      reply.header('set-cookie', cookie(sessionToken, rt.config.console.sessionTtlSeconds));
+      const { sessionToken, session } = await signInToConsole(runtime, request.body.key);
+      reply.header('set-cookie', cookie(sessionToken, runtime.config.console.sessionTtlSeconds));
       return {
         signer: session.signer.kind,
         tenantId: session.signer.kind === 'key' ? session.signer.tenantId : null,
@@ -121,7 +121,7 @@ export async function consoleRoutes(app: FastifyInstance, opts: { runtime: Runti
       const presented = request.headers[CSRF_HEADER];
       if (!csrfTokenMatches(session, typeof presented === 'string' ? presented : undefined))
         throw errors.forbidden(`the session's CSRF token in ${CSRF_HEADER}`);
-      await signOutOfConsole(rt, token);
+      await signOutOfConsole(runtime, token);
     }
     return reply.header('set-cookie', cookie('', 0)).status(204).send();
   });

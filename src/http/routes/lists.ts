@@ -27,8 +27,8 @@ const upperFirst = (s: string) => s[0]!.toUpperCase() + s.slice(1);
  * every other operator route, and a tenant route never takes a tenant from the query.
  */
 export async function listRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
-  const x402 = x402Service(rt);
+  const runtime = opts.runtime;
+  const x402 = x402Service(runtime);
   app.addHook('onClose', () => x402.close());
 
   for (const kind of LIST_KINDS) {
@@ -38,7 +38,7 @@ export async function listRoutes(app: FastifyInstance, opts: { runtime: Runtime 
       ...errorResponses(400, 401, 403, { 422: ['VALIDATION_FAILED'] }),
     };
     const page = async (tenantId: string | null, q: ListQueryParams) => {
-      const { items, nextCursor } = await listPage(rt, x402, kind, { ...q, tenantId });
+      const { items, nextCursor } = await listPage(runtime, x402, kind, { ...q, tenantId });
       return { items: items.map((s) => (shape.view as (x: unknown) => unknown)(s)), nextCursor };
     };
 

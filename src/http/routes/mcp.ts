@@ -63,7 +63,7 @@ async function transportRefusal(answer: Response): Promise<ServiceError> {
 }
 
 export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   // The MCP SDK with its schemas is loaded on the first /mcp request, not by every API process at start.
   let mcpHttp: Promise<typeof import('../../mcp/http.ts')> | null = null;
 
@@ -97,9 +97,9 @@ export async function mcpRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       if (principal?.kind !== 'key' || !apiKey) throw errors.unauthenticated();
       mcpHttp ??= import('../../mcp/http.ts');
       const { answerMcpRequest } = await mcpHttp;
-      const base = rt.config.publicBaseUrl;
+      const base = runtime.config.publicBaseUrl;
       const answer = await answerMcpRequest(
-        rt,
+        runtime,
         { tenantId: principal.tenantId, apiKey },
         webRequest(request, base),
         request.body,

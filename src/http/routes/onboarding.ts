@@ -25,7 +25,7 @@ import {
 } from '../schemas/onboarding.ts';
 
 export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const tags = ['onboarding'];
   // x-api-key (admin key, or a tenant key with `onboarding`) or the buyer session cookie, bound to {tenantId}.
   const access = 'onboarding' as const;
@@ -43,7 +43,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
         response: { 201: RuntimeBootstrap, ...errorResponses(401, 403, 404) },
       },
     },
-    async (request, reply) => reply.status(201).send(await bootstrapRuntime(rt, tenantOf(request))),
+    async (request, reply) => reply.status(201).send(await bootstrapRuntime(runtime, tenantOf(request))),
   );
 
   app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof SmokeTestBody> }>(
@@ -60,7 +60,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
         response: { 200: SmokeTestResult, ...errorResponses(400, 401, 403, 404, { 502: ['MCP_SMOKE_TEST_FAILED'] }) },
       },
     },
-    async (request) => smokeTestView(await smokeTest(rt, tenantOf(request), request.body.env)),
+    async (request) => smokeTestView(await smokeTest(runtime, tenantOf(request), request.body.env)),
   );
 
   app.post<{ Params: Static<typeof TenantParams>; Body: Static<typeof FirstPaidCallBody> }>(
@@ -88,7 +88,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
       const tenantId = tenantOf(request);
       const attemptId = paidCallAttemptId(tenantId, idempotencyKey);
       return firstPaidCallView(
-        await runFirstPaidCall(rt, tenantId, { attemptId, sponsorWalletId: request.body.sponsorWalletId ?? null }),
+        await runFirstPaidCall(runtime, tenantId, { attemptId, sponsorWalletId: request.body.sponsorWalletId ?? null }),
       );
     },
   );
@@ -109,7 +109,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
     async (request) => {
       const tenantId = tenantOf(request);
       const page = await firstPaidCallHistory(
-        rt,
+        runtime,
         tenantId,
         request.query.limit ?? 20,
         historyBefore(tenantId, request.query.cursor),
@@ -123,7 +123,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
     {
       config: {
         access,
-        tenantRateLimit: { name: 'conformance-matrix', policy: rt.config.onboarding.conformanceRateLimit },
+        tenantRateLimit: { name: 'conformance-matrix', policy: runtime.config.onboarding.conformanceRateLimit },
       },
       preValidation: emptyBodyIsObject,
       schema: {
@@ -137,7 +137,7 @@ export async function onboardingRoutes(app: FastifyInstance, opts: { runtime: Ru
       },
     },
     async (request) => {
-      const matrix = await conformanceMatrix(rt, tenantOf(request), request.body.targets ?? [...RUNTIME_TARGETS]);
+      const matrix = await conformanceMatrix(runtime, tenantOf(request), request.body.targets ?? [...RUNTIME_TARGETS]);
       const paid = matrix.checks.firstPaidCall;
       return {
         ...matrix,

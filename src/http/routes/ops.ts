@@ -35,7 +35,7 @@ import {
 const AUDIT_WAIT_MS = 5_000;
 
 export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const admin = { access: 'admin' } as const;
   const tags = ['ops'];
 
@@ -51,7 +51,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
         response: { 201: Tenant, ...errorResponses(400, 401, 403) },
       },
     },
-    async (request, reply) => reply.status(201).send(tenantView(await createTenant(rt, request.body))),
+    async (request, reply) => reply.status(201).send(tenantView(await createTenant(runtime, request.body))),
   );
 
   app.get<{ Querystring: Static<typeof ListQuery> }>(
@@ -66,7 +66,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
         response: { 200: Type.Object({ items: Type.Array(Tenant) }) },
       },
     },
-    async (request) => ({ items: (await listTenants(rt, request.query.limit ?? 100)).map(tenantView) }),
+    async (request) => ({ items: (await listTenants(runtime, request.query.limit ?? 100)).map(tenantView) }),
   );
 
   app.post<{ Body: Static<typeof CreateApiKey> }>(
@@ -83,7 +83,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     },
     async (request, reply) => {
       const { tenantId, scopes, description, expiresAt } = request.body;
-      const { key, token } = await issueApiKey(rt, {
+      const { key, token } = await issueApiKey(runtime, {
         tenantId,
         scopes: scopes as Scope[],
         description,
@@ -106,7 +106,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       },
     },
     async (request) => ({
-      items: (await listApiKeys(rt, { tenantId: request.query.tenantId }, request.query.limit ?? 100)).map((k) =>
+      items: (await listApiKeys(runtime, { tenantId: request.query.tenantId }, request.query.limit ?? 100)).map((k) =>
         keyView(k),
       ),
     }),
@@ -131,7 +131,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       },
     },
     async (request, reply) => {
-      const { old, issued } = await rotateApiKey(rt, request.params.keyId, request.body.gracePeriodSeconds ?? 0);
+      const { old, issued } = await rotateApiKey(runtime, request.params.keyId, request.body.gracePeriodSeconds ?? 0);
       return reply
         .status(201)
         .send({ previous: keyView(old), current: { ...keyView(issued.key), token: issued.token } });
@@ -150,7 +150,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
         response: { 200: ApiKey, ...errorResponses(401, 403, 404) },
       },
     },
-    async (request) => keyView(await revokeApiKey(rt, request.params.keyId)),
+    async (request) => keyView(await revokeApiKey(runtime, request.params.keyId)),
   );
 
   app.get<{ Querystring: Static<typeof LedgerAuditQuery> }>(
@@ -168,7 +168,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     },
     async (request, reply) => {
       try {
-        return await auditLedger(rt, { full: request.query.full === true, waitMs: AUDIT_WAIT_MS });
+        return await auditLedger(runtime, { full: request.query.full === true, waitMs: AUDIT_WAIT_MS });
       } catch (err) {
         if (err instanceof ServiceError && err.code === 'AUDIT_IN_PROGRESS') reply.header('retry-after', '5');
         throw err;
@@ -191,7 +191,7 @@ export async function opsRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     },
     async (request, reply) => {
       const { tenantId } = request.params;
-      const { value, session } = await issueBuyerSession(rt, tenantId);
+      const { value, session } = await issueBuyerSession(runtime, tenantId);
       // Sent only to this tenant's onboarding routes; Strict keeps it off every cross-site request (these POSTs issue keys).
       const path = `/v1/tenants/${tenantId}/onboarding`;
       const maxAge = Math.max(0, Math.floor((session.expiresAt.getTime() - Date.now()) / 1000));

@@ -8,7 +8,7 @@ import { errorResponses } from '../schemas/common.ts';
 import { AppendBody, Appended, CreateRun, Finalizing, RunParams, RunView, runView } from '../schemas/runs.ts';
 
 export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const tags = ['runs'];
 
   app.post<{ Body: Static<typeof CreateRun> }>(
@@ -24,7 +24,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       },
     },
     async (request, reply) => {
-      const { run, head } = await createRun(rt, tenantOf(request), request.body, request.idempotencyScope);
+      const { run, head } = await createRun(runtime, tenantOf(request), request.body, request.idempotencyScope);
       return reply.status(201).send(runView(run, head));
     },
   );
@@ -42,7 +42,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       },
     },
     async (request) => {
-      const { run, head } = await getRun(rt, tenantOf(request), request.params.runId);
+      const { run, head } = await getRun(runtime, tenantOf(request), request.params.runId);
       return runView(run, head);
     },
   );
@@ -68,7 +68,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
     },
     async (request, reply) => {
       const incoming = ('events' in request.body ? request.body.events : [request.body.event]) as EventEnvelope[];
-      return reply.status(201).send(await appendEvents(rt, tenantOf(request), request.params.runId, incoming));
+      return reply.status(201).send(await appendEvents(runtime, tenantOf(request), request.params.runId, incoming));
     },
   );
 
@@ -85,7 +85,7 @@ export async function runRoutes(app: FastifyInstance, opts: { runtime: Runtime }
       },
     },
     async (request, reply) => {
-      const run = await requestFinalize(rt, tenantOf(request), request.params.runId);
+      const run = await requestFinalize(runtime, tenantOf(request), request.params.runId);
       return reply.status(202).send({
         runId: run._id,
         status: run.status === 'finalized' ? 'finalized' : 'finalizing',

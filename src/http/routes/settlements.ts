@@ -20,7 +20,7 @@ import {
 } from '../schemas/settlements.ts';
 
 export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Runtime }) {
-  const rt = opts.runtime;
+  const runtime = opts.runtime;
   const tags = ['settlement'];
 
   app.post<{ Params: Static<typeof RunParams>; Body: Static<typeof SettleBody> | undefined }>(
@@ -40,7 +40,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
     },
     async (request, reply) => {
       const { run, settlement, state } = await settleRun(
-        rt,
+        runtime,
         tenantOf(request),
         request.params.runId,
         request.body?.settlement,
@@ -61,7 +61,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
         response: { 200: Settlement, ...errorResponses(401, 403, 404) },
       },
     },
-    async (request) => settlementView(await getRunSettlement(rt, tenantOf(request), request.params.runId)),
+    async (request) => settlementView(await getRunSettlement(runtime, tenantOf(request), request.params.runId)),
   );
 
   app.post<{ Params: Static<typeof RunParams>; Body: Static<typeof DisputeBody> }>(
@@ -78,7 +78,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
       },
     },
     async (request, reply) =>
-      reply.status(201).send(await openDispute(rt, tenantOf(request), request.params.runId, request.body)),
+      reply.status(201).send(await openDispute(runtime, tenantOf(request), request.params.runId, request.body)),
   );
 
   // Rulings answer 200 once applied, or 202 with the ruling recorded and still applying (it completes by itself).
@@ -100,7 +100,7 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
       },
     },
     async (request, reply) => {
-      const { state, applied } = await resolveDispute(rt, request.params.disputeId, request.body);
+      const { state, applied } = await resolveDispute(runtime, request.params.disputeId, request.body);
       return reply.status(applied ? 200 : 202).send(settlementView(state));
     },
   );
@@ -123,7 +123,11 @@ export async function settlementRoutes(app: FastifyInstance, opts: { runtime: Ru
       },
     },
     async (request, reply) => {
-      const { state, applied } = await resolveHeldSettlement(rt, request.params.settlementId, request.body.outcome);
+      const { state, applied } = await resolveHeldSettlement(
+        runtime,
+        request.params.settlementId,
+        request.body.outcome,
+      );
       return reply.status(applied ? 200 : 202).send(settlementView(state));
     },
   );
