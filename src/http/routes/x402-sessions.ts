@@ -1,6 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
-import { errors, ServiceError } from '../../domain/errors.ts';
+import { errors, ServiceError, serviceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
 import { x402Service } from '../../services/x402/service.ts';
 import { tenantOf } from '../plugins/auth.ts';
@@ -114,8 +114,7 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
         .catch((err: unknown) => {
           // A key sent as a header answers as on every other POST: same key, other request is 422 (contract section 4).
           if (keyed && err instanceof ServiceError && err.code === 'X402_SESSION_PAYMENT_REUSED') {
-            throw new ServiceError(
-              422,
+            throw serviceError(
               'IDEMPOTENCY_KEY_REUSED',
               'this Idempotency-Key was used for a different charge',
               err.details,
