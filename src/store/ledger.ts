@@ -1,3 +1,4 @@
+import { recorded } from '../domain/money.ts';
 import type { Collection, Db } from 'mongodb';
 import { errors, ServiceError, serviceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
@@ -325,7 +326,7 @@ export class LedgerStore {
 
   async ensureWallet(walletId: string, tenantId: string, kind: WalletDoc['kind']): Promise<WalletDoc> {
     await insertFirst(this.wallets, { _id: walletId, tenantId, kind, createdAt: new Date() }); // or it already exists
-    return (await this.wallets.findOne({ _id: walletId }))!;
+    return recorded(await this.wallets.findOne({ _id: walletId }), `wallet ${walletId}`);
   }
 
   getWallet(walletId: string): Promise<WalletDoc | null> {
