@@ -171,21 +171,24 @@ describe('console layout on laptop and desktop screens', () => {
       },
     });
     expect(policy.statusCode, policy.body).toBe(200);
-    const gate = await createGate(t, tenant.auth, {
-      payerAgentId: payer.agentId,
-      payeeAgentId: tool.agentId,
-      amount: 25_000,
-      toolId: 'search/web',
-    });
-    const q = await quote(t, tenant.auth, gate.gateId);
-    const refused = await post(t, tenant.auth, '/x402/gate/authorize-payment', {
-      gateId: gate.gateId,
-      quoteId: q.quoteId,
-      requestSha256: q.requestSha256,
-    });
-    expect(refused.statusCode, refused.body).toBe(409);
-    seen.gateId = gate.gateId;
-    seen.escalationId = refused.json().details.escalationId;
+    // Three paid calls that break it three ways, each waiting in the inbox.
+    const escalate = async (payeeAgentId: string, amount: number, toolId: string) => {
+      const gate = await createGate(t, tenant.auth, { payerAgentId: payer.agentId, payeeAgentId, amount, toolId });
+      const q = await quote(t, tenant.auth, gate.gateId);
+      const refused = await post(t, tenant.auth, '/x402/gate/authorize-payment', {
+        gateId: gate.gateId,
+        quoteId: q.quoteId,
+        requestSha256: q.requestSha256,
+      });
+      expect(refused.statusCode, refused.body).toBe(409);
+      return { gateId: gate.gateId, escalationId: refused.json().details.escalationId as string };
+    };
+    const stranger = await agent(`translation-service-unvetted-${tag}`);
+    await escalate(stranger.agentId, 4_000, 'search/web');
+    await escalate(tool.agentId, 900, 'translate/deepl');
+    const overLimit = await escalate(tool.agentId, 25_000, 'search/web');
+    seen.gateId = overLimit.gateId;
+    seen.escalationId = overLimit.escalationId;
 
     // Payment sessions: one open with charges, one closed with its statement.
     const openSession = async () => {
@@ -400,6 +403,11 @@ describe('console layout on laptop and desktop screens', () => {
       });
       expect(await page.locator('main').textContent()).toContain('accuracy ≥ 0.9, latencyP95 ≤ 1200');
       await page.screenshot({ path: join(SHOTS, 'layout-1366-run-payload-open.png'), fullPage: true });
+
+      // The README's picture (docs/console.png is copied from it): the inbox as a laptop shows it.
+      await page.goto(`${base}/console/escalations`);
+      await page.locator(`tr[data-escalation-id="${seen.escalationId}"]`).waitFor();
+      await page.screenshot({ path: join(SHOTS, 'console-1366x768.png') });
       expect(await page.locator('main').textContent()).not.toMatch(/\bnull\b|undefined/);
     },
     BROWSER_TIMEOUT_MS,
