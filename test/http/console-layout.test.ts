@@ -222,6 +222,10 @@ describe('console layout on laptop and desktop screens', () => {
     for (let i = 1; i <= 4; i++) await charge(seen.closedSession, i);
     const closed = await post(t, tenant.auth, `/x402/sessions/${seen.closedSession}/close`, {});
     expect(closed.statusCode, closed.body).toBe(200);
+    // More charges than the page reads at once (50).
+    seen.busySession = await openSession();
+    for (let from = 1; from <= 53; from += 10)
+      await Promise.all(Array.from({ length: Math.min(10, 54 - from) }, (_, i) => charge(seen.busySession!, from + i)));
 
     mkdirSync(SHOTS, { recursive: true });
     profile = mkdtempSync(join(tmpdir(), 'console-layout-'));
@@ -372,6 +376,15 @@ describe('console layout on laptop and desktop screens', () => {
       expect(sixth).toContain('$1.62'); // 120 + 6 × 7 cents
       expect(sixth).toContain(seen.worker);
       expect(await page.locator('main').textContent()).toContain('Signed when the session closes');
+
+      // A busy one: 50 charges, then "More" reads the other 3 with the cursor.
+      await page.goto(`${base}/console/sessions/${seen.busySession}`);
+      await page.locator('#charges tr[data-charge-seq="53"]').waitFor();
+      expect(await page.locator('#charges tbody tr').count()).toBe(50);
+      await page.locator('#more-charges').click();
+      await page.locator('#charges tr[data-charge-seq="1"]').waitFor();
+      expect(await page.locator('#charges tbody tr').count()).toBe(53);
+      expect(await page.locator('#more-charges').isHidden()).toBe(true);
 
       // A closed one: the statement (totals, refund, per payee, hash and signer) beside its charges.
       await page.goto(`${base}/console/sessions/${seen.closedSession}`);
