@@ -707,7 +707,12 @@ async function runScreen(runId) {
             verification.verified ? 'yes: every check passed' : `no: ${verification.failures.join('; ')}`,
           ),
         ],
-        ['Checks', shortJson(verification.checks)],
+        [
+          'Checks',
+          Object.entries(verification.checks)
+            .map(([check, passed]) => `${check} ${passed ? 'passed' : 'FAILED'}`)
+            .join(', '),
+        ],
         ['Hash', el('span', { class: 'mono' }, verification.artifactHash)],
         ['Signing key', verification.keyId],
       ]),
@@ -883,9 +888,24 @@ async function gateScreen(gateId) {
         'Authorization',
         g.authorization ? `${g.authorization.authorizationRef}, expires ${time(g.authorization.expiresAt)}` : 'none',
       ],
-      ['Verification', g.verification ? shortJson(g.verification) : 'none'],
-      ['Settlement', g.settlement ? shortJson(g.settlement) : 'none'],
-      ['Decision', g.decision ? shortJson(g.decision) : 'none'],
+      [
+        'Verification',
+        g.verification
+          ? `${g.verification.verificationStatus} ${time(g.verification.at)}${g.verification.capturedAmount === null ? '' : `, ${money(g.verification.capturedAmount, g.currency)} captured`}`
+          : 'none',
+      ],
+      [
+        'Settlement',
+        g.settlement
+          ? `${g.settlement.status}: ${money(g.settlement.releasedAmount, g.currency)} released, ${money(g.settlement.refundedAmount, g.currency)} refunded, holdback ${money(g.settlement.holdback, g.currency)} (${g.settlement.holdbackState})`
+          : 'none',
+      ],
+      [
+        'Decision',
+        g.decision
+          ? `${g.decision.verdict}${g.decision.reason ? ` (${g.decision.reason})` : ''}, ${time(g.decision.decidedAt)}`
+          : 'none',
+      ],
     ]),
     el('p', {}, link('/escalations', 'Escalations of this tenant', { status: 'all' })),
   );
