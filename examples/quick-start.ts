@@ -1,4 +1,4 @@
-// Register → run → signed events → finalize → settle → verify, with agent-settlement/client only.
+// Register → run → signed events → finalize → settle → verify, with the agent-settlement-client package only.
 //   SETTLEMENT_URL=http://127.0.0.1:3000 SETTLEMENT_ADMIN_KEY=$(cat .data/admin-key) node --import tsx examples/quick-start.ts
 import { createSettlementClient } from 'agent-settlement-client';
 
