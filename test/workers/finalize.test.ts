@@ -291,6 +291,16 @@ describe('finalize, artifacts and verification', () => {
     await finalize(runId);
     await waitFinalized(t, auth, runId);
     const tenantId = (await t.runtime.stores.runs.getAny(runId))!.tenantId;
+    // The run reads finalized before its job has recorded run.finalized and cleared the due record: wait for the
+    // job to finish, or its late insert would undo the failure staged below.
+    const finished = Date.now() + 30_000;
+    while (
+      !(await t.runtime.stores.outbox.events.findOne({ type: 'run.finalized', 'data.runId': runId } as never)) ||
+      (await t.runtime.stores.runs.finalizeDue.records.findOne({ _id: runId }))
+    ) {
+      if (Date.now() > finished) throw new Error('the finalize job did not finish');
+      await new Promise((r) => setTimeout(r, 50));
+    }
     // The state a failed emit leaves: run finalized, no run.finalized in the outbox, the due record still there.
     await t.runtime.stores.outbox.events.deleteOne({ type: 'run.finalized', 'data.runId': runId } as never);
     await t.runtime.stores.runs.finalizeDue.mark(runId, tenantId, new Date(0));
