@@ -1,4 +1,4 @@
-import { pino, type Logger } from 'pino';
+import { pino, type DestinationStream, type Logger, type LoggerOptions } from 'pino';
 import type { Config } from './config.ts';
 import { unreachableDependency } from './outages.ts';
 
@@ -26,8 +26,9 @@ export const REDACT_PATHS = [
   'adminKey',
 ];
 
-export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Logger {
-  return pino({
+/** The process logger; `destination` (stdout when absent) lets a test read the lines a real service writes. */
+export function createLogger(config: Pick<Config, 'logLevel'>, name: string, destination?: DestinationStream): Logger {
+  const options: LoggerOptions = {
     name,
     level: config.logLevel,
     redact: { paths: REDACT_PATHS, censor: '[redacted]' },
@@ -41,5 +42,6 @@ export function createLogger(config: Pick<Config, 'logLevel'>, name: string): Lo
         method.apply(this, args);
       },
     },
-  });
+  };
+  return destination ? pino(options, destination) : pino(options);
 }

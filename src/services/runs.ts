@@ -22,6 +22,7 @@ import type { AppendTarget, RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
+import { logStep } from './work-log.ts';
 
 /** The key of batch attestations, derived from the at-rest key every process of a deployment shares. */
 const attestationKeys = new WeakMap<Runtime, Buffer>();
@@ -284,6 +285,16 @@ export async function finalizeRun(
     // Every worker derives the same outcome from the data frozen at the seal, so whichever wrote the run, it now
     // holds this: no need to read it back.
     run = { ...run, status: 'finalized', ...outcome };
+    // A repeated job finds the run finalized already and skips this branch, so the line is written once.
+    logStep(runtime, 'run.finalized', {
+      tenantId,
+      runId,
+      agentId: run.agentId,
+      verdict: run.verdict,
+      artifactId: run.artifactId,
+      events: finalHead.seq,
+      error: run.finalizeError?.code ?? null,
+    });
   }
 
   await emitEvent(

@@ -20,6 +20,7 @@ import type { RunDoc } from '../store/runs.ts';
 import { readSettlement, settlementState, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
 import { captureRunReserve, settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
+import { logStep } from './work-log.ts';
 import { sweepItems } from './sweep-items.ts';
 
 /**
@@ -31,6 +32,8 @@ const namedCrashPoints: Failpoint = (step) => crashPoint(`settlement.${step}`);
 
 /** How long a settlement waiting for a person (a held one, an open dispute) goes before the sweeper looks again. */
 const AWAITING_RULING_RECHECK_MS = 60 * 60 * 1000;
+/** Ledger entry kinds of a settlement that give money back to the payer (logged as settlement.refunded). */
+const REFUNDS = new Set(['held_refund', 'dispute_refund']);
 
 export function read(runtime: Runtime, s: SettlementDoc): Promise<SettlementState> {
   return readSettlement(runtime.stores.settlements, runtime.stores.ledger, s);
@@ -208,11 +211,30 @@ class SettlementPass {
       fromEscrow,
       ...credits.map((c): Leg => ({ walletId: c.walletId, bucket: 'available', delta: c.amount })),
     ];
+    let recordedHere = false;
     await this.runtime.stores.ledger.apply(
       { _id: id, tenantId: s.tenantId, kind, currency: s.currency, legs, ref: this.ref },
-      { expectNew: this.known?.decidedNow === true, prepared: this.known?.prepared?.get(id) },
+      {
+        expectNew: this.known?.decidedNow === true,
+        prepared: this.known?.prepared?.get(id),
+        onRecorded: (byThisCall) => (recordedHere = byThisCall),
+      },
     );
     this.applied.add(id);
+    // Logged once applied, by the pass that recorded the entry (a repeated or concurrent pass finds it recorded).
+    if (recordedHere) {
+      const paidTo = (walletId: string) => credits.find((c) => c.walletId === walletId)?.amount ?? 0;
+      logStep(this.runtime, REFUNDS.has(kind) ? 'settlement.refunded' : 'settlement.released', {
+        tenantId: s.tenantId,
+        settlementId: s._id,
+        ...this.subject,
+        entryId: id,
+        kind,
+        toPayee: paidTo(s.payeeWalletId),
+        toPayer: paidTo(s.payerWalletId),
+        currency: s.currency,
+      });
+    }
   }
 
   private inFlight(work: Promise<unknown>): void {
@@ -237,6 +259,8 @@ class SettlementPass {
    */
   async decide(): Promise<Decision> {
     const { runtime, s, facts } = this;
+    // Decided by this pass, or by its caller just before it (a gate's or a session's decision is claimed there).
+    let decidedHere = this.known?.decidedNow === true;
     if (!facts.decision) {
       const run = await runtime.stores.runs.get(s.tenantId, s.runId);
       if (!run || run.status !== 'finalized' || !run.verdict)
@@ -266,10 +290,25 @@ class SettlementPass {
         sign,
         reserveId,
       );
-      facts.decision = (await runtime.stores.settlements.claim(s._id, 'decision', decision)).fact;
+      const claimed = await runtime.stores.settlements.claim(s._id, 'decision', decision);
+      facts.decision = claimed.fact;
+      decidedHere = claimed.won;
     }
     const d = facts.decision;
     assertDecisionSplit(s._id, s.amount, d);
+    if (decidedHere)
+      logStep(runtime, 'settlement.decided', {
+        tenantId: s.tenantId,
+        settlementId: s._id,
+        ...this.subject,
+        verdict: d.verdict,
+        reason: d.reason,
+        amount: s.amount,
+        captured: d.verdict === 'pass' ? capturedOf(s.amount, d) : 0,
+        releaseNow: d.releaseNow,
+        holdback: d.holdback,
+        currency: s.currency,
+      });
     if (facts.ruling) {
       const frozen = facts.holdback?.fate === 'dispute' ? facts.holdback.frozenAmount : -1;
       assertMoney(

@@ -10,12 +10,16 @@ import type { Runtime } from '../runtime.ts';
 import type { WebhookDeliveryDoc } from '../store/webhook-deliveries.ts';
 import { bucketEnd, bucketOf, type DueEntry } from '../store/webhook-due.ts';
 import type { WebhookEndpoint } from '../store/webhook-endpoints.ts';
+import { randomUUID } from 'node:crypto';
 import { errors } from '../domain/errors.ts';
+import { failpoint } from '../domain/failpoints.ts';
 import {
+  acquireLease,
   DELIVER_JOB,
   deliverJobId,
   fanOutJobId,
   leaseKey,
+  releaseLease,
   RECOVER_JOB,
   recoverJobId,
   takeoverJobId,
@@ -83,24 +87,65 @@ export async function assertSendable(
   if (refusal) throw errors.destinationRefused(`deliveries to this endpoint are refused: ${refusal}`);
 }
 
+/** Two retry-now requests of one delivery this close together are one request (a double click, a retried call). */
+export const RETRY_COALESCE_MS = 5_000;
+/** How long a retry-now holds the delivery's attempt lease: the time to commit one revision, with room to spare. */
+const RETRY_LEASE_MS = 5_000;
+
+export interface RetryOutcome {
+  delivery: WebhookDeliveryDoc;
+  /** false: an attempt was already due now or running, or a retry was asked for moments ago; that one stands. */
+  retried: boolean;
+}
+
+/** An attempt is due now, or a retry-now was recorded moments ago: a retry-now asked for now is that same one. */
+function retryStands(d: WebhookDeliveryDoc, now: number): boolean {
+  if (d.status === 'pending' && d.nextAttemptAt !== null && d.nextAttemptAt.getTime() <= now) return true;
+  return d.retriedAt != null && now - d.retriedAt.getTime() < RETRY_COALESCE_MS;
+}
+
 /**
- * Makes a finished delivery (succeeded, failed, abandoned, cancelled) due again now as a new revision with a fresh
- * retry schedule, and enqueues its attempt: the same event id and body, a new attempt. Null when something else
- * moved the delivery first (the caller says so). The due entry is written before the revision, so a crash before
- * the enqueue is found by the sweeper.
+ * Retry now: makes the delivery due now as a new revision with a fresh retry schedule (the schedule restarts from
+ * this attempt), whatever its state (pending with a later attempt, succeeded, failed, abandoned, cancelled), and
+ * enqueues its attempt: the same event id and body, a new attempt. Idempotent by delivery:
+ * - the decision is the unique insert of the delivery's next revision (the delivery document is only a cache), so
+ *   two requests deciding on the same revision make one;
+ * - it is taken under the delivery's attempt lease (the one a `deliver` job holds while it attempts), so it never
+ *   overtakes an attempt in flight (that attempt is the retry), and a scheduled attempt cannot start meanwhile (its
+ *   job finds the lease taken, retries, and then finds its revision stale);
+ * - a request while an attempt is due now or running, or within RETRY_COALESCE_MS of the last retry, changes
+ *   nothing and answers the delivery as it stands.
+ * The due entry is written before the revision, so a crash before the enqueue is found by the sweeper.
  */
-export async function sendAgain(runtime: Runtime, delivery: WebhookDeliveryDoc): Promise<WebhookDeliveryDoc | null> {
-  const due = await runtime.stores.webhookDeliveries.transition(delivery, {
-    status: 'pending',
-    nextAttemptAt: new Date(),
-    lastError: delivery.lastError,
-    roundAttempts: 0,
-  });
-  if (due)
-    await scheduleAttempt(runtime, due, 0).catch((err: Error) =>
-      runtime.logger.warn({ deliveryId: due._id, err: err.message }, 'resent delivery left to the sweeper'),
-    );
-  return due;
+export async function retryNow(runtime: Runtime, delivery: WebhookDeliveryDoc): Promise<RetryOutcome> {
+  if (retryStands(delivery, Date.now())) return { delivery, retried: false };
+  const deliveries = runtime.stores.webhookDeliveries;
+  const key = leaseKey(runtime.config.redisPrefix, delivery._id);
+  const token = `retry:${randomUUID()}`;
+  if (!(await acquireLease(runtime.redis, key, token, RETRY_LEASE_MS))) return { delivery, retried: false };
+  let due: WebhookDeliveryDoc | null;
+  try {
+    const current = (await deliveries.get(delivery._id)) ?? delivery;
+    const now = new Date();
+    if (retryStands(current, now.getTime())) return { delivery: current, retried: false };
+    due = await deliveries.transition(current, {
+      status: 'pending',
+      nextAttemptAt: now,
+      lastError: current.lastError,
+      roundAttempts: 0,
+      retriedAt: now,
+    });
+    // Another retry (or a recovery) committed this revision first (only possible when Redis lost the lease).
+    if (!due) return { delivery: (await deliveries.get(delivery._id)) ?? current, retried: false };
+  } finally {
+    await releaseLease(runtime.redis, key, token).catch(() => undefined);
+  }
+  failpoint('webhook.retry.recorded');
+  // If Redis refuses, the sweeper finds the delivery through its due entry.
+  await scheduleAttempt(runtime, due, 0).catch((err: Error) =>
+    runtime.logger.warn({ deliveryId: due._id, err: err.message }, 'retried delivery left to the sweeper'),
+  );
+  return { delivery: due, retried: true };
 }
 
 /** Enqueues a recovery's job (one per recovery, whoever asks). */
@@ -119,9 +164,10 @@ const RECOVERY_BATCH = 100;
 
 /**
  * The recovery job: walks the endpoint's deliveries from the newest (when it was asked for) down to the first one
- * created before `since`, and sends each failed or abandoned one again. It may run twice (or die halfway and run
- * again): each delivery it sends is first claimed by a unique insert `<recoveryId>#<position>` holding the revision
- * it was failed at, and sent only while it is still at that revision, so each is sent again once per recovery.
+ * created before `since`, and sends each failed or abandoned one again (and, when the recovery includes them, each
+ * pending one now: retryNow). It may run twice (or die halfway and run again): each delivery it sends is first
+ * claimed by a unique insert `<recoveryId>#<position>` holding the revision it was found at, and sent only while it
+ * is still at that revision, so each is sent again once per recovery.
  */
 export async function runRecovery(
   runtime: Runtime,
@@ -142,9 +188,13 @@ export async function runRecovery(
         reachedSince = true;
         break;
       }
-      if (d.status !== 'failed' && d.status !== 'abandoned') continue;
+      const wanted =
+        d.status === 'failed' ||
+        d.status === 'abandoned' ||
+        (d.status === 'pending' && recovery.includePending === true);
+      if (!wanted) continue;
       const claim = await deliveries.claimRecoveryItem(recovery._id, positions[i]!, d);
-      if (claim.fromRev === d.rev && (await sendAgain(runtime, d))) queued++;
+      if (claim.fromRev === d.rev && (await retryNow(runtime, d)).retried) queued++;
     }
     const low = positions.at(-1)!;
     if (reachedSince || low === 1) {
@@ -262,6 +312,7 @@ export async function attemptDelivery(
         refused: false,
       };
   const attempt = {
+    url,
     startedAt,
     durationMs: result.durationMs,
     statusCode: result.statusCode,

@@ -16,7 +16,7 @@ import {
 import type { EndpointDelivery, WebhookEndpoint, WebhookEndpointDoc } from '../store/webhook-endpoints.ts';
 import type { Resolver } from '../webhooks/send.ts';
 import { checkListQuery, invalid } from './lists.ts';
-import { assertSendable, scheduleAttempt, scheduleRecovery, sendAgain } from './webhook-delivery.ts';
+import { assertSendable, retryNow, scheduleAttempt, scheduleRecovery, type RetryOutcome } from './webhook-delivery.ts';
 
 // The webhook registry's use cases. Endpoints and deliveries are read by id and checked against the tenant here
 // (another tenant's endpoint is simply not found); every change of an endpoint is a new revision decided on the
@@ -177,6 +177,55 @@ async function changeEndpoint(
     if (next) return { ...current, ...next };
   }
   throw new Error(`webhook endpoint ${endpointId}: too many concurrent changes`);
+}
+
+export interface EndpointUpdate {
+  url?: string;
+  events?: string[];
+  description?: string | null;
+  includeTestEvents?: boolean;
+}
+
+/**
+ * Changes an endpoint's URL, events, description or test-traffic setting as its next revision: the same checks as
+ * registering it (a URL the SSRF rules refuse is refused here too, and nothing changes); its id, secrets, status and
+ * deliveries stay. Every attempt reads the endpoint when it starts, so attempts after the change go to the new URL;
+ * one already in flight finishes against the old one and is recorded with the URL it went to. Pending deliveries
+ * keep their schedule (retry now, or recover with `includePending`, to send them at once); events follow the new
+ * list from the next one on. A new URL also stops the old one's failure clock (the 5-day disabling).
+ */
+export async function updateEndpoint(
+  runtime: Runtime,
+  tenantId: string,
+  endpointId: string,
+  input: EndpointUpdate,
+): Promise<WebhookEndpoint> {
+  const url = input.url === undefined ? undefined : checkEndpointUrl(runtime.config, input.url);
+  const events = input.events === undefined ? undefined : checkEventTypes(input.events);
+  let urlChanged = false;
+  const endpoint = await changeEndpoint(runtime, tenantId, endpointId, (current) => {
+    if (url !== undefined && current.url === null)
+      throw fieldError(
+        'body.url',
+        'a pull endpoint has no url: its events are read through GET /v1/webhooks/{id}/events',
+      );
+    const changes: Partial<WebhookEndpointDoc> = {};
+    if (url !== undefined && url !== current.url) changes.url = url;
+    if (events !== undefined && !sameMembers(events, current.events)) changes.events = events;
+    if (input.description !== undefined && input.description !== current.description)
+      changes.description = input.description;
+    if (input.includeTestEvents !== undefined && input.includeTestEvents !== (current.includeTestEvents === true))
+      changes.includeTestEvents = input.includeTestEvents;
+    urlChanged = changes.url !== undefined;
+    return Object.keys(changes).length > 0 ? changes : null;
+  });
+  if (!urlChanged || !endpoint.failingSince) return endpoint;
+  await runtime.stores.webhookEndpoints.clearFailing(endpointId);
+  return { ...endpoint, failingSince: null };
+}
+
+function sameMembers(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((x) => b.includes(x));
 }
 
 /** Deletes (revokes) an endpoint. Its pending deliveries are cancelled as their attempts come due, never sent. */
@@ -343,37 +392,38 @@ export async function sendTestEvent(
   return { event, delivery };
 }
 
-/** Sends one delivery of this endpoint again: same event id and body, a new attempt (409 while one is already due). */
+/**
+ * Retry now: one delivery of this endpoint, pending or finished, gets an attempt now with the same event id and body,
+ * and its retry schedule restarts from that attempt (see retryNow: idempotent by delivery). `retried: false` when
+ * an attempt was already due now or running, or a retry was asked for moments ago.
+ */
 export async function resendDelivery(
   runtime: Runtime,
   tenantId: string,
   endpointId: string,
   deliveryId: string,
   options: { resolver?: Resolver } = {},
-): Promise<WebhookDeliveryDoc> {
+): Promise<RetryOutcome> {
   const endpoint = await getEndpoint(runtime, tenantId, endpointId);
   const delivery = await runtime.stores.webhookDeliveries.get(deliveryId);
   if (!delivery || delivery.endpointId !== endpoint._id || delivery.tenantId !== tenantId)
     throw errors.notFound('webhook delivery');
   await assertSendable(runtime, endpoint, options);
-  const pending = () =>
-    errors.conflict('WEBHOOK_DELIVERY_PENDING', 'an attempt of this delivery is already due; it needs no resend', {
-      nextAttemptAt: delivery.nextAttemptAt?.toISOString() ?? null,
-    });
-  if (delivery.status === 'pending') throw pending();
-  const due = await sendAgain(runtime, delivery);
-  if (!due) throw pending(); // a concurrent resend or replay moved it first
-  return due;
+  return retryNow(runtime, delivery);
 }
 
-/** Asks for every failed (or abandoned) delivery of the endpoint created since `since` to be sent again, by a job. */
+/**
+ * Asks for every failed (or abandoned) delivery of the endpoint created since `since` to be sent again, by a job;
+ * with `includePending`, pending ones get their attempt now as well.
+ */
 export async function recoverFailed(
   runtime: Runtime,
   tenantId: string,
   endpointId: string,
-  since: Date,
+  input: { since: Date; includePending?: boolean },
   options: { resolver?: Resolver } = {},
 ): Promise<WebhookRecoveryDoc> {
+  const { since } = input;
   const endpoint = await getEndpoint(runtime, tenantId, endpointId);
   if (since.getTime() > Date.now()) throw fieldError('body.since', 'since must not be in the future');
   await assertSendable(runtime, endpoint, options);
@@ -388,6 +438,7 @@ export async function recoverFailed(
     fromPosition,
     scannedDownTo: fromPosition + 1,
     finishedAt: null,
+    includePending: input.includePending === true,
   });
   await scheduleRecovery(runtime, recovery);
   return recovery;

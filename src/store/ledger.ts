@@ -141,8 +141,11 @@ export interface ApplyOptions {
   expectNew?: boolean;
   /** From prepare(), read before the entry is recorded. */
   prepared?: PreparedEntry;
-  /** Called once, when the entry is recorded (by this call or a concurrent one), before its legs are resolved. */
-  onRecorded?: () => void;
+  /**
+   * Called once, when the entry is recorded (by this call or a concurrent one), before its legs are resolved;
+   * `byThisCall` tells which (what a caller logging the movement once needs).
+   */
+  onRecorded?: (byThisCall: boolean) => void;
 }
 
 export interface NewLedgerEntry {
@@ -382,8 +385,8 @@ export class LedgerStore {
     }
     const floors = heads.map((h) => h.seq);
     let told = false;
-    const recorded = () => {
-      if (!told) options.onRecorded?.();
+    const recorded = (byThisCall: boolean) => {
+      if (!told) options.onRecorded?.(byThisCall);
       told = true;
     };
     try {
@@ -400,7 +403,7 @@ export class LedgerStore {
         };
         let applied: LedgerEntryDoc;
         if (await insertFirst(this.entries, doc)) {
-          recorded();
+          recorded(true);
           applied = await this.finish(doc, heads);
         } else {
           // A concurrent apply recorded this attempt first (or, with expectNew, the entry already existed).
@@ -411,7 +414,7 @@ export class LedgerStore {
             attempt = current.attempt + 1; // refused before: try again under a new attempt, as apply does
             continue;
           }
-          recorded();
+          recorded(false);
           applied = await this.finish(current);
         }
         await this.due.entryDone(marker);

@@ -51,6 +51,8 @@ export interface WebhookDeliveryDoc {
   createdAt: Date;
   updatedAt: Date;
   succeededAt: Date | null;
+  /** When a person last asked for an attempt now (retry-now, a recovery); absent on records that never were. */
+  retriedAt?: Date | null;
 }
 
 /** One attempt of one delivery, recorded by insert as it happened. */
@@ -66,6 +68,8 @@ export interface WebhookAttemptDoc {
   statusCode: number | null;
   error: string | null;
   succeeded: boolean;
+  /** Where it was sent (an endpoint's URL can change between attempts); absent on records from before it was kept. */
+  url?: string;
 }
 
 /** A recovery of an endpoint's failed deliveries since a time (a background job; its progress is read back). */
@@ -80,6 +84,8 @@ export interface WebhookRecoveryDoc {
   /** Progress cache: the lowest position the job has looked at, and whether it has finished (written as it goes). */
   scannedDownTo: number;
   finishedAt: Date | null;
+  /** Pending deliveries are made due now as well (absent on older records: only failed and abandoned ones). */
+  includePending?: boolean;
 }
 
 /** One delivery a recovery sent again: `<recoveryId>#<position>`, inserted before the delivery is made due again. */
@@ -91,7 +97,10 @@ export interface WebhookRecoveryItemDoc {
   at: Date;
 }
 
-export type AttemptResult = Pick<WebhookAttemptDoc, 'startedAt' | 'durationMs' | 'statusCode' | 'error' | 'succeeded'>;
+export type AttemptResult = Pick<
+  WebhookAttemptDoc,
+  'startedAt' | 'durationMs' | 'statusCode' | 'error' | 'succeeded' | 'url'
+>;
 
 /** Deterministic: the same event and endpoint always give the same delivery, so a repeated fan-out adds none. */
 export function deliveryIdFor(eventId: string, endpointId: string): string {

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
+import type { DestinationStream } from 'pino';
 import { inject } from 'vitest';
 import { loadConfig, type Config } from '../../src/config.ts';
 import { buildApp } from '../../src/http/app.ts';
@@ -70,13 +71,20 @@ export interface TestApp {
 }
 
 export async function startTestApp(
-  options: { env?: TestEnv; overrides?: Record<string, string>; dropOnClose?: boolean; workers?: QueueName[] } = {},
+  options: {
+    env?: TestEnv;
+    overrides?: Record<string, string>;
+    dropOnClose?: boolean;
+    workers?: QueueName[];
+    /** Where the service's log lines go (the app's request lines included); none: the app logs nothing. */
+    logTo?: DestinationStream;
+  } = {},
 ): Promise<TestApp> {
   const env = options.env ?? testEnv(options.overrides);
   const config = loadConfig(env.vars);
-  const runtime = createRuntime(config, createLogger(config, 'test'));
+  const runtime = createRuntime(config, createLogger(config, 'test', options.logTo));
   await connectRuntime(runtime, 10_000);
-  const app = await buildApp(runtime, { logger: false });
+  const app = await buildApp(runtime, { logger: options.logTo !== undefined });
   await app.ready();
   const workers = options.workers
     ? startWorkers(config, runtime.logger, createProcessors(runtime), options.workers)

@@ -47,6 +47,14 @@ declare module 'fastify' {
   }
 }
 
+/** The tenant and key id a request acts as, for its log lines (a buyer session's id is a credential: left out). */
+function logBindings(principal: Principal | null): { tenantId?: string; keyId?: string } | null {
+  if (!principal) return null;
+  if (principal.kind === 'admin') return { keyId: 'admin' };
+  if (principal.kind === 'onboarding' && principal.via === 'buyer-session') return { tenantId: principal.tenantId };
+  return { tenantId: principal.tenantId, keyId: principal.credentialId };
+}
+
 /** Bearer token, or the password of HTTP Basic (so a browser can open Bull Board). */
 export function presentedCredential(request: FastifyRequest): string | null {
   const header = request.headers.authorization;
@@ -202,6 +210,12 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
       await authorize(request, reply);
     } catch (err) {
       return sendError(request, reply, err);
+    }
+    // Every later line of this request (its handler's and the request line) names who acted, never how.
+    const who = logBindings(request.principal);
+    if (who) {
+      request.log = request.log.child(who);
+      reply.log = request.log;
     }
   });
 });

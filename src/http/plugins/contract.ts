@@ -29,7 +29,8 @@ function platformStatuses(route: RouteOptions, methods: string[]): number[] {
   if (schema.params || schema.querystring || schema.headers || hasBody) [400, 422].forEach((s) => statuses.add(s));
   if (access !== 'public' && access !== undefined) [401, 403].forEach((s) => statuses.add(s));
   if (route.config?.rateLimit !== false) statuses.add(429);
-  if (hasBody) [409, 413, 415].forEach((s) => statuses.add(s)); // idempotency in progress; body limit and media type
+  if (hasBody) [413, 415].forEach((s) => statuses.add(s)); // body limit and media type
+  if (methods.some((m) => m === 'POST' || m === 'PUT')) statuses.add(409); // idempotency in progress (not on PATCH)
   return [...statuses];
 }
 

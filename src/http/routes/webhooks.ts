@@ -26,7 +26,9 @@ import {
   Recovery,
   RecoveryParams,
   recoveryView,
+  RetriedDelivery,
   RotateSecret,
+  UpdateEndpoint,
   TestEventSent,
   RunDeliveries,
   RunDeliveriesParams,
@@ -127,6 +129,36 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
       },
     },
     async (request) => endpointView(await webhooks.getEndpoint(runtime, tenantOf(request), request.params.endpointId)),
+  );
+
+  // Svix's endpoint update (PATCH, partial): the contract names none, so its shape is followed.
+  app.patch<Params & { Body: Static<typeof UpdateEndpoint> }>(
+    '/v1/webhooks/:endpointId',
+    {
+      config,
+      schema: {
+        tags,
+        operationId: 'updateWebhookEndpoint',
+        summary:
+          "Change an endpoint's URL, events, description or test-traffic setting; it keeps its id, secret, status and delivery history (a URL is checked as on registration)",
+        params: EndpointParams,
+        body: UpdateEndpoint,
+        response: { 200: Endpoint, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+      },
+    },
+    async (request) => {
+      const endpoint = await webhooks.updateEndpoint(
+        runtime,
+        tenantOf(request),
+        request.params.endpointId,
+        request.body,
+      );
+      request.log.info(
+        { endpointId: endpoint._id, changed: Object.keys(request.body), events: endpoint.events },
+        'webhook endpoint updated',
+      );
+      return endpointView(endpoint);
+    },
   );
 
   app.delete<Params>(
@@ -284,26 +316,27 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
         tags,
         operationId: 'resendWebhookDelivery',
         summary:
-          'Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due)',
+          'Retry now: one delivery, pending or finished, gets an attempt now (same event id and body) and its retry schedule starts again from it; asking again while that attempt is due or running changes nothing (refused for a disabled endpoint or a refused address)',
         params: DeliveryParams,
         response: {
-          202: Delivery,
+          202: RetriedDelivery,
           ...errorResponses(401, 403, 404, {
-            409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL', 'WEBHOOK_DELIVERY_PENDING'],
+            409: ['WEBHOOK_ENDPOINT_DISABLED', 'WEBHOOK_ENDPOINT_PULL'],
             422: ['WEBHOOK_DESTINATION_REFUSED'],
           }),
         },
       },
     },
     async (request, reply) => {
-      const delivery = await webhooks.resendDelivery(
+      const { delivery, retried } = await webhooks.resendDelivery(
         runtime,
         tenantOf(request),
         request.params.endpointId,
         request.params.deliveryId,
       );
       const attempts = await runtime.stores.webhookDeliveries.attemptsOf(delivery);
-      return reply.status(202).send(deliveryView({ delivery, attempts }));
+      request.log.info({ endpointId: delivery.endpointId, deliveryId: delivery._id, retried }, 'webhook retry now');
+      return reply.status(202).send({ ...deliveryView({ delivery, attempts }), retried });
     },
   );
 
@@ -315,7 +348,7 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
         tags,
         operationId: 'recoverWebhookDeliveries',
         summary:
-          'Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery',
+          'Send every failed or abandoned delivery of this endpoint since a time again (and with includePending, every pending one now), as a background job; read its progress at the recovery',
         params: EndpointParams,
         body: RecoverBody,
         response: {
@@ -329,12 +362,10 @@ export async function webhookRoutes(app: FastifyInstance, { runtime }: { runtime
     },
     async (request, reply) => {
       const tenantId = tenantOf(request);
-      const recovery = await webhooks.recoverFailed(
-        runtime,
-        tenantId,
-        request.params.endpointId,
-        new Date(request.body.since),
-      );
+      const recovery = await webhooks.recoverFailed(runtime, tenantId, request.params.endpointId, {
+        since: new Date(request.body.since),
+        includePending: request.body.includePending,
+      });
       return reply
         .status(202)
         .header('location', `/v1/webhooks/${recovery.endpointId}/recoveries/${recovery._id}`)

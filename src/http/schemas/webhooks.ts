@@ -57,6 +57,35 @@ export const CreateEndpoint = Type.Object(
   },
 );
 
+export const UpdateEndpoint = Type.Object(
+  {
+    url: Type.Optional(
+      Type.String({
+        minLength: 1,
+        maxLength: 2048,
+        description:
+          "new https URL, checked like a new endpoint's; attempts from now on go there (one already in flight finishes against the old URL and is listed with it)",
+      }),
+    ),
+    events: Type.Optional(
+      Type.Array(Type.String({ minLength: 1, maxLength: 100 }), {
+        minItems: 1,
+        maxItems: 50,
+        description: 'the whole new list of event types; later events follow it, deliveries already made stay',
+      }),
+    ),
+    description: Type.Optional(
+      Type.Union([Type.String({ maxLength: 500 }), Type.Null()], { description: 'null clears it' }),
+    ),
+    includeTestEvents: Type.Optional(Type.Boolean()),
+  },
+  {
+    additionalProperties: false,
+    minProperties: 1,
+    examples: [{ url: 'https://hooks.acme.example/agent-settlement/v2', events: ['run.finalized'] }],
+  },
+);
+
 export const Endpoint = Type.Object({
   id: Type.String({ description: '`whe_…`' }),
   url: Type.Union([Type.String(), Type.Null()], { description: 'Where events are POSTed; null for a pull endpoint' }),
@@ -151,6 +180,10 @@ const Attempt = Type.Object({
   }),
   error: Type.Union([Type.String(), Type.Null()]),
   succeeded: Type.Boolean(),
+  url: Type.Union([Type.String(), Type.Null()], {
+    description:
+      'where this attempt was sent (the endpoint URL at the time); null on attempts recorded before it was kept',
+  }),
 });
 export const Delivery = Type.Object({
   id: Type.String({ description: '`whd_…`, one per event and endpoint' }),
@@ -165,7 +198,19 @@ export const Delivery = Type.Object({
   createdAt: Timestamp,
   updatedAt: Timestamp,
   succeededAt: Type.Union([Timestamp, Type.Null()]),
+  retriedAt: Type.Union([Timestamp, Type.Null()], {
+    description: 'when an attempt now was last asked for (retry now)',
+  }),
 });
+export const RetriedDelivery = Type.Intersect([
+  Delivery,
+  Type.Object({
+    retried: Type.Boolean({
+      description:
+        'true: an attempt is now due and the retry schedule starts again from it. false: an attempt was already due now or running, or a retry was asked for in the last few seconds; that one stands and this request changed nothing',
+    }),
+  }),
+]);
 export const DeliveryList = Type.Object({
   items: Type.Array(Delivery),
   nextCursor: Type.Union([Type.String(), Type.Null()]),
@@ -229,14 +274,22 @@ export const RecoverBody = Type.Object(
       ...Timestamp,
       description: 'every failed or abandoned delivery created at or after this time is sent again',
     },
+    includePending: Type.Optional(
+      Type.Boolean({
+        default: false,
+        description:
+          'also give every pending delivery since then its attempt now (its retry schedule starts again from it), say after fixing the receiver',
+      }),
+    ),
   },
-  { additionalProperties: false, examples: [{ since: '2025-01-31T09:00:00.000Z' }] },
+  { additionalProperties: false, examples: [{ since: '2025-01-31T09:00:00.000Z', includePending: true }] },
 );
 
 export const Recovery = Type.Object({
   id: Type.String({ description: '`whr_…`' }),
   endpointId: Type.String(),
   since: Timestamp,
+  includePending: Type.Boolean({ description: 'whether pending deliveries were included' }),
   createdAt: Timestamp,
   status: Type.Union([Type.Literal('running'), Type.Literal('finished')], {
     description: 'finished: the job has looked at every delivery since `since`',
@@ -284,6 +337,7 @@ export function recoveryView(p: RecoveryProgress): Static<typeof Recovery> {
     id: r._id,
     endpointId: r.endpointId,
     since: r.since.toISOString(),
+    includePending: r.includePending === true,
     createdAt: r.createdAt.toISOString(),
     status: p.status,
     counts: p.counts,
@@ -307,10 +361,12 @@ export function deliveryView({ delivery: d, attempts }: DeliveryWithAttempts): S
       statusCode: a.statusCode,
       error: a.error,
       succeeded: a.succeeded,
+      url: a.url ?? null,
     })),
     createdAt: d.createdAt.toISOString(),
     updatedAt: d.updatedAt.toISOString(),
     succeededAt: iso(d.succeededAt),
+    retriedAt: iso(d.retriedAt ?? null),
   };
 }
 

@@ -5,6 +5,7 @@
 // resolution: whichever comes first is the escalation's fate, and the others change nothing.
 import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
 import { failpoint } from '../../domain/failpoints.ts';
+import { logStep } from '../work-log.ts';
 import {
   escalationDeadline,
   escalationIdFor,
@@ -67,6 +68,22 @@ export function escalationEvent(e: EscalationDoc, resolution?: ResolutionDoc): R
     rule: e.breach.rule,
     deadlineAt: deadlineOf(e).toISOString(),
     ...(resolution ? { reason: resolution.reason, decidedBy: deciderName(resolution.by) } : {}),
+  };
+}
+
+/** What the `x402.escalation.decided` log line says (services/work-log.ts): ids, the outcome, the amount. */
+function decidedFields(e: EscalationDoc, resolution: ResolutionDoc) {
+  return {
+    tenantId: e.tenantId,
+    escalationId: e._id,
+    gateId: e.gateId,
+    outcome: resolution.action === 'approve' ? 'approved' : 'denied',
+    decidedBy: deciderName(resolution.by),
+    rule: e.breach.rule,
+    amount: e.amount,
+    currency: e.currency,
+    payerAgentId: e.payerAgentId,
+    payeeAgentId: e.payeeAgentId,
   };
 }
 
@@ -233,6 +250,7 @@ export class X402Escalations {
     };
     const recorded = await this.store.recordResolution(resolution);
     if (!recorded.won) throw terminal(recorded.resolution);
+    logStep(this.runtime, 'x402.escalation.decided', decidedFields(escalation, resolution));
     const state = { escalation, resolution };
     const type = input.action === 'approve' ? 'x402.escalation.approved' : 'x402.escalation.denied';
     await emitEvent(
@@ -358,6 +376,7 @@ export class X402EscalationDeadlines {
       const recorded = await this.store.recordResolution(deny);
       resolution = recorded.resolution!;
       if (recorded.won) summary.denied++;
+      if (recorded.won) logStep(this.runtime, 'x402.escalation.decided', decidedFields(escalation, resolution));
       failpoint('x402.escalation.deadline.denied');
     }
     // A person or a wind-down decided first: their decision is carried out by its own path.

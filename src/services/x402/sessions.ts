@@ -9,6 +9,7 @@
 import { idFromIdempotency, newId } from '../../domain/crypto.ts';
 import { errors, ServiceError, serviceError, x402Error } from '../../domain/errors.ts';
 import { failpoint } from '../../domain/failpoints.ts';
+import { logStep } from '../work-log.ts';
 import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
 import { decideSettlement } from '../../domain/settlement.ts';
 import { evaluateStaticPolicy } from '../../domain/x402.ts';
@@ -246,6 +247,15 @@ export class X402Sessions {
       expiresAt: session.expiresAt,
     });
     this.store.remember(session);
+    logStep(this.runtime, 'x402.session.opened', {
+      tenantId,
+      sessionId: session._id,
+      payerAgentId: session.payerAgentId,
+      walletId: session.walletId,
+      budget: session.budget,
+      currency: session.currency,
+      repeat: !recorded.created,
+    });
     await emitEvent(
       this.runtime,
       tenantId,
@@ -908,7 +918,7 @@ export class X402Sessions {
       },
       this.runtime.keys.active,
     );
-    const { close } = await this.store.recordClose({
+    const { close, won } = await this.store.recordClose({
       _id: session._id,
       tenantId: session.tenantId,
       reason,
@@ -918,6 +928,16 @@ export class X402Sessions {
     });
     failpoint('x402.session.closed');
     await this.finishClose(session, close);
+    logStep(this.runtime, 'x402.session.closed', {
+      tenantId: session.tenantId,
+      sessionId: session._id,
+      reason: close.reason,
+      totalCharged: close.statement.body.totalCharged,
+      refunded: close.statement.body.refunded,
+      chargeCount: close.statement.body.chargeCount,
+      currency: session.currency,
+      repeat: !won,
+    });
     return close;
   }
 

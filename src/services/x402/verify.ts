@@ -5,6 +5,7 @@ import { QueueEvents } from 'bullmq';
 import { BSON } from 'mongodb';
 import { errors, x402Error, type ServiceError } from '../../domain/errors.ts';
 import { failpoint } from '../../domain/failpoints.ts';
+import { logStep } from '../work-log.ts';
 import { holdbackOf, MoneyInvariantError } from '../../domain/money.ts';
 import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
 import {
@@ -187,6 +188,18 @@ export class X402Verification {
     };
     const recorded = await this.store.recordVerification(verification);
     if (!recorded.won) return this.answerRepeat(gate, status, recorded.verification);
+    logStep(this.runtime, 'x402.gate.decided', {
+      tenantId,
+      gateId: gate._id,
+      settlementId: settlement._id,
+      verificationStatus: status,
+      authorized: commitment?.kind === 'authorization',
+      amount: gate.amount,
+      captured: status === 'verified' ? (input.amount ?? gate.amount) : 0,
+      currency: gate.currency,
+      payerAgentId: gate.payerAgentId,
+      payeeAgentId: gate.payeeAgentId,
+    });
     failpoint('x402.verify.reported');
     const outcome = await this.runVerifyJob(gate, true, verification);
     if (!outcome) return this.verifiedState(gate);

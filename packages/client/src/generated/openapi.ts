@@ -604,7 +604,8 @@ export interface paths {
         delete: operations["deleteWebhookEndpoint"];
         options?: never;
         head?: never;
-        patch?: never;
+        /** Change an endpoint's URL, events, description or test-traffic setting; it keeps its id, secret, status and delivery history (a URL is checked as on registration) */
+        patch: operations["updateWebhookEndpoint"];
         trace?: never;
     };
     "/v1/webhooks/{endpointId}/rotate-secret": {
@@ -718,7 +719,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Send one delivery again: the same event id and body, a new attempt (refused for a disabled endpoint, a refused address, or a delivery already due) */
+        /** Retry now: one delivery, pending or finished, gets an attempt now (same event id and body) and its retry schedule starts again from it; asking again while that attempt is due or running changes nothing (refused for a disabled endpoint or a refused address) */
         post: operations["resendWebhookDelivery"];
         delete?: never;
         options?: never;
@@ -735,7 +736,7 @@ export interface paths {
         };
         get?: never;
         put?: never;
-        /** Send every failed or abandoned delivery of this endpoint since a time again, as a background job; read its progress at the recovery */
+        /** Send every failed or abandoned delivery of this endpoint since a time again (and with includePending, every pending one now), as a background job; read its progress at the recovery */
         post: operations["recoverWebhookDeliveries"];
         delete?: never;
         options?: never;
@@ -6747,6 +6748,166 @@ export interface operations {
             };
         };
     };
+    updateWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                endpointId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                /**
+                 * @example {
+                 *       "url": "https://hooks.acme.example/agent-settlement/v2",
+                 *       "events": [
+                 *         "run.finalized"
+                 *       ]
+                 *     }
+                 */
+                "application/json": {
+                    /** @description new https URL, checked like a new endpoint's; attempts from now on go there (one already in flight finishes against the old URL and is listed with it) */
+                    url?: string;
+                    /** @description the whole new list of event types; later events follow it, deliveries already made stay */
+                    events?: string[];
+                    /** @description null clears it */
+                    description?: string | null;
+                    includeTestEvents?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description `whe_…` */
+                        id: string;
+                        /** @description Where events are POSTed; null for a pull endpoint */
+                        url: string | null;
+                        delivery: "push" | "pull";
+                        events: string[];
+                        description: string | null;
+                        /** @description Whether test traffic (events marked `"test": true`) is delivered here */
+                        includeTestEvents: boolean;
+                        status: "active" | "disabled";
+                        /** @description Why deliveries stopped (410 from the receiver, or failing for 5 days) */
+                        disabledReason: string | null;
+                        disabledAt: string | null;
+                        /** @description Until then, deliveries also carry a signature with the previous secret */
+                        previousSecretExpiresAt: string | null;
+                        lastSuccessAt: string | null;
+                        failingSince: string | null;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        createdAt: string;
+                        /**
+                         * Format: date-time
+                         * @description RFC 3339 UTC
+                         */
+                        updatedAt: string;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
     rotateWebhookEndpointSecret: {
         parameters: {
             query?: never;
@@ -7107,6 +7268,8 @@ export interface operations {
                                 statusCode: number | null;
                                 error: string | null;
                                 succeeded: boolean;
+                                /** @description where this attempt was sent (the endpoint URL at the time); null on attempts recorded before it was kept */
+                                url: string | null;
                             }[];
                             /**
                              * Format: date-time
@@ -7119,6 +7282,8 @@ export interface operations {
                              */
                             updatedAt: string;
                             succeededAt: string | null;
+                            /** @description when an attempt now was last asked for (retry now) */
+                            retriedAt: string | null;
                         }[];
                     };
                 };
@@ -7250,6 +7415,8 @@ export interface operations {
                                 statusCode: number | null;
                                 error: string | null;
                                 succeeded: boolean;
+                                /** @description where this attempt was sent (the endpoint URL at the time); null on attempts recorded before it was kept */
+                                url: string | null;
                             }[];
                             /**
                              * Format: date-time
@@ -7262,6 +7429,8 @@ export interface operations {
                              */
                             updatedAt: string;
                             succeededAt: string | null;
+                            /** @description when an attempt now was last asked for (retry now) */
+                            retriedAt: string | null;
                         }[];
                         nextCursor: string | null;
                     };
@@ -7635,6 +7804,8 @@ export interface operations {
                             statusCode: number | null;
                             error: string | null;
                             succeeded: boolean;
+                            /** @description where this attempt was sent (the endpoint URL at the time); null on attempts recorded before it was kept */
+                            url: string | null;
                         }[];
                         /**
                          * Format: date-time
@@ -7647,6 +7818,11 @@ export interface operations {
                          */
                         updatedAt: string;
                         succeededAt: string | null;
+                        /** @description when an attempt now was last asked for (retry now) */
+                        retriedAt: string | null;
+                    } & {
+                        /** @description true: an attempt is now due and the retry schedule starts again from it. false: an attempt was already due now or running, or a retry was asked for in the last few seconds; that one stands and this request changed nothing */
+                        retried: boolean;
                     };
                 };
             };
@@ -7686,7 +7862,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_DELIVERY_PENDING`, `WEBHOOK_ENDPOINT_DISABLED`, `WEBHOOK_ENDPOINT_PULL`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `WEBHOOK_ENDPOINT_DISABLED`, `WEBHOOK_ENDPOINT_PULL`. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -7764,7 +7940,8 @@ export interface operations {
             content: {
                 /**
                  * @example {
-                 *       "since": "2025-01-31T09:00:00.000Z"
+                 *       "since": "2025-01-31T09:00:00.000Z",
+                 *       "includePending": true
                  *     }
                  */
                 "application/json": {
@@ -7773,6 +7950,11 @@ export interface operations {
                      * @description every failed or abandoned delivery created at or after this time is sent again
                      */
                     since: string;
+                    /**
+                     * @description also give every pending delivery since then its attempt now (its retry schedule starts again from it), say after fixing the receiver
+                     * @default false
+                     */
+                    includePending?: boolean;
                 };
             };
         };
@@ -7792,6 +7974,8 @@ export interface operations {
                          * @description RFC 3339 UTC
                          */
                         since: string;
+                        /** @description whether pending deliveries were included */
+                        includePending: boolean;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -7940,6 +8124,8 @@ export interface operations {
                          * @description RFC 3339 UTC
                          */
                         since: string;
+                        /** @description whether pending deliveries were included */
+                        includePending: boolean;
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC

@@ -41,6 +41,7 @@ export const operationRoutes = {
   createWebhookEndpoint: { method: 'post', path: '/v1/webhooks' },
   listWebhookEndpoints: { method: 'get', path: '/v1/webhooks' },
   getWebhookEndpoint: { method: 'get', path: '/v1/webhooks/{endpointId}' },
+  updateWebhookEndpoint: { method: 'patch', path: '/v1/webhooks/{endpointId}' },
   deleteWebhookEndpoint: { method: 'delete', path: '/v1/webhooks/{endpointId}' },
   rotateWebhookEndpointSecret: { method: 'post', path: '/v1/webhooks/{endpointId}/rotate-secret' },
   enableWebhookEndpoint: { method: 'post', path: '/v1/webhooks/{endpointId}/enable' },

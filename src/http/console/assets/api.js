@@ -103,14 +103,19 @@ export const webhookEndpoint = (endpointId) => call('GET', `/v1/webhooks/${id(en
 export const deliveries = (endpointId, params = {}) =>
   call('GET', `/v1/webhooks/${id(endpointId)}/deliveries${q({ limit: 50, ...params })}`);
 
-/** Sends one delivery again: the same event id and body, a new attempt (202; scope webhooks:write). */
+/**
+ * Retry now: one delivery, pending or finished, gets an attempt now and its schedule restarts from it (202, the
+ * delivery with `retried`: false when an attempt was already due or running; scope webhooks:write).
+ */
 export const resendDelivery = (endpointId, deliveryId) =>
   call('POST', `/v1/webhooks/${id(endpointId)}/deliveries/${id(deliveryId)}/resend`);
+/** Changes an endpoint's url, events or description in place (200, the endpoint; its id, secret and history stay). */
+export const updateEndpoint = (endpointId, changes) => call('PATCH', `/v1/webhooks/${id(endpointId)}`, changes);
 /** Sends a webhook.test event to this endpoint alone (202 `{eventId, deliveryId, status}`). */
 export const sendTestEvent = (endpointId) => call('POST', `/v1/webhooks/${id(endpointId)}/test`);
 /** Starts sending every failed or abandoned delivery since `since` again (202, a recovery with its progress). */
-export const recoverDeliveries = (endpointId, since) =>
-  call('POST', `/v1/webhooks/${id(endpointId)}/recoveries`, { since });
+export const recoverDeliveries = (endpointId, since, includePending = false) =>
+  call('POST', `/v1/webhooks/${id(endpointId)}/recoveries`, { since, includePending });
 export const recovery = (endpointId, recoveryId) =>
   call('GET', `/v1/webhooks/${id(endpointId)}/recoveries/${id(recoveryId)}`);
 export const paymentSession = (sessionId) => call('GET', `/x402/sessions/${id(sessionId)}`);

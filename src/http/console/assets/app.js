@@ -1172,10 +1172,55 @@ function deliveryRow(d, resend) {
     el(
       'td',
       {},
-      d.status !== 'pending'
-        ? el('button', { type: 'button', class: 'resend', onclick: () => resend(d) }, 'Resend')
+      d.status !== 'stored' && d.status !== 'cancelled'
+        ? el('button', { type: 'button', class: 'resend', onclick: () => resend(d) }, 'Retry now')
         : null,
     ),
+  );
+}
+
+/** "Edit": the endpoint's URL, events and description, changed in place (PATCH); `done` draws the screen again. */
+function editForm(endpoint, done) {
+  const url =
+    endpoint.url === null ? null : el('input', { name: 'url', value: endpoint.url, required: true, size: 48 });
+  const events = el('input', { name: 'events', value: endpoint.events.join(', '), required: true, size: 48 });
+  const description = el('input', { name: 'description', value: endpoint.description ?? '', size: 48 });
+  const outcome = el('div', { 'aria-live': 'polite' });
+  const save = async (event) => {
+    event.preventDefault();
+    const changes = {
+      ...(url ? { url: url.value.trim() } : {}),
+      events: events.value
+        .split(',')
+        .map((e) => e.trim())
+        .filter(Boolean),
+      description: description.value.trim() === '' ? null : description.value.trim(),
+    };
+    try {
+      await api.updateEndpoint(endpoint.id, changes);
+    } catch (err) {
+      return outcome.replaceChildren(errorBox(err, 'Could not save the endpoint'));
+    }
+    await done();
+  };
+  return el(
+    'details',
+    { id: 'edit-endpoint' },
+    el('summary', {}, 'Edit'),
+    el(
+      'form',
+      { class: 'lookup', onsubmit: save },
+      url ? el('label', {}, 'URL ', url) : null,
+      el('label', {}, 'Events (comma-separated) ', events),
+      el('label', {}, 'Description ', description),
+      el('button', { type: 'submit' }, 'Save'),
+      el(
+        'p',
+        { class: 'quiet' },
+        'The endpoint keeps its id, its secret and its deliveries; the next attempt goes to the new URL.',
+      ),
+    ),
+    outcome,
   );
 }
 
@@ -1227,12 +1272,14 @@ async function endpointScreen(endpointId) {
 
   async function resend(d) {
     try {
-      await api.resendDelivery(endpointId, d.id);
+      const answer = await api.resendDelivery(endpointId, d.id);
       results.replaceChildren(
         el(
           'p',
-          { class: 'ok', dataset: { resent: d.id } },
-          `Delivery ${d.id} (event ${d.eventId}) is being sent again; its row updates below.`,
+          { class: 'ok', dataset: { resent: d.id, retried: String(answer.retried) } },
+          answer.retried
+            ? `Delivery ${d.id} (event ${d.eventId}) gets an attempt now, and its retry schedule starts again from it; its row updates below.`
+            : `An attempt of delivery ${d.id} is already due or under way (or was asked for moments ago); nothing more was sent.`,
         ),
       );
       await refresh();
@@ -1264,6 +1311,7 @@ async function endpointScreen(endpointId) {
     required: true,
     value: localInput(new Date(Date.now() - 3_600_000).toISOString()),
   });
+  const includePending = el('input', { type: 'checkbox', name: 'includePending' });
   const progress = el('section', { id: 'recovery', 'aria-live': 'polite' });
   const showRecovery = (r) =>
     progress.replaceChildren(
@@ -1281,7 +1329,7 @@ async function endpointScreen(endpointId) {
     if (!iso) return progress.replaceChildren(el('p', { class: 'notice' }, 'Pick the time to recover from.'));
     let r;
     try {
-      r = await api.recoverDeliveries(endpointId, iso);
+      r = await api.recoverDeliveries(endpointId, iso, includePending.checked);
     } catch (err) {
       return progress.replaceChildren(errorBox(err, 'Could not start the recovery'));
     }
@@ -1303,9 +1351,11 @@ async function endpointScreen(endpointId) {
       ['Status', endpoint.status],
       endpoint.disabledReason && ['Disabled because', endpoint.disabledReason],
       ['Events', endpoint.events.join(', ')],
+      endpoint.description && ['Description', endpoint.description],
       ['Last success', time(endpoint.lastSuccessAt)],
       ['Failing since', time(endpoint.failingSince)],
     ]),
+    editForm(endpoint, () => endpointScreen(endpointId)),
     disabled
       ? el(
           'p',
@@ -1321,6 +1371,7 @@ async function endpointScreen(endpointId) {
         'form',
         { class: 'lookup', id: 'recover', onsubmit: recover },
         el('label', {}, 'Recover failed since ', since),
+        el('label', {}, includePending, ' and pending'),
         el('button', { type: 'submit', disabled }, 'Recover'),
         el('span', { class: 'quiet' }, zone),
       ),
