@@ -1,4 +1,4 @@
-import { Type } from 'typebox';
+import { Type, type TSchema } from 'typebox';
 import { Compile } from 'typebox/compile';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { explainValidationErrors } from '../../src/http/validation-errors.ts';
@@ -123,7 +123,7 @@ describe('validation errors: one clear error per offending path', () => {
 });
 
 describe('explainValidationErrors on unions', () => {
-  const explain = (schema: Parameters<typeof Compile>[0], value: unknown) =>
+  const explain = (schema: TSchema, value: unknown) =>
     explainValidationErrors(schema, value, Compile(schema).Errors(value) as never, { describeActual: true }).map(
       (e) => [e.instancePath, e.message],
     );
