@@ -100,7 +100,10 @@ function toFindings(root: Schema, value: unknown, error: RawError, describeActua
       return [{ ...base, path, kind: 'constraint', message: 'is not allowed here' }];
     }
     case 'type': {
-      const actual = describeActual ? `, got ${jsonType(valueAt(value, path))}` : '';
+      const given = valueAt(value, path);
+      // An empty request body reaches the validator as null, as a JSON `null` does.
+      const got = path.length === 0 && given == null ? 'no body (or null)' : jsonType(given);
+      const actual = describeActual ? `, got ${got}` : '';
       return [{ ...base, path, kind: 'type', message: `expected ${describe(at, error.params?.type)}${actual}` }];
     }
     case 'const':
@@ -328,6 +331,7 @@ function valueAt(value: unknown, path: string[]): unknown {
 }
 
 function jsonType(value: unknown): string {
+  if (value === undefined) return 'nothing';
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   if (typeof value === 'number') return Number.isInteger(value) ? 'an integer' : 'a number with a fraction';
