@@ -1,5 +1,5 @@
 # Production image: the service runs as compiled JavaScript (`node dist/main.js`), not through a TypeScript loader.
-FROM node:20-slim AS build
+FROM node:22-slim AS build
 WORKDIR /app
 # The client package is an npm workspace: npm ci links it, `npm run build` compiles it first, then the service.
 COPY package.json package-lock.json ./
@@ -10,7 +10,7 @@ COPY packages/client ./packages/client
 COPY src ./src
 RUN npm run build
 
-FROM node:20-slim
+FROM node:22-slim
 WORKDIR /app
 COPY package.json package-lock.json ./
 COPY packages/client/package.json ./packages/client/

@@ -3,6 +3,7 @@
 import { createSettlementClient } from 'agent-settlement-client';
 
 const baseUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
+console.log(`settlement service: ${baseUrl} (SETTLEMENT_URL; default http://127.0.0.1:3000)`);
 // The admin key sets up a tenant, its API key and money; everything after it is what a tenant does with its own key.
 const admin = createSettlementClient({ baseUrl, apiKey: process.env.SETTLEMENT_ADMIN_KEY });
 const tenant = await admin.createTenant({ body: { name: 'quick-start' } });

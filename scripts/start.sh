@@ -4,6 +4,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# Node 22 LTS or newer: the machine's, or the pinned one from the npm registry in .tools/node (scripts/ensure-node.sh).
+source scripts/ensure-node.sh || exit 1
 [ -d node_modules ] || npm ci --no-audit --no-fund
 # One command moves everything: PORT (the API), REDIS_PORT and MONGO_PORT (the local Redis and FerretDB, and the URLs
 # the service uses for them, unless REDIS_URL / MONGO_URL name other servers).

@@ -8,6 +8,8 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+# The suite runs on the Node npm start runs on: 22 LTS or newer (scripts/ensure-node.sh).
+source scripts/ensure-node.sh || { echo "0 passed, 1 failed"; exit 1; }
 [ -d node_modules ] || npm ci --no-audit --no-fund || exit 1
 bash scripts/services.sh up || { echo "0 passed, 1 failed"; exit 1; }
 mkdir -p .data

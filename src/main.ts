@@ -1,19 +1,35 @@
 import { ConfigError, loadConfig } from './config.ts';
 import { exitGracefullyOnSignals } from './lifecycle.ts';
 import { createLogger } from './logger.ts';
-import { isQueueName, type QueueName } from './queues/index.ts';
+import { isQueueName, QUEUE_NAMES, type QueueName } from './queues/index.ts';
 import { connectRuntime, createRuntime } from './runtime.ts';
 import { rebuildListIndex } from './store/list-rebuild.ts';
 import { createProcessors } from './workers/index.ts';
 import { startWorkers, type RunningWorkers } from './workers/runner.ts';
 
-const USAGE = 'usage: main.ts api | worker [queue…] | all | rebuild-lists';
+const USAGE = 'usage: main.ts api | worker [queue…] | all | rebuild-lists (--help: what each does)';
+
+const HELP = `usage: node --import tsx src/main.ts <command>   (dist/main.js once built)
+
+  api               the HTTP API on HOST:PORT (default 127.0.0.1:3000); enqueues, runs no jobs
+  worker [queue…]   workers for the named queues, all of them when none is named:
+                    ${QUEUE_NAMES.join(', ')}
+  all               api and every worker in one process (what npm start and npm run dev run)
+  rebuild-lists     enters every stored run, agent, settlement, dispute, gate, escalation and session in the
+                    list index, then exits
+
+Configuration comes from the environment (README.md, "Configuration"). The command line tool, with the offline
+verifier and the MCP server on stdio: bin/agent-settlement.js --help.`;
 
 /** Until the configuration is read, and for a crash: every line the process writes is JSON, these too. */
 const bootLogger = createLogger({ logLevel: 'info' }, 'main');
 
 async function main(argv: string[]): Promise<void> {
   const [mode, ...queueArgs] = argv;
+  if (mode === '--help' || mode === '-h' || mode === 'help') {
+    process.stdout.write(`${HELP}\n`); // a person asked: plain text, not a log line
+    return;
+  }
   if (mode !== 'api' && mode !== 'worker' && mode !== 'all' && mode !== 'rebuild-lists') {
     bootLogger.fatal({ argv }, USAGE);
     process.exit(2);

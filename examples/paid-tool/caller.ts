@@ -1,5 +1,6 @@
-// An agent calling a paid tool with the stock x402 v2 fetch wrapper and the escrow-gate client scheme. Run:
-// SERVICE_URL=… PAYER_API_KEY=… PAYER_AGENT_ID=… X402_NETWORK=… TOOL_URL=http://127.0.0.1:4020/search?q=x402 \
+// An agent calling a paid tool with the stock x402 v2 fetch wrapper and the escrow-gate client scheme. Run
+// (SETTLEMENT_URL names the service, default http://127.0.0.1:3000):
+//   PAYER_API_KEY=… PAYER_AGENT_ID=… X402_NETWORK=… TOOL_URL=http://127.0.0.1:4020/search?q=x402 \
 //   node --import tsx examples/paid-tool/caller.ts
 import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client, type Network } from '@x402/fetch';
 import { pathToFileURL } from 'node:url';
@@ -32,8 +33,10 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     (() => {
       throw new Error(`${name} is required`);
     })();
+  const serviceUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
+  console.log(`settlement service: ${serviceUrl} (SETTLEMENT_URL; default http://127.0.0.1:3000)`);
   const paidFetch = payingFetch({
-    serviceUrl: env('SERVICE_URL'),
+    serviceUrl,
     apiKey: env('PAYER_API_KEY'),
     payerAgentId: env('PAYER_AGENT_ID'),
     network: env('X402_NETWORK') as Network,

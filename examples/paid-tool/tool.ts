@@ -1,7 +1,8 @@
 // A paid tool: express routes protected by the stock x402 v2 middleware, paid through the escrow-gate scheme, with
 // the Agent Run Settlement Service as facilitator. `GET /search` has a fixed price; `GET /summarize?words=N` is
-// metered: its price is a maximum, and the handler charges per word it actually returned. Run: SERVICE_URL=…
-// PROVIDER_API_KEY=… PAYEE_AGENT_ID=… X402_NETWORK=agentstl:default node --import tsx examples/paid-tool/tool.ts
+// metered: its price is a maximum, and the handler charges per word it actually returned. Run (SETTLEMENT_URL names
+// the service, default http://127.0.0.1:3000): PROVIDER_API_KEY=… PAYEE_AGENT_ID=… X402_NETWORK=agentstl:default
+//   node --import tsx examples/paid-tool/tool.ts
 import express from 'express';
 import { paymentMiddleware, setSettlementOverrides, x402ResourceServer, type Network } from '@x402/express';
 import { pathToFileURL } from 'node:url';
@@ -80,8 +81,10 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     (() => {
       throw new Error(`${name} is required`);
     })();
+  const serviceUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
+  console.log(`settlement service: ${serviceUrl} (SETTLEMENT_URL; default http://127.0.0.1:3000)`);
   const app = createPaidTool({
-    serviceUrl: env('SERVICE_URL'),
+    serviceUrl,
     apiKey: env('PROVIDER_API_KEY'),
     network: env('X402_NETWORK') as Network,
     payeeAgentId: env('PAYEE_AGENT_ID'),

@@ -1,6 +1,7 @@
 // An agent paying per call from a payment session, with the stock x402 v2 fetch wrapper and the escrow-session
-// client scheme: the first call opens the session (one request to the service), later calls pay from it. Run:
-// SERVICE_URL=… PAYER_API_KEY=… PAYER_AGENT_ID=… X402_NETWORK=… TOOL_URL=http://127.0.0.1:4021 \
+// client scheme: the first call opens the session (one request to the service), later calls pay from it. Run
+// (SETTLEMENT_URL names the service, default http://127.0.0.1:3000):
+//   PAYER_API_KEY=… PAYER_AGENT_ID=… X402_NETWORK=… TOOL_URL=http://127.0.0.1:4021 \
 //   node --import tsx examples/session-tool/caller.ts
 import { decodePaymentResponseHeader, wrapFetchWithPayment, x402Client, type Network } from '@x402/fetch';
 import { pathToFileURL } from 'node:url';
@@ -37,8 +38,10 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     (() => {
       throw new Error(`${name} is required`);
     })();
+  const serviceUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
+  console.log(`settlement service: ${serviceUrl} (SETTLEMENT_URL; default http://127.0.0.1:3000)`);
   const paying = sessionPayingFetch({
-    serviceUrl: env('SERVICE_URL'),
+    serviceUrl,
     apiKey: env('PAYER_API_KEY'),
     payerAgentId: env('PAYER_AGENT_ID'),
     network: env('X402_NETWORK') as Network,

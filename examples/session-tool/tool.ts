@@ -1,8 +1,8 @@
 // A tool paid through x402 payment sessions: express routes behind the stock x402 v2 middleware, with the
 // `escrow-session` scheme and the Agent Run Settlement Service as facilitator. `GET /search` has a fixed price;
 // `GET /rows?n=N` is metered: its price is a maximum, and the route charges what it served (per row, zero included)
-// with the middleware's settlement overrides. Run: SERVICE_URL=… PROVIDER_API_KEY=… PAYEE_AGENT_ID=…
-// X402_NETWORK=agentstl:default node --import tsx examples/session-tool/tool.ts
+// with the middleware's settlement overrides. Run (SETTLEMENT_URL names the service, default http://127.0.0.1:3000):
+// PROVIDER_API_KEY=… PAYEE_AGENT_ID=… X402_NETWORK=agentstl:default node --import tsx examples/session-tool/tool.ts
 import express from 'express';
 import { paymentMiddleware, setSettlementOverrides, x402ResourceServer, type Network } from '@x402/express';
 import { pathToFileURL } from 'node:url';
@@ -66,8 +66,10 @@ if (process.argv[1] && import.meta.url === pathToFileURL(process.argv[1]).href) 
     (() => {
       throw new Error(`${name} is required`);
     })();
+  const serviceUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
+  console.log(`settlement service: ${serviceUrl} (SETTLEMENT_URL; default http://127.0.0.1:3000)`);
   const app = createSessionTool({
-    serviceUrl: env('SERVICE_URL'),
+    serviceUrl,
     apiKey: env('PROVIDER_API_KEY'),
     network: env('X402_NETWORK') as Network,
     payeeAgentId: env('PAYEE_AGENT_ID'),

@@ -140,6 +140,18 @@ export interface WalletPolicy {
   allowedToolIds: string[] | null;
   /** How long an escalation this policy raises waits for a person before it is denied by itself (absent: the default). */
   escalationTimeoutSeconds?: number | null;
+  /** What a breach of a limit does: raise an escalation for a person, or refuse outright (absent: onBreachDefault). */
+  onBreach?: OnBreach | null;
+}
+
+export type OnBreach = 'escalate' | 'refuse';
+
+/**
+ * A policy that does not say: an agent's own wallet escalates (a person may approve the payer's call), a sponsor
+ * wallet refuses (it pays for others; a person approving is a choice its owner makes with `onBreach: 'escalate'`).
+ */
+export function onBreachDefault(walletKind: 'agent' | 'sponsor'): OnBreach {
+  return walletKind === 'sponsor' ? 'refuse' : 'escalate';
 }
 
 /** An escalation nobody answers is denied this long after it was raised, unless the wallet's policy says otherwise. */

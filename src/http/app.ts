@@ -146,6 +146,9 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, body, done) => {
     const bytes = body as Buffer;
+    // No bytes at all is no body, whatever the Content-Type says: a route whose body is optional (settle) reads it as
+    // `{}`, one that needs a body says which (400 naming `body`), never "not valid JSON".
+    if (bytes.length === 0) return done(null, undefined);
     if (!isUtf8(bytes)) return done(errors.validation('the body is not valid UTF-8'), undefined);
     const text = bytes.toString('utf8');
     return parseJson(request, text, (err, value) => {

@@ -1,6 +1,7 @@
 import { TypeBoxValidatorCompiler } from '@fastify/type-provider-typebox';
 import type { FastifySchemaCompiler } from 'fastify';
 import type { TSchema } from 'typebox';
+import { explainValidationErrors } from './validation-errors.ts';
 
 /**
  * TypeBox's validator, with strict conversion of query strings, path parameters and headers. TypeBox converts
@@ -22,29 +23,27 @@ function strictlyConvertible(schema: TSchema | undefined, value: unknown): boole
 
 export const strictValidatorCompiler: FastifySchemaCompiler<TSchema> = (route) => {
   const validate = TypeBoxValidatorCompiler(route);
-  if (route.httpPart === 'body') return validate;
+  const isBody = route.httpPart === 'body';
+  // One clear error per offending path (validation-errors.ts); a body names the JSON type it got, the URL's parts
+  // are all strings.
+  const explain = (value: unknown, errors: unknown) =>
+    explainValidationErrors(route.schema, value, errors as Parameters<typeof explainValidationErrors>[2], {
+      describeActual: isBody,
+    });
   const properties = ((route.schema as { properties?: Record<string, TSchema> }).properties ?? {}) as Record<
     string,
     TSchema
   >;
   return (value) => {
-    if (value && typeof value === 'object') {
+    if (!isBody && value && typeof value === 'object') {
       for (const [name, given] of Object.entries(value as Record<string, unknown>)) {
         if (!strictlyConvertible(properties[name], given)) {
-          return {
-            error: [
-              {
-                keyword: 'type',
-                instancePath: `/${name}`,
-                schemaPath: `#/properties/${name}/type`,
-                params: {},
-                message: `must be ${String((properties[name] as { type?: unknown }).type)}`,
-              },
-            ],
-          };
+          const error = { keyword: 'type', instancePath: `/${name}`, schemaPath: `#/properties/${name}`, params: {} };
+          return { error: explain(value, [error]) };
         }
       }
     }
-    return validate(value);
+    const result = validate(value) as { value?: unknown; error?: unknown };
+    return result.error ? { error: explain(value, result.error) } : { value: result.value };
   };
 };

@@ -3,7 +3,7 @@ import fp from 'fastify-plugin';
 import { BUYER_SESSION_COOKIE, cookieValue, verifyBuyerSession } from '../../domain/buyer-session.ts';
 import { secretMatcher } from '../../domain/crypto.ts';
 import { errors, serviceError } from '../../domain/errors.ts';
-import { grants, type Scope } from '../../domain/scopes.ts';
+import { grants, grantsDeprecated, type DeprecatedScope, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { consoleSession, csrfTokenMatches } from '../../services/console-sessions.ts';
 import { sendError } from './errors.ts';
@@ -41,6 +41,8 @@ const TENANT_ID = /^[A-Za-z0-9_-]{1,128}$/;
 declare module 'fastify' {
   interface FastifyContextConfig {
     access?: RouteAccess;
+    /** A scope the route used to need, still accepted until its window ends (domain/scopes.ts). */
+    deprecatedAccess?: DeprecatedScope;
   }
   interface FastifyRequest {
     principal: Principal | null;
@@ -165,7 +167,34 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
         requiredCredential: 'admin',
       });
     const needed: Scope = access === 'admin' ? 'ops' : access;
-    if (!grants(principal.scopes, needed)) throw errors.forbidden(needed);
+    if (grants(principal.scopes, needed)) return;
+    const deprecated = request.routeOptions.config.deprecatedAccess;
+    if (deprecated && grantsDeprecated(principal.scopes, deprecated, new Date())) {
+      signalDeprecatedScope(request, reply, principal.credentialId, needed, deprecated);
+      return;
+    }
+    throw errors.forbidden(needed);
+  };
+
+  /** Keys (and routes) already told about in this process's log: one line each, not one per request. */
+  const loggedDeprecations = new Set<string>();
+  const signalDeprecatedScope = (
+    request: FastifyRequest,
+    reply: FastifyReply,
+    keyId: string,
+    needed: Scope,
+    deprecated: DeprecatedScope,
+  ) => {
+    reply.header('deprecation', `@${Math.floor(Date.parse(deprecated.since) / 1000)}`);
+    reply.header('sunset', new Date(deprecated.until).toUTCString());
+    const route = `${request.method} ${request.routeOptions.url}`;
+    const logKey = `${keyId} ${route}`;
+    if (loggedDeprecations.has(logKey) || loggedDeprecations.size >= 10_000) return;
+    loggedDeprecations.add(logKey);
+    request.log.warn(
+      { keyId, route, usedScope: deprecated.scope, neededScope: needed, acceptedUntil: deprecated.until },
+      `deprecated scope: ${route} needs ${needed}; ${deprecated.scope} is accepted until ${deprecated.until}`,
+    );
   };
 
   const credentialPrincipal = async (credential: string): Promise<Principal> => {

@@ -23,15 +23,26 @@ export function isBackendUnavailable(err: unknown): boolean {
   return unreachableDependency(err) !== null;
 }
 
-function validationDetails(err: FastifyError) {
-  return {
-    errors: (err.validation ?? []).map((v) => {
-      const params = v.params as { missingProperty?: string; requiredProperties?: string[] } | undefined;
-      const missing = params?.missingProperty ?? params?.requiredProperties?.join(', ');
-      const base = `${err.validationContext ?? 'body'}${v.instancePath.replace(/\//g, '.')}`;
-      return { path: missing ? `${base}.${missing}` : base, message: v.message ?? 'is invalid' };
-    }),
-  };
+/**
+ * `details.errors`: one `{path, message}` per offending path (`body.settlement.amount`, `querystring.limit`), as the
+ * validator compiler explains them (src/http/validation-errors.ts).
+ */
+function validationErrors(err: FastifyError): Array<{ path: string; message: string }> {
+  return (err.validation ?? []).map((v) => {
+    const segments = v.instancePath
+      .split('/')
+      .slice(1)
+      .map((s) => s.replace(/~1/g, '/').replace(/~0/g, '~'));
+    return { path: [err.validationContext ?? 'body', ...segments].join('.'), message: v.message ?? 'is invalid' };
+  });
+}
+
+/** The first problem in words, so a person reading only `message` knows what to fix. */
+function validationMessage(errors: Array<{ path: string; message: string }>): string {
+  const [first] = errors;
+  if (!first) return 'the request does not match the schema';
+  const more = errors.length > 1 ? ` (and ${errors.length - 1} more in details.errors)` : '';
+  return `${first.path} ${first.message}${more}`;
 }
 
 export function toErrorBody(err: unknown, requestId: string): { status: number; body: ErrorBody } {
@@ -61,14 +72,10 @@ export function toErrorBody(err: unknown, requestId: string): { status: number; 
   }
   const fe = err as FastifyError;
   if (fe.validation) {
+    const errors = validationErrors(fe);
     return {
       status: 400,
-      body: {
-        code: 'VALIDATION_FAILED',
-        message: 'the request does not match the schema',
-        details: validationDetails(fe),
-        requestId,
-      },
+      body: { code: 'VALIDATION_FAILED', message: validationMessage(errors), details: { errors }, requestId },
     };
   }
   switch (fe.code) {

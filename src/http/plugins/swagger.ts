@@ -134,6 +134,13 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
               ? [{ apiKeyHeader: [] }, { buyerSession: [] }]
               : [{ bearer: [] }];
         transformed['x-required-scope'] = access === 'admin' ? 'ops' : access === 'admin-key' ? 'admin' : access;
+        const deprecated = route.config?.deprecatedAccess;
+        if (deprecated)
+          transformed['x-deprecated-scope'] = {
+            scope: deprecated.scope,
+            since: deprecated.since,
+            until: deprecated.until,
+          };
       }
       return { schema: transformed, url };
     },

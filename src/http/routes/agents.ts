@@ -1,5 +1,6 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
+import { AGENT_READ_WITH_RUNS_READ } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { addAgentKey, getAgent, registerAgent, revokeAgentKey } from '../../services/agents.ts';
 import { tenantOf } from '../plugins/auth.ts';
@@ -54,7 +55,8 @@ export async function agentRoutes(app: FastifyInstance, opts: { runtime: Runtime
   app.get<{ Params: Static<typeof AgentParams> }>(
     '/v1/agents/:agentId',
     {
-      config: { access: 'runs:read' },
+      // Every read of a kind needs that kind's read scope; runs:read (the old rule) passes until the window ends.
+      config: { access: 'agents:read', deprecatedAccess: AGENT_READ_WITH_RUNS_READ },
       schema: {
         tags,
         operationId: 'getAgent',

@@ -159,6 +159,7 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
         allowedPayeeAgentIds: b.allowedPayeeAgentIds ?? null,
         allowedToolIds: b.allowedToolIds ?? null,
         escalationTimeoutSeconds: b.escalationTimeoutSeconds ?? null,
+        onBreach: b.onBreach ?? null,
       };
       return policyView(await service.policies.putPolicy(tenantOf(request), request.params.walletId, policy));
     },
@@ -191,7 +192,9 @@ export async function x402Routes(app: FastifyInstance, opts: { runtime: Runtime 
         body: WalletAuthorizeBody,
         response: {
           200: WalletDecision,
-          ...x402Errors(410, { 409: [...QUOTE_CODES, 'X402_WALLET_POLICY_VIOLATION'] }),
+          ...x402Errors(410, {
+            409: [...QUOTE_CODES, 'X402_WALLET_POLICY_VIOLATION', 'X402_AUTHORIZATION_ESCALATION_REQUIRED'],
+          }),
         },
       },
     },

@@ -81,6 +81,11 @@ export const QuoteBody = Type.Object(
   },
 );
 
+const OnBreach = Type.Union([Type.Literal('escalate'), Type.Literal('refuse')], {
+  description:
+    "what a call over a limit (currency, perCallLimit, dailyLimit, allowed payees or tools) gets: `escalate` raises an escalation a person approves or denies (409 `X402_AUTHORIZATION_ESCALATION_REQUIRED`), `refuse` answers 409 `X402_WALLET_POLICY_VIOLATION`. Default: `escalate` for an agent's own wallet (the payer's), `refuse` for a sponsor wallet. A sponsor wallet that escalates is approved in place of its decision: authorize-payment then takes the override token instead of the walletDecisionToken. Payment sessions never escalate: a sponsor's refusal there stays a refusal",
+});
+
 export const PolicyBody = Type.Object(
   {
     currency: Currency,
@@ -97,6 +102,7 @@ export const PolicyBody = Type.Object(
         description: `how long an escalation this policy raises waits for a person before it is denied by itself (deadline_passed) and its reserve returned; default ${DEFAULT_ESCALATION_TIMEOUT_SECONDS}`,
       }),
     ),
+    onBreach: Type.Optional(OnBreach),
   },
   {
     additionalProperties: false,
@@ -336,6 +342,7 @@ export const Policy = Type.Object({
   allowedPayeeAgentIds: Nullable(Type.Array(Type.String())),
   allowedToolIds: Nullable(Type.Array(Type.String())),
   escalationTimeoutSeconds: Type.Integer(),
+  onBreach: OnBreach,
   updatedAt: Timestamp,
 });
 
@@ -560,6 +567,8 @@ export function policyView(p: PolicyVersionDoc): Static<typeof Policy> {
     version: p.version,
     ...p.policy,
     escalationTimeoutSeconds: p.policy.escalationTimeoutSeconds ?? DEFAULT_ESCALATION_TIMEOUT_SECONDS,
+    // Filled in by the service from the wallet's kind for a version written before onBreach existed.
+    onBreach: p.policy.onBreach ?? 'escalate',
     updatedAt: p.at.toISOString(),
   };
 }

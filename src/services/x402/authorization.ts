@@ -86,7 +86,7 @@ export class X402Authorization {
     const now = new Date();
     const quote = await this.inGateOrder(gate, state, readState, () => {
       const checked = this.quotes.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
-      return this.checkWalletDecision(gate, checked, input.walletDecisionToken).then(() => checked);
+      return this.checkWalletDecision(gate, checked, input).then(() => checked);
     });
 
     let escalationId: string | null = null;
@@ -98,6 +98,11 @@ export class X402Authorization {
 
     if (!escalationId) {
       const breach = await this.policyBreach(gate, quote, now, version);
+      if (breach && version?.policy.onBreach === 'refuse')
+        throw x402Error('X402_WALLET_POLICY_VIOLATION', breach.breach.message, {
+          walletId: breach.walletId,
+          ...breach.breach,
+        });
       if (breach) {
         const escalation = await this.escalations.escalate(
           gate,
@@ -195,13 +200,21 @@ export class X402Authorization {
     }
   }
 
-  /** A sponsored gate is authorized only with its sponsor wallet's decision for this very gate, quote and request. */
+  /**
+   * A sponsored gate is authorized only with its sponsor wallet's decision for this very gate, quote and request, or
+   * with the override of an approved escalation of that decision (a sponsor policy with `onBreach: 'escalate'`): the
+   * override is checked next, bound to this gate and quote, approved and single-use.
+   */
   private async checkWalletDecision(
     gate: GateDoc,
     quote: QuoteDoc,
-    walletDecisionToken: string | undefined,
+    {
+      walletDecisionToken,
+      escalationOverrideToken,
+    }: { walletDecisionToken?: string; escalationOverrideToken?: string },
   ): Promise<void> {
     if (!gate.sponsorWalletId) return;
+    if (!walletDecisionToken && escalationOverrideToken) return;
     const claims = walletDecisionToken
       ? await this.tokens.verifyOwnToken(walletDecisionToken, TOKEN_AUDIENCE.walletDecision)
       : null;

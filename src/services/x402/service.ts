@@ -69,8 +69,8 @@ export class X402Service {
     const tokens = new X402Tokens(runtime);
     this.gates = new X402Gates(runtime);
     this.quotes = new X402Quotes(runtime, this.gates);
-    this.policies = new X402WalletPolicies(runtime, this.gates, this.quotes, tokens);
     this.escalations = new X402Escalations(runtime, tokens);
+    this.policies = new X402WalletPolicies(runtime, this.gates, this.quotes, tokens, this.escalations);
     this.escalationDeadlines = new X402EscalationDeadlines(runtime, this.gates);
     this.authorization = new X402Authorization(
       runtime,

@@ -5,6 +5,7 @@ import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
 import {
   evaluateDailyLimit,
   evaluateStaticPolicy,
+  onBreachDefault,
   TOKEN_AUDIENCE,
   utcDay,
   WALLET_DECISION_TTL_SECONDS,
@@ -14,6 +15,7 @@ import {
 import type { Runtime } from '../../runtime.ts';
 import type { WalletDoc } from '../../store/ledger.ts';
 import { OtherKeyTaken, type PolicyVersionDoc } from '../../store/x402.ts';
+import { escalationStatus, type X402Escalations } from './escalations.ts';
 import { valueOf, type X402Gates } from './gates.ts';
 import type { X402Quotes } from './quotes.ts';
 import type { X402Tokens } from './tokens.ts';
@@ -24,6 +26,7 @@ export class X402WalletPolicies {
     private readonly gates: X402Gates,
     private readonly quotes: X402Quotes,
     private readonly tokens: X402Tokens,
+    private readonly escalations: X402Escalations,
   ) {}
 
   private get store() {
@@ -38,12 +41,14 @@ export class X402WalletPolicies {
 
   /** A new policy version, by insert: concurrent updates each get a version and the last one is in force. */
   async putPolicy(tenantId: string, walletId: string, policy: WalletPolicy): Promise<PolicyVersionDoc> {
-    await this.requireWallet(tenantId, walletId);
+    const wallet = await this.requireWallet(tenantId, walletId);
+    // What a breach does is written into the version, so a reader never has to know the wallet's kind.
+    const onBreach = policy.onBreach ?? onBreachDefault(wallet.kind);
     const doc = await this.store.policies.append(walletId, (version) => ({
       tenantId,
       walletId,
       version,
-      policy,
+      policy: { ...policy, onBreach },
       at: new Date(),
     }));
     await this.runtime.credentials.invalidate('policy', walletId); // every process reads the new version from now on
@@ -59,10 +64,11 @@ export class X402WalletPolicies {
   }
 
   async getPolicy(tenantId: string, walletId: string): Promise<PolicyVersionDoc> {
-    await this.requireWallet(tenantId, walletId);
-    const policy = await this.store.policyOf(walletId);
-    if (!policy) throw errors.notFound('policy');
-    return policy;
+    const wallet = await this.requireWallet(tenantId, walletId);
+    const doc = await this.store.policyOf(walletId);
+    if (!doc) throw errors.notFound('policy');
+    // A version written before onBreach existed behaves as its wallet's kind says (onBreachDefault).
+    return { ...doc, policy: { ...doc.policy, onBreach: doc.policy.onBreach ?? onBreachDefault(wallet.kind) } };
   }
 
   /**
@@ -144,7 +150,23 @@ export class X402WalletPolicies {
     const breach =
       evaluateStaticPolicy(version.policy, call) ??
       (await this.spendDaily(walletId, version.policy, decisionId, gate.amount, now, true));
-    if (breach) throw this.policyViolation(breach, walletId);
+    if (breach) {
+      // A sponsor's policy refuses unless it says to escalate: then a person may approve this one call, and the
+      // approval's override token stands in for this decision at authorize-payment.
+      if ((version.policy.onBreach ?? 'refuse') === 'refuse') throw this.policyViolation(breach, walletId);
+      const timeout = version.policy.escalationTimeoutSeconds ?? null;
+      const escalation = await this.escalations.escalate(gate, quote, walletId, breach, timeout);
+      throw x402Error(
+        'X402_AUTHORIZATION_ESCALATION_REQUIRED',
+        `${breach.message}; a person must approve this payment`,
+        {
+          escalationId: escalation.escalation._id,
+          status: escalationStatus(escalation),
+          rule: breach.rule,
+          walletId,
+        },
+      );
+    }
 
     const expiresAt = new Date(Math.min(now.getTime() + WALLET_DECISION_TTL_SECONDS * 1000, quote.expiresAt.getTime()));
     const token = await this.tokens.sign(

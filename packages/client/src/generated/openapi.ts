@@ -10467,6 +10467,8 @@ export interface operations {
                         allowedPayeeAgentIds: string[] | null;
                         allowedToolIds: string[] | null;
                         escalationTimeoutSeconds: number;
+                        /** @description what a call over a limit (currency, perCallLimit, dailyLimit, allowed payees or tools) gets: `escalate` raises an escalation a person approves or denies (409 `X402_AUTHORIZATION_ESCALATION_REQUIRED`), `refuse` answers 409 `X402_WALLET_POLICY_VIOLATION`. Default: `escalate` for an agent's own wallet (the payer's), `refuse` for a sponsor wallet. A sponsor wallet that escalates is approved in place of its decision: authorize-payment then takes the override token instead of the walletDecisionToken. Payment sessions never escalate: a sponsor's refusal there stays a refusal */
+                        onBreach: "escalate" | "refuse";
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -10584,6 +10586,8 @@ export interface operations {
                     allowedToolIds?: string[];
                     /** @description how long an escalation this policy raises waits for a person before it is denied by itself (deadline_passed) and its reserve returned; default 900 */
                     escalationTimeoutSeconds?: number;
+                    /** @description what a call over a limit (currency, perCallLimit, dailyLimit, allowed payees or tools) gets: `escalate` raises an escalation a person approves or denies (409 `X402_AUTHORIZATION_ESCALATION_REQUIRED`), `refuse` answers 409 `X402_WALLET_POLICY_VIOLATION`. Default: `escalate` for an agent's own wallet (the payer's), `refuse` for a sponsor wallet. A sponsor wallet that escalates is approved in place of its decision: authorize-payment then takes the override token instead of the walletDecisionToken. Payment sessions never escalate: a sponsor's refusal there stays a refusal */
+                    onBreach?: "escalate" | "refuse";
                 };
             };
         };
@@ -10603,6 +10607,8 @@ export interface operations {
                         allowedPayeeAgentIds: string[] | null;
                         allowedToolIds: string[] | null;
                         escalationTimeoutSeconds: number;
+                        /** @description what a call over a limit (currency, perCallLimit, dailyLimit, allowed payees or tools) gets: `escalate` raises an escalation a person approves or denies (409 `X402_AUTHORIZATION_ESCALATION_REQUIRED`), `refuse` answers 409 `X402_WALLET_POLICY_VIOLATION`. Default: `escalate` for an agent's own wallet (the payer's), `refuse` for a sponsor wallet. A sponsor wallet that escalates is approved in place of its decision: authorize-payment then takes the override token instead of the walletDecisionToken. Payment sessions never escalate: a sponsor's refusal there stays a refusal */
+                        onBreach: "escalate" | "refuse";
                         /**
                          * Format: date-time
                          * @description RFC 3339 UTC
@@ -10791,7 +10797,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_GATE_TERMINAL`, `X402_QUOTE_EXPIRED`, `X402_QUOTE_MISMATCH`, `X402_QUOTE_NOT_FOUND`, `X402_REQUEST_BINDING_MISMATCH`, `X402_WALLET_POLICY_VIOLATION`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_AUTHORIZATION_ESCALATION_REQUIRED`, `X402_GATE_TERMINAL`, `X402_QUOTE_EXPIRED`, `X402_QUOTE_MISMATCH`, `X402_QUOTE_NOT_FOUND`, `X402_REQUEST_BINDING_MISMATCH`, `X402_WALLET_POLICY_VIOLATION`. */
             409: {
                 headers: {
                     [name: string]: unknown;
