@@ -1,16 +1,21 @@
 # Production image: the service runs as compiled JavaScript (`node dist/main.js`), not through a TypeScript loader.
 FROM node:20-slim AS build
 WORKDIR /app
+# The client package is an npm workspace: npm ci links it, `npm run build` compiles it first, then the service.
 COPY package.json package-lock.json ./
+COPY packages/client/package.json ./packages/client/
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
+COPY packages/client ./packages/client
 COPY src ./src
 RUN npm run build
 
 FROM node:20-slim
 WORKDIR /app
 COPY package.json package-lock.json ./
+COPY packages/client/package.json ./packages/client/
 RUN npm ci --omit=dev --no-audit --no-fund
+COPY --from=build /app/packages/client/dist ./packages/client/dist
 COPY --from=build /app/dist ./dist
 COPY bin ./bin
 COPY src ./src

@@ -1,6 +1,8 @@
 import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
+  // tsconfig.json's paths: the client package is imported by name and run from its source.
+  resolve: { tsconfigPaths: true },
   test: {
     include: ['test/**/*.test.ts'],
     // test/faults/ stops and kills real servers and processes, and test/contract/ runs schemathesis against a service

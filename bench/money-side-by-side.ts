@@ -33,7 +33,7 @@
 // and deleted at the end), so that the backend's CPU is the targets' alone.
 import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { rmSync, symlinkSync } from 'node:fs';
+import { existsSync, rmSync, symlinkSync } from 'node:fs';
 import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { MongoClient } from 'mongodb';
@@ -111,6 +111,9 @@ interface Build {
  * carries only the JSON, and a build that meets someone's half-saved file prints its errors.
  */
 function compile(root: string): void {
+  // Since the client package became a workspace, the service's build needs the package's dist first.
+  if (existsSync(join(root, 'packages/client/scripts/build.mjs')))
+    execFileSync(process.execPath, ['packages/client/scripts/build.mjs'], { cwd: root, stdio: ['ignore', 2, 2] });
   execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
     cwd: root,
     stdio: ['ignore', 2, 2],

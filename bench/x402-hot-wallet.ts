@@ -1,10 +1,17 @@
-// A hot wallet (issue 40, item 1): the x402 gate flow (create -> quote -> authorize-payment -> verify, then GET until
-// decided) with every flow paid by ONE payer wallet, beside the same flow spread over one payer per client, at 4, 16
-// and 50 clients. Target: one payer at 50 clients reaches at least 0.9x the throughput and at most 1.1x the CPU per
-// flow of the many payers, with a flow p99 under 1.5 s. Prints JSON (also written to bench/results/x402-hot-wallet.json,
-// -shared-backend with --shared-backend) with the ratios measured in this one run and what fell short.
+// A hot wallet (issue 40, item 1): a money flow with every flow paid from ONE wallet, beside the same flow spread over
+// one wallet per client, at 4, 16 and 50 clients. Target: the one wallet at 50 clients reaches at least 0.9x the
+// throughput and at most 1.1x the CPU per flow of the many wallets, with a flow p99 under 1.5 s. Prints JSON (also
+// written to bench/results/<flow's file>.json, -shared-backend with --shared-backend) with the ratios measured in this
+// one run and what fell short. The flows (--flow):
+//   gate       (default) the x402 gate flow: create -> quote -> authorize-payment -> verify, then GET until decided;
+//              the hot wallet is the payer's
+//   sponsored  the same gate flow paid from a sponsor wallet, with the sponsor's wallet decision before the payment
+//              (POST /x402/wallets/:id/authorize); the hot wallet is the sponsor's
+//   run        run settlement: a run with settlement terms, one signed metric event, finalize, settle, then GET until
+//              the settlement completes; the hot wallet is the payer's
 //
-//   node --import tsx bench/x402-hot-wallet.ts [--flows 300] [--clients 4,16,50] [--shared-backend]
+//   node --import tsx bench/x402-hot-wallet.ts [--flow gate|sponsored|run] [--flows 300] [--clients 4,16,50]
+//     [--shared-backend]
 //
 // The service runs as production runs it (bench/production-service.ts: `node dist/main.js api` and `worker`, built
 // by tsc -p tsconfig.build.json) on a FerretDB and a Redis the bench starts for itself (bench/backend.ts), so their
@@ -16,6 +23,8 @@ import { createHash, randomUUID } from 'node:crypto';
 import { cpus, loadavg } from 'node:os';
 import { join } from 'node:path';
 import { MongoClient } from 'mongodb';
+import { newId } from '../src/domain/crypto.ts';
+import { EMPTY_HEAD, signEvents } from '../src/domain/event-chain.ts';
 import { sharedBackend, startOwnBackend, stopOwnBackend } from './backend.ts';
 import { CLOCK_TICKS_PER_SECOND, cpuTicks, stopChild, type Child } from './growth/processes.ts';
 import {
@@ -45,6 +54,13 @@ const CLIENTS = (process.argv.includes('--clients') ? process.argv[process.argv.
   .split(',')
   .map(Number);
 const OWN_BACKEND = !process.argv.includes('--shared-backend');
+const FLOW_KINDS = ['gate', 'sponsored', 'run'] as const;
+type FlowKind = (typeof FLOW_KINDS)[number];
+const FLOW = (process.argv.includes('--flow') ? process.argv[process.argv.indexOf('--flow') + 1] : 'gate') as FlowKind;
+if (!FLOW_KINDS.includes(FLOW)) throw new Error(`--flow must be one of ${FLOW_KINDS.join(', ')}`);
+const RESULT_NAME = { gate: 'x402-hot-wallet', sponsored: 'x402-hot-sponsor-wallet', run: 'run-settlement-hot-wallet' }[
+  FLOW
+];
 const MODES = ['onePayer', 'manyPayers'] as const;
 type Mode = (typeof MODES)[number];
 const CHUNKS = 6;
@@ -95,7 +111,7 @@ async function main(): Promise<void> {
     running.add(api).add(worker);
     const admin: Caller = { http, token: service.adminKey };
     const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench-hot-wallet' });
-    const scopes = ['agents:write', 'x402:write', 'x402:read', 'wallets:write'];
+    const scopes = ['agents:write', 'x402:write', 'x402:read', 'wallets:write', 'runs:write', 'runs:read'];
     const t: Caller = {
       http,
       token: (await call(admin, 'POST', '/ops/api-keys', { tenantId: tenant.tenantId, scopes })).token,
@@ -112,13 +128,15 @@ async function main(): Promise<void> {
         }
       }
     };
-    const pairs: Array<{ payer: string; payee: string }> = [];
+    type Payee = Awaited<ReturnType<typeof registerAgent>>;
+    const pairs: Array<{ payer: string; payee: string; payeeAgent: Payee; sponsor: string }> = [];
     for (let i = 0; i < most; i += 5) {
       pairs.push(
         ...(await Promise.all(
           Array.from({ length: Math.min(5, most - i) }, async (_, k) => {
             const payer = (await patiently(() => registerAgent(t, `payer${i + k}`))).agentId;
-            const payee = (await patiently(() => registerAgent(t, `payee${i + k}`))).agentId;
+            const payeeAgent = await patiently(() => registerAgent(t, `payee${i + k}`));
+            const payee = payeeAgent.agentId;
             await patiently(() =>
               call(
                 admin,
@@ -128,7 +146,29 @@ async function main(): Promise<void> {
                 [201],
               ),
             );
-            return { payer, payee };
+            // A sponsor wallet of its own per pair, with a policy whose limits the bench never reaches.
+            const sponsor = `sponsor-bench-${i + k}`;
+            if (FLOW === 'sponsored') {
+              await patiently(() =>
+                call(
+                  admin,
+                  'POST',
+                  `/ops/wallets/${sponsor}/credit`,
+                  { amount: 1_000_000_000, currency: 'USD', tenantId: tenant.tenantId, reference: 'bench-funds' },
+                  [201],
+                ),
+              );
+              await patiently(() =>
+                call(
+                  t,
+                  'PUT',
+                  `/x402/wallets/${sponsor}/policy`,
+                  { currency: 'USD', perCallLimit: 1_000_000, dailyLimit: 1_000_000_000 },
+                  [200],
+                ),
+              );
+            }
+            return { payer, payee, payeeAgent, sponsor };
           }),
         )),
       );
@@ -136,17 +176,62 @@ async function main(): Promise<void> {
     const post = (path: string, body: unknown, expect: number[]) =>
       call(t, 'POST', path, body, expect, { 'idempotency-key': randomUUID() });
     let seq = 0;
+    const runFlow = async (payer: string, payee: Payee) => {
+      const settlement = {
+        payerAgentId: payer,
+        amount: 100,
+        currency: 'USD',
+        holdbackBps: 0,
+        disputeWindowSeconds: 3_600,
+      };
+      const terms = { accuracy: { min: 0.9 } };
+      const { runId } = await post('/v1/runs', { agentId: payee.agentId, terms, settlement }, [201]);
+      const metric = { id: newId('evt'), runId, type: 'metric', at: new Date().toISOString() };
+      const [event] = signEvents(
+        [{ ...metric, payload: { name: 'accuracy', value: 1 } }],
+        EMPTY_HEAD,
+        payee.privateKey,
+        payee.keyId,
+      );
+      await post(`/v1/runs/${runId}/events`, { event }, [201]);
+      await post(`/v1/runs/${runId}/finalize`, undefined, [202]);
+      const started = Date.now();
+      const waitFor = async (path: string, done: (answer: any) => boolean) => {
+        while (!done(await call(t, 'GET', path))) {
+          if (Date.now() - started > POLL_LIMIT_MS) throw new Error(`${path} not done after ${POLL_LIMIT_MS} ms`);
+          await sleep(POLL_EVERY_MS);
+        }
+      };
+      await waitFor(`/v1/runs/${runId}`, (run) => run.status === 'finalized');
+      await post(`/v1/runs/${runId}/settle`, {}, [202]);
+      await waitFor(`/runs/${runId}/settlement`, (s) => {
+        if (s.status !== 'pending' && s.status !== 'completed') throw new Error(`run ${runId}: settlement ${s.status}`);
+        return s.status === 'completed';
+      });
+    };
     const flow = async (mode: Mode, client: number) => {
-      const payer = pairs[mode === 'onePayer' ? 0 : client]!.payer;
+      const hot = mode === 'onePayer' ? 0 : client;
+      const payer = pairs[FLOW === 'sponsored' ? client : hot]!.payer;
       const payee = pairs[client]!.payee;
+      if (FLOW === 'run') return runFlow(payer, pairs[client]!.payeeAgent);
+      const sponsor = FLOW === 'sponsored' ? { sponsorWalletId: pairs[hot]!.sponsor } : {};
       const seed = String(seq++);
       const { gateId } = await post(
         '/x402/gate/create',
-        { payerAgentId: payer, payeeAgentId: payee, amount: 100, currency: 'USD' },
+        { payerAgentId: payer, payeeAgentId: payee, amount: 100, currency: 'USD', ...sponsor },
         [201],
       );
       const { quoteId, requestSha256 } = await post('/x402/gate/quote', { gateId, requestSha256: sha(seed) }, [200]);
-      await post('/x402/gate/authorize-payment', { gateId, quoteId, requestSha256 }, [200]);
+      // A sponsored gate's payment carries the sponsor wallet's decision.
+      const decision =
+        FLOW === 'sponsored'
+          ? {
+              walletDecisionToken: (
+                await post(`/x402/wallets/${pairs[hot]!.sponsor}/authorize`, { gateId, quoteId, requestSha256 }, [200])
+              ).walletDecisionToken,
+            }
+          : {};
+      await post('/x402/gate/authorize-payment', { gateId, quoteId, requestSha256, ...decision }, [200]);
       const verified = await post(
         '/x402/gate/verify',
         { gateId, evidence: { responseSha256: sha(`response ${seed}`) } },
@@ -262,15 +347,22 @@ async function main(): Promise<void> {
         shortfalls.push(`one payer's flow p99 ${last.one.flowMs.p99} ms (target < ${TARGET.p99BelowMs} ms)`);
     }
     const out = {
-      benchmark: 'x402-hot-wallet',
+      benchmark: RESULT_NAME,
       at: new Date().toISOString(),
       node: process.version,
       target: `at ${top} clients, one payer over many payers: throughput >= ${TARGET.throughputAtLeast}x, total CPU per flow <= ${TARGET.cpuAtMost}x, one payer's flow p99 < ${TARGET.p99BelowMs} ms`,
       verdict: { met: shortfalls.length === 0, ...(shortfalls.length > 0 ? { shortfalls } : {}) },
       setup: {
-        flow: 'POST /x402/gate/create (100 USD, no holdback) -> quote -> authorize-payment -> verify, then GET /x402/gate/:id every 25 ms until decided; every POST with an Idempotency-Key of its own',
+        flow: {
+          gate: 'POST /x402/gate/create (100 USD, no holdback) -> quote -> authorize-payment -> verify, then GET /x402/gate/:id every 25 ms until decided',
+          sponsored:
+            'POST /x402/gate/create (100 USD from a sponsor wallet, no holdback) -> quote -> POST /x402/wallets/:sponsor/authorize -> authorize-payment -> verify, then GET /x402/gate/:id every 25 ms until decided',
+          run: 'POST /v1/runs (settlement: 100 USD, no holdback) -> POST one signed metric event -> finalize -> GET /v1/runs/:id until finalized -> POST settle -> GET /runs/:id/settlement until completed',
+        }[FLOW]!.concat('; every POST with an Idempotency-Key of its own'),
         modes:
-          'onePayer: every client pays from payer 0; manyPayers: client i pays from payer i; client i pays payee i in both',
+          FLOW === 'sponsored'
+            ? 'onePayer: every client pays from sponsor wallet 0; manyPayers: client i from sponsor wallet i; client i pays payee i from payer i in both'
+            : 'onePayer: every client pays from payer 0; manyPayers: client i pays from payer i; client i pays payee i in both',
         chunks: `${FLOWS} flows per mode and client count, in chunks alternating between the modes, each starting once API, worker, FerretDB and Redis are idle; ${2} uncounted chunks of 2 flows per client first`,
         processes:
           'node dist/main.js api + worker (NODE_ENV=production, production node flags); CPU from /proc/<pid>/stat per chunk',
@@ -286,7 +378,7 @@ async function main(): Promise<void> {
       ...results,
     };
     if (shortfalls.length > 0) log(`falls short: ${shortfalls.join('; ')}`);
-    writeResults(join(ROOT, `bench/results/x402-hot-wallet${OWN_BACKEND ? '' : '-shared-backend'}.json`), out, log);
+    writeResults(join(ROOT, `bench/results/${RESULT_NAME}${OWN_BACKEND ? '' : '-shared-backend'}.json`), out, log);
   } finally {
     await cleanup();
   }

@@ -1,6 +1,6 @@
-// Register → run → signed events → finalize → settle → verify, with agent-settlement/client only.
+// Register → run → signed events → finalize → settle → verify, with the agent-settlement-client package only.
 //   SETTLEMENT_URL=http://127.0.0.1:3000 SETTLEMENT_ADMIN_KEY=$(cat .data/admin-key) node --import tsx examples/quick-start.ts
-import { createSettlementClient } from 'agent-settlement/client';
+import { createSettlementClient } from 'agent-settlement-client';
 
 const baseUrl = process.env.SETTLEMENT_URL ?? 'http://127.0.0.1:3000';
 // The admin key sets up a tenant, its API key and money; everything after it is what a tenant does with its own key.

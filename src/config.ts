@@ -1,4 +1,5 @@
 import { hkdfSync } from 'node:crypto';
+import { MongoClient } from 'mongodb';
 import {
   DEFAULT_LEGACY_NETWORKS_UNTIL,
   DEFAULT_X402_NETWORK,
@@ -211,6 +212,22 @@ function origins(env: Env, name: string): string[] {
   });
 }
 
+/**
+ * A MongoDB connection string and the database its path names. A replica set's seed list
+ * (`mongodb://db1:27017,db2:27017/agent_settlement?replicaSet=rs0`) is no WHATWG URL, so the driver's own parser
+ * judges the string (a client built here opens no connection).
+ */
+function mongoUrl(env: Env): { url: string; db: string } {
+  const value = str(env, 'MONGO_URL', 'mongodb://127.0.0.1:27027/agent_settlement');
+  if (!/^mongodb(\+srv)?:\/\//.test(value)) throw new ConfigError('MONGO_URL', 'must use mongodb: or mongodb+srv:');
+  try {
+    new MongoClient(value);
+  } catch (err) {
+    throw new ConfigError('MONGO_URL', `is not a valid MongoDB connection string (${(err as Error).message})`);
+  }
+  return { url: value, db: decodeURIComponent(/^[^/]+\/\/[^/]*\/([^?]*)/.exec(value)?.[1] ?? '') };
+}
+
 /** One server (`redis://`, `rediss://`) or a cluster by some of its nodes (`redis+cluster://host:port,host:port`). */
 function redisUrl(env: Env): string {
   const value = str(env, 'REDIS_URL', 'redis://127.0.0.1:6390');
@@ -227,8 +244,7 @@ export function loadConfig(env: Env = process.env): Config {
   if (nodeEnv !== 'development' && nodeEnv !== 'test' && nodeEnv !== 'production') {
     throw new ConfigError('NODE_ENV', `must be development, test or production, got "${nodeEnv}"`);
   }
-  const mongoUrl = url(env, 'MONGO_URL', 'mongodb://127.0.0.1:27027/agent_settlement', ['mongodb:', 'mongodb+srv:']);
-  const dbFromUrl = new URL(mongoUrl).pathname.replace(/^\//, '');
+  const { url: mongoUrlValue, db: dbFromUrl } = mongoUrl(env);
   const adminKey = str(env, 'SERVICE_ADMIN_KEY');
   if (adminKey.length < 32) throw new ConfigError('SERVICE_ADMIN_KEY', 'must be at least 32 characters');
   const redisPrefix = str(env, 'REDIS_PREFIX', 'as');
@@ -308,7 +324,7 @@ export function loadConfig(env: Env = process.env): Config {
     host: str(env, 'HOST', '127.0.0.1'),
     port,
     logLevel,
-    mongoUrl,
+    mongoUrl: mongoUrlValue,
     mongoDb: str(env, 'MONGO_DB', dbFromUrl || 'agent_settlement'),
     mongoServerSelectionTimeoutMs: int(env, 'MONGO_SERVER_SELECTION_TIMEOUT_MS', 800, 100, 60_000),
     mongoCommandMonitoring: bool(env, 'MONGO_COMMAND_MONITORING', false),

@@ -11,4 +11,4 @@ it('every source file is formatted by prettier (npm run format:check)', () => {
   });
   expect(result.stdout.trim().split('\n').filter(Boolean)).toEqual([]);
   expect(result.status).toBe(0);
-}, 120_000);
+}, 600_000);

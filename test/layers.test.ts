@@ -4,7 +4,8 @@ import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 
 // The layers (README "Architecture"): http and workers on top, services in the middle, store and queues below,
-// domain at the bottom. These checks keep imports pointing one way.
+// domain, and under it the client package (packages/client, imported by its name), at the bottom. These checks keep
+// imports pointing one way.
 const root = fileURLToPath(new URL('..', import.meta.url));
 
 function files(dir: string): string[] {
@@ -14,11 +15,22 @@ function files(dir: string): string[] {
   });
 }
 
-/** Project files a file imports, as paths relative to the repository root. */
-function imports(file: string): string[] {
+/** Every module a file imports or re-exports, as written. */
+function specifiers(file: string): string[] {
   const text = readFileSync(join(root, file), 'utf8');
-  const specifiers = [...text.matchAll(/^\s*(?:import|export)(?:[^'"]*?from\s+)?'(\.[^']+)'/gm)].map((m) => m[1]!);
-  return specifiers.map((s) => relative(root, join(root, file, '..', s)));
+  return [...text.matchAll(/^\s*(?:import|export)\s*(?:[^'"]*?from\s+)?'([^']+)'/gm)].map((m) => m[1]!);
+}
+
+const CLIENT_PACKAGE = 'agent-settlement-client';
+
+/** Project files a file imports, as paths relative to the repository root (the client package by its source). */
+function imports(file: string): string[] {
+  return specifiers(file).flatMap((s) => {
+    if (s.startsWith('.')) return [relative(root, join(root, file, '..', s))];
+    if (s === CLIENT_PACKAGE) return ['packages/client/src/index.ts'];
+    if (s.startsWith(`${CLIENT_PACKAGE}/`)) return [`packages/client/src/${s.slice(CLIENT_PACKAGE.length + 1)}.ts`];
+    return [];
+  });
 }
 
 describe('layers', () => {
@@ -62,8 +74,10 @@ describe('layers', () => {
     expect(offenders).toEqual([]);
   });
 
-  it('no import circle in src (type imports included)', () => {
-    const graph = new Map(files('src').map((f) => [f, imports(f).filter((i) => i.endsWith('.ts'))]));
+  it('no import circle in src and the client package (type imports included)', () => {
+    const graph = new Map(
+      [...files('src'), ...files('packages/client/src')].map((f) => [f, imports(f).filter((i) => i.endsWith('.ts'))]),
+    );
     const circles: string[] = [];
     const state = new Map<string, 'open' | 'done'>();
     const visit = (file: string, path: string[]) => {
@@ -80,10 +94,10 @@ describe('layers', () => {
     expect(circles).toEqual([]);
   });
 
-  it('domain imports nothing outside itself', () => {
+  it('domain imports nothing outside itself but the client package', () => {
     const offenders = files('src/domain').flatMap((f) =>
       imports(f)
-        .filter((i) => !i.startsWith('src/domain/'))
+        .filter((i) => !i.startsWith('src/domain/') && !i.startsWith('packages/client/src/'))
         .map((i) => `${f} -> ${i}`),
     );
     expect(offenders).toEqual([]);
@@ -92,18 +106,30 @@ describe('layers', () => {
   it('the x402 scheme packages (run in other processes) import only pure domain modules and each other', () => {
     const offenders = files('src/x402').flatMap((f) =>
       imports(f)
-        .filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/x402/'))
+        .filter(
+          (i) => !i.startsWith('src/domain/') && !i.startsWith('src/x402/') && !i.startsWith('packages/client/src/'),
+        )
         .map((i) => `${f} -> ${i}`),
     );
     expect(offenders).toEqual([]);
   });
 
-  it("the client (agent-settlement/client, run in users' processes) imports only pure domain modules, the webhook verifier and itself", () => {
-    const offenders = files('src/client').flatMap((f) =>
-      imports(f)
-        .filter((i) => !i.startsWith('src/domain/') && !i.startsWith('src/client/') && i !== 'src/webhooks/verify.ts')
-        .map((i) => `${f} -> ${i}`),
+  it("the client package (run in users' processes) imports nothing from src/ and no server dependency", () => {
+    const own = files('packages/client/src');
+    const offenders = own.flatMap((f) =>
+      specifiers(f)
+        .filter((s) =>
+          s.startsWith('.')
+            ? !relative(root, join(root, f, '..', s)).startsWith('packages/client/src/')
+            : !s.startsWith('node:') && s !== 'openapi-fetch',
+        )
+        .map((s) => `${f} -> ${s}`),
     );
+    expect(own.length).toBeGreaterThan(10);
     expect(offenders).toEqual([]);
+    // What an install of the package brings: openapi-fetch (and its one helper package), nothing of the service.
+    const manifest = JSON.parse(readFileSync(join(root, 'packages/client/package.json'), 'utf8'));
+    expect(Object.keys(manifest.dependencies ?? {})).toEqual(['openapi-fetch']);
+    expect(manifest.peerDependencies ?? {}).toEqual({});
   });
 });

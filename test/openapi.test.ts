@@ -12,7 +12,7 @@ describe('openapi/openapi.json', () => {
     expect(readFileSync(OPENAPI_PATH, 'utf8')).toBe(generated);
   });
 
-  it('and the client types (src/client/generated/) match the document (run `npm run openapi`)', async () => {
+  it("and the client package's types (packages/client/src/generated/) match the document (run `npm run openapi`)", async () => {
     const files = await generateClientFiles(readFileSync(OPENAPI_PATH, 'utf8'));
     expect(Object.keys(files).length).toBe(2);
     for (const [path, text] of Object.entries(files)) expect(readFileSync(path, 'utf8'), path).toBe(text);

@@ -10,4 +10,4 @@ it('typechecks under TypeScript strict (tsc --noEmit)', () => {
   });
   expect(result.stdout + result.stderr).toBe('');
   expect(result.status).toBe(0);
-}, 120_000);
+}, 600_000);

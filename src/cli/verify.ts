@@ -3,14 +3,15 @@
 import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import { ARTIFACT_CHECKS, verifyArtifact } from '../domain/artifact.ts';
-import type { ArtifactCheck, ArtifactVerification } from '../domain/artifact.ts';
+// The checks are the client package's: the verifier a user installs runs exactly this code.
+import { ARTIFACT_CHECKS, verifyArtifact } from 'agent-settlement-client/artifact';
+import type { ArtifactCheck, ArtifactVerification } from 'agent-settlement-client/artifact';
 import {
   STATEMENT_CHECKS,
   verifyStatement,
   type StatementCheck,
   type StatementVerification,
-} from '../domain/x402-sessions.ts';
+} from 'agent-settlement-client/statement';
 
 export const EXIT_OK = 0;
 export const EXIT_FAILED = 1;

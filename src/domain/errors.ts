@@ -17,21 +17,77 @@ export class ServiceError extends Error {
   }
 }
 
+/**
+ * Every error code this service answers with and its one status (the x402 gate's codes are below). A code's status
+ * is decided here, never where the error is thrown: `serviceError(code, ...)`. VALIDATION_FAILED is the one code with
+ * a second status: 422 through `errors.unprocessable` (see the comment at the top).
+ */
+export const ERROR_STATUS = {
+  BAD_REQUEST: 400,
+  VALIDATION_FAILED: 400,
+  SIGNATURE_INVALID: 400,
+  INVALID_IDEMPOTENCY_KEY: 400,
+  UNAUTHENTICATED: 401,
+  INSUFFICIENT_FUNDS: 402,
+  FORBIDDEN: 403,
+  NOT_FOUND: 404,
+  METHOD_NOT_ALLOWED: 405,
+  REQUEST_TIMEOUT: 408,
+  AGENT_EXISTS: 409,
+  AGENT_NAMESPACE_TAKEN: 409,
+  KEY_EXISTS: 409,
+  CHAIN_CONFLICT: 409,
+  TRANSITION_ILLEGAL: 409,
+  BALANCE_LIMIT: 409,
+  IDEMPOTENCY_IN_PROGRESS: 409,
+  AUDIT_IN_PROGRESS: 409,
+  WEBHOOK_DELIVERY_PENDING: 409,
+  WEBHOOK_ENDPOINT_PULL: 409,
+  WEBHOOK_ENDPOINT_DISABLED: 409,
+  BODY_TOO_LARGE: 413,
+  URI_TOO_LONG: 414,
+  UNSUPPORTED_MEDIA_TYPE: 415,
+  IDEMPOTENCY_KEY_REUSED: 422,
+  WEBHOOK_DESTINATION_REFUSED: 422,
+  RATE_LIMITED: 429,
+  HEADERS_TOO_LARGE: 431,
+  INTERNAL: 500,
+  SETTLD_API_CALL_FAILED: 502,
+  MCP_SMOKE_TEST_FAILED: 502,
+  UNAVAILABLE: 503,
+} as const;
+
+export type ErrorCode = keyof typeof ERROR_STATUS | X402ErrorCode;
+
+/** The status of any code this service answers with. */
+export function statusOf(code: ErrorCode): number {
+  return code in ERROR_STATUS
+    ? ERROR_STATUS[code as keyof typeof ERROR_STATUS]
+    : X402_ERROR_STATUS[code as X402ErrorCode];
+}
+
+/** An error with one of the contract's codes, at that code's status. */
+export function serviceError(code: ErrorCode, message: string, details?: ErrorDetails): ServiceError {
+  return new ServiceError(statusOf(code), code, message, details);
+}
+
+type ConflictCode = {
+  [C in keyof typeof ERROR_STATUS]: (typeof ERROR_STATUS)[C] extends 409 ? C : never;
+}[keyof typeof ERROR_STATUS];
+
 export const errors = {
-  validation: (message: string, details?: ErrorDetails) => new ServiceError(400, 'VALIDATION_FAILED', message, details),
+  validation: (message: string, details?: ErrorDetails) => serviceError('VALIDATION_FAILED', message, details),
   unprocessable: (message: string, details?: ErrorDetails) =>
     new ServiceError(422, 'VALIDATION_FAILED', message, details),
-  unauthenticated: (message = 'missing or invalid credential') => new ServiceError(401, 'UNAUTHENTICATED', message),
+  unauthenticated: (message = 'missing or invalid credential') => serviceError('UNAUTHENTICATED', message),
   forbidden: (scope: string) =>
-    new ServiceError(403, 'FORBIDDEN', `this credential lacks the scope ${scope}`, { requiredScope: scope }),
-  notFound: (what = 'resource') => new ServiceError(404, 'NOT_FOUND', `${what} not found`),
-  conflict: (code: string, message: string, details?: ErrorDetails) => new ServiceError(409, code, message, details),
+    serviceError('FORBIDDEN', `this credential lacks the scope ${scope}`, { requiredScope: scope }),
+  notFound: (what = 'resource') => serviceError('NOT_FOUND', `${what} not found`),
+  conflict: (code: ConflictCode, message: string, details?: ErrorDetails) => serviceError(code, message, details),
   /** A webhook send (test, resend, recovery) to an address the SSRF guard refuses, as deliveries would be. */
-  destinationRefused: (message: string) => new ServiceError(422, 'WEBHOOK_DESTINATION_REFUSED', message),
-  transitionIllegal: (message: string, status: string) =>
-    new ServiceError(409, 'TRANSITION_ILLEGAL', message, { status }),
-  unavailable: (message = 'a backing service is unavailable; retry shortly') =>
-    new ServiceError(503, 'UNAVAILABLE', message),
+  destinationRefused: (message: string) => serviceError('WEBHOOK_DESTINATION_REFUSED', message),
+  transitionIllegal: (message: string, status: string) => serviceError('TRANSITION_ILLEGAL', message, { status }),
+  unavailable: (message = 'a backing service is unavailable; retry shortly') => serviceError('UNAVAILABLE', message),
 };
 
 /**
@@ -73,5 +129,5 @@ export const X402_ERROR_STATUS = {
 export type X402ErrorCode = keyof typeof X402_ERROR_STATUS;
 
 export function x402Error(code: X402ErrorCode, message: string, details?: ErrorDetails): ServiceError {
-  return new ServiceError(X402_ERROR_STATUS[code], code, message, details);
+  return serviceError(code, message, details);
 }

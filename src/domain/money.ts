@@ -43,3 +43,12 @@ export class MoneyInvariantError extends Error {
 export function assertMoney(holds: boolean, what: string): asserts holds {
   if (!holds) throw new MoneyInvariantError(`money invariant broken: ${what}`);
 }
+
+/**
+ * A fact money relies on that must be there: the winner read back after a unique insert lost, the terms a run was
+ * settled under. Missing, it stops the path with a MoneyInvariantError naming `what`, instead of a TypeError later.
+ */
+export function recorded<T>(value: T | null | undefined, what: string): T {
+  assertMoney(value !== null && value !== undefined, `${what} is not recorded`);
+  return value;
+}

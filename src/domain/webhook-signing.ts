@@ -116,16 +116,8 @@ export function retryDelayMs(
   return Math.max(0, Math.round(Math.max(jittered, floor)));
 }
 
-/** Retry-After as delta-seconds or an HTTP date; null when absent or unreadable. */
-export function parseRetryAfter(value: string | undefined | null, now: number = Date.now()): number | null {
-  if (value === undefined || value === null) return null;
-  const text = value.trim();
-  if (text === '') return null;
-  if (/^\d+$/.test(text)) return Number(text) * SECOND;
-  const date = Date.parse(text);
-  if (Number.isNaN(date)) return null;
-  return Math.max(0, date - now);
-}
+// Receivers' Retry-After is read as the client package reads the service's.
+export { parseRetryAfter } from 'agent-settlement-client/retry-after';
 
 // ---------------------------------------------------------------------------------------------------------------
 // Addresses (SSRF guard)

@@ -1,6 +1,6 @@
 import { isUtf8 } from 'node:buffer';
 import { randomBytes } from 'node:crypto';
-import { errors } from '../domain/errors.ts';
+import { errors, serviceError } from '../domain/errors.ts';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import Fastify, {
   LogController,
@@ -103,23 +103,19 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
     frameworkErrors: (err, request, reply) => {
       reply.header('x-request-id', request.id);
       if ((request.raw.url?.length ?? 0) > MAX_URL_LENGTH) {
-        return sendError(
-          request,
-          reply,
-          new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`),
-        );
+        return sendError(request, reply, serviceError('URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`));
       }
       if (err.code === 'FST_ERR_BAD_URL') {
         return sendError(
           request,
           reply,
-          new ServiceError(400, 'VALIDATION_FAILED', 'the URL is not valid percent-encoding', {
+          serviceError('VALIDATION_FAILED', 'the URL is not valid percent-encoding', {
             errors: [{ path: 'url', message: 'malformed percent-encoding' }],
           }),
         );
       }
       if (err.code === 'FST_ERR_MAX_PARAM_LENGTH') {
-        return sendError(request, reply, new ServiceError(404, 'NOT_FOUND', 'no such resource'));
+        return sendError(request, reply, serviceError('NOT_FOUND', 'no such resource'));
       }
       return sendError(request, reply, err);
     },
@@ -168,11 +164,7 @@ export async function buildApp(runtime: Runtime, options: AppOptions = {}): Prom
   app.addHook('onRequest', async (request, reply) => {
     reply.header('x-request-id', request.id);
     if (request.raw.url && request.raw.url.length > MAX_URL_LENGTH) {
-      return sendError(
-        request,
-        reply,
-        new ServiceError(414, 'URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`),
-      );
+      return sendError(request, reply, serviceError('URI_TOO_LONG', `the URL exceeds ${MAX_URL_LENGTH} bytes`));
     }
   });
 

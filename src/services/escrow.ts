@@ -1,7 +1,7 @@
 import { errors, ServiceError } from '../domain/errors.ts';
 import { settlementSubject } from '../domain/events.ts';
 import { failpoint } from '../domain/failpoints.ts';
-import { MoneyInvariantError } from '../domain/money.ts';
+import { MoneyInvariantError, recorded } from '../domain/money.ts';
 import type { Runtime } from '../runtime.ts';
 import { bucketMove, RUN_GRACE_MS, type LedgerEntryDoc, type Leg } from '../store/ledger.ts';
 import type { RunSettlementTerms } from '../store/runs.ts';
@@ -176,7 +176,7 @@ export async function captureRunReserve(
  */
 export async function reconcileRunReserve(runtime: Runtime, lock: LedgerEntryDoc): Promise<boolean> {
   const { ledger, reserves, runs } = runtime.stores;
-  const runId = lock.ref.runId!;
+  const runId = recorded(lock.ref.runId, `the run of reserve ${lock.entryId}`);
   const [run, known] = await Promise.all([runs.getAny(runId), reserves.fateOf(lock.entryId)]);
   let fate = known;
   if (!fate) {

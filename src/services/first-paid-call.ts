@@ -7,7 +7,7 @@ import { createLocalJWKSet, jwtVerify, type JSONWebKeySet } from 'jose';
 import { tenantNamespace } from '../domain/agent-ids.ts';
 import { canonicalize } from '../domain/canonical-json.ts';
 import { newId, parsePrivateKey, publicKeyOf, sha256Hex } from '../domain/crypto.ts';
-import { errors, ServiceError } from '../domain/errors.ts';
+import { errors, serviceError } from '../domain/errors.ts';
 import type { Scope } from '../domain/scopes.ts';
 import type { Runtime } from '../runtime.ts';
 import { isDuplicateKey } from '../store/mongo.ts';
@@ -367,8 +367,7 @@ export async function runFirstPaidCall(
     // same Idempotency-Key and the attempt resumes at that step. Saying 502 would send them looking for a defect.
     if (err.status === 429 || err.status === 503) {
       const code = err.status === 429 ? 'RATE_LIMITED' : 'UNAVAILABLE';
-      throw new ServiceError(
-        err.status,
+      throw serviceError(
         code,
         `the first paid call must wait at ${err.step}: ${err.message}; retry with the same Idempotency-Key to resume`,
         {
@@ -379,7 +378,7 @@ export async function runFirstPaidCall(
         },
       );
     }
-    throw new ServiceError(502, 'SETTLD_API_CALL_FAILED', `the first paid call failed at ${err.step}: ${err.message}`, {
+    throw serviceError('SETTLD_API_CALL_FAILED', `the first paid call failed at ${err.step}: ${err.message}`, {
       step: err.step,
       attemptId,
       status: err.status,

@@ -4,7 +4,7 @@
 import { fileURLToPath } from 'node:url';
 import { signBuyerSession, type BuyerSession } from '../domain/buyer-session.ts';
 import { decryptAtRest, encryptAtRest, newId } from '../domain/crypto.ts';
-import { errors, ServiceError } from '../domain/errors.ts';
+import { errors, ServiceError, serviceError } from '../domain/errors.ts';
 import {
   mcpHttpConfig,
   mcpLaunch,
@@ -143,7 +143,7 @@ export async function runSmokeTest(runtime: Runtime, tenantId: string, env: McpE
       if (done) return done;
       await new Promise((resolve) => setTimeout(resolve, SMOKE_POLL_MS));
     }
-    throw new ServiceError(502, 'MCP_SMOKE_TEST_FAILED', 'no worker finished the smoke test in time', {
+    throw serviceError('MCP_SMOKE_TEST_FAILED', 'no worker finished the smoke test in time', {
       step: 'timeout',
       smokeTestId,
       waitedMs: waitMs,
@@ -157,8 +157,7 @@ export async function runSmokeTest(runtime: Runtime, tenantId: string, env: McpE
 export async function smokeTest(runtime: Runtime, tenantId: string, env: McpEnv): Promise<SmokeTestDoc> {
   const doc = await runSmokeTest(runtime, tenantId, env);
   if (!doc.outcome.passed) {
-    throw new ServiceError(
-      502,
+    throw serviceError(
       'MCP_SMOKE_TEST_FAILED',
       `the MCP smoke test failed at ${doc.outcome.failedStep}: ${doc.outcome.error?.message ?? 'unknown'}`,
       {

@@ -2,7 +2,7 @@ import { ArtifactBuildError, buildArtifact } from '../domain/artifact.ts';
 import { CanonicalJsonError } from '../domain/canonical-json.ts';
 import { assertClientJsonDepth } from '../domain/client-json.ts';
 import { idFromIdempotency, newId, publicKeyFromRaw } from '../domain/crypto.ts';
-import { errors, ServiceError } from '../domain/errors.ts';
+import { errors, ServiceError, serviceError } from '../domain/errors.ts';
 import { createHmac, type KeyObject } from 'node:crypto';
 import {
   attestationHolds,
@@ -209,7 +209,7 @@ async function appendToRun(
     if (check.code === 'CHAIN_CONFLICT') {
       throw errors.conflict('CHAIN_CONFLICT', check.message, { head, eventId: check.eventId, index: check.index });
     }
-    throw new ServiceError(400, 'SIGNATURE_INVALID', check.message, {
+    throw serviceError('SIGNATURE_INVALID', check.message, {
       reason: check.reason,
       eventId: check.eventId,
       index: check.index,

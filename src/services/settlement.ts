@@ -2,7 +2,7 @@ import { canonicalize } from '../domain/canonical-json.ts';
 import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { settlementSubject } from '../domain/events.ts';
-import { assertMoney } from '../domain/money.ts';
+import { assertMoney, recorded } from '../domain/money.ts';
 import { receiptMoney, signReceipt } from '../domain/receipt.ts';
 import {
   assertDecisionSplit,
@@ -77,7 +77,7 @@ export async function settleRun(
     );
     if (canonicalize(run.settlement) !== canonicalize(offered)) throw otherTerms(run);
   }
-  const terms = run.settlement!;
+  const terms = recorded(run.settlement, `the settlement terms of run ${run._id}`);
   const s = await settlements.createOrGet({
     tenantId,
     runId: run._id,

@@ -1,5 +1,5 @@
 import type { Collection, Db } from 'mongodb';
-import { ServiceError, errors } from '../domain/errors.ts';
+import { errors, ServiceError, serviceError } from '../domain/errors.ts';
 import { namespaceOf, SHARED_NAMESPACE } from '../domain/agent-ids.ts';
 import { insertFirst } from './mongo.ts';
 
@@ -93,7 +93,7 @@ export class AgentStore {
     // An agent registered before namespaces were claimed may be another tenant's: refused as its namespace would be.
     const existing = await this.agents.findOne({ _id: agent._id });
     if (existing && existing.tenantId !== tenantId) throw namespaceTaken(namespace);
-    throw new ServiceError(409, 'AGENT_EXISTS', `agent ${agent._id} already exists`);
+    throw serviceError('AGENT_EXISTS', `agent ${agent._id} already exists`);
   }
 
   /** The agent if it belongs to the tenant (looked up by id alone; another tenant's agent is simply not found). */
@@ -121,7 +121,7 @@ export class AgentStore {
     const agent = await this.get(tenantId, agentId);
     if (!agent) throw errors.notFound('agent');
     if (Object.hasOwn(agent.keys, key.keyId)) {
-      throw new ServiceError(409, 'KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, {
+      throw serviceError('KEY_EXISTS', `key ${key.keyId} is already registered for this agent`, {
         keyId: key.keyId,
       });
     }
@@ -150,8 +150,7 @@ export class AgentStore {
 }
 
 function namespaceTaken(namespace: string): ServiceError {
-  return new ServiceError(
-    409,
+  return serviceError(
     'AGENT_NAMESPACE_TAKEN',
     `the namespace "${namespace}" belongs to another tenant; register agents in a namespace of your own`,
     { namespace },

@@ -1,5 +1,6 @@
+import { recorded } from '../domain/money.ts';
 import type { Collection, Db } from 'mongodb';
-import { errors, ServiceError } from '../domain/errors.ts';
+import { errors, ServiceError, serviceError } from '../domain/errors.ts';
 import { failpoint } from '../domain/failpoints.ts';
 import type { LedgerDueIndex } from './ledger-due.ts';
 import { insertFirst, insertInOrder, isDuplicateKey, RECONCILIATION_COMMENT } from './mongo.ts';
@@ -219,7 +220,7 @@ function remember(memo: Set<string>, key: string): void {
 }
 
 function insufficientFunds(walletId: string, currency: string, needed: number, available: number) {
-  return new ServiceError(402, 'INSUFFICIENT_FUNDS', `wallet ${walletId} cannot cover ${needed} ${currency}`, {
+  return serviceError('INSUFFICIENT_FUNDS', `wallet ${walletId} cannot cover ${needed} ${currency}`, {
     walletId,
     currency,
     needed,
@@ -325,7 +326,7 @@ export class LedgerStore {
 
   async ensureWallet(walletId: string, tenantId: string, kind: WalletDoc['kind']): Promise<WalletDoc> {
     await insertFirst(this.wallets, { _id: walletId, tenantId, kind, createdAt: new Date() }); // or it already exists
-    return (await this.wallets.findOne({ _id: walletId }))!;
+    return recorded(await this.wallets.findOne({ _id: walletId }), `wallet ${walletId}`);
   }
 
   getWallet(walletId: string): Promise<WalletDoc | null> {
@@ -373,8 +374,7 @@ export class LedgerStore {
     const over = entry.legs.findIndex((l, i) => l.delta > 0 && !Number.isSafeInteger(heads[i]!.balance + l.delta));
     if (over >= 0) {
       await this.due.entryDone(marker);
-      throw new ServiceError(
-        409,
+      throw serviceError(
         'BALANCE_LIMIT',
         `wallet ${entry.legs[over]!.walletId} would hold more ${entry.currency} than this ledger can count`,
         { walletId: entry.legs[over]!.walletId, currency: entry.currency },
@@ -768,7 +768,7 @@ export class LedgerStore {
 
       const balanceAfter = end.balance + spec.delta;
       if (!Number.isSafeInteger(balanceAfter))
-        throw new ServiceError(409, 'BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
+        throw serviceError('BALANCE_LIMIT', `balance of ${account} would exceed the largest safe integer`);
       if (end.seq === 0) await this.ensureCurrency(spec.walletId, attempt.currency); // before the chain can exist
       const posting = this.postingAt(attempt, leg, spec, account, end, balanceAfter < 0);
       // A fresh attempt's marker would only spare a walk to whoever finishes the attempt again (after a crash,

@@ -1,3 +1,4 @@
+import { recorded } from '../domain/money.ts';
 import type { Collection, Db } from 'mongodb';
 import { insertFirst } from './mongo.ts';
 
@@ -27,7 +28,7 @@ export class ReserveStore {
   async claim(lockEntryId: string, fate: ReserveFateDoc['fate'], by: string): Promise<ReserveFateDoc> {
     const doc: ReserveFateDoc = { _id: lockEntryId, fate, by, at: new Date() };
     if (await insertFirst(this.fates, doc)) return doc;
-    return (await this.fates.findOne({ _id: lockEntryId }))!;
+    return recorded(await this.fates.findOne({ _id: lockEntryId }), `the fate of reserve ${lockEntryId}`);
   }
 
   fateOf(lockEntryId: string): Promise<ReserveFateDoc | null> {

@@ -3,7 +3,7 @@ import type { RedisClient } from '../redis.ts';
 import { canonicalize } from '../domain/canonical-json.ts';
 import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
-import { errors, ServiceError } from '../domain/errors.ts';
+import { errors, serviceError } from '../domain/errors.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
 import { DueWorkStore } from './due-work.ts';
 import { EventIdIndex } from './event-id-index.ts';
@@ -171,7 +171,7 @@ export class RunStore {
       const existing = (await this.runs.findOne({ _id: run._id }))!;
       const same = (r: RunDoc) => canonicalize({ t: r.tenantId, a: r.agentId, terms: r.terms, s: r.settlement });
       if (same(existing) !== same(run))
-        throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
+        throw serviceError('IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
       return existing;
     }
     this.remember(run._id, { head: { seq: 0, chainHash: null }, sealed: false }); // a new run starts empty

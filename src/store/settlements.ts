@@ -1,3 +1,4 @@
+import { recorded } from '../domain/money.ts';
 import type { Collection, Db } from 'mongodb';
 import type { RedisClient } from '../redis.ts';
 import { sha256Hex } from '../domain/crypto.ts';
@@ -101,7 +102,7 @@ export class SettlementStore {
     };
     await this.due.mark(_id, input.tenantId, new Date()); // due before it exists: a crash leaves it findable
     await this.listed.add(settlementListEntry(doc));
-    return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(_id))!;
+    return (await insertFirst(this.settlements, doc)) ? doc : recorded(await this.get(_id), `settlement ${_id}`);
   }
 
   /**
@@ -119,7 +120,9 @@ export class SettlementStore {
       createdAt: new Date(),
     };
     await this.listed.add(settlementListEntry(doc));
-    return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
+    return (await insertFirst(this.settlements, doc))
+      ? doc
+      : recorded(await this.get(settlementId), `settlement ${settlementId}`);
   }
 
   /**
@@ -137,7 +140,9 @@ export class SettlementStore {
       createdAt: new Date(),
     };
     await this.listed.add(settlementListEntry(doc));
-    return (await insertFirst(this.settlements, doc)) ? doc : (await this.get(settlementId))!;
+    return (await insertFirst(this.settlements, doc))
+      ? doc
+      : recorded(await this.get(settlementId), `settlement ${settlementId}`);
   }
 
   get(settlementId: string): Promise<SettlementDoc | null> {
@@ -173,7 +178,7 @@ export class SettlementStore {
     if (await insertFirst(this.facts, { _id, settlementId, kind, data, at: new Date() }))
       return { won: true, fact: data };
     const winner = await this.facts.findOne({ _id });
-    return { won: false, fact: winner!.data };
+    return { won: false, fact: recorded(winner, `settlement fact ${_id}`).data };
   }
 
   /**

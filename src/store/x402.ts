@@ -1,3 +1,4 @@
+import { recorded } from '../domain/money.ts';
 import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb';
 import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/x402.ts';
 import type { RedisClient } from '../redis.ts';
@@ -471,7 +472,7 @@ export class X402Store {
   /** Claims the gate's commitment and hands back whichever commitment won. */
   private async commit(commitment: CommitmentDoc): Promise<CommitmentDoc> {
     if (await this.claimCommitment(commitment)) return commitment;
-    return (await this.commitmentOf(commitment._id))!;
+    return recorded(await this.commitmentOf(commitment._id), `commitment ${commitment._id}`);
   }
 
   /** The gate's payment authorization, if the gate had no commitment yet: whether it is now the gate's. */
@@ -508,7 +509,10 @@ export class X402Store {
   /** Claims the gate's verification slot (first writer wins): whether this one won, and the one that did. */
   async recordVerification(verification: VerificationDoc): Promise<{ won: boolean; verification: VerificationDoc }> {
     if (await insertFirst(this.verifications, verification)) return { won: true, verification };
-    return { won: false, verification: (await this.verificationOf(verification._id))! };
+    return {
+      won: false,
+      verification: recorded(await this.verificationOf(verification._id), `verification ${verification._id}`),
+    };
   }
 
   /** The tenant's gate (another tenant's is not found), from memory once seen. */

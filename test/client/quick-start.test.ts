@@ -5,8 +5,9 @@ import { promisify } from 'node:util';
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 
-// examples/quick-start.ts, the README's client quick start, run as a user runs it: its own process, the package's
-// `agent-settlement/client` export, a listening service with its finalize and settle workers.
+// examples/quick-start.ts, the README's client quick start, run as a user runs it: its own process, the
+// agent-settlement-client workspace package (its source, through tsconfig's paths), a listening service with its
+// finalize and settle workers. test/client/package.test.ts runs the packed package from projects of its own.
 const root = fileURLToPath(new URL('../..', import.meta.url));
 let t: TestApp;
 let baseUrl: string;

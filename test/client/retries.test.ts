@@ -1,6 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { afterEach, describe, expect, it } from 'vitest';
-import { createSettlementClient, SettlementApiError } from '../../src/client/index.ts';
+import { createSettlementClient, SettlementApiError } from 'agent-settlement-client';
 
 // The client's transport against a small local server that answers what each test scripts (429, 503, a dropped
 // connection) before it answers like the service: what a caller sees when the service is busy or briefly away.

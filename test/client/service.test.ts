@@ -12,7 +12,7 @@ import {
   WebhookVerificationError,
   type RegisteredAgent,
   type SettlementClient,
-} from '../../src/client/index.ts';
+} from 'agent-settlement-client';
 import { generateWebhookSecret, signedHeaders } from '../../src/domain/webhook-signing.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
 

@@ -184,7 +184,8 @@ describe('web console in a browser', () => {
       const text = await row.textContent();
       expect(text).toContain(call.payer);
       expect(text).toContain('$5.00'); // 500 minor units of USD
-      expect(text).toContain('perCallLimit');
+      expect(text).toContain('$5.00 is over the limit of $1.00 per payment'); // the rule it broke, in words
+      expect(await row.locator('td.rule').getAttribute('data-rule')).toBe('perCallLimit');
       await shot('escalations');
 
       await row.locator('input[type=checkbox]').check();

@@ -68,8 +68,10 @@ describe('two worker processes racing on one settlement', () => {
       });
       workers.push(child);
     }
-    for (const runId of runs) await waitSettlement(t, auth, runId, (s) => s.holdbackState === 'released', 30_000);
-    await waitSettlement(t, auth, failed, (s) => s.status === 'held', 30_000);
+    // Two worker processes start (tsx compiles them) before any of this can happen: on a loaded machine that alone
+    // has taken over 30 s, so the wait is for the outcome, with room for a slow minute.
+    for (const runId of runs) await waitSettlement(t, auth, runId, (s) => s.holdbackState === 'released', 150_000);
+    await waitSettlement(t, auth, failed, (s) => s.status === 'held', 60_000);
 
     expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 3_000, escrow: 0 });
     expect(await balances(t, auth, p.payer.agentId)).toEqual({ available: 6_500, escrow: 500 });
@@ -77,5 +79,5 @@ describe('two worker processes racing on one settlement', () => {
       .find({ type: { $in: ['settlement.completed', 'settlement.held'] } })
       .toArray();
     expect(events.map((e) => e.data.settlementId).sort()).toEqual([...settlementIds].sort());
-  }, 60_000);
+  }, 300_000);
 });

@@ -92,7 +92,7 @@ ${meta('expires', ctx.expiresAt)}
       <a href="${CONSOLE_PATH}/disputes" data-nav>Disputes</a>
       <a href="${CONSOLE_PATH}/wallets" data-nav>Wallets</a>
       <a href="${CONSOLE_PATH}/webhooks" data-nav>Webhooks</a>
-      ${ctx.signer === 'admin' ? `<a href="${CONSOLE_PATH}/tenants" data-nav>Tenants</a>\n      <a href="${BULL_BOARD_PATH}" target="_blank" rel="noopener">Queues (Bull Board)</a>` : ''}
+      ${ctx.signer === 'admin' ? `<a href="${CONSOLE_PATH}/tenants" data-nav>Tenants</a>\n      <a href="${BULL_BOARD_PATH}" target="_blank" rel="noopener" title="Bull Board: the job queues">Queues</a>` : ''}
       <a href="/docs" target="_blank" rel="noopener">API reference</a>
     </nav>
     <span id="who" class="who"></span>

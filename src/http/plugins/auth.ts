@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { BUYER_SESSION_COOKIE, cookieValue, verifyBuyerSession } from '../../domain/buyer-session.ts';
 import { secretMatcher } from '../../domain/crypto.ts';
-import { errors, ServiceError } from '../../domain/errors.ts';
+import { errors, serviceError } from '../../domain/errors.ts';
 import { grants, type Scope } from '../../domain/scopes.ts';
 import type { Runtime } from '../../runtime.ts';
 import { consoleSession, csrfTokenMatches } from '../../services/console-sessions.ts';
@@ -153,7 +153,7 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     if (access === 'tenant') return;
     // A tenant key, or its console session, never opens what only the admin key may (whatever scopes it holds).
     if (access === 'admin-key')
-      throw new ServiceError(403, 'FORBIDDEN', 'only the admin key (or the console signed in with it) may open this', {
+      throw serviceError('FORBIDDEN', 'only the admin key (or the console signed in with it) may open this', {
         requiredCredential: 'admin',
       });
     const needed: Scope = access === 'admin' ? 'ops' : access;
@@ -176,8 +176,7 @@ export default fp(async function authPlugin(app: FastifyInstance, opts: { runtim
     const session = await consoleSession(opts.runtime, sessionToken);
     if (!session) throw errors.unauthenticated('the console session is invalid or expired; sign in again at /console');
     if (!SAFE_METHODS.has(request.method) && !csrfTokenMatches(session, headerValue(request, CSRF_HEADER))) {
-      throw new ServiceError(
-        403,
+      throw serviceError(
         'FORBIDDEN',
         `a console request that changes something must carry the session's CSRF token in ${CSRF_HEADER}`,
       );

@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { decryptAtRest, encryptAtRest } from '../../domain/crypto.ts';
-import { ServiceError } from '../../domain/errors.ts';
+import { serviceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
 
 const KEY_RE = /^[A-Za-z0-9._:-]{1,255}$/;
@@ -46,7 +46,7 @@ export function parseIdempotencyKey(raw: string | string[] | undefined): string 
   if (KEY_RE.test(value)) return value;
   const quoted = QUOTED_KEY_RE.exec(value);
   if (quoted) return quoted[1]!;
-  throw new ServiceError(400, 'INVALID_IDEMPOTENCY_KEY', 'Idempotency-Key must be 1-255 characters of [A-Za-z0-9._:-]');
+  throw serviceError('INVALID_IDEMPOTENCY_KEY', 'Idempotency-Key must be 1-255 characters of [A-Za-z0-9._:-]');
 }
 
 /** The request's key from `Idempotency-Key`, else `x-idempotency-key` (contract section 4 accepts both), or null. */
@@ -112,22 +112,14 @@ export default fp(async function idempotencyPlugin(app: FastifyInstance, opts: {
     }
     const raw = await redis.get(redisKey);
     if (raw === null) {
-      throw new ServiceError(
-        409,
-        'IDEMPOTENCY_IN_PROGRESS',
-        'a request with this Idempotency-Key just finished; retry',
-      );
+      throw serviceError('IDEMPOTENCY_IN_PROGRESS', 'a request with this Idempotency-Key just finished; retry');
     }
     const entry = JSON.parse(raw) as StoredEntry;
     if (entry.fingerprint !== print) {
-      throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
+      throw serviceError('IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
     }
     if (entry.state === 'in_progress') {
-      throw new ServiceError(
-        409,
-        'IDEMPOTENCY_IN_PROGRESS',
-        'a request with this Idempotency-Key is still being processed',
-      );
+      throw serviceError('IDEMPOTENCY_IN_PROGRESS', 'a request with this Idempotency-Key is still being processed');
     }
     reply.header('idempotent-replayed', 'true');
     if (entry.contentType) reply.type(entry.contentType);

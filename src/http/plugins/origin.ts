@@ -3,7 +3,7 @@
 // and never reaches a tool.
 import type { FastifyInstance } from 'fastify';
 import fp from 'fastify-plugin';
-import { ServiceError } from '../../domain/errors.ts';
+import { serviceError } from '../../domain/errors.ts';
 import { refusedOrigin } from '../../domain/origins.ts';
 import type { Runtime } from '../../runtime.ts';
 import { sendError } from './errors.ts';
@@ -32,12 +32,9 @@ export default fp(async function originPlugin(app: FastifyInstance, opts: { runt
     return sendError(
       request,
       reply,
-      new ServiceError(
-        403,
-        'FORBIDDEN',
-        `${refusal.reason}: this endpoint answers only its own host and allowed origins`,
-        { header: refusal.header },
-      ),
+      serviceError('FORBIDDEN', `${refusal.reason}: this endpoint answers only its own host and allowed origins`, {
+        header: refusal.header,
+      }),
     );
   });
 });

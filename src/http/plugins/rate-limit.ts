@@ -2,7 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import fp from 'fastify-plugin';
 import { RateLimiterRedis, RateLimiterRes } from 'rate-limiter-flexible';
 import type { RateLimitPolicy } from '../../config.ts';
-import { ServiceError } from '../../domain/errors.ts';
+import { serviceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
 import { sendError } from './errors.ts';
 
@@ -79,8 +79,7 @@ export default fp(async function rateLimitPlugin(app: FastifyInstance, opts: { r
       reply.header('ratelimit-policy', policies.join(', '));
       reply.header('ratelimit', states.join(', '));
       reply.header('retry-after', String(retryAfter));
-      throw new ServiceError(
-        429,
+      throw serviceError(
         'RATE_LIMITED',
         `rate limit of ${policy.limit} requests per ${policy.windowSeconds}s exceeded`,
         {

@@ -1,11 +1,13 @@
 import type { FastifyInstance } from 'fastify';
 import type { Static } from 'typebox';
-import { errors, ServiceError } from '../../domain/errors.ts';
+import { errors, ServiceError, serviceError } from '../../domain/errors.ts';
 import type { Runtime } from '../../runtime.ts';
+import { sessionCharges } from '../../services/x402/session-charges.ts';
 import { x402Service } from '../../services/x402/service.ts';
 import { tenantOf } from '../plugins/auth.ts';
 import { idempotencyKeyOf } from '../plugins/idempotency.ts';
 import { errorResponses, type ErrorCodes } from '../schemas/common.ts';
+import { SessionChargeList, SessionChargesQuery, sessionChargesView } from '../schemas/x402-session-charges.ts';
 import {
   Charge,
   ChargeBody,
@@ -114,8 +116,7 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
         .catch((err: unknown) => {
           // A key sent as a header answers as on every other POST: same key, other request is 422 (contract section 4).
           if (keyed && err instanceof ServiceError && err.code === 'X402_SESSION_PAYMENT_REUSED') {
-            throw new ServiceError(
-              422,
+            throw serviceError(
               'IDEMPOTENCY_KEY_REUSED',
               'this Idempotency-Key was used for a different charge',
               err.details,
@@ -161,6 +162,29 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
       const { close, charges } = await service.sessions.statement(tenantOf(request), request.params.sessionId);
       return statementView(close, charges);
     },
+  );
+
+  app.get<{ Params: Static<typeof SessionParams>; Querystring: Static<typeof SessionChargesQuery> }>(
+    '/x402/sessions/:sessionId/charges',
+    {
+      config: { access: 'x402:read' },
+      schema: {
+        tags,
+        operationId: 'listSessionCharges',
+        summary:
+          "A session's charges, newest first, while it runs and after (each seq the budget handed out: charged, or void)",
+        params: SessionParams,
+        querystring: SessionChargesQuery,
+        response: { 200: SessionChargeList, ...errorResponses(400, 401, 403, 404, { 422: ['VALIDATION_FAILED'] }) },
+      },
+    },
+    async (request) =>
+      sessionChargesView(
+        await sessionCharges(opts.runtime, service.sessions, tenantOf(request), request.params.sessionId, {
+          limit: request.query.limit ?? 50,
+          cursor: request.query.cursor,
+        }),
+      ),
   );
 
   app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof SessionDisputeBody> }>(

@@ -2,6 +2,7 @@
 // payment before it serves a request and to settle it after. A payment is the spend token authorize-payment signed;
 // it is checked offline against the service's own key ring, then against the gate it names (by `_id`, in the
 // caller's tenant only). Settling reports the served call to the gate's verify, so money moves exactly as there.
+import { recorded } from '../../domain/money.ts';
 import { createLocalJWKSet, errors as joseErrors, jwtVerify, type JWTPayload } from 'jose';
 import { isSha256Hex, sha256Hex } from '../../domain/crypto.ts';
 import { errors, ServiceError } from '../../domain/errors.ts';
@@ -193,7 +194,7 @@ export class X402FacilitatorService {
     const transaction = state.settlement?.doc._id ?? '';
     const unpaid = unpaidReason(decided, state);
     if (unpaid) return unpaidAnswer(this.network, unpaid.reason, unpaid.message, { payer, transaction });
-    const decision = state.settlement!.facts.decision!;
+    const decision = recorded(state.settlement?.facts.decision, `the settlement decision of gate ${state.gate._id}`);
     return {
       success: true,
       status: 'settled',

@@ -2,7 +2,7 @@
 // facts, and the two ways its reserve goes back outside a settlement (a cancellation, an expiry). Also the reads every
 // other x402 flow checks first: the agents' lifecycle, the gate, whether it is funded. See service.ts.
 import { idFromIdempotency, newId } from '../../domain/crypto.ts';
-import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
+import { errors, ServiceError, serviceError, x402Error } from '../../domain/errors.ts';
 import { settlementSubject } from '../../domain/events.ts';
 import { failpoint } from '../../domain/failpoints.ts';
 import { firstGateCheck, type GateStatus } from '../../domain/x402.ts';
@@ -257,7 +257,7 @@ export class X402Gates {
     const gate = recorded.gate;
     if (!recorded.created) {
       if (!sameGateTerms(gate, fresh))
-        throw new ServiceError(422, 'IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key made a gate with other terms', {
+        throw serviceError('IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key made a gate with other terms', {
           gateId: gate._id,
         });
       // Whatever the first attempt left half-done, the sweeper looks at it within a staleness period.

@@ -7,7 +7,7 @@
 // wins). The close returns budget - charged by `x402ses:<id>:refund` and pays each payee through a settlement of its
 // own (`sst_<id>_<payee index>`), which holds back and can be disputed like any settlement.
 import { idFromIdempotency, newId } from '../../domain/crypto.ts';
-import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
+import { errors, ServiceError, serviceError, x402Error } from '../../domain/errors.ts';
 import { failpoint } from '../../domain/failpoints.ts';
 import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
 import { decideSettlement } from '../../domain/settlement.ts';
@@ -244,12 +244,9 @@ export class X402Sessions {
     const session = recorded.session;
     if (!recorded.created) {
       if (!sameTerms(session, fresh))
-        throw new ServiceError(
-          422,
-          'IDEMPOTENCY_KEY_REUSED',
-          'this Idempotency-Key opened a session with other terms',
-          { sessionId: session._id },
-        );
+        throw serviceError('IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key opened a session with other terms', {
+          sessionId: session._id,
+        });
       await this.store.due.mark(session._id, tenantId, session.expiresAt); // its own expiry, not this retry's
       const close = await this.store.closeOf(session._id);
       if (close) return this.resumedOpenAnswer(session, close);

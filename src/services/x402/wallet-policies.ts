@@ -1,5 +1,6 @@
 // x402 wallet policies: a wallet's versioned spending policy, its daily spend counted once per decision, and a
 // sponsor wallet's decision to pay for one gate, quote and request.
+import { recorded } from '../../domain/money.ts';
 import { errors, ServiceError, x402Error } from '../../domain/errors.ts';
 import {
   evaluateDailyLimit,
@@ -46,7 +47,7 @@ export class X402WalletPolicies {
       at: new Date(),
     }));
     await this.runtime.credentials.invalidate('policy', walletId); // every process reads the new version from now on
-    return doc!;
+    return recorded(doc, `the new policy of wallet ${walletId}`);
   }
 
   /**

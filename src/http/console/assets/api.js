@@ -114,5 +114,10 @@ export const recoverDeliveries = (endpointId, since) =>
 export const recovery = (endpointId, recoveryId) =>
   call('GET', `/v1/webhooks/${id(endpointId)}/recoveries/${id(recoveryId)}`);
 export const paymentSession = (sessionId) => call('GET', `/x402/sessions/${id(sessionId)}`);
+/** A session's charges, newest first, a page at a time (open or closed; voided debits included). */
+export const sessionCharges = (sessionId, cursor) =>
+  call('GET', `/x402/sessions/${id(sessionId)}/charges${q({ limit: 50, cursor })}`);
+/** A closed session's signed statement (409 while it is open). */
+export const sessionStatement = (sessionId) => call('GET', `/x402/sessions/${id(sessionId)}/statement`);
 
 export const signOut = () => call('POST', '/console/session/end');

@@ -1,6 +1,18 @@
 // The console's screens, drawn from the path (/console/<screen>/<id>); every read and write goes through api.js.
 import * as api from './api.js';
-import { duration, el, fromLocalInput, localInput, money, time, zone } from './format.js';
+import {
+  breach,
+  duration,
+  el,
+  fromLocalInput,
+  localInput,
+  money,
+  payloadSummary,
+  policyRules,
+  termsText,
+  time,
+  zone,
+} from './format.js';
 
 const screen = document.getElementById('screen');
 // First, so nothing below can leave the button dead (the page serves it disabled until this handles it).
@@ -144,6 +156,9 @@ const STATUSES = {
 
 /** Where a settlement's or dispute's subject lives in the console: a run, a gate or a payment session. */
 function subjectLink(subjectId) {
+  // A session's payee is paid through a settlement of its own, `sst_<session id without ses_>_<payee index>`.
+  const session = /^sst_(.+)_\d+$/.exec(subjectId);
+  if (session) return link(`/sessions/ses_${encodeURIComponent(session[1])}`, `ses_${session[1]}`);
   const target = subjectId.startsWith('run_')
     ? 'runs'
     : subjectId.startsWith('gate_')
@@ -449,14 +464,28 @@ function escalationRow(e, now = Date.now()) {
     el('td', {}, box),
     el('td', {}, el('span', { class: 'mono' }, e.escalationId), el('div', { class: 'quiet' }, time(e.createdAt))),
     el('td', { class: 'deadline' }, deadline),
-    el('td', { class: 'id' }, e.payerAgentId, el('div', { class: 'quiet' }, walletLink(e.walletId))),
+    // The payer once, linked to the wallet it pays from; a wallet of another name (a sponsor's) is named below it.
+    el(
+      'td',
+      { class: 'id payer' },
+      e.walletId === e.payerAgentId
+        ? walletLink(e.walletId)
+        : [e.payerAgentId, el('div', { class: 'quiet' }, 'paid from ', walletLink(e.walletId))],
+    ),
     el('td', { class: 'id' }, e.payeeAgentId),
     el('td', { class: 'num' }, money(e.amount, e.currency)),
-    el('td', {}, el('strong', {}, e.rule), el('div', { class: 'quiet' }, shortJson(e.details))),
+    el(
+      'td',
+      { class: 'rule', title: `policy rule ${e.rule}`, dataset: { rule: e.rule } },
+      el('strong', {}, breachOf(e).title),
+      el('div', { class: 'quiet' }, breachOf(e).text),
+    ),
     el('td', { class: 'decision' }, decision),
-    el('td', {}, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate')),
+    el('td', { class: 'nowrap' }, link(`/gates/${encodeURIComponent(e.gateId)}`, 'gate')),
   );
 }
+
+const breachOf = (e) => breach(e.rule, e.details, e.currency);
 
 const OUTCOME_TEXT = {
   approved: 'approved',
@@ -628,7 +657,7 @@ async function runScreen(runId) {
       ['Created', time(r.createdAt)],
       ['Finalized', time(r.finalizedAt)],
       r.finalizeError && ['Finalize error', shortJson(r.finalizeError)],
-      ['Terms', shortJson(r.terms)],
+      ['Terms', termsText(r.terms)],
     ]),
   ];
   sections.push(el('h2', {}, 'Events'));
@@ -644,15 +673,16 @@ async function runScreen(runId) {
   else
     sections.push(
       table(
-        ['Seq', 'Type', 'At', 'Chain hash', 'Signed by'],
+        ['Seq', 'Type', 'At', 'Payload', 'Chain hash', 'Signed by'],
         artifact.events.items.map((e) =>
           el(
             'tr',
-            {},
-            el('td', {}, String(e.seq)),
+            { dataset: { eventSeq: e.seq } },
+            el('td', { class: 'num' }, String(e.seq)),
             el('td', {}, e.type),
             el('td', {}, time(e.at)),
-            el('td', { class: 'mono' }, `${e.chainHash.slice(0, 16)}…`),
+            el('td', { class: 'payload' }, payloadDetails(e.payload)),
+            el('td', { class: 'mono', title: e.chainHash }, `${e.chainHash.slice(0, 12)}…`),
             el('td', { class: 'mono' }, e.signerKeyId),
           ),
         ),
@@ -677,7 +707,12 @@ async function runScreen(runId) {
             verification.verified ? 'yes: every check passed' : `no: ${verification.failures.join('; ')}`,
           ),
         ],
-        ['Checks', shortJson(verification.checks)],
+        [
+          'Checks',
+          Object.entries(verification.checks)
+            .map(([check, passed]) => `${check} ${passed ? 'passed' : 'FAILED'}`)
+            .join(', '),
+        ],
         ['Hash', el('span', { class: 'mono' }, verification.artifactHash)],
         ['Signing key', verification.keyId],
       ]),
@@ -734,6 +769,16 @@ async function runScreen(runId) {
   show(...sections);
 }
 
+/** A payload folded to one line; opened, the whole of it as indented JSON (text, never markup). */
+function payloadDetails(payload) {
+  return el(
+    'details',
+    {},
+    el('summary', {}, payloadSummary(payload)),
+    el('pre', { class: 'json' }, JSON.stringify(payload, null, 2)),
+  );
+}
+
 function settlementFields(s) {
   return fields([
     ['Settlement', el('span', { class: 'mono' }, s.settlementId)],
@@ -777,14 +822,16 @@ async function entriesOfSettlement(s) {
 }
 
 function entriesTable(items, empty) {
+  // One wallet's own page names no wallet per row; the entries of a settlement (two wallets) do.
+  const ofWallets = items.some((i) => i.walletId);
   return table(
-    ['At', 'Wallet', 'Kind', 'Bucket', 'Change', 'Balance after', 'Entry'],
+    ['At', ofWallets && 'Wallet', 'Kind', 'Bucket', 'Change', 'Balance after', 'Entry'].filter(Boolean),
     items.map((i) =>
       el(
         'tr',
         {},
         el('td', {}, time(i.at)),
-        el('td', {}, i.walletId ? link(`/wallets/${encodeURIComponent(i.walletId)}`, i.walletId) : '—'),
+        ofWallets ? el('td', {}, link(`/wallets/${encodeURIComponent(i.walletId)}`, i.walletId)) : null,
         el('td', {}, i.kind),
         el('td', {}, i.bucket),
         el('td', { class: `num ${i.delta < 0 ? 'bad' : 'ok'}` }, money(i.delta, i.currency)),
@@ -841,9 +888,24 @@ async function gateScreen(gateId) {
         'Authorization',
         g.authorization ? `${g.authorization.authorizationRef}, expires ${time(g.authorization.expiresAt)}` : 'none',
       ],
-      ['Verification', g.verification ? shortJson(g.verification) : 'none'],
-      ['Settlement', g.settlement ? shortJson(g.settlement) : 'none'],
-      ['Decision', g.decision ? shortJson(g.decision) : 'none'],
+      [
+        'Verification',
+        g.verification
+          ? `${g.verification.verificationStatus} ${time(g.verification.at)}${g.verification.capturedAmount === null ? '' : `, ${money(g.verification.capturedAmount, g.currency)} captured`}`
+          : 'none',
+      ],
+      [
+        'Settlement',
+        g.settlement
+          ? `${g.settlement.status}: ${money(g.settlement.releasedAmount, g.currency)} released, ${money(g.settlement.refundedAmount, g.currency)} refunded, holdback ${money(g.settlement.holdback, g.currency)} (${g.settlement.holdbackState})`
+          : 'none',
+      ],
+      [
+        'Decision',
+        g.decision
+          ? `${g.decision.verdict}${g.decision.reason ? ` (${g.decision.reason})` : ''}, ${time(g.decision.decidedAt)}`
+          : 'none',
+      ],
     ]),
     el('p', {}, link('/escalations', 'Escalations of this tenant', { status: 'all' })),
   );
@@ -861,7 +923,8 @@ async function walletScreen(walletId) {
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the wallet'));
   }
-  const policy = await api.walletPolicy(walletId).catch(() => null);
+  // No policy is a 404; another failure (a key without the scope) is said as such, not taken for "none".
+  const policy = await api.walletPolicy(walletId).catch((err) => (err.status === 404 ? null : err));
   const balances = Object.entries(w.balances);
   show(
     heading,
@@ -870,9 +933,14 @@ async function walletScreen(walletId) {
       ['Created', time(w.createdAt)],
       [
         'Policy',
-        policy
-          ? shortJson({ currency: policy.currency, perCallLimit: policy.perCallLimit, dailyLimit: policy.dailyLimit })
-          : 'none',
+        policy instanceof Error
+          ? el('span', { class: 'quiet' }, `could not be read: ${policy.message}`)
+          : policy
+            ? [
+                policyRules(policy),
+                el('div', { class: 'quiet' }, `version ${policy.version}, set ${time(policy.updatedAt)}`),
+              ]
+            : 'none: payments from this wallet are not limited by a policy',
       ],
     ]),
     el('h2', {}, 'Balances'),
@@ -902,32 +970,143 @@ async function walletScreen(walletId) {
 async function sessionScreen(sessionId) {
   const heading = el('h1', {}, 'Payment session ', el('span', { class: 'mono' }, sessionId));
   let s;
+  let charges;
   try {
-    s = await api.paymentSession(sessionId);
+    [s, charges] = await Promise.all([api.paymentSession(sessionId), api.sessionCharges(sessionId)]);
   } catch (err) {
     return show(heading, errorBox(err, 'Could not load the session'));
   }
+  const closed = s.closedAt !== null;
+  const statement = closed ? await api.sessionStatement(sessionId).catch((err) => err) : null;
   show(
     heading,
     fields([
       ['Status', el('strong', { 'data-session-status': s.status }, s.status)],
-      ['Payer', s.payerAgentId],
-      ['Payees', s.payeeAgentIds.join(', ')],
+      ['Payer', agentRunsLink(s.payerAgentId)],
+      [
+        'Payees',
+        s.payeeAgentIds.length === 1
+          ? s.payeeAgentIds[0]
+          : el(
+              'ul',
+              { class: 'plain' },
+              s.payeeAgentIds.map((p) => el('li', {}, p)),
+            ),
+      ],
       ['Budget wallet', walletLink(s.walletId)],
       s.sponsorWalletId && ['Sponsor wallet', walletLink(s.sponsorWalletId)],
-      ['Budget', money(s.budget, s.currency)],
-      ['Max per call', money(s.maxPerCall, s.currency)],
+      ['Budget', `${money(s.budget, s.currency)}, at most ${money(s.maxPerCall, s.currency)} per call`],
       ['Spent', `${money(s.spent, s.currency)} in ${s.charges} charges`],
-      ['Remaining', money(s.remaining, s.currency)],
-      ['Holdback', `${s.holdbackBps / 100}%`],
-      ['Dispute window', duration(s.disputeWindowSeconds * 1000)],
-      ['Created', time(s.createdAt)],
-      ['Expires', time(s.expiresAt)],
-      ['Closed', time(s.closedAt)],
-      ['Refunded at close', s.refunded === null ? '—' : money(s.refunded, s.currency)],
-      ['Statement', s.statementUrl ? el('span', { class: 'mono' }, s.statementUrl) : 'when closed'],
+      !closed && ['Remaining', money(s.remaining, s.currency)],
+      ['Holdback', `${s.holdbackBps / 100}% for ${duration(s.disputeWindowSeconds * 1000)} (the dispute window)`],
+      ['Opened', time(s.createdAt)],
+      closed ? ['Closed', time(s.closedAt)] : ['Expires', time(s.expiresAt)],
+      closed && ['Returned at close', money(s.refunded, s.currency)],
     ]),
+    el('h2', {}, 'Statement'),
+    closed
+      ? statementSection(s, statement)
+      : el('p', { class: 'empty' }, 'Signed when the session closes (by the payer, at expiry, or by a wind-down).'),
+    el('h2', {}, 'Charges'),
+    sessionChargesTable(s, charges),
     el('p', {}, link('/settlements', 'Settlements of this tenant'), ' · ', link('/sessions', 'All sessions')),
+  );
+}
+
+/** The signed statement of a closed session: its totals, what each payee gets, and what to check it with. */
+function statementSection(s, statement) {
+  if (statement instanceof Error) return errorBox(statement, 'Could not load the statement');
+  const b = statement.body;
+  return el(
+    'section',
+    { id: 'statement', dataset: { statementHash: statement.statementHash } },
+    fields([
+      ['Ended', `${b.reason === 'closed' ? 'closed' : b.reason.replace('_', ' ')} ${time(b.closedAt)}`],
+      [
+        'Charged',
+        `${money(b.totalCharged, b.currency)} in ${b.chargeCount} charges${b.voided ? ` (${b.voided} voided)` : ''}`,
+      ],
+      ['Returned to the payer', money(b.refunded, b.currency)],
+      ['Statement hash', el('span', { class: 'mono' }, statement.statementHash)],
+      ['Signed by', el('span', { class: 'mono' }, `${statement.signature.alg} key ${statement.signature.keyId}`)],
+    ]),
+    table(
+      ['Payee', 'Charged', 'Paid through'],
+      b.payees.map((p) =>
+        el(
+          'tr',
+          {},
+          el('td', { class: 'id' }, p.payeeAgentId),
+          el('td', { class: 'num' }, money(p.charged, b.currency)),
+          el('td', { class: 'mono' }, p.settlementId ?? 'nothing to pay'),
+        ),
+      ),
+      'No payees.',
+    ),
+    el(
+      'p',
+      { class: 'quiet' },
+      'Anyone can check it offline: save GET /x402/sessions/{sessionId}/statement and run npx agent-settlement verify statement.json --jwks <service>/.well-known/jwks.json.',
+    ),
+  );
+}
+
+/** A session's charges, newest first, with "More" reading the next page by its cursor. */
+function sessionChargesTable(s, first) {
+  let page = first;
+  const drawRow = (c) =>
+    el(
+      'tr',
+      { dataset: { chargeSeq: c.seq, state: c.state } },
+      el('td', { class: 'num' }, String(c.seq)),
+      el('td', {}, time(c.chargedAt)),
+      c.state === 'void'
+        ? el('td', { class: 'quiet', colspan: 3 }, 'void: the call never answered, so nothing was charged')
+        : [
+            el('td', { class: 'id' }, c.payeeAgentId),
+            el('td', { class: 'num' }, money(c.amount, c.currency)),
+            el('td', { class: 'mono' }, c.paymentId),
+          ],
+      el('td', { class: 'mono', title: c.receiptHash ?? '' }, c.receiptHash ? `${c.receiptHash.slice(0, 12)}…` : '—'),
+    );
+  if (page.items.length === 0)
+    return el(
+      'p',
+      { class: 'empty' },
+      `No charges yet. The payer charges each paid call with POST /x402/sessions/${s.sessionId}/charges.`,
+    );
+  const tbody = el('tbody', {}, page.items.map(drawRow));
+  const more = el('button', { type: 'button', id: 'more-charges', hidden: !page.nextCursor }, 'More');
+  more.addEventListener('click', async () => {
+    more.disabled = true;
+    try {
+      page = await api.sessionCharges(s.sessionId, page.nextCursor);
+      tbody.append(...page.items.map(drawRow));
+      more.hidden = !page.nextCursor;
+    } catch (err) {
+      more.after(errorBox(err, 'Could not load more charges'));
+    } finally {
+      more.disabled = false;
+    }
+  });
+  return el(
+    'div',
+    { id: 'charges' },
+    el(
+      'table',
+      {},
+      el(
+        'thead',
+        {},
+        el(
+          'tr',
+          {},
+          ['#', 'At', 'Payee', 'Amount', 'Payment id', 'Receipt'].map((h) => el('th', {}, h)),
+        ),
+      ),
+      tbody,
+    ),
+    el('p', {}, more),
   );
 }
 
@@ -1248,7 +1427,10 @@ async function route() {
   }
 }
 
-document.getElementById('who').textContent = isOperator
-  ? `operator${tenant ? ` · tenant ${tenant}` : ''} · times in ${zone}`
-  : `tenant ${api.session.tenantId} · key ${api.session.keyId} · times in ${zone}`;
+// Kept short so the bar stays one line; the whole of it (with the time zone every time is shown in) on hover.
+const who = document.getElementById('who');
+who.textContent = isOperator
+  ? `operator${tenant ? ` · ${tenant}` : ''}`
+  : `${api.session.tenantId} · key ${api.session.keyId}`;
+who.title = `${isOperator ? 'the operator (admin key)' : `tenant ${api.session.tenantId}, key ${api.session.keyId}`}${tenant && isOperator ? `, tenant ${tenant}` : ''}; times in ${zone}`;
 route().catch((err) => show(errorBox(err, 'Something failed')));

@@ -80,3 +80,94 @@ export function fromLocalInput(value) {
   const d = new Date(value);
   return Number.isNaN(d.getTime()) ? '' : d.toISOString();
 }
+
+/** "a, b and 3 more": a list of names kept to one line's worth, the rest counted. */
+export function someOf(names, shown = 3) {
+  if (names.length <= shown) return names.join(', ');
+  return `${names.slice(0, shown).join(', ')} and ${names.length - shown} more`;
+}
+
+/**
+ * A wallet policy as the rules a person reads (GET /x402/wallets/{walletId}/policy): each limit in the policy's
+ * currency, the allow-lists in full (they are what someone checks a refused payee against), what a breach does.
+ */
+export function policyRules(policy) {
+  const c = policy.currency;
+  const rules = [];
+  rules.push(`pays in ${c} only`);
+  if (policy.perCallLimit !== null && policy.perCallLimit !== undefined)
+    rules.push(`at most ${money(policy.perCallLimit, c)} per payment`);
+  if (policy.dailyLimit !== null && policy.dailyLimit !== undefined)
+    rules.push(`at most ${money(policy.dailyLimit, c)} per day (UTC), authorized payments added up`);
+  const allowList = (ids, noun) => {
+    if (ids === null || ids === undefined) return `any ${noun}`;
+    if (ids.length === 0) return `no ${noun} at all (the allow-list is empty)`;
+    return [
+      `only these ${noun}s (${ids.length}):`,
+      el(
+        'ul',
+        {},
+        ids.map((id) => el('li', { class: 'mono' }, id)),
+      ),
+    ];
+  };
+  rules.push(allowList(policy.allowedPayeeAgentIds, 'payee'));
+  rules.push(allowList(policy.allowedToolIds, 'tool'));
+  if (policy.escalationTimeoutSeconds)
+    rules.push(
+      `a payment that breaks a rule waits ${duration(policy.escalationTimeoutSeconds * 1000)} in the escalation inbox, then is denied by itself`,
+    );
+  return el(
+    'ul',
+    { class: 'rules', 'data-policy-version': policy.version },
+    rules.map((r) => el('li', {}, r)),
+  );
+}
+
+const RULE_NAMES = {
+  perCallLimit: 'over the per-payment limit',
+  dailyLimit: 'over the daily limit',
+  allowedPayeeAgentIds: 'payee not allowed',
+  allowedToolIds: 'tool not allowed',
+  currency: 'other currency',
+  policy: 'no policy',
+  sponsorWallet: 'not this sponsor',
+};
+
+/** A policy breach (an escalation's rule and details) in words, its amounts in the call's currency. */
+export function breach(rule, details, currency) {
+  const d = details ?? {};
+  const m = (n) => money(n, currency);
+  let text = d.message ?? '';
+  if (rule === 'perCallLimit' && Number.isInteger(d.limit) && Number.isInteger(d.amount))
+    text = `${m(d.amount)} is over the limit of ${m(d.limit)} per payment`;
+  if (rule === 'dailyLimit' && Number.isInteger(d.limit) && Number.isInteger(d.amount))
+    text = `${m(d.amount)} on top of ${m(d.spentToday ?? 0)} today is over the limit of ${m(d.limit)} per day`;
+  return { title: RULE_NAMES[rule] ?? rule, text };
+}
+
+/** An event payload in one short line (its first keys), for the summary of a collapsed payload. */
+export function payloadSummary(payload) {
+  if (payload === null || payload === undefined) return 'no payload';
+  if (typeof payload !== 'object') return String(payload);
+  const keys = Object.keys(payload);
+  if (keys.length === 0) return '{}';
+  const line = keys
+    .slice(0, 3)
+    .map((k) => {
+      const v = payload[k];
+      return `${k}: ${v !== null && typeof v === 'object' ? (Array.isArray(v) ? `[${v.length}]` : '{…}') : String(v)}`;
+    })
+    .join(', ');
+  const text = keys.length > 3 ? `${line}, …` : line;
+  return text.length > 80 ? `${text.slice(0, 79)}…` : text;
+}
+
+/** Run terms ({accuracy: {min: 0.9}}) as "accuracy ≥ 0.9, latencyP95 ≤ 800". */
+export function termsText(terms) {
+  const entries = Object.entries(terms ?? {});
+  if (entries.length === 0) return 'none';
+  return entries
+    .map(([metric, bound]) => ('min' in bound ? `${metric} ≥ ${bound.min}` : `${metric} ≤ ${bound.max}`))
+    .join(', ');
+}

@@ -81,6 +81,7 @@ export const operationRoutes = {
   openSession: { method: 'post', path: '/x402/sessions' },
   getSession: { method: 'get', path: '/x402/sessions/{sessionId}' },
   chargeSession: { method: 'post', path: '/x402/sessions/{sessionId}/charges' },
+  listSessionCharges: { method: 'get', path: '/x402/sessions/{sessionId}/charges' },
   closeSession: { method: 'post', path: '/x402/sessions/{sessionId}/close' },
   getSessionStatement: { method: 'get', path: '/x402/sessions/{sessionId}/statement' },
   disputeSession: { method: 'post', path: '/x402/sessions/{sessionId}/disputes' },

@@ -1,12 +1,13 @@
-// agent-settlement/client: a typed client for the Agent Run Settlement Service.
+// agent-settlement-client: a typed client for the Agent Run Settlement Service, its event signer and its offline
+// verifiers. Compiled to ESM and CommonJS with types; depends on openapi-fetch and node:crypto only.
 //
-//   import { createSettlementClient } from 'agent-settlement/client';
+//   import { createSettlementClient } from 'agent-settlement-client';   // or require('agent-settlement-client')
 //   const client = createSettlementClient({ baseUrl: 'http://127.0.0.1:3000', apiKey: process.env.SETTLEMENT_API_KEY });
 //   const agent = await client.createAgent({ name: 'summarizer' });
 //   const run = await client.createRun({ body: { agentId: agent.agentId } });
 //   await client.appendEvents(await client.eventSigner(run.runId, agent), [{ type: 'metric', payload: { name: 'accuracy', value: 0.94 } }]);
 //
-// See README "Client" and examples/quick-start.ts.
+// See the service's README "Client" and examples/quick-start.ts.
 export {
   createSettlementClient,
   type Artifact,
@@ -37,8 +38,9 @@ export {
 } from './signer.ts';
 export { retryingFetch, type FetchLike, type RetryOptions } from './transport.ts';
 // Offline verification: the checks the service itself runs, here for anyone holding the document and the JWKS.
-export { verifyArtifact, type ArtifactVerification } from '../domain/artifact.ts';
-export { verifyReceipt, type ReceiptVerification } from '../domain/receipt.ts';
+export { ARTIFACT_CHECKS, verifyArtifact, type ArtifactCheck, type ArtifactVerification } from './artifact.ts';
+export { verifyReceipt, type ReceiptCheck, type ReceiptVerification } from './receipt.ts';
+export { STATEMENT_CHECKS, verifyStatement, type StatementCheck, type StatementVerification } from './statement.ts';
 export {
   verifyWebhook,
   WebhookVerificationError,
@@ -46,5 +48,6 @@ export {
   type WebhookEvent,
   type WebhookHeaders,
   type WebhookSecret,
-} from '../webhooks/verify.ts';
+  type WebhookVerificationErrorCode,
+} from './webhooks.ts';
 export type { components, operations, paths } from './generated/openapi.ts';

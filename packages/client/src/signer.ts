@@ -1,7 +1,7 @@
 // Agent keys and signed run events: what the service checks on append (contract section 5), built with the very
 // functions the service verifies with, so a caller never handles canonical JSON, hashes or signatures.
 import type { KeyObject } from 'node:crypto';
-import type { JsonValue } from '../domain/canonical-json.ts';
+import type { JsonValue } from './canonical-json.ts';
 import {
   base64urlEncode,
   generateEd25519KeyPair,
@@ -9,8 +9,8 @@ import {
   parsePrivateKey,
   privateKeyToPem,
   publicKeyOf,
-} from '../domain/crypto.ts';
-import { EMPTY_HEAD, signEvents, type ChainHead, type EventEnvelope } from '../domain/event-chain.ts';
+} from './crypto.ts';
+import { EMPTY_HEAD, signEvents, type ChainHead, type EventEnvelope } from './event-chain.ts';
 
 export type { ChainHead, EventEnvelope, JsonValue };
 

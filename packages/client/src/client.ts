@@ -1,8 +1,8 @@
 // The typed client: one method per API operation (named by its operationId, typed from openapi/openapi.json through
 // openapi-typescript, sent by openapi-fetch), plus the few steps every integration repeats.
 import createOpenApiClient, { type Client, type FetchResponse, type MaybeOptionalInit } from 'openapi-fetch';
-import { verifyArtifact, type ArtifactVerification } from '../domain/artifact.ts';
-import { verifyReceipt, type ReceiptVerification } from '../domain/receipt.ts';
+import { verifyArtifact, type ArtifactVerification } from './artifact.ts';
+import { verifyReceipt, type ReceiptVerification } from './receipt.ts';
 import { apiErrorFrom } from './errors.ts';
 import type { paths } from './generated/openapi.ts';
 import { operationRoutes } from './generated/operations.ts';

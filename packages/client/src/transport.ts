@@ -1,7 +1,7 @@
 // The fetch every client call goes through: an Idempotency-Key on each state-changing call, and retries with
 // backoff and jitter that honour Retry-After, for as many attempts as the caller allows.
 import { randomUUID } from 'node:crypto';
-import { parseRetryAfter } from '../domain/webhook-signing.ts';
+import { parseRetryAfter } from './retry-after.ts';
 
 export type FetchLike = (request: Request) => Promise<Response>;
 

@@ -1,5 +1,5 @@
 // The error every refused call surfaces: the service's error body (contract section 2) with the HTTP status.
-import { parseRetryAfter } from '../domain/webhook-signing.ts';
+import { parseRetryAfter } from './retry-after.ts';
 
 /** What the service answers on every error: `{code, message, details?, requestId}`. */
 export interface ApiErrorBody {

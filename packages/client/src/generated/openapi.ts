@@ -1231,7 +1231,8 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        get?: never;
+        /** A session's charges, newest first, while it runs and after (each seq the budget handed out: charged, or void) */
+        get: operations["listSessionCharges"];
         put?: never;
         /** Charge one paid call against the session (one request): debits the budget and answers a signed receipt; the same payment id is charged once */
         post: operations["chargeSession"];
@@ -13119,6 +13120,127 @@ export interface operations {
                         closedAt: string | null;
                         refunded: number | null;
                         statementUrl: string | null;
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `VALIDATION_FAILED`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    listSessionCharges: {
+        parameters: {
+            query?: {
+                limit?: number;
+                /** @description `nextCursor` of the previous page */
+                cursor?: string;
+            };
+            header?: never;
+            path: {
+                sessionId: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Default Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @description newest first */
+                        items: {
+                            /** @description `<sessionId>#<seq>` */
+                            chargeId: string;
+                            /** @description the order the budget debited it in, from 1 */
+                            seq: number;
+                            /** @description `void`: the debit was never recorded as a charge (its call failed, or a close got there first) */
+                            state: "charged" | "void";
+                            paymentId: string | null;
+                            payeeAgentId: string | null;
+                            /** @description integer minor units; 0 for a void */
+                            amount: number;
+                            currency: string;
+                            requestSha256: string | null;
+                            /**
+                             * Format: date-time
+                             * @description RFC 3339 UTC
+                             */
+                            chargedAt: string;
+                            receiptHash: string | null;
+                        }[];
+                        nextCursor: string | null;
                     };
                 };
             };
