@@ -93,6 +93,20 @@ async function main(): Promise<void> {
   const redis = new Redis(backend.redisUrl);
   const admin: Caller = { http, token: service.adminKey };
 
+  // A 503 (the service's answer while a backend stalls) is retried: the setup, opening and
+  // closing are safe to repeat (a credit twice only adds funds the bench never runs out of).
+  const retried = async <T>(what: string, once: () => Promise<T>): Promise<T> => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await once();
+      } catch (err) {
+        if (!(err instanceof Refused) || attempt >= 10) throw err;
+        log(`${what} refused (${err.message}), retrying`);
+        await sleep(200 * attempt);
+      }
+    }
+  };
+
   const tenant = await call(admin, 'POST', '/ops/tenants', { name: 'bench' });
   const token = (
     await call(admin, 'POST', '/ops/api-keys', {
@@ -101,42 +115,48 @@ async function main(): Promise<void> {
     })
   ).token as string;
   const caller: Caller = { http, token };
-  const payee = (await registerAgent(caller, 'tool')).agentId;
+  const payee = (await retried('register', () => registerAgent(caller, 'tool'))).agentId;
   const credit = async (agentId: string) =>
-    call(admin, 'POST', `/ops/wallets/${encodeURIComponent(agentId)}/credit`, {
-      amount: 1_000_000_000,
-      currency: 'USD',
-    });
-  const payer = (await registerAgent(caller, 'session-payer')).agentId;
+    retried('credit', () =>
+      call(admin, 'POST', `/ops/wallets/${encodeURIComponent(agentId)}/credit`, {
+        amount: 1_000_000_000,
+        currency: 'USD',
+      }),
+    );
+  const payer = (await retried('register', () => registerAgent(caller, 'session-payer'))).agentId;
   await credit(payer);
   const gatePayers = await Promise.all(
     Array.from({ length: GATE_PAYERS }, async (_, i) => {
-      const agentId = (await registerAgent(caller, `gate-payer${i}`)).agentId;
+      const agentId = (await retried('register', () => registerAgent(caller, `gate-payer${i}`))).agentId;
       await credit(agentId);
       return agentId;
     }),
   );
 
-  const openSession = async (): Promise<string> =>
-    (
-      await call(
-        caller,
-        'POST',
-        '/x402/sessions',
-        {
-          payerAgentId: payer,
-          payeeAgentIds: [payee],
-          currency: 'USD',
-          budget: SESSION_CHARGES * AMOUNT,
-          maxPerCall: 100,
-          ttlSeconds: 3_600,
-        },
-        [201],
-        { 'idempotency-key': randomUUID() },
-      )
-    ).sessionId as string;
+  const openSession = (key = randomUUID()): Promise<string> =>
+    retried(
+      'open',
+      async () =>
+        (
+          await call(
+            caller,
+            'POST',
+            '/x402/sessions',
+            {
+              payerAgentId: payer,
+              payeeAgentIds: [payee],
+              currency: 'USD',
+              budget: SESSION_CHARGES * AMOUNT,
+              maxPerCall: 100,
+              ttlSeconds: 3_600,
+            },
+            [201],
+            { 'idempotency-key': key },
+          )
+        ).sessionId as string,
+    );
   // Sessions opened ahead, so that a slot whose session is full moves on at once.
-  const spares: Array<Promise<string>> = Array.from({ length: 2 }, openSession);
+  const spares: Array<Promise<string>> = Array.from({ length: 2 }, () => openSession());
   const nextSession = (): Promise<string> => {
     spares.push(openSession());
     return spares.shift()!;
@@ -191,10 +211,10 @@ async function main(): Promise<void> {
         };
         closes.push(record);
         try {
-          const res = await http.request('POST', `/x402/sessions/${sessionId}/close`, { token, body: {} });
+          const answer = (await retried('close', () =>
+            call(caller, 'POST', `/x402/sessions/${sessionId}/close`, {}, [200]),
+          )) as { status: string; spent: number; charges: number };
           record.endMs = at();
-          if (res.status !== 200) throw new Error(`close -> ${res.status} ${res.text.slice(0, 200)}`);
-          const answer = JSON.parse(res.text) as { status: string; spent: number; charges: number };
           Object.assign(record, { status: answer.status, spent: answer.spent, chargesAnswered: answer.charges });
         } catch (err) {
           record.endMs ??= at();
