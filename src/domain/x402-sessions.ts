@@ -1,7 +1,7 @@
 // Payment sessions' pure parts: what a charge's receipt and a session's statement commit to, how they are signed
 // (canonical JSON, sha256, Ed25519 over the hex digest: the same rules and keys as settlement receipts), and the
 // statement's totals with the invariants they must hold.
-import type { KeyObject } from 'node:crypto';
+import { createHash, type KeyObject } from 'node:crypto';
 import { canonicalize } from './canonical-json.ts';
 import { sha256Hex, signHexDigest } from './crypto.ts';
 import { assertMoney } from './money.ts';
@@ -135,6 +135,153 @@ export function statementTotals(
     `session ${session._id}: charges of ${total} exceed its budget of ${session.budget}`,
   );
   return { totalCharged: total, refunded: session.budget - total, perPayee };
+}
+
+/**
+ * Seqs per statement chunk: a session's charges are summed up a chunk at a time while it is open (see
+ * StatementChunk), so that a close reads a chunk's summary instead of its charges one by one.
+ */
+export const STATEMENT_CHUNK_SEQS = 256;
+
+/** The chunk that holds a seq (0-based), and the seqs chunk `c` covers. */
+export function chunkOf(seq: number): number {
+  return Math.floor((seq - 1) / STATEMENT_CHUNK_SEQS);
+}
+
+export function chunkSeqs(chunk: number): { from: number; to: number } {
+  return { from: chunk * STATEMENT_CHUNK_SEQS + 1, to: (chunk + 1) * STATEMENT_CHUNK_SEQS };
+}
+
+/**
+ * A run of STATEMENT_CHUNK_SEQS seqs, every one decided (charged or void), as the statement lists them: `lines` is
+ * the canonical JSON of each charged line in seq order, joined by commas (a piece of the JSON array chargesSha256 is
+ * over), with its counts and sums. Derived from charges that never change, so any two builders make the same one.
+ */
+export interface StatementChunk {
+  lines: string;
+  charged: number;
+  voided: number;
+  /** Per payee, in the session's order, what its charges in the chunk add up to. */
+  perPayee: number[];
+  total: number;
+}
+
+/**
+ * A statement's charges summed up as they are read, in seq order, a line or a chunk at a time: the sha256 of their
+ * canonical JSON array (JCS writes an array as its members' JCS joined by commas, so the hash is taken piece by
+ * piece and never needs the whole list), the totals, and each charge checked as statementTotals checks it. With
+ * `keepLines` it also keeps the lines' JSON, to make a StatementChunk.
+ */
+export class StatementAccumulator {
+  private readonly hash = createHash('sha256').update('[');
+  private readonly pieces: string[] | null;
+  private readonly payeeIndex: Map<string, number>;
+  chargeCount = 0;
+  voided = 0;
+  totalCharged = 0;
+  readonly perPayee: number[];
+
+  constructor(
+    private readonly session: { _id: string; budget: number; maxPerCall: number; payeeAgentIds: string[] },
+    keepLines = false,
+  ) {
+    this.pieces = keepLines ? [] : null;
+    this.payeeIndex = new Map(session.payeeAgentIds.map((p, i) => [p, i]));
+    this.perPayee = session.payeeAgentIds.map(() => 0);
+  }
+
+  addCharge(c: StatementCharge): void {
+    const index = this.payeeIndex.get(c.payeeAgentId);
+    assertMoney(
+      Number.isSafeInteger(c.amount) && c.amount >= 0 && c.amount <= this.session.maxPerCall,
+      `session ${this.session._id}: charge ${c.seq} of ${c.amount} breaks the per-call maximum`,
+    );
+    assertMoney(
+      index !== undefined,
+      `session ${this.session._id}: charge ${c.seq} pays ${c.payeeAgentId}, not one of its payees`,
+    );
+    this.append(canonicalize(c), 1);
+    this.perPayee[index!]! += c.amount;
+    this.totalCharged += c.amount;
+  }
+
+  addVoid(): void {
+    this.voided++;
+  }
+
+  /** A chunk summed up before: its sums are checked against each other and the per-call maximum. */
+  addChunk(chunk: StatementChunk): void {
+    assertMoney(
+      chunk.charged + chunk.voided === STATEMENT_CHUNK_SEQS &&
+        chunk.perPayee.length === this.perPayee.length &&
+        chunk.perPayee.every((x) => Number.isSafeInteger(x) && x >= 0) &&
+        chunk.perPayee.reduce((a, b) => a + b, 0) === chunk.total &&
+        chunk.total <= chunk.charged * this.session.maxPerCall &&
+        (chunk.charged === 0) === (chunk.lines === ''),
+      `session ${this.session._id}: a statement chunk does not add up`,
+    );
+    if (chunk.charged > 0) this.append(chunk.lines, chunk.charged);
+    this.voided += chunk.voided;
+    chunk.perPayee.forEach((x, i) => (this.perPayee[i]! += x));
+    this.totalCharged += chunk.total;
+  }
+
+  private append(json: string, lines: number): void {
+    this.hash.update(this.chargeCount === 0 ? json : `,${json}`);
+    this.pieces?.push(json);
+    this.chargeCount += lines;
+  }
+
+  /** What a chunk of these lines says (made with keepLines). */
+  chunk(): StatementChunk {
+    return {
+      lines: (this.pieces ?? []).join(','),
+      charged: this.chargeCount,
+      voided: this.voided,
+      perPayee: [...this.perPayee],
+      total: this.totalCharged,
+    };
+  }
+
+  /** The statement's sums, once every seq is in: total within the budget, refund = budget - total. */
+  finish(): {
+    chargesSha256: string;
+    chargeCount: number;
+    voided: number;
+    totalCharged: number;
+    refunded: number;
+    perPayee: Map<string, number>;
+  } {
+    assertMoney(
+      this.totalCharged <= this.session.budget,
+      `session ${this.session._id}: charges of ${this.totalCharged} exceed its budget of ${this.session.budget}`,
+    );
+    return {
+      chargesSha256: this.hash.update(']').digest('hex'),
+      chargeCount: this.chargeCount,
+      voided: this.voided,
+      totalCharged: this.totalCharged,
+      refunded: this.session.budget - this.totalCharged,
+      perPayee: new Map(this.session.payeeAgentIds.map((p, i) => [p, this.perPayee[i]!])),
+    };
+  }
+}
+
+/** The lines of a chunk as objects (its JSON pieces are an array's members). */
+export function chunkLines(chunk: { lines: string }): StatementCharge[] {
+  return chunk.lines === '' ? [] : (JSON.parse(`[${chunk.lines}]`) as StatementCharge[]);
+}
+
+/**
+ * Buckets of a closed session's payment index (payment id -> seq, in MongoDB): about 256 payment ids a bucket, so a
+ * retried call after the close finds its charge with two reads by `_id`, whatever the session's size.
+ */
+export function paymentBuckets(chargeCount: number): number {
+  return Math.ceil(chargeCount / 256);
+}
+
+export function paymentBucketOf(paymentId: string, buckets: number): number {
+  return createHash('sha256').update(paymentId).digest().readUInt32BE(0) % buckets;
 }
 
 export function signStatement(

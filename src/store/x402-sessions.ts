@@ -1,5 +1,5 @@
 import type { Collection, Db } from 'mongodb';
-import type { SignedStatement } from '../domain/x402-sessions.ts';
+import type { SignedStatement, StatementChunk } from '../domain/x402-sessions.ts';
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
 import { ListIndex } from './list-index.ts';
@@ -20,6 +20,11 @@ import { insertFirst } from './mongo.ts';
 //   final list of charges, and the statement it signs is the same whoever computes it.
 // Redis runs with an append-only file (scripts/services.sh): a Redis that loses a session's hash is rebuilt from
 // the charges when the session's first charge (`#1`) exists, else started afresh (nothing was charged).
+// - Two caches derived from the charges, each written once by unique insert and never updated, so that a close costs
+//   the calls of other sessions nothing: statement chunks (every 256 seqs of an open session, summed up in the
+//   background once all of them are decided; the close reads one chunk instead of 256 charges) and, once closed, the
+//   payment index (payment id -> seq), which answers a call retried after the close in place of the Redis record of
+//   its payment id: Redis keeps nothing per charge of a closed session.
 
 export interface SessionDoc {
   _id: string;
@@ -52,6 +57,25 @@ export interface ChargeDoc {
   requestSha256: string | null;
   at: Date;
   receipt: { receiptHash: string; signature: { alg: 'Ed25519'; keyId: string; value: string } } | null;
+}
+
+/** A statement chunk (see StatementChunk): `<sessionId>#<chunk>`, chunk 0 holding seqs 1..256. */
+export interface StatementChunkDoc extends StatementChunk {
+  _id: string;
+  sessionId: string;
+  chunk: number;
+}
+
+/**
+ * One bucket of a closed session's payment index, `<sessionId>#<bucket>`: the payment ids its statement charged, with
+ * their seqs side by side, and those the budget had seen that it did not charge (a hold or debit the close voided).
+ */
+export interface PaymentBucketDoc {
+  _id: string;
+  sessionId: string;
+  paymentIds: string[];
+  seqs: number[];
+  refused: string[];
 }
 
 export type CloseReason = 'closed' | 'expired' | 'wound_down';
@@ -230,7 +254,7 @@ return tonumber(redis.call('HGET', KEYS[1], 'seq'))
 
 /** Charges read at once when a close reads a session's whole list. */
 const READ_BATCH = 64;
-/** How long a closed session's budget keeps answering repeated calls (their first answer) before it is dropped. */
+/** How long a closed session's budget (its state, a few fields) keeps refusing calls in Redis before it goes. */
 const CLOSED_BUDGET_TTL_SECONDS = 7 * 86_400;
 
 export function chargeId(sessionId: string, seq: number): string {
@@ -241,6 +265,8 @@ export class X402SessionStore {
   readonly sessions: Collection<SessionDoc>;
   readonly charges: Collection<ChargeDoc>;
   readonly closes: Collection<CloseDoc>;
+  readonly chunks: Collection<StatementChunkDoc>;
+  readonly paymentIndex: Collection<PaymentBucketDoc>;
   /** Sessions with work to come: their expiry, or a close to finish (see DueWorkStore). */
   readonly due: DueWorkStore;
   /** Terms never change: a session seen once is served from memory. */
@@ -258,6 +284,8 @@ export class X402SessionStore {
     this.sessions = db.collection<SessionDoc>('x402_sessions');
     this.charges = db.collection<ChargeDoc>('x402_session_charges');
     this.closes = db.collection<CloseDoc>('x402_session_closes');
+    this.chunks = db.collection<StatementChunkDoc>('x402_session_statement_chunks');
+    this.paymentIndex = db.collection<PaymentBucketDoc>('x402_session_payment_index');
     this.due = new DueWorkStore(db, 'x402_sessions', redis, redisPrefix);
   }
 
@@ -375,6 +403,19 @@ export class X402SessionStore {
     return value ? parseDebit(value) : null;
   }
 
+  /** Every payment id the budget has a debit of, a few hundred per Redis command (never one long command). */
+  async debitedPaymentIds(sessionId: string): Promise<string[]> {
+    const [, payments] = this.keys(sessionId);
+    const ids: string[] = [];
+    let cursor = '0';
+    do {
+      const [next, page] = await this.redis.hscan(payments, cursor, 'COUNT', 500);
+      for (let i = 0; i < page.length; i += 2) ids.push(page[i]!);
+      cursor = next;
+    } while (cursor !== '0');
+    return ids;
+  }
+
   /** Starts the budget (or rebuilds it after Redis lost it) unless it is there; `payments` maps payment ids to seq:amount:c. */
   async initBudget(
     sessionId: string,
@@ -410,14 +451,14 @@ export class X402SessionStore {
     return seq < 0 ? null : seq;
   }
 
-  /** A closed session's budget answers repeats for a while, then goes. */
+  /**
+   * A closed session's budget: its payment records go (the payment index in MongoDB answers a retried call), its
+   * state (closed: debits refused in one script) stays a while, then goes too.
+   */
   async retireBudget(sessionId: string): Promise<void> {
     const [budget, payments] = this.keys(sessionId);
-    await this.redis
-      .pipeline()
-      .expire(budget, CLOSED_BUDGET_TTL_SECONDS)
-      .expire(payments, CLOSED_BUDGET_TTL_SECONDS)
-      .exec();
+    // UNLINK: a hash of many payments is freed off Redis' main thread.
+    await this.redis.pipeline().unlink(payments).expire(budget, CLOSED_BUDGET_TTL_SECONDS).exec();
   }
 
   /** Records a debit as a charge, or as void: the unique insert decides; answers the charge that holds the seq. */
@@ -447,13 +488,46 @@ export class X402SessionStore {
   }
 
   /** Charges 1..lastSeq by `_id`, in order; a missing one is null. */
-  async chargesThrough(sessionId: string, lastSeq: number): Promise<Array<ChargeDoc | null>> {
+  chargesThrough(sessionId: string, lastSeq: number): Promise<Array<ChargeDoc | null>> {
+    return this.chargesBetween(sessionId, 1, lastSeq);
+  }
+
+  /** Charges from..to by `_id`, in order, `batch` reads at a time; a missing one is null. */
+  async chargesBetween(
+    sessionId: string,
+    from: number,
+    to: number,
+    batch = READ_BATCH,
+  ): Promise<Array<ChargeDoc | null>> {
     const found: Array<ChargeDoc | null> = [];
-    for (let from = 1; from <= lastSeq; from += READ_BATCH) {
-      const seqs = Array.from({ length: Math.min(READ_BATCH, lastSeq - from + 1) }, (_, i) => from + i);
+    for (let first = from; first <= to; first += batch) {
+      const seqs = Array.from({ length: Math.min(batch, to - first + 1) }, (_, i) => first + i);
       found.push(...(await Promise.all(seqs.map((seq) => this.getCharge(sessionId, seq)))));
     }
     return found;
+  }
+
+  getChunk(sessionId: string, chunk: number): Promise<StatementChunkDoc | null> {
+    return this.chunks.findOne({ _id: `${sessionId}#${chunk}` });
+  }
+
+  /** Records a chunk once (any two are the same: both are made from the same charges). */
+  async recordChunk(sessionId: string, chunk: number, summary: StatementChunk): Promise<void> {
+    await insertFirst(this.chunks, { _id: `${sessionId}#${chunk}`, sessionId, chunk, ...summary });
+  }
+
+  getPaymentBucket(sessionId: string, bucket: number): Promise<PaymentBucketDoc | null> {
+    return this.paymentIndex.findOne({ _id: `${sessionId}#${bucket}` });
+  }
+
+  /** Records a closed session's payment index, each bucket once (a second writer's buckets are the same). */
+  async recordPaymentIndex(
+    sessionId: string,
+    buckets: Array<{ paymentIds: string[]; seqs: number[]; refused: string[] }>,
+  ): Promise<void> {
+    await Promise.all(
+      buckets.map((b, i) => insertFirst(this.paymentIndex, { _id: `${sessionId}#${i}`, sessionId, ...b })),
+    );
   }
 
   /**

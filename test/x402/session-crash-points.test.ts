@@ -217,11 +217,17 @@ describe('x402 session crash points', () => {
         currency: 'USD',
         budget: BUDGET,
         maxPerCall: 100,
-        ttlSeconds: 1,
+        ttlSeconds: 3,
       });
-      const { sessionId } = res.json();
-      await call(`/x402/sessions/${sessionId}/charges`, { paymentId: 'p1', payeeAgentId: parties.payee, amount: 70 });
-      await new Promise((resolve) => setTimeout(resolve, 1_100));
+      const { sessionId, expiresAt } = res.json();
+      // The charge lands before the expiry (3 s leaves a loaded machine room), then the expiry is waited out.
+      const charged = await call(`/x402/sessions/${sessionId}/charges`, {
+        paymentId: 'p1',
+        payeeAgentId: parties.payee,
+        amount: 70,
+      });
+      expect(charged.statusCode, charged.body).toBe(201);
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, Date.parse(expiresAt) - Date.now()) + 100));
       arm(point);
       await processors['x402-verify']!.sweep!();
       expect(crashed).toBe(true);

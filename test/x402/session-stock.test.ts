@@ -216,8 +216,8 @@ describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> t
     ).json();
     expect(statement.body).toMatchObject({ totalCharged: 5, voided: 1 });
 
-    // Once the closed session's budget is retired from Redis, a lookup still finds the settled payment among the
-    // session's own charges, a charge is refused as closed, and neither puts the budget back.
+    // Once the closed session's budget is gone from Redis, a lookup still finds the settled payment (and the voided
+    // hold) in the session's payment index, a charge is refused as closed, and neither puts the budget back.
     const budgetKeys = ['budget', 'payments'].map((k) => `${t.runtime.config.redisPrefix}:{ses:${sessionId}}:${k}`);
     await t.runtime.redis.del(...budgetKeys);
     expect(
@@ -236,7 +236,8 @@ describe('x402 v2 sessions: stock fetch wrapper -> stock express middleware -> t
       settlement: { success: true, status: 'settled', amount: '5', transaction: first.transaction },
     });
     expect((await t.app.inject({ method: 'GET', url: heldUrl, headers: auth })).json()).toMatchObject({
-      status: 'unknown',
+      status: 'refused',
+      settlement: { success: false, errorReason: 'session_closed' },
     });
     const late = await t.app.inject({
       method: 'POST',

@@ -14,15 +14,20 @@ import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
 import { decideSettlement } from '../../domain/settlement.ts';
 import { evaluateStaticPolicy } from '../../domain/x402.ts';
 import {
-  chargesSha256,
+  chunkLines,
+  chunkSeqs,
   DEFAULT_SESSION_TTL_SECONDS,
+  paymentBucketOf,
+  paymentBuckets,
   signChargeReceipt,
   signStatement,
+  STATEMENT_CHUNK_SEQS,
+  StatementAccumulator,
   statementLastSeq,
-  statementTotals,
   type SessionStatus,
   type SignedChargeReceipt,
   type StatementCharge,
+  type StatementChunk,
 } from '../../domain/x402-sessions.ts';
 import type { Runtime } from '../../runtime.ts';
 import { bucketMove, isInsufficientFunds, type NewLedgerEntry } from '../../store/ledger.ts';
@@ -124,6 +129,17 @@ const CLOSE_FENCE = 64;
 const ENDED_CODES = new Set(['X402_SESSION_CLOSED', 'X402_SESSION_EXPIRED', 'X402_AGENT_WOUND_DOWN']);
 /** Debits one call may make when each finds its seq taken by a recorded charge (Redis lost writes; repaired between). */
 const DEBIT_ATTEMPTS = 3;
+/**
+ * Charges read at once by the work a close or a chunk's summing-up does beside the calls (a few, so that it never
+ * queues the calls' own reads and inserts behind a burst of its own), and chunks a close reads at once.
+ */
+const BACKGROUND_READS = 8;
+const CHUNK_READS = 4;
+/**
+ * A chunk is summed up once the seqs handed out have passed its end by another chunk: by then the calls that took its
+ * seqs have answered (or died, and the close decides them).
+ */
+const CHUNK_LAG = 1;
 
 function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
   const terms = (s: SessionDoc) =>
@@ -372,15 +388,31 @@ export class X402Sessions {
     const [session, close] = await Promise.all([this.store.get(sessionId), this.store.closeOf(sessionId)]);
     if (!session || !close) return null;
     const charge = await this.statementCharge(session, close, input.paymentId);
-    if (!charge) return null;
+    if (!charge || charge === 'refused') return null;
     if (!sameCall(charge, input)) throw this.reusedError(input.paymentId);
     return this.answerOf(session, charge, null);
   }
 
-  /** The charge of a payment id among those a closed session's statement pays (read by `_id`), or null. */
-  private async statementCharge(session: SessionDoc, close: CloseDoc, paymentId: string): Promise<ChargeDoc | null> {
-    const charges = await this.store.chargesThrough(session._id, statementLastSeq(close.statement.body));
-    return charges.find((c): c is ChargeDoc => c?.state === 'charged' && c.paymentId === paymentId) ?? null;
+  /**
+   * The charge of a payment id among those a closed session's statement pays (null when it pays none), or `refused`
+   * when the budget had seen the payment id and the close voided it: looked up in the session's payment index (two
+   * reads by `_id`); while the close has not written it yet, among the statement's charges.
+   */
+  private async statementCharge(
+    session: SessionDoc,
+    close: CloseDoc,
+    paymentId: string,
+  ): Promise<ChargeDoc | 'refused' | null> {
+    const buckets = paymentBuckets(close.statement.body.chargeCount + close.statement.body.voided);
+    if (buckets === 0) return null;
+    const bucket = await this.store.getPaymentBucket(session._id, paymentBucketOf(paymentId, buckets));
+    if (bucket?.refused.includes(paymentId)) return 'refused';
+    const seq = bucket
+      ? bucket.seqs[bucket.paymentIds.indexOf(paymentId)]
+      : (await this.statementLines(session, close)).find((line) => line.paymentId === paymentId)?.seq;
+    if (seq === undefined) return null;
+    const charge = await this.store.getCharge(session._id, seq);
+    return charge?.state === 'charged' && charge.paymentId === paymentId ? charge : null;
   }
 
   private async chargeOpen(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
@@ -551,7 +583,40 @@ export class X402Sessions {
       });
     }
     if (debit.kind === 'closed') throw await this.closedError(session);
+    if (debit.kind === 'new' && debit.seq % STATEMENT_CHUNK_SEQS === 0) {
+      const chunk = debit.seq / STATEMENT_CHUNK_SEQS - 1 - CHUNK_LAG;
+      if (chunk >= 0) this.sumUpInBackground(session, chunk);
+    }
     return debit;
+  }
+
+  /**
+   * Sums up a chunk of an open session's charges (see StatementChunk) beside the calls, never in their way: a call
+   * whose debit passed a chunk's end by another chunk starts it and answers without waiting. A chunk with a seq not
+   * yet decided (a call still in flight, or one that died) is left to the close, which reads its charges one by one.
+   * Nothing depends on it having happened: a process that dies here leaves only less done.
+   */
+  private sumUpInBackground(session: SessionDoc, chunk: number): void {
+    this.sumUpChunk(session, chunk).catch((err: unknown) =>
+      this.runtime.logger.warn(
+        { err, sessionId: session._id, chunk },
+        'x402 session statement chunk not summed up; the close reads its charges',
+      ),
+    );
+  }
+
+  async sumUpChunk(session: SessionDoc, chunk: number): Promise<boolean> {
+    const { from, to } = chunkSeqs(chunk);
+    const charges = await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS);
+    if (charges.some((c) => c === null)) return false;
+    const summary = new StatementAccumulator(session, true);
+    for (const c of charges as ChargeDoc[]) {
+      if (c.state === 'charged') summary.addCharge(statementLine(c));
+      else summary.addVoid();
+    }
+    failpoint('x402.session.chunk-read');
+    await this.store.recordChunk(session._id, chunk, summary.chunk());
+    return true;
   }
 
   /**
@@ -674,7 +739,8 @@ export class X402Sessions {
       this.store.debitOf(session._id, paymentId),
       this.store.budgetState(session._id),
     ]);
-    if (!debit && !budget) return this.paymentOfRetired(session, paymentId);
+    // A closed session's payment records go from Redis once its payment index is written: looked up there.
+    if (!debit && (!budget || budget.state === 'closed')) return this.paymentOfRetired(session, paymentId, budget);
     if (!debit) return { status: 'unknown', session, charged: null };
     const [charge, close] = await Promise.all([
       this.store.getCharge(session._id, debit.seq),
@@ -696,8 +762,11 @@ export class X402Sessions {
   private async paymentOfRetired(
     session: SessionDoc,
     paymentId: string,
+    budget: BudgetState | null,
   ): Promise<Awaited<ReturnType<X402Sessions['paymentState']>>> {
     const close = await this.store.closeOf(session._id);
+    // Closing: its payment records stay in Redis until the close is recorded, so this one was never seen.
+    if (!close && budget) return { status: 'unknown', session, charged: null };
     if (!close) {
       await this.ensureBudget(session).catch(() => undefined);
       const debit = await this.store.debitOf(session._id, paymentId);
@@ -706,6 +775,7 @@ export class X402Sessions {
         : { status: 'unknown', session, charged: null };
     }
     const charge = await this.statementCharge(session, close, paymentId);
+    if (charge === 'refused') return { status: 'refused', session, charged: null };
     return charge
       ? { status: 'settled', session, charged: this.answerOf(session, charge, null) }
       : { status: 'unknown', session, charged: null };
@@ -875,9 +945,36 @@ export class X402Sessions {
     failpoint('x402.session.stopped');
     const now = new Date();
     // Every seq Redis handed out is decided, and every charge recorded past them too: after Redis lost writes its seq
-    // is behind the recorded charges, and the statement must still pay every receipt.
-    const [through, beyond] = await Promise.all([
-      this.store.chargesThrough(session._id, lastSeq),
+    // is behind the recorded charges, and the statement must still pay every receipt. A chunk summed up while the
+    // session was open stands for its 256 charges; the rest are read one by one, a few at a time.
+    const totals = new StatementAccumulator(session);
+    const paid: Array<[string, number]> = [];
+    const fullChunks = Math.floor(lastSeq / STATEMENT_CHUNK_SEQS);
+    const summedUpNow: Array<[number, StatementChunk]> = [];
+    for (let first = 0; first < fullChunks; first += CHUNK_READS) {
+      const chunks = Array.from({ length: Math.min(CHUNK_READS, fullChunks - first) }, (_, i) => first + i);
+      const docs = await Promise.all(chunks.map((c) => this.store.getChunk(session._id, c)));
+      for (const [i, chunk] of chunks.entries()) {
+        let summary: StatementChunk | null = docs[i] ?? null;
+        if (!summary) {
+          const { from, to } = chunkSeqs(chunk);
+          const decided = await this.decideSeqs(
+            session,
+            from,
+            await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS),
+            now,
+          );
+          const own = new StatementAccumulator(session, true);
+          for (const c of decided) this.addDecided(own, c, paid);
+          summary = own.chunk();
+          summedUpNow.push([chunk, summary]);
+        } else for (const line of chunkLines(summary)) paid.push([line.paymentId, line.seq]);
+        totals.addChunk(summary);
+      }
+    }
+    const tailFrom = fullChunks * STATEMENT_CHUNK_SEQS + 1;
+    const [tail, beyond] = await Promise.all([
+      this.store.chargesBetween(session._id, tailFrom, lastSeq, BACKGROUND_READS),
       this.store.chargesBeyond(session._id, lastSeq),
     ]);
     if (beyond.length > 0)
@@ -885,13 +982,12 @@ export class X402Sessions {
         { sessionId: session._id, redisSeq: lastSeq, recordedSeq: lastSeq + beyond.length },
         'x402 session close found charges past the seq Redis held (Redis lost writes)',
       );
-    const found = [...through, ...beyond];
-    const decided = await Promise.all(
-      found.map((charge, i) => charge ?? this.store.recordVoid(session._id, i + 1, now)),
-    );
+    for (const c of await this.decideSeqs(session, tailFrom, [...tail, ...beyond], now))
+      this.addDecided(totals, c, paid);
     failpoint('x402.session.voided');
-    const lines: StatementCharge[] = decided.filter((c) => c.state === 'charged').map(statementLine);
-    const totals = statementTotals(session, lines);
+    // The chunks read one by one are decided now: summed up for the statement's later readers.
+    await Promise.all(summedUpNow.map(([chunk, summary]) => this.store.recordChunk(session._id, chunk, summary)));
+    const sums = totals.finish();
     const statement = signStatement(
       {
         schema: 'SessionStatement.v1',
@@ -906,13 +1002,13 @@ export class X402Sessions {
         expiresAt: session.expiresAt.toISOString(),
         reason,
         closedAt: now.toISOString(),
-        voided: decided.length - lines.length,
-        chargeCount: lines.length,
-        chargesSha256: chargesSha256(lines),
-        totalCharged: totals.totalCharged,
-        refunded: totals.refunded,
+        voided: sums.voided,
+        chargeCount: sums.chargeCount,
+        chargesSha256: sums.chargesSha256,
+        totalCharged: sums.totalCharged,
+        refunded: sums.refunded,
         payees: session.payeeAgentIds.map((payeeAgentId, i) => {
-          const charged = totals.perPayee.get(payeeAgentId)!;
+          const charged = sums.perPayee.get(payeeAgentId)!;
           return { payeeAgentId, charged, settlementId: charged > 0 ? sessionSettlementId(session._id, i) : null };
         }),
       },
@@ -927,7 +1023,7 @@ export class X402Sessions {
       statement,
     });
     failpoint('x402.session.closed');
-    await this.finishClose(session, close);
+    await this.finishClose(session, close, won ? paid : null);
     logStep(this.runtime, 'x402.session.closed', {
       tenantId: session.tenantId,
       sessionId: session._id,
@@ -939,6 +1035,82 @@ export class X402Sessions {
       repeat: !won,
     });
     return close;
+  }
+
+  /** Seqs from `from` on as read (null: not recorded), each decided: a missing one is voided (or found charged). */
+  private decideSeqs(session: SessionDoc, from: number, read: Array<ChargeDoc | null>, at: Date): Promise<ChargeDoc[]> {
+    return Promise.all(read.map((charge, i) => charge ?? this.store.recordVoid(session._id, from + i, at)));
+  }
+
+  private addDecided(totals: StatementAccumulator, c: ChargeDoc, paid: Array<[string, number]>): void {
+    if (c.state !== 'charged') return totals.addVoid();
+    totals.addCharge(statementLine(c));
+    paid.push([c.paymentId!, c.seq]);
+  }
+
+  /**
+   * The charges a closed session's statement lists, in seq order: its chunks (every chunk within the statement was
+   * summed up by then, but for those a close died before recording) and the charges past them, read by `_id`.
+   */
+  private async statementLines(session: SessionDoc, close: CloseDoc): Promise<StatementCharge[]> {
+    const lastSeq = statementLastSeq(close.statement.body);
+    const fullChunks = Math.floor(lastSeq / STATEMENT_CHUNK_SEQS);
+    const lines: StatementCharge[] = [];
+    const charged = (docs: Array<ChargeDoc | null>) =>
+      docs.filter((c): c is ChargeDoc => c?.state === 'charged').map(statementLine);
+    for (let first = 0; first < fullChunks; first += CHUNK_READS) {
+      const chunks = Array.from({ length: Math.min(CHUNK_READS, fullChunks - first) }, (_, i) => first + i);
+      const docs = await Promise.all(chunks.map((c) => this.store.getChunk(session._id, c)));
+      for (const [i, chunk] of chunks.entries()) {
+        const doc = docs[i];
+        if (doc) lines.push(...chunkLines(doc));
+        else {
+          const { from, to } = chunkSeqs(chunk);
+          lines.push(...charged(await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS)));
+        }
+      }
+    }
+    const tail = await this.store.chargesBetween(
+      session._id,
+      fullChunks * STATEMENT_CHUNK_SEQS + 1,
+      lastSeq,
+      BACKGROUND_READS,
+    );
+    return [...lines, ...charged(tail)];
+  }
+
+  /**
+   * Writes a closed session's payment index (payment id -> seq, in buckets; and the payment ids the budget saw that
+   * the statement does not pay), so that Redis can forget the session's payments: from what the close just read, or
+   * (a close finished by another closer or the sweeper) from the statement's charges, unless its last bucket is there.
+   */
+  private async indexPayments(
+    session: SessionDoc,
+    close: CloseDoc,
+    paid: Array<[string, number]> | null,
+  ): Promise<void> {
+    const count = paymentBuckets(close.statement.body.chargeCount + close.statement.body.voided);
+    if (count === 0) return;
+    if (!paid) {
+      if (await this.store.getPaymentBucket(session._id, count - 1)) return;
+      paid = (await this.statementLines(session, close)).map((line) => [line.paymentId, line.seq]);
+    }
+    const buckets = Array.from({ length: count }, () => ({
+      paymentIds: [] as string[],
+      seqs: [] as number[],
+      refused: [] as string[],
+    }));
+    const charged = new Set<string>();
+    for (const [paymentId, seq] of paid) {
+      const bucket = buckets[paymentBucketOf(paymentId, count)]!;
+      bucket.paymentIds.push(paymentId);
+      bucket.seqs.push(seq);
+      charged.add(paymentId);
+    }
+    // A debit Redis holds that the statement does not pay was voided by the close: its payment is refused.
+    for (const paymentId of await this.store.debitedPaymentIds(session._id))
+      if (!charged.has(paymentId)) buckets[paymentBucketOf(paymentId, count)]!.refused.push(paymentId);
+    await this.store.recordPaymentIndex(session._id, buckets);
   }
 
   /** A session whose reserve was never made holds nothing: once its open can no longer make it, it goes. */
@@ -953,7 +1125,11 @@ export class X402Sessions {
    * of the budget back to the payer, each payee's charges into its settlement (decided pass, then released less its
    * holdback). Then the event, and the sweeper is done with it.
    */
-  private async finishClose(session: SessionDoc, close: CloseDoc): Promise<void> {
+  private async finishClose(
+    session: SessionDoc,
+    close: CloseDoc,
+    paid: Array<[string, number]> | null = null,
+  ): Promise<void> {
     const { ledger, settlements } = this.runtime.stores;
     const { body } = close.statement;
     if (body.refunded > 0) {
@@ -1014,6 +1190,8 @@ export class X402Sessions {
       `${type}:${session._id}`,
     );
     await this.fence(session, close);
+    await this.indexPayments(session, close, paid);
+    failpoint('x402.session.indexed');
     await this.store.retireBudget(session._id);
     await this.store.due.done(session._id);
   }
@@ -1077,11 +1255,7 @@ export class X402Sessions {
     const close = await this.store.closeOf(session._id);
     if (!close)
       throw errors.transitionIllegal('an open session has no statement yet', (await this.state(session)).status);
-    const lastSeq = statementLastSeq(close.statement.body);
-    const charges = (await this.store.chargesThrough(session._id, lastSeq))
-      .filter((c): c is ChargeDoc => c?.state === 'charged')
-      .map(statementLine);
-    return { close, charges };
+    return { close, charges: await this.statementLines(session, close) };
   }
 
   /**
