@@ -1,13 +1,15 @@
 import { randomBytes } from 'node:crypto';
+import { Queue } from 'bullmq';
 import { MongoClient } from 'mongodb';
 import { afterAll, beforeAll, describe, expect, inject, it, onTestFailed } from 'vitest';
+import { signEvents } from '../../src/domain/event-chain.ts';
 import { PARTITIONED_QUEUES, partitionQueueName } from '../../src/queues/index.ts';
+import { createRedisClient } from '../../src/redis.ts';
 import { auditDatabase } from './audit.ts';
 import { CountingReceiver } from './receiver.ts';
 import { RedisCluster, type RedisServer } from './servers.ts';
 import {
   call,
-  createRunWithEvidence,
   createTenant,
   credit,
   eventually,
@@ -39,6 +41,32 @@ const EVENTS = [
   'x402.session.opened',
   'x402.session.closed',
 ];
+
+/**
+ * `must` with patience: a call on this loaded topology (two cores, eleven processes) may answer 503 past its
+ * deadline or 409 while its first attempt's idempotency record is still in progress; it is repeated, with the same
+ * keys, until it answers `expected` or a minute has gone.
+ */
+async function persist(
+  base: () => string,
+  method: string,
+  path: string,
+  expected: number,
+  options: { body?: unknown; headers?: Record<string, string> } = {},
+): Promise<any> {
+  const deadline = Date.now() + 60_000;
+  const seen: string[] = [];
+  for (let attempt = 1; ; attempt++) {
+    const answer = await call(base(), method, path, options);
+    if (answer.status === expected) return answer.body;
+    seen.push(`${answer.status} ${answer.body?.code ?? ''}`);
+    if (![0, 409, 503].includes(answer.status) || Date.now() > deadline)
+      throw new Error(
+        `${method} ${path}: expected ${expected}, got ${JSON.stringify(answer.body)} (${seen.join('; ')})`,
+      );
+    await new Promise((r) => setTimeout(r, Math.min(250 * attempt, 3_000)));
+  }
+}
 
 async function pool<T>(items: T[], width: number, work: (item: T) => Promise<void>): Promise<void> {
   const queue = [...items];
@@ -124,11 +152,36 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
     }
     expect([...tagsPerMaster.values()].every((n) => n > 0)).toBe(true);
 
-    const apis = [await ServiceProcess.start('api', env), await ServiceProcess.start('api', env)];
+    const apis = [
+      await ServiceProcess.start('api', env, [], 90_000),
+      await ServiceProcess.start('api', env, [], 90_000),
+    ];
     processes.push(...apis);
     const workers: ServiceProcess[] = [];
     for (let i = 0; i < 3; i++) workers.push(await ServiceProcess.start('worker', env));
     processes.push(...workers);
+    // Every partition of every hot queue has its three workers before the load starts (a worker process takes a few
+    // seconds to start; an enqueue to a partition nobody consumes yet is reported, rightly).
+    const watcher = createRedisClient(cluster.url, { maxRetriesPerRequest: null });
+    try {
+      for (const queue of PARTITIONED_QUEUES) {
+        for (let p = 0; p < K; p++) {
+          const partition = new Queue(partitionQueueName(queue, p), {
+            connection: watcher,
+            prefix: `{${PREFIX}:bull:${partitionQueueName(queue, p)}}`,
+          });
+          await eventually(
+            async () => (await partition.getWorkersCount()) >= 3,
+            90_000,
+            `workers of ${partition.name}`,
+            250,
+          );
+          await partition.close();
+        }
+      }
+    } finally {
+      watcher.disconnect();
+    }
     // Round-robin over the two APIs: each call goes to the next one.
     let next = 0;
     const api = () => apis[next++ % apis.length]!.url;
@@ -166,9 +219,40 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
     };
     const oneFlow = async ({ kind, i }: Item) => {
       if (kind === 'run') {
-        const runId = await createRunWithEvidence(api(), tenant, payer, payee, { pass: i % 2 === 0, amount: 100 + i });
+        const { runId } = await persist(api, 'POST', '/v1/runs', 201, {
+          headers: { ...tenant.auth, 'idempotency-key': `run-${i}` },
+          body: {
+            agentId: payee.agentId,
+            terms: { accuracy: { min: 0.9 } },
+            settlement: {
+              payerAgentId: payer.agentId,
+              amount: 100 + i,
+              currency: 'USD',
+              holdbackBps: 0,
+              disputeWindowSeconds: 3600,
+            },
+          },
+        });
+        const [event] = signEvents(
+          [
+            {
+              id: `evt_topo_${i}`,
+              runId,
+              type: 'metric',
+              at: new Date().toISOString(),
+              payload: { name: 'accuracy', value: i % 2 === 0 ? 1 : 0 },
+            },
+          ],
+          { seq: 0, chainHash: null },
+          payee.privateKey,
+          payee.keyId,
+        );
+        await persist(api, 'POST', `/v1/runs/${runId}/events`, 201, {
+          headers: { ...tenant.auth, 'idempotency-key': `event-${i}` },
+          body: { event },
+        });
         runIds.push(runId);
-        await must(api(), 'POST', `/v1/runs/${runId}/finalize`, 202, { headers: tenant.auth });
+        await persist(api, 'POST', `/v1/runs/${runId}/finalize`, 202, { headers: tenant.auth });
         await eventually(
           async () =>
             (await call(api(), 'GET', `/v1/runs/${runId}`, { headers: tenant.auth })).body?.status === 'finalized',
@@ -176,22 +260,22 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
           `run ${runId} finalized`,
           250,
         );
-        await must(api(), 'POST', `/v1/runs/${runId}/settle`, 202, {
+        await persist(api, 'POST', `/v1/runs/${runId}/settle`, 202, {
           headers: { ...tenant.auth, 'idempotency-key': `settle-${runId}` },
           body: {},
         });
       } else if (kind === 'gate') {
-        const gate = await must(api(), 'POST', '/x402/gate/create', 201, {
+        const gate = await persist(api, 'POST', '/x402/gate/create', 201, {
           headers: { ...x402.auth, 'idempotency-key': `gate-${i}` },
           body: { payerAgentId: payer.agentId, payeeAgentId: payee.agentId, amount: 50 + i, currency: 'USD' },
         });
         gateIds.push(gate.gateId);
         const requestSha256 = randomBytes(32).toString('hex');
-        const quote = await must(api(), 'POST', '/x402/gate/quote', 200, {
+        const quote = await persist(api, 'POST', '/x402/gate/quote', 200, {
           headers: x402.auth,
           body: { gateId: gate.gateId, requestSha256 },
         });
-        await must(api(), 'POST', '/x402/gate/authorize-payment', 200, {
+        await persist(api, 'POST', '/x402/gate/authorize-payment', 200, {
           headers: x402.auth,
           body: { gateId: gate.gateId, quoteId: quote.quoteId, requestSha256 },
         });
@@ -207,7 +291,7 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
           await new Promise((r) => setTimeout(r, 500 * (attempt + 1)));
         }
       } else {
-        const session = await must(api(), 'POST', '/x402/sessions', 201, {
+        const session = await persist(api, 'POST', '/x402/sessions', 201, {
           headers: { ...x402.auth, 'idempotency-key': `session-${i}` },
           body: {
             currency: 'USD',
@@ -219,12 +303,12 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
         });
         sessionIds.push(session.sessionId);
         for (let c = 0; c < CHARGES_PER_SESSION; c++) {
-          await must(api(), 'POST', `/x402/sessions/${session.sessionId}/charges`, 201, {
+          await persist(api, 'POST', `/x402/sessions/${session.sessionId}/charges`, 201, {
             headers: x402.auth,
             body: { paymentId: `pay-${i}-${c}`, payeeAgentId: payee.agentId, amount: 10 + c },
           });
         }
-        await must(api(), 'POST', `/x402/sessions/${session.sessionId}/close`, 200, { headers: x402.auth, body: {} });
+        await persist(api, 'POST', `/x402/sessions/${session.sessionId}/close`, 200, { headers: x402.auth, body: {} });
       }
     };
 
