@@ -73,8 +73,9 @@ export function startWorkers(
   for (const queue of queues) {
     const processor = processors[queue] as QueueProcessor | undefined;
     if (!processor) throw new Error(`no processor for queue ${queue}`);
-    // One sweep schedule per queue, on its partition 0 (the queue's own name): the sweepers read every partition of
-    // their indexes, each on its own, so one partition's failover holds up only what it holds.
+    // One sweep schedule per queue, on its partition 0 (the queue's own name): a sweep reads due-work indexes that
+    // are not split (each has a hash tag of its own; docs/queues.md), so K sweeps would only repeat one another. A
+    // failover of partition 0's master delays the queue's sweeps for its length, nothing else.
     if (processor.sweep) {
       const scheduler = new Queue(layout.name(queue, 0), { connection, prefix: layout.prefix(queue, 0) });
       scheduler.on('error', onBullError(logger.child({ queue }), 'scheduler queue'));
