@@ -89,6 +89,14 @@ export interface Config {
     /** A run's escrow reserve not captured by its settlement this long after it was locked goes back to the payer. */
     runDeadlineSeconds: number;
   };
+  queues: {
+    /** K: how many partitions each hot queue (settle, x402-verify, webhook-dispatch, finalize) is split over. */
+    partitions: number;
+    /** How many partitions workers consume and sweepers read (at least K; the old K while K is being lowered). */
+    readPartitions: number;
+    /** The partitions of the hot queues this worker process consumes; null: every one. */
+    workerPartitions: number[] | null;
+  };
   sweeper: {
     intervalMs: number;
     /** Work older than this in a pending state without a live job is re-enqueued. */
@@ -164,6 +172,31 @@ function list(env: Env, name: string): string[] {
     .split(',')
     .map((item) => item.trim())
     .filter(Boolean);
+}
+
+/** QUEUE_PARTITIONS, QUEUE_PARTITIONS_DRAIN and WORKER_PARTITIONS, checked against each other (docs/queues.md). */
+function queuePartitions(env: Env): Config['queues'] {
+  const partitions = int(env, 'QUEUE_PARTITIONS', 1, 1, 256);
+  const readPartitions = int(env, 'QUEUE_PARTITIONS_DRAIN', partitions, 1, 256);
+  if (readPartitions < partitions) {
+    throw new ConfigError(
+      'QUEUE_PARTITIONS_DRAIN',
+      `must be at least QUEUE_PARTITIONS (${partitions}), got ${readPartitions}`,
+    );
+  }
+  const raw = list(env, 'WORKER_PARTITIONS');
+  if (raw.length === 0) return { partitions, readPartitions, workerPartitions: null };
+  const workerPartitions = [...new Set(raw)].map((item) => {
+    const n = /^\d+$/.test(item) ? Number(item) : NaN;
+    if (!(n < partitions)) {
+      throw new ConfigError(
+        'WORKER_PARTITIONS',
+        `must list partitions 0 to ${partitions - 1} (QUEUE_PARTITIONS - 1), got "${item}"`,
+      );
+    }
+    return n;
+  });
+  return { partitions, readPartitions, workerPartitions: workerPartitions.sort((a, b) => a - b) };
 }
 
 function bool(env: Env, name: string, fallback: boolean): boolean {
@@ -368,6 +401,7 @@ export function loadConfig(env: Env = process.env): Config {
     reserves: {
       runDeadlineSeconds: int(env, 'RUN_RESERVE_DEADLINE_SECONDS', 30 * 86_400, 1, 365 * 86_400),
     },
+    queues: queuePartitions(env),
     sweeper: {
       intervalMs: int(env, 'SWEEP_INTERVAL_MS', 30_000, 100, 3_600_000),
       staleAfterMs: int(env, 'SWEEP_STALE_AFTER_MS', 60_000, 0, 86_400_000),

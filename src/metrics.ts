@@ -9,3 +9,10 @@ export const jobsFailedForGood = new Counter({
   labelNames: ['queue'] as const,
   registers: [processMetrics],
 });
+
+export const jobsRoutedToUnconsumedPartition = new Counter({
+  name: 'queue_jobs_routed_to_unconsumed_partition_total',
+  help: 'Jobs enqueued to a hot queue partition that no worker consumed at the time (they wait there; an alert)',
+  labelNames: ['queue', 'partition'] as const,
+  registers: [processMetrics],
+});

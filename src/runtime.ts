@@ -2,6 +2,7 @@ import type { Db, MongoClient } from 'mongodb';
 import type { Logger } from 'pino';
 import type { Config } from './config.ts';
 import { DependencyOutages, watchRedis } from './outages.ts';
+import { jobsRoutedToUnconsumedPartition } from './metrics.ts';
 import { Producers } from './queues/index.ts';
 import { createRedisClient, isClusterUrl, type RedisClient } from './redis.ts';
 import { CredentialCache } from './store/credentials.ts';
@@ -120,11 +121,30 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   watchMongo(mongo, outages);
   const db = mongo.db(config.mongoDb);
   const redis = createApiRedis(config, outages);
-  const producers = new Producers(redis, config.redisPrefix, isClusterUrl(config.redisUrl), (cause) => {
-    if (!outages.countIfDown('redis')) logger.warn({ cause }, 'job queue unavailable: answering 503');
-  });
+  const producers = new Producers(
+    redis,
+    config.redisPrefix,
+    isClusterUrl(config.redisUrl),
+    (cause) => {
+      if (!outages.countIfDown('redis')) logger.warn({ cause }, 'job queue unavailable: answering 503');
+    },
+    {
+      partitions: config.queues.partitions,
+      readPartitions: config.queues.readPartitions,
+      // A partition no worker consumes keeps its jobs (nothing is lost) but runs none: one line when found, a count.
+      onCoverage: ({ kind, queue, partition, name }) => {
+        if (kind === 'routed') jobsRoutedToUnconsumedPartition.inc({ queue, partition: String(partition) });
+        else if (kind === 'unconsumed')
+          logger.error(
+            { alert: 'partition_unconsumed', queue, partition, name },
+            'jobs are routed to a queue partition no worker consumes; they wait there (check WORKER_PARTITIONS)',
+          );
+        else logger.info({ queue, partition, name }, 'queue partition has a worker again');
+      },
+    },
+  );
   // Producers' queues share `redis`; their own `error` events repeat what its listener above already counted.
-  for (const queue of Object.values(producers.queues)) queue.on('error', (err) => outages.absorb(err));
+  for (const queue of Object.values(producers.partitions).flat()) queue.on('error', (err) => outages.absorb(err));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
   // One list index for every store that lists its rows (runs, settlements, gates, sessions, ...).
   const lists = new ListIndex(redis, config.redisPrefix, config.lists.retentionDays * 86_400_000);

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { Queue, type JobsOptions, type ConnectionOptions } from 'bullmq';
 import { Type, type Static, type TSchema } from 'typebox';
 import { Value } from 'typebox/value';
@@ -48,11 +49,105 @@ export const DEFAULT_JOB_OPTIONS: JobsOptions = {
 };
 
 /**
- * BullMQ's key prefix. On a Redis Cluster it is a hash tag (`{as:bull}`), so every key of the queues lives in one
- * slot and BullMQ's multi-key scripts can run; on one server the key names stay as they always were (`as:bull`).
+ * BullMQ's key prefix of the layout every queue had before partitions: on a Redis Cluster one hash tag for all queues
+ * (`{as:bull}`), on one server the plain `as:bull`. On one server it is still the prefix of every queue (see
+ * QueueLayout); on a cluster only the queues left over from that layout are read with it (workers drain them).
  */
 export function bullPrefix(redisPrefix: string, cluster = false): string {
   return cluster ? `{${redisPrefix}:bull}` : `${redisPrefix}:bull`;
+}
+
+/**
+ * The queues that carry the money flows, each split over QUEUE_PARTITIONS partitions: one BullMQ queue never spans
+ * more than one Redis Cluster node (its scripts touch several keys, so they share one hash tag), and these are the
+ * ones whose traffic grows with the calls. The others stay one queue each.
+ */
+export const PARTITIONED_QUEUES = [
+  'settle',
+  'x402-verify',
+  'webhook-dispatch',
+  'finalize',
+] as const satisfies readonly QueueName[];
+
+export function isPartitioned(queue: QueueName): boolean {
+  return (PARTITIONED_QUEUES as readonly QueueName[]).includes(queue);
+}
+
+/**
+ * The id a job's partition is derived from: the thing the job works on, so every job of one run (or gate, event,
+ * delivery) lands on one partition, and a job enqueued twice with its derived id finds itself there (a no-op).
+ */
+export function ownerOf<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>): string {
+  const p = payload as Record<string, unknown>;
+  switch (queue) {
+    case 'finalize':
+    case 'settle':
+      return `${String(p.tenantId)}/${String(p.runId)}`;
+    case 'x402-verify':
+      return String(p.gateId);
+    case 'webhook-dispatch':
+      return String(p.deliveryId ?? p.eventId ?? p.recoveryId);
+    default:
+      return String(p.tenantId);
+  }
+}
+
+/**
+ * Which of `count` partitions `owner` belongs to: the first four bytes of its SHA-256, so every process of every
+ * version agrees (JavaScript's own string hashing is not stable across processes).
+ */
+export function partitionOf(owner: string, count: number): number {
+  if (count <= 1) return 0;
+  return createHash('sha256').update(owner).digest().readUInt32BE(0) % count;
+}
+
+/** BullMQ queue name of a partition: partition 0 keeps the queue's own name, so K=1 is the layout of old. */
+export function partitionQueueName(queue: QueueName, partition: number): string {
+  return partition === 0 ? queue : `${queue}-p${partition}`;
+}
+
+/**
+ * Where each queue and partition lives. On one Redis server every queue keeps the prefix it always had (`as:bull`),
+ * so with QUEUE_PARTITIONS=1 no key name changes. On a Redis Cluster each queue and each partition of a hot queue
+ * has a hash tag of its own in its prefix (`{as:bull:settle-p3}`), so the cluster spreads them over its masters.
+ *
+ * `partitions` is where jobs go (K); `readPartitions` (at least K) is how many partitions workers consume and
+ * sweepers read: above K after K was lowered, until the partitions above it are empty (docs/queues.md).
+ */
+export class QueueLayout {
+  readonly readPartitions: number;
+
+  constructor(
+    readonly redisPrefix: string,
+    readonly cluster = false,
+    readonly partitions = 1,
+    readPartitions = partitions,
+  ) {
+    if (!Number.isInteger(partitions) || partitions < 1) throw new Error('partitions must be a positive integer');
+    this.readPartitions = Math.max(partitions, readPartitions);
+  }
+
+  /** How many partitions of `queue` jobs are routed to. */
+  count(queue: QueueName): number {
+    return isPartitioned(queue) ? this.partitions : 1;
+  }
+
+  /** How many partitions of `queue` are read (consumed, counted, shown). */
+  readCount(queue: QueueName): number {
+    return isPartitioned(queue) ? this.readPartitions : 1;
+  }
+
+  partitionFor<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>): number {
+    return partitionOf(ownerOf(queue, payload), this.count(queue));
+  }
+
+  name(queue: QueueName, partition: number): string {
+    return partitionQueueName(queue, partition);
+  }
+
+  prefix(queue: QueueName, partition: number): string {
+    return this.cluster ? `{${this.redisPrefix}:bull:${this.name(queue, partition)}}` : bullPrefix(this.redisPrefix);
+  }
 }
 
 /** BullMQ job ids may not contain ':'; derived ids make a duplicate enqueue of the same work a no-op. */
@@ -62,8 +157,28 @@ export function jobIdFor(queue: QueueName, ...parts: string[]): string {
 
 const ENQUEUE_TIMEOUT_MS = 1_000;
 
+/** How long a partition's worker count is trusted before an enqueue to it looks again. */
+const CONSUMER_CHECK_EVERY_MS = 30_000;
+
+/**
+ * Told about a hot queue's partition with no worker: `unconsumed` once when an enqueue finds it so, `routed` for every
+ * job enqueued to it while it stays so, `consumed` once when it has a worker again.
+ */
+export type PartitionCoverageListener = (event: {
+  kind: 'unconsumed' | 'routed' | 'consumed';
+  queue: QueueName;
+  partition: number;
+  name: string;
+}) => void;
+
 export class Producers {
+  /** Partition 0 of each queue: the whole queue while QUEUE_PARTITIONS is 1. */
   readonly queues: Record<QueueName, Queue>;
+  /** Every partition read of each queue (see QueueLayout.readCount); a queue that is not split has one. */
+  readonly partitions: Record<QueueName, Queue[]>;
+  readonly layout: QueueLayout;
+  private readonly consumers = new Map<string, { checkedAt: number; consumed: boolean; checking: boolean }>();
+  private readonly onCoverage: PartitionCoverageListener;
 
   constructor(
     connection: ConnectionOptions,
@@ -71,14 +186,38 @@ export class Producers {
     cluster = false,
     /** Told why an enqueue answered 503: the caller only sees "unavailable", the operator needs the cause. */
     private readonly onUnavailable: (cause: string) => void = () => undefined,
+    partitioning: { partitions?: number; readPartitions?: number; onCoverage?: PartitionCoverageListener } = {},
   ) {
-    const prefix = bullPrefix(redisPrefix, cluster);
-    this.queues = Object.fromEntries(
+    this.layout = new QueueLayout(redisPrefix, cluster, partitioning.partitions ?? 1, partitioning.readPartitions);
+    this.onCoverage = partitioning.onCoverage ?? (() => undefined);
+    this.partitions = Object.fromEntries(
       QUEUE_NAMES.map((name) => [
         name,
-        new Queue(name, { connection, prefix, defaultJobOptions: DEFAULT_JOB_OPTIONS }),
+        Array.from(
+          { length: this.layout.readCount(name) },
+          (_, p) =>
+            new Queue(this.layout.name(name, p), {
+              connection,
+              prefix: this.layout.prefix(name, p),
+              defaultJobOptions: DEFAULT_JOB_OPTIONS,
+            }),
+        ),
       ]),
-    ) as Record<QueueName, Queue>;
+    ) as Record<QueueName, Queue[]>;
+    this.queues = Object.fromEntries(QUEUE_NAMES.map((name) => [name, this.partitions[name][0]!])) as Record<
+      QueueName,
+      Queue
+    >;
+  }
+
+  /** The partition a job of this payload belongs to (where its derived id is looked up too). */
+  queueFor<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>): Queue {
+    return this.partitions[queue][this.layout.partitionFor(queue, payload)]!;
+  }
+
+  /** The job with this id in the partition its payload routes to (null when there is none). */
+  async getJob<Q extends QueueName>(queue: Q, payload: QueuePayload<Q>, jobId: string) {
+    return (await this.withDeadline(this.queueFor(queue, payload).getJob(jobId))) ?? null;
   }
 
   /**
@@ -96,7 +235,9 @@ export class Producers {
       throw new Error(`invalid ${queue} job payload`);
     }
     const { name = queue, ...jobOptions } = options;
-    await this.withDeadline(this.queues[queue].add(name, payload, { ...jobOptions, jobId }));
+    const target = this.queueFor(queue, payload);
+    await this.withDeadline(target.add(name, payload, { ...jobOptions, jobId }));
+    if (this.layout.count(queue) > 1) this.watchConsumers(queue, this.partitions[queue].indexOf(target), target);
   }
 
   /** Enqueues a job to run after `delayMs` (the same deadline applies). */
@@ -126,7 +267,7 @@ export class Producers {
     jobId: string,
     name?: string,
   ): Promise<'enqueued' | 'retried' | 'promoted' | 'live'> {
-    const existing = await this.withDeadline(this.queues[queue].getJob(jobId));
+    const existing = await this.withDeadline(this.queueFor(queue, payload).getJob(jobId));
     if (existing) {
       const state = await this.withDeadline(existing.getState());
       if (state === 'failed') {
@@ -176,20 +317,54 @@ export class Producers {
     }
   }
 
+  /**
+   * A hot queue's partition with no worker is reported (the listener logs it, a metric counts what is routed to
+   * it) and its jobs wait there until one comes: nothing is lost, but nothing runs. Looked at, at most every
+   * CONSUMER_CHECK_EVERY_MS per partition, after an enqueue to it: BullMQ names each worker's connection after its
+   * queue, so the count is one CLIENT LIST per Redis node.
+   */
+  private watchConsumers(queue: QueueName, partition: number, target: Queue): void {
+    const name = target.name;
+    const known = this.consumers.get(name) ?? { checkedAt: 0, consumed: true, checking: false };
+    this.consumers.set(name, known);
+    if (!known.consumed) this.onCoverage({ kind: 'routed', queue, partition, name });
+    if (known.checking || Date.now() - known.checkedAt < CONSUMER_CHECK_EVERY_MS) return;
+    known.checking = true;
+    void target
+      .getWorkersCount()
+      .then((count) => {
+        const consumed = count > 0;
+        if (consumed !== known.consumed) {
+          this.onCoverage({ kind: consumed ? 'consumed' : 'unconsumed', queue, partition, name });
+          if (!consumed) this.onCoverage({ kind: 'routed', queue, partition, name });
+        }
+        known.consumed = consumed;
+        known.checkedAt = Date.now();
+      })
+      .catch(() => undefined)
+      .finally(() => {
+        known.checking = false;
+      });
+  }
+
+  /** Job counts per queue, its partitions added up. */
   async depths(): Promise<Record<QueueName, Record<string, number>>> {
     const entries = await Promise.all(
-      QUEUE_NAMES.map(
-        async (name) =>
-          [
-            name,
-            await this.queues[name].getJobCounts('waiting', 'active', 'delayed', 'failed', 'completed', 'prioritized'),
-          ] as const,
-      ),
+      QUEUE_NAMES.map(async (name) => {
+        const counts = await Promise.all(
+          this.partitions[name].map((q) =>
+            q.getJobCounts('waiting', 'active', 'delayed', 'failed', 'completed', 'prioritized'),
+          ),
+        );
+        const total: Record<string, number> = {};
+        for (const c of counts) for (const [state, n] of Object.entries(c)) total[state] = (total[state] ?? 0) + n;
+        return [name, total] as const;
+      }),
     );
     return Object.fromEntries(entries) as Record<QueueName, Record<string, number>>;
   }
 
   async close(): Promise<void> {
-    await Promise.all(QUEUE_NAMES.map((name) => this.queues[name].close()));
+    await Promise.all(QUEUE_NAMES.flatMap((name) => this.partitions[name].map((q) => q.close())));
   }
 }

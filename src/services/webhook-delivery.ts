@@ -474,11 +474,11 @@ async function checkDueEntry(runtime: Runtime, entry: DueEntry, bucket: number, 
   if (d.nextAttemptAt.getTime() > now) return 'waiting';
   if (await runtime.redis.exists(leaseKey(runtime.config.redisPrefix, d._id))) return 'waiting'; // an attempt is running
   const regular = deliverJobId(d._id, d.rev);
-  const regularState = await (await runtime.producers.queues['webhook-dispatch'].getJob(regular))?.getState();
+  const payload = { kind: 'deliver' as const, tenantId: d.tenantId, deliveryId: d._id, rev: d.rev };
+  const regularState = await (await runtime.producers.getJob('webhook-dispatch', payload, regular))?.getState();
   // `active` without a lease: the worker running it died mid-attempt. BullMQ would re-run it only after its lock
   // expires; a takeover job (same rev, so at most one of them can record a result) does it now.
   const jobId = regularState === 'active' ? takeoverJobId(d._id, d.rev) : regular;
-  const payload = { kind: 'deliver' as const, tenantId: d.tenantId, deliveryId: d._id, rev: d.rev };
   const state = await runtime.producers.ensure('webhook-dispatch', payload, jobId, DELIVER_JOB);
   return state === 'live' ? 'waiting' : 'enqueued';
 }

@@ -5,7 +5,7 @@ import type { Config } from '../config.ts';
 import { jobsFailedForGood } from '../metrics.ts';
 import { DependencyOutages, watchRedis } from '../outages.ts';
 import { createRedisClient, isClusterUrl } from '../redis.ts';
-import { bullPrefix, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
+import { bullPrefix, QueueLayout, QueuePayloads, type QueueName, type QueuePayload } from '../queues/index.ts';
 
 export interface QueueProcessor<Q extends QueueName = QueueName> {
   process(payload: QueuePayload<Q>, job: Job): Promise<unknown>;
@@ -22,6 +22,18 @@ const WATCHDOG_INTERVAL_MS = 5_000;
 
 /** Job name of scheduled sweeps; every other job on a queue is that queue's own work. */
 export const SWEEP_JOB = 'sweep';
+
+/**
+ * The partitions of `queue` a worker process consumes: its WORKER_PARTITIONS of the K that jobs are routed to (all
+ * of them when unset), and every partition above K that is still read (QUEUE_PARTITIONS_DRAIN, after K was lowered).
+ */
+export function consumedPartitions(config: Config, layout: QueueLayout, queue: QueueName): number[] {
+  const routed = layout.count(queue);
+  if (routed === 1 && layout.readCount(queue) === 1) return [0];
+  const chosen = config.queues.workerPartitions ?? Array.from({ length: routed }, (_, p) => p);
+  const draining = Array.from({ length: layout.readCount(queue) - routed }, (_, i) => routed + i);
+  return [...chosen.filter((p) => p < routed), ...draining];
+}
 
 export interface RunningWorkers {
   queues: QueueName[];
@@ -45,7 +57,8 @@ export function startWorkers(
   // if Redis is down then, that queue (or the blocking connection a worker duplicates from this client, which
   // inherits its options) stays broken for the life of the process. A client already (re)connecting is waited for.
   const connection = createRedisClient(config.redisUrl, { maxRetriesPerRequest: null });
-  const prefix = bullPrefix(config.redisPrefix, isClusterUrl(config.redisUrl));
+  const cluster = isClusterUrl(config.redisUrl);
+  const layout = new QueueLayout(config.redisPrefix, cluster, config.queues.partitions, config.queues.readPartitions);
   // BullMQ reconnects by itself. Its queues and workers re-emit their connections' errors (this one's, and the
   // blocking connections each worker duplicates from it): counted into the outage, not a line each.
   watchRedis(connection, outages);
@@ -55,11 +68,16 @@ export function startWorkers(
   const schedulerQueues: Queue[] = [];
   const watchdogs: NodeJS.Timeout[] = [];
   let closing = false;
-  const slots = queues.map((queue) => {
+  type Slot = ReturnType<typeof startSlot>;
+  const slots: Slot[] = [];
+  for (const queue of queues) {
     const processor = processors[queue] as QueueProcessor | undefined;
     if (!processor) throw new Error(`no processor for queue ${queue}`);
+    // One sweep schedule per queue, on its partition 0 (the queue's own name): a sweep reads due-work indexes that
+    // are not split (each has a hash tag of its own; docs/queues.md), so K sweeps would only repeat one another. A
+    // failover of partition 0's master delays the queue's sweeps for its length, nothing else.
     if (processor.sweep) {
-      const scheduler = new Queue(queue, { connection, prefix });
+      const scheduler = new Queue(layout.name(queue, 0), { connection, prefix: layout.prefix(queue, 0) });
       scheduler.on('error', onBullError(logger.child({ queue }), 'scheduler queue'));
       schedulerQueues.push(scheduler);
       // Upserting the same scheduler id from every worker process keeps exactly one schedule.
@@ -77,8 +95,56 @@ export function startWorkers(
           if (!outages.absorb(err)) logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper');
         });
     }
-    const watchQueue = new Queue(queue, { connection, prefix });
-    const log = logger.child({ queue });
+    for (const partition of consumedPartitions(config, layout, queue)) {
+      slots.push(
+        startSlot(queue, processor, layout.name(queue, partition), layout.prefix(queue, partition), partition),
+      );
+    }
+  }
+  if (cluster) void drainPreviousClusterLayout();
+
+  /**
+   * The layout before partitions gave every queue on a Redis Cluster one shared hash tag (`{as:bull}`). Its sweep
+   * schedules are removed (the sweeps run on the new queues), and a queue of it that still holds jobs (waiting,
+   * delayed, running when its worker stopped) gets a worker of this process until the process ends, so an upgrade
+   * loses none (docs/queues.md: restart the API processes first, then the workers).
+   */
+  async function drainPreviousClusterLayout(): Promise<void> {
+    for (const queue of queues) {
+      if (closing) return;
+      const processor = processors[queue] as QueueProcessor;
+      const old = new Queue(queue, { connection, prefix: bullPrefix(config.redisPrefix, true) });
+      old.on('error', onBullError(logger.child({ queue, layout: 'previous' }), 'queue'));
+      schedulerQueues.push(old);
+      // Looked at until it answers once (Redis may be away at start), at the sweepers' pace.
+      for (;;) {
+        try {
+          await old.removeJobScheduler(`${queue}-sweeper`);
+          const counts = await old.getJobCounts('wait', 'active', 'delayed', 'prioritized', 'waiting-children');
+          if (Object.values(counts).some((n) => n > 0) && !closing) {
+            logger.info({ queue, counts }, 'draining the jobs of the queue layout before partitions');
+            slots.push(startSlot(queue, processor, queue, bullPrefix(config.redisPrefix, true), 'previous'));
+          }
+          break;
+        } catch (err) {
+          if (!outages.absorb(err))
+            logger.error({ queue, err: (err as Error).message }, 'could not look at the previous queue layout');
+          await new Promise((resolve) => setTimeout(resolve, config.sweeper.intervalMs));
+          if (closing) return;
+        }
+      }
+    }
+  }
+
+  function startSlot(
+    queue: QueueName,
+    processor: QueueProcessor,
+    name: string,
+    prefix: string,
+    partition: number | 'previous',
+  ) {
+    const watchQueue = new Queue(name, { connection, prefix });
+    const log = logger.child({ queue, ...(partition === 0 ? {} : { partition }) });
     watchQueue.on('error', onBullError(log, 'queue'));
     schedulerQueues.push(watchQueue);
     const startWorker = () => {
@@ -87,7 +153,7 @@ export function startWorkers(
       // `completed` nor `failed` (only `error`), and a count kept from those events stayed above 0 for good.
       let running = 0;
       const worker = new Worker(
-        queue,
+        name,
         async (job: Job) => {
           running++;
           try {
@@ -157,7 +223,7 @@ export function startWorkers(
       }, WATCHDOG_INTERVAL_MS),
     );
     return slot;
-  });
+  }
   logger.info({ queues }, 'workers started');
 
   return {

@@ -101,11 +101,12 @@ describe('on a six-node Redis Cluster, with the master of the queues killed mid-
     const half = runIds.slice(0, RUNS / 2);
     const rest = runIds.slice(RUNS / 2);
 
-    // The first half finalized and settling; then the master holding every queue key is killed.
+    // The first half finalized and settling; then the master holding the finalize queue is killed (each queue has a
+    // hash tag of its own on a cluster: src/queues/index.ts QueueLayout).
     for (const runId of half) await must(base, 'POST', `/v1/runs/${runId}/finalize`, 202, { headers: tenant.auth });
     await eventually(() => receiver.count('run.finalized') >= RUNS / 4, 60_000, 'some runs finalized before the kill');
     const queueSlot = Number(
-      (await cluster.cli(cluster.nodes[0]!.port, 'cluster', 'keyslot', `{${env.REDIS_PREFIX}:bull}`)).trim(),
+      (await cluster.cli(cluster.nodes[0]!.port, 'cluster', 'keyslot', `{${env.REDIS_PREFIX}:bull:finalize}`)).trim(),
     );
     const victim = await masterOfSlot(cluster, queueSlot);
     await victim.down(); // SIGKILL

@@ -66,11 +66,12 @@ export class ServiceProcess {
     mode: 'api' | 'worker' | 'all',
     env: Record<string, string>,
     args: string[] = [],
+    startTimeoutMs = 30_000,
   ): Promise<ServiceProcess> {
     const port = mode === 'worker' ? null : await freePort();
     const service = new ServiceProcess(mode, env, port, args);
     if (port) {
-      const deadline = Date.now() + 30_000;
+      const deadline = Date.now() + startTimeoutMs;
       for (;;) {
         if (service.child.exitCode !== null) throw new Error(`${mode} exited: ${service.logs.slice(-2000)}`);
         const ok = await fetch(`${service.url}/healthz`).then(

@@ -11,8 +11,18 @@ export const BULL_BOARD_PATH = '/admin/queues';
 export async function bullBoardPlugin(app: FastifyInstance, opts: { runtime: Runtime }) {
   const serverAdapter = new FastifyAdapter();
   serverAdapter.setBasePath(BULL_BOARD_PATH);
+  const { partitions } = opts.runtime.producers;
   createBullBoard({
-    queues: QUEUE_NAMES.map((name) => new BullMQAdapter(opts.runtime.producers.queues[name])),
+    // A split queue's partitions are grouped under the queue's name (Bull Board's delimiter grouping: `settle.…`),
+    // each shown as `settle · p3`; a queue of one partition is listed as it always was.
+    queues: QUEUE_NAMES.flatMap((name) =>
+      partitions[name].length === 1
+        ? [new BullMQAdapter(partitions[name][0]!)]
+        : partitions[name].map(
+            (queue, p) =>
+              new BullMQAdapter(queue, { prefix: `${name}.`, delimiter: '.', displayName: `${name} · p${p}` }),
+          ),
+    ),
     serverAdapter,
     options: { uiConfig: { boardTitle: 'Agent Settlement queues' } },
   });

@@ -17,8 +17,8 @@ import {
 } from '../../domain/settlement.ts';
 import { authorizationDeadline, refundReason, verifyVerdict, type VerificationStatus } from '../../domain/x402.ts';
 import { watchRedis } from '../../outages.ts';
-import { bullPrefix, jobIdFor } from '../../queues/index.ts';
-import { createRedisClient, isClusterUrl, type RedisClient } from '../../redis.ts';
+import { jobIdFor } from '../../queues/index.ts';
+import { createRedisClient, type RedisClient } from '../../redis.ts';
 import type { Runtime } from '../../runtime.ts';
 import { accountOf, type ReportedHead } from '../../store/ledger.ts';
 import type { SettlementState } from '../../store/settlements.ts';
@@ -61,8 +61,8 @@ function reportCopy(report: string | undefined, tenantId: string, gateId: string
 }
 
 export class X402Verification {
-  private queueEvents: QueueEvents | null = null;
-  private queueEventsConnection: RedisClient | null = null;
+  /** One listener per partition of the x402-verify queue that a verify of this process waited on, each with its connection. */
+  private readonly queueEvents = new Map<number, { events: QueueEvents; connection: RedisClient }>();
   /** Callers waiting for an x402-verify job, by job id (one listener on the queue's events serves them all). */
   private readonly verifyWaiters = new Map<string, Array<(result: VerifyOutcome | null) => void>>();
 
@@ -298,23 +298,25 @@ export class X402Verification {
     return { state, decided: state.status === 'released' || state.status === 'refunded' || state.status === 'expired' };
   }
 
-  private ensureQueueEvents(): QueueEvents {
-    if (this.queueEvents) return this.queueEvents;
-    const { redisUrl, redisPrefix } = this.runtime.config;
+  private ensureQueueEvents(partition: number): QueueEvents {
+    const known = this.queueEvents.get(partition);
+    if (known) return known.events;
+    const { redisUrl } = this.runtime.config;
     // A connection of its own (its reads block), built like every other client: a Redis Cluster URL gets a cluster
-    // client, and the queue's hash-tagged prefix, or the events of its jobs are never seen and every verify waits
-    // out its 2 s and answers 202. Back within 2 s of Redis (BullMQ's own retry waits up to 20 s between attempts,
-    // each second a 202 instead of a decision).
+    // client, and the partition's own name and hash-tagged prefix, or the events of its jobs are never seen and every
+    // verify waits out its 2 s and answers 202. Back within 2 s of Redis (BullMQ's own retry waits up to 20 s
+    // between attempts, each second a 202 instead of a decision).
     const connection = createRedisClient(redisUrl, {
       maxRetriesPerRequest: null,
       retryStrategy: (attempt: number) => Math.min(attempt * 200, 2_000),
     });
-    this.queueEventsConnection = connection;
     watchRedis(connection, this.runtime.outages);
-    const events = new QueueEvents('x402-verify', {
+    const { layout } = this.runtime.producers;
+    const events = new QueueEvents(layout.name('x402-verify', partition), {
       connection,
-      prefix: bullPrefix(redisPrefix, isClusterUrl(redisUrl)),
+      prefix: layout.prefix('x402-verify', partition),
     });
+    this.queueEvents.set(partition, { events, connection });
     // It reconnects by itself and a missed event only means a 202; its failures still count into the outage.
     events.on('error', (err) => {
       if (!this.runtime.outages.absorb(err))
@@ -332,7 +334,6 @@ export class X402Verification {
       settle(jobId, value && typeof value === 'object' && 'decision' in value ? (value as VerifyOutcome) : null);
     });
     events.on('failed', ({ jobId }) => settle(jobId, null));
-    this.queueEvents = events;
     return events;
   }
 
@@ -342,7 +343,9 @@ export class X402Verification {
    * report's job carries the report as recorded (a fact: it never changes), so the job need not read it.
    */
   private async runVerifyJob(gate: GateDoc, first: boolean, report?: VerificationDoc): Promise<VerifyOutcome | null> {
-    await this.ensureQueueEvents().waitUntilReady();
+    const payload = { tenantId: gate.tenantId, gateId: gate._id };
+    const partition = this.runtime.producers.layout.partitionFor('x402-verify', payload);
+    await this.ensureQueueEvents(partition).waitUntilReady();
     const jobId = jobIdFor('x402-verify', gate._id);
     let timer: NodeJS.Timeout | undefined;
     const done = new Promise<VerifyOutcome | null>((resolve) => {
@@ -358,7 +361,6 @@ export class X402Verification {
         resolve(null);
       }, VERIFY_WAIT_MS);
     });
-    const payload = { tenantId: gate.tenantId, gateId: gate._id };
     try {
       if (first)
         await this.runtime.producers.enqueue(
@@ -498,10 +500,12 @@ export class X402Verification {
   }
 
   async close(): Promise<void> {
-    await this.queueEvents?.close().catch(() => undefined);
-    this.queueEvents = null;
-    // Handed to BullMQ as a client, so BullMQ leaves closing it to its owner.
-    this.queueEventsConnection?.disconnect();
-    this.queueEventsConnection = null;
+    const listeners = [...this.queueEvents.values()];
+    this.queueEvents.clear();
+    for (const { events, connection } of listeners) {
+      await events.close().catch(() => undefined);
+      // Handed to BullMQ as a client, so BullMQ leaves closing it to its owner.
+      connection.disconnect();
+    }
   }
 }
