@@ -3,7 +3,7 @@ import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { settlementSubject } from '../domain/events.ts';
 import { assertMoney, recorded } from '../domain/money.ts';
-import { pricedCapture } from '../domain/pricing.ts';
+import { pricedCapture, pricingSha256 as scheduleSha256 } from '../domain/pricing.ts';
 import { receiptMoney, signReceipt } from '../domain/receipt.ts';
 import {
   assertDecisionSplit,
@@ -183,7 +183,7 @@ async function pricedRunCharge(runtime: Runtime, run: RunDoc, escrowAmount: numb
   const doc = run.artifactId ? await runtime.stores.runs.getArtifactDoc(run.artifactId) : null;
   const pricing = doc ? runtime.stores.runs.artifactHeader(doc).pricing : undefined;
   if (verdict === 'pass') recorded(pricing, `the priced usage in the artifact of run ${run._id}`);
-  if (!pricing) return { captured: 0, receipt: {} };
+  if (!pricing) return { captured: 0, receipt: { pricingSha256: scheduleSha256(run.pricing) } };
   const { pricingSha256, usage, amount } = pricing;
   return {
     captured: pricedCapture(amount, escrowAmount, verdict),

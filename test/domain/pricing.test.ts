@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import {
+  ArtifactBuildError,
   artifactIdFor,
   buildArtifact,
   hashArtifact,
@@ -169,6 +170,20 @@ describe('the artifact of a priced run', () => {
     const r = verifyArtifact(a, jwks);
     expect(r.failures).toEqual([]);
     expect(r.checks.pricing).toBe(true);
+  });
+
+  it('refuses to build an artifact whose usage cannot be priced in safe integers', () => {
+    const huge = signEvents(
+      [
+        { id: 'evt_x', runId: RUN, type: 'sample', at: '2026-01-01T00:00:01Z', payload: { tokens: 2 ** 53 - 1 } },
+        { id: 'evt_y', runId: RUN, type: 'sample', at: '2026-01-01T00:00:02Z', payload: { tokens: 1 } },
+      ],
+      EMPTY_HEAD,
+      agent.privateKey,
+      agent.keyId,
+    );
+    expect(() => build(perToken, huge)).toThrow(ArtifactBuildError);
+    expect(() => build(perToken, huge)).toThrow(/overflows/);
   });
 
   it('leaves an unpriced artifact as it was: no pricing field, four checks', () => {

@@ -171,6 +171,21 @@ describe('settlement priced by use', () => {
     await expectCleanAudit(t);
   });
 
+  it('finalizes usage too large to price as a fail (ARTIFACT_BUILD_FAILED) and charges nothing', async () => {
+    const p = await parties(t, auth, 1_000);
+    const runId = await pricedRun(p, perToken, 500, [
+      { type: 'sample', payload: { tokens: Number.MAX_SAFE_INTEGER } },
+      { type: 'sample', payload: { tokens: 1 } },
+    ]);
+    const run = (await t.app.inject({ method: 'GET', url: `/v1/runs/${runId}`, headers: auth })).json();
+    expect(run).toMatchObject({ verdict: 'fail', artifactId: null, finalizeError: { code: 'ARTIFACT_BUILD_FAILED' } });
+    await settle(t, auth, runId);
+    const s = await waitSettlement(t, auth, runId, (x) => x.status === 'held');
+    expect(s.receipt.body).toMatchObject({ captured: 0, pricingSha256: pricingSha256(perToken), releasedNow: 0 });
+    expect(await balances(t, auth, p.worker.agentId)).toEqual({ available: 0, escrow: 0 });
+    await expectCleanAudit(t);
+  });
+
   it.each([
     ['a fractional price', { prices: { tokens: { price: 0.5, per: 1 } } }],
     ['a zero per', { prices: { tokens: { price: 1, per: 0 } } }],
