@@ -1,4 +1,4 @@
-// Offline verifier: `agent-settlement verify <artifact.json | statement.json> --jwks <file|url> [--json]`.
+// Offline verifier: `agent-settlement verify <artifact.json | statement.json> --jwks <file|url> [--receipt <file>] [--json]`.
 // Exit codes: 0 all checks hold, 1 a check failed, 2 usage or I/O error.
 import { readFile } from 'node:fs/promises';
 import { resolve } from 'node:path';
@@ -6,6 +6,7 @@ import { pathToFileURL } from 'node:url';
 // The checks are the client package's: the verifier a user installs runs exactly this code.
 import { ARTIFACT_CHECKS, verifyArtifact } from 'agent-settlement-client/artifact';
 import type { ArtifactCheck, ArtifactVerification } from 'agent-settlement-client/artifact';
+import { verifyReceipt, type ReceiptVerification } from 'agent-settlement-client/receipt';
 import {
   STATEMENT_CHECKS,
   verifyStatement,
@@ -17,14 +18,18 @@ export const EXIT_OK = 0;
 export const EXIT_FAILED = 1;
 export const EXIT_USAGE = 2;
 
-const USAGE = `Usage: agent-settlement verify <artifact.json | statement.json> --jwks <file|url> [--json]
+const USAGE = `Usage: agent-settlement verify <artifact.json | statement.json> --jwks <file|url> [--receipt <file>] [--json]
 
 Repeats every check of a RunArtifact.v1 offline: artifact hash, service signature (against the JWKS),
-every event's hashes and agent signature, and the hash chain. Given a payment session's statement (what
+every event's hashes and agent signature, and the hash chain; for a run priced by use, the usage and
+amount recomputed from the events alone. With --receipt (the run's settlement, or its receipt), the
+receipt's hash and signature and that it binds this artifact, its usage, schedule and charge. Given a
+payment session's statement (what
 GET /x402/sessions/{id}/statement answers): its hash, the service signature, the charges it commits to,
 and its totals.
 
   --jwks <file|url>  the service's JWKS (e.g. https://host/.well-known/jwks.json or a saved copy)
+  --receipt <file>   a settlement receipt of the artifact's run (GET /runs/{runId}/settlement, saved)
   --json             print the machine-readable result
 Exit status: 0 verified, 1 a check failed, 2 usage or I/O error.`;
 
@@ -46,6 +51,7 @@ class CliError extends Error {}
 interface VerifyArgs {
   artifactPath: string;
   jwks: string;
+  receiptPath: string | null;
   json: boolean;
 }
 
@@ -55,6 +61,7 @@ function parseArgs(argv: readonly string[]): VerifyArgs | 'help' {
   if (command !== 'verify') throw new CliError(`unknown command "${command}"`);
   let artifactPath: string | undefined;
   let jwks: string | undefined;
+  let receiptPath: string | null = null;
   let json = false;
   for (let i = 0; i < rest.length; i++) {
     const arg = rest[i] as string;
@@ -64,13 +71,17 @@ function parseArgs(argv: readonly string[]): VerifyArgs | 'help' {
       jwks = rest[++i];
       if (jwks === undefined) throw new CliError('--jwks needs a file or URL');
     } else if (arg.startsWith('--jwks=')) jwks = arg.slice('--jwks='.length);
+    else if (arg === '--receipt') {
+      receiptPath = rest[++i] ?? null;
+      if (receiptPath === null) throw new CliError('--receipt needs a file');
+    } else if (arg.startsWith('--receipt=')) receiptPath = arg.slice('--receipt='.length);
     else if (arg.startsWith('-') && arg !== '-') throw new CliError(`unknown option "${arg}"`);
     else if (artifactPath === undefined) artifactPath = arg;
     else throw new CliError(`unexpected argument "${arg}"`);
   }
   if (artifactPath === undefined) throw new CliError('missing <artifact.json>');
   if (!jwks) throw new CliError('missing --jwks <file|url>');
-  return { artifactPath, jwks, json };
+  return { artifactPath, jwks, receiptPath, json };
 }
 
 function parseJson(text: string, what: string): unknown {
@@ -121,12 +132,15 @@ const PASSED: Record<ArtifactCheck, string> = {
   eventSignatures: 'every event hash and agent signature verifies',
   chain: 'events are linked in order from seq 1; count and head match',
 };
+const PRICING_PASSED = 'usage and amount recomputed from the events match the schedule';
+const RECEIPT_PASSED = 'receipt hash and signature verify; it binds this artifact, its usage and charge';
 
 function summary(artifact: unknown) {
   const a = (typeof artifact === 'object' && artifact !== null ? artifact : {}) as Record<string, unknown>;
   const evaluation = a.evaluation as { verdict?: unknown } | undefined;
   const signature = a.signature as { keyId?: unknown } | undefined;
   const events = a.events as { count?: unknown } | undefined;
+  const pricing = a.pricing as { usage?: unknown; amount?: unknown; pricingSha256?: unknown } | undefined;
   return {
     artifactId: a.artifactId ?? null,
     artifactHash: a.artifactHash ?? null,
@@ -136,6 +150,13 @@ function summary(artifact: unknown) {
     finalizedAt: a.finalizedAt ?? null,
     keyId: signature?.keyId ?? null,
     eventCount: events?.count ?? null,
+    ...(pricing !== undefined
+      ? {
+          usage: pricing?.usage ?? null,
+          pricedAmount: pricing?.amount ?? null,
+          pricingSha256: pricing?.pricingSha256 ?? null,
+        }
+      : {}),
   };
 }
 
@@ -168,24 +189,40 @@ function reportStatement(doc: unknown, result: StatementVerification, io: CliIo)
   io.stdout(lines.join('\n'));
 }
 
-function report(artifact: unknown, result: ArtifactVerification, io: CliIo): void {
+function report(artifact: unknown, result: ArtifactVerification, receipt: ReceiptVerification | null, io: CliIo): void {
   const s = summary(artifact);
   const lines = [
     `Artifact     ${safe(s.artifactId)}`,
     `Run          ${safe(s.runId)}  (agent ${safe(s.agentId)})`,
     `Verdict      ${safe(s.verdict)}  (finalized ${safe(s.finalizedAt)}, ${safe(s.eventCount)} events)`,
+    ...('pricedAmount' in s ? [`Priced       ${safe(s.pricedAmount)} for usage ${safe(s.usage)}`] : []),
     `Signed by    ${safe(s.keyId)}`,
     '',
   ];
-  const width = Math.max(...ARTIFACT_CHECKS.map((c) => c.length));
-  for (const check of ARTIFACT_CHECKS) {
-    const [first, ...more] = result.reasons[check];
-    const mark = result.checks[check] ? '✓' : '✗';
-    lines.push(`${mark} ${check.padEnd(width)}  ${safe(first ?? PASSED[check])}`);
+  const rows: Array<[string, boolean, string[], string]> = ARTIFACT_CHECKS.map((c) => [
+    c,
+    result.checks[c],
+    result.reasons[c],
+    PASSED[c],
+  ]);
+  if (result.checks.pricing !== undefined)
+    rows.push(['pricing', result.checks.pricing, result.reasons.pricing ?? [], PRICING_PASSED]);
+  if (receipt) rows.push(['receipt', receipt.verified, receipt.failures, RECEIPT_PASSED]);
+  const width = Math.max(...rows.map(([c]) => c.length));
+  for (const [check, holds, reasons, passed] of rows) {
+    const [first, ...more] = reasons;
+    lines.push(`${holds ? '✓' : '✗'} ${check.padEnd(width)}  ${safe(first ?? passed)}`);
     for (const reason of more) lines.push(`  ${' '.repeat(width)}  ${safe(reason)}`);
   }
-  lines.push('', result.verified ? 'VERIFIED: all checks hold' : 'NOT VERIFIED');
+  const verified = result.verified && (receipt?.verified ?? true);
+  lines.push('', verified ? 'VERIFIED: all checks hold' : 'NOT VERIFIED');
   io.stdout(lines.join('\n'));
+}
+
+/** A saved GET /runs/{runId}/settlement answer carries the receipt under `receipt`; a bare receipt is taken as is. */
+function receiptIn(doc: unknown): unknown {
+  const d = typeof doc === 'object' && doc !== null ? (doc as Record<string, unknown>) : null;
+  return d && !('body' in d) && 'receipt' in d ? d.receipt : doc;
 }
 
 /** Runs the CLI with the arguments after the program name; resolves to the exit code. */
@@ -197,7 +234,11 @@ export async function main(argv: readonly string[], io: CliIo = processIo): Prom
       io.stdout(USAGE);
       return EXIT_OK;
     }
-    const [artifact, jwks] = await Promise.all([readJsonFile(args.artifactPath, 'artifact'), loadJwks(args.jwks)]);
+    const [artifact, jwks, receiptDoc] = await Promise.all([
+      readJsonFile(args.artifactPath, 'artifact'),
+      loadJwks(args.jwks),
+      args.receiptPath === null ? null : readJsonFile(args.receiptPath, 'receipt'),
+    ]);
     if (isStatement(artifact)) {
       const checked = verifyStatement(artifact, jwks);
       if (args.json) io.stdout(JSON.stringify(checked, null, 2));
@@ -205,12 +246,17 @@ export async function main(argv: readonly string[], io: CliIo = processIo): Prom
       return checked.verified ? EXIT_OK : EXIT_FAILED;
     }
     const result = verifyArtifact(artifact, jwks);
+    const a = (typeof artifact === 'object' && artifact !== null ? artifact : {}) as Record<string, unknown>;
+    const receipt = receiptDoc === null ? null : verifyReceipt(receiptIn(receiptDoc), jwks, { artifact: a });
     if (args.json) {
-      io.stdout(JSON.stringify({ ...summary(artifact), ...result }, null, 2));
+      const verified = result.verified && (receipt?.verified ?? true);
+      io.stdout(
+        JSON.stringify({ ...summary(artifact), ...result, verified, ...(receipt ? { receipt } : {}) }, null, 2),
+      );
     } else {
-      report(artifact, result, io);
+      report(artifact, result, receipt, io);
     }
-    return result.verified ? EXIT_OK : EXIT_FAILED;
+    return result.verified && (receipt?.verified ?? true) ? EXIT_OK : EXIT_FAILED;
   } catch (err) {
     if (err instanceof CliError) {
       io.stderr(`agent-settlement: ${err.message}\n\n${USAGE}`);

@@ -14,6 +14,7 @@ import {
   type EventEnvelope,
   type SignatureVerified,
 } from '../domain/event-chain.ts';
+import { parsePriceSchedule, pricingProblems, type PriceSchedule } from '../domain/pricing.ts';
 import { termsProblems, type Terms } from '../domain/terms.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
@@ -86,7 +87,7 @@ export interface RunWithHead {
 export async function createRun(
   runtime: Runtime,
   tenantId: string,
-  input: { agentId: string; terms?: Terms; settlement?: SettlementTermsInput },
+  input: { agentId: string; terms?: Terms; pricing?: PriceSchedule; settlement?: SettlementTermsInput },
   idempotencyScope: string | null = null,
 ): Promise<RunWithHead> {
   const { runs, agents } = runtime.stores;
@@ -96,6 +97,12 @@ export async function createRun(
     throw errors.unprocessable('invalid terms', {
       errors: problems.map((message) => ({ path: 'body.terms', message })),
     });
+  const pricingFaults = input.pricing === undefined ? [] : pricingProblems(input.pricing);
+  if (pricingFaults.length > 0)
+    throw errors.unprocessable('invalid price schedule', {
+      errors: pricingFaults.map((message) => ({ path: 'body.pricing', message })),
+    });
+  const pricing = input.pricing === undefined ? {} : { pricing: parsePriceSchedule(input.pricing) };
   const agent = await agents.get(tenantId, input.agentId);
   if (!agent) throw errors.notFound('agent');
   if (agent.status !== 'active') throw errors.transitionIllegal(`agent is ${agent.status}`, agent.status);
@@ -107,6 +114,7 @@ export async function createRun(
       tenantId,
       agentId: agent._id,
       terms,
+      ...pricing,
       settlement,
       status: 'in_progress',
       verdict: null,
@@ -263,6 +271,7 @@ export async function finalizeRun(
           agentId: run.agentId,
           agentKeys: Object.values(agent.keys).map((k) => ({ keyId: k.keyId, publicKey: k.publicKey })),
           terms: run.terms,
+          pricing: run.pricing ?? null,
           events: chain.events,
           finalizedAt: run.finalizeRequestedAt!.toISOString(),
           signatureVerified: attestedSignatures(runtime, runId, chain.batches),

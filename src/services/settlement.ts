@@ -3,6 +3,7 @@ import { errors } from '../domain/errors.ts';
 import { failpoint as crashPoint } from '../domain/failpoints.ts';
 import { settlementSubject } from '../domain/events.ts';
 import { assertMoney, recorded } from '../domain/money.ts';
+import { pricedCapture, pricingSha256 as scheduleSha256 } from '../domain/pricing.ts';
 import { receiptMoney, signReceipt } from '../domain/receipt.ts';
 import {
   assertDecisionSplit,
@@ -173,6 +174,24 @@ export async function advanceSettlement(
 type Decision = NonNullable<SettlementFacts['decision']>;
 
 /**
+ * A run priced by use settles what its artifact says the usage costs, capped by the escrow (a fail charges nothing);
+ * the receipt binds the schedule's hash, the usage and the priced amount. Null for a run without a price schedule.
+ */
+async function pricedRunCharge(runtime: Runtime, run: RunDoc, escrowAmount: number, verdict: 'pass' | 'fail') {
+  if (!run.pricing) return null;
+  // A priced run finalized without an artifact (its usage could not be priced) has nothing to charge: it fails.
+  const doc = run.artifactId ? await runtime.stores.runs.getArtifactDoc(run.artifactId) : null;
+  const pricing = doc ? runtime.stores.runs.artifactHeader(doc).pricing : undefined;
+  if (verdict === 'pass') recorded(pricing, `the priced usage in the artifact of run ${run._id}`);
+  if (!pricing) return { captured: 0, receipt: { pricingSha256: scheduleSha256(run.pricing) } };
+  const { pricingSha256, usage, amount } = pricing;
+  return {
+    captured: pricedCapture(amount, escrowAmount, verdict),
+    receipt: { pricingSha256, usage, pricedAmount: amount },
+  };
+}
+
+/**
  * One pass over a settlement, its steps in the order advanceSettlement calls them. Every entry it applies is kept
  * (with the facts it is the settlement's state, so nothing is read again), and the announcements that move no money
  * go out while the pass goes on: the pass waits for them before any later announcement (events keep their order)
@@ -272,6 +291,7 @@ class SettlementPass {
       ]);
       this.failpoint('reserve-captured');
       const verdict = run.verdict === 'pass' && run.artifactId !== null ? 'pass' : 'fail';
+      const priced = await pricedRunCharge(runtime, run, s.amount, verdict);
       const sign = (money: DecidedMoney) =>
         signReceipt(
           {
@@ -279,11 +299,12 @@ class SettlementPass {
             runId: s.runId,
             artifactId: run.artifactId,
             artifactHash: run.artifactId?.slice('art_'.length) ?? null,
+            ...(priced ? { ...priced.receipt, captured: money.captured } : {}),
           },
           runtime.keys.active,
         );
       const decision = decideSettlement(
-        { settlementId: s._id, ...s },
+        { settlementId: s._id, ...s, ...(priced ? { captured: priced.captured } : {}) },
         verdict,
         run.finalizeError?.code ?? 'TERMS_NOT_MET',
         new Date(),

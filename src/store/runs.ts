@@ -4,6 +4,7 @@ import { canonicalize } from '../domain/canonical-json.ts';
 import type { RunArtifact } from '../domain/artifact.ts';
 import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
 import { errors, serviceError } from '../domain/errors.ts';
+import type { PriceSchedule } from '../domain/pricing.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
 import { DueWorkStore } from './due-work.ts';
 import { EventIdIndex } from './event-id-index.ts';
@@ -26,6 +27,8 @@ export interface RunDoc {
   tenantId: string;
   agentId: string;
   terms: Terms;
+  /** The run's price schedule when it is priced by use (absent on runs without one). */
+  pricing?: PriceSchedule;
   settlement: RunSettlementTerms | null;
   status: RunStatus;
   verdict: Verdict | null;
@@ -169,7 +172,8 @@ export class RunStore {
     await this.listed.add(runListEntry(run));
     if (!(await insertFirst(this.runs, run))) {
       const existing = (await this.runs.findOne({ _id: run._id }))!;
-      const same = (r: RunDoc) => canonicalize({ t: r.tenantId, a: r.agentId, terms: r.terms, s: r.settlement });
+      const same = (r: RunDoc) =>
+        canonicalize({ t: r.tenantId, a: r.agentId, terms: r.terms, p: r.pricing ?? null, s: r.settlement });
       if (same(existing) !== same(run))
         throw serviceError('IDEMPOTENCY_KEY_REUSED', 'this Idempotency-Key was used for a different request');
       return existing;

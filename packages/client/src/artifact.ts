@@ -14,6 +14,8 @@ import {
 } from './crypto.ts';
 import { EMPTY_HEAD, pickEnvelope, verifyChain } from './event-chain.ts';
 import type { ChainHead, EventEnvelope, SignatureVerified } from './event-chain.ts';
+import { checkPricedUsage, parsePriceSchedule, PricingError, pricedUsage } from './pricing.ts';
+import type { PriceSchedule, PricedUsage } from './pricing.ts';
 import { evaluateRun, termsProblems } from './terms.ts';
 import type { Evaluation, Metrics, Terms } from './terms.ts';
 
@@ -46,6 +48,11 @@ export interface RunArtifactBody {
   terms: Terms;
   metrics: Metrics;
   evaluation: Evaluation;
+  /**
+   * A priced run only (absent otherwise, so artifacts of unpriced runs hash as before): its schedule, the usage its
+   * events report and what that costs, all recomputable from `events` (verifyArtifact does).
+   */
+  pricing?: PricedUsage;
   events: ArtifactEvents;
   finalizedAt: string;
 }
@@ -78,6 +85,8 @@ export interface BuildArtifactInput {
   agentKeys: ReadonlyArray<{ keyId: string; publicKey: string }>;
   /** The run's terms; null/undefined means none. */
   terms?: Terms | null;
+  /** The run's price schedule; null/undefined means the run is not priced by use. */
+  pricing?: PriceSchedule | null;
   /** The run's stored events, in any order; store-only fields are dropped. */
   events: readonly EventEnvelope[];
   /**
@@ -128,6 +137,14 @@ export function buildArtifactBody(input: BuildArtifactInput): RunArtifactBody {
   }
 
   const { metrics, evaluation } = evaluateRun(items, terms);
+  let pricing: PricedUsage | undefined;
+  try {
+    pricing = input.pricing ? pricedUsage(items, parsePriceSchedule(input.pricing)) : undefined;
+  } catch (err) {
+    // A schedule is validated at creation, so this is usage that overflows: no artifact can state its price.
+    if (err instanceof PricingError) throw new ArtifactBuildError(`cannot price the run's usage: ${err.message}`);
+    throw err;
+  }
   const last = items.at(-1);
   return {
     schema: ARTIFACT_SCHEMA,
@@ -137,6 +154,7 @@ export function buildArtifactBody(input: BuildArtifactInput): RunArtifactBody {
     terms: structuredClone(terms),
     metrics,
     evaluation,
+    ...(pricing ? { pricing } : {}),
     events: {
       count: items.length,
       head: last ? { seq: last.seq, chainHash: last.chainHash } : { ...EMPTY_HEAD },
@@ -185,6 +203,7 @@ export function buildArtifact(
     terms: body.terms,
     metrics: body.metrics,
     evaluation: body.evaluation,
+    ...(body.pricing ? { pricing: body.pricing } : {}),
     events: body.events,
     finalizedAt: body.finalizedAt,
     signature: signArtifactHash(artifactHash, signer.privateKey, signer.keyId),
@@ -202,13 +221,17 @@ export const ARTIFACT_CHECKS: readonly ArtifactCheck[] = [
   'chain',
 ];
 
+/**
+ * `pricing` is reported only for an artifact of a priced run (one that carries `pricing`): its usage and amount
+ * recomputed from the events must be the ones it states. Artifacts without pricing keep the four checks.
+ */
 export interface ArtifactVerification {
   verified: boolean;
-  checks: Record<ArtifactCheck, boolean>;
+  checks: Record<ArtifactCheck, boolean> & { pricing?: boolean };
   /** Every failure as "<check>: <reason>". */
   failures: string[];
   /** The reasons per check (empty when it holds), for reports. */
-  reasons: Record<ArtifactCheck, string[]>;
+  reasons: Record<ArtifactCheck, string[]> & { pricing?: string[] };
 }
 
 function isRecord(v: unknown): v is Record<string, unknown> {
@@ -335,11 +358,18 @@ export function verifyArtifact(
       ...checkEvents(artifact, options.signatureVerified),
     };
   }
-  const checks = {} as Record<ArtifactCheck, boolean>;
+  const checks = {} as ArtifactVerification['checks'];
   const failures: string[] = [];
   for (const c of ARTIFACT_CHECKS) {
     checks[c] = found[c].length === 0;
     failures.push(...found[c].map((m) => `${c}: ${m}`));
   }
-  return { verified: ARTIFACT_CHECKS.every((c) => checks[c]), checks, failures, reasons: found };
+  const reasons: ArtifactVerification['reasons'] = found;
+  if (isRecord(artifact) && artifact.pricing !== undefined) {
+    const items = isRecord(artifact.events) && Array.isArray(artifact.events.items) ? artifact.events.items : [];
+    reasons.pricing = checkPricedUsage(artifact.pricing, items.filter(isRecord) as unknown as EventEnvelope[]);
+    checks.pricing = reasons.pricing.length === 0;
+    failures.push(...reasons.pricing.map((m) => `pricing: ${m}`));
+  }
+  return { verified: failures.length === 0, checks, failures, reasons };
 }

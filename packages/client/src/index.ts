@@ -40,6 +40,21 @@ export { retryingFetch, type FetchLike, type RetryOptions } from './transport.ts
 // Offline verification: the checks the service itself runs, here for anyone holding the document and the JWKS.
 export { ARTIFACT_CHECKS, verifyArtifact, type ArtifactCheck, type ArtifactVerification } from './artifact.ts';
 export { verifyReceipt, type ReceiptCheck, type ReceiptVerification } from './receipt.ts';
+export {
+  checkPricedUsage,
+  collectUsage,
+  parsePriceSchedule,
+  priceUsage,
+  pricedCapture,
+  pricedUsage,
+  pricingProblems,
+  pricingSha256,
+  PricingError,
+  type MetricPrice,
+  type PriceSchedule,
+  type PricedUsage,
+  type Usage,
+} from './pricing.ts';
 export { STATEMENT_CHECKS, verifyStatement, type StatementCheck, type StatementVerification } from './statement.ts';
 export {
   verifyWebhook,

@@ -2,6 +2,7 @@ import type { KeyObject } from 'node:crypto';
 import { verifyServiceSignature } from './artifact.ts';
 import { canonicalize } from './canonical-json.ts';
 import { isSha256Hex, sha256Hex, signHexDigest } from './crypto.ts';
+import type { Usage } from './pricing.ts';
 
 /** The money every settlement receipt commits to, whatever was settled. */
 interface ReceiptMoney {
@@ -23,6 +24,14 @@ export interface SettlementReceiptBody extends ReceiptMoney {
   /** null when the run's data could never make an artifact (verdict fail, reason ARTIFACT_BUILD_FAILED). */
   artifactId: string | null;
   artifactHash: string | null;
+  /**
+   * A run priced by use only (absent otherwise): the schedule's hash, the usage and priced amount its artifact
+   * records, and what was charged: min(pricedAmount, amount) on a pass, 0 on a fail; `amount` stays the escrow.
+   */
+  pricingSha256?: string;
+  usage?: Usage;
+  pricedAmount?: number;
+  captured?: number;
 }
 
 /** The same receipt for an x402 gate: it commits to the gate, its authorization and the provider's evidence. */
@@ -109,7 +118,7 @@ export interface ReceiptVerification {
 export function verifyReceipt(
   receipt: unknown,
   jwks: unknown,
-  options: { artifact?: { runId?: unknown; artifactHash?: unknown } } = {},
+  options: { artifact?: { runId?: unknown; artifactHash?: unknown; pricing?: unknown } } = {},
 ): ReceiptVerification {
   const found: Record<ReceiptCheck, string[]> = { receiptHash: [], serviceSignature: [], artifact: [] };
   const r = receipt as Partial<SignedReceipt> | null;
@@ -140,6 +149,7 @@ export function verifyReceipt(
         found.artifact.push(
           `receipt commits to artifactHash ${String(body.artifactHash)}, not ${String(artifact.artifactHash)}`,
         );
+      found.artifact.push(...pricedReceiptProblems(body, artifact.pricing));
     }
   }
   const checks = {
@@ -149,4 +159,39 @@ export function verifyReceipt(
   };
   const failures = (Object.keys(found) as ReceiptCheck[]).flatMap((c) => found[c].map((m) => `${c}: ${m}`));
   return { verified: failures.length === 0, checks, failures };
+}
+
+/**
+ * A priced run's receipt against its artifact's priced usage (which verifyArtifact recomputes from the events): the
+ * same schedule hash, usage and priced amount, and the charge the settlement rule gives: min(pricedAmount, amount)
+ * on a pass, 0 on a fail, split into releasedNow + holdback. A receipt of an unpriced run must carry none of it.
+ */
+function pricedReceiptProblems(body: Partial<SettlementReceiptBody>, pricing: unknown): string[] {
+  const p = typeof pricing === 'object' && pricing !== null ? (pricing as Record<string, unknown>) : null;
+  if (!p) {
+    const stray = (['pricingSha256', 'usage', 'pricedAmount', 'captured'] as const).filter(
+      (k) => body[k] !== undefined,
+    );
+    return stray.length > 0 ? [`the artifact is not priced, yet the receipt states ${stray.join(', ')}`] : [];
+  }
+  const out: string[] = [];
+  if (body.pricingSha256 !== p.pricingSha256)
+    out.push(`receipt names pricing ${String(body.pricingSha256)}, the artifact ${String(p.pricingSha256)}`);
+  if (body.usage === undefined || canonicalize(body.usage) !== canonicalize(p.usage))
+    out.push(`receipt usage ${JSON.stringify(body.usage)} is not the artifact's ${JSON.stringify(p.usage)}`);
+  if (body.pricedAmount !== p.amount)
+    out.push(`receipt pricedAmount ${String(body.pricedAmount)} is not the artifact's ${String(p.amount)}`);
+  const priced = typeof p.amount === 'number' ? p.amount : NaN;
+  const expected = body.verdict === 'pass' && typeof body.amount === 'number' ? Math.min(priced, body.amount) : 0;
+  if (body.captured !== expected)
+    out.push(`receipt captured ${String(body.captured)}, the priced usage charges ${expected}`);
+  if (
+    body.releasedNow !== undefined &&
+    body.holdback !== undefined &&
+    body.releasedNow + body.holdback !== body.captured
+  )
+    out.push(
+      `releasedNow ${body.releasedNow} + holdback ${body.holdback} is not the captured ${String(body.captured)}`,
+    );
+  return out;
 }

@@ -1,5 +1,6 @@
 import { Type, type Static } from 'typebox';
 import type { ChainHead } from '../../domain/event-chain.ts';
+import { MAX_PRICED_METRICS } from '../../domain/pricing.ts';
 import { MAX_TERMS } from '../../domain/terms.ts';
 import type { RunDoc } from '../../store/runs.ts';
 import { AgentId, Amount, Currency, Timestamp } from './common.ts';
@@ -14,6 +15,37 @@ export const TermsSchema = Type.Record(Type.String(), Bound, {
   maxProperties: MAX_TERMS,
   description: 'metric name -> {min} | {max} (inclusive); e.g. {"accuracy":{"min":0.9},"latencyP95":{"max":800}}',
 });
+const minorUnits = (description: string) => Type.Integer({ minimum: 0, maximum: Number.MAX_SAFE_INTEGER, description });
+export const PricingSchema = Type.Object(
+  {
+    prices: Type.Record(
+      Type.String(),
+      Type.Object(
+        {
+          price: minorUnits('integer minor units of the settlement currency per `per` units'),
+          per: Type.Integer({ minimum: 1, maximum: Number.MAX_SAFE_INTEGER }),
+        },
+        { additionalProperties: false },
+      ),
+      {
+        propertyNames: { pattern: '^[A-Za-z][A-Za-z0-9_]{0,63}$' },
+        minProperties: 1,
+        maxProperties: MAX_PRICED_METRICS,
+        description: 'usage metric name (e.g. tokens, rows, seconds) -> {price, per}',
+      },
+    ),
+    minimum: Type.Optional(minorUnits('the least a passing run is charged')),
+    cap: Type.Optional(minorUnits('the most a run is charged (at least the minimum)')),
+  },
+  {
+    additionalProperties: false,
+    description:
+      'Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount ' +
+      'is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. ' +
+      'Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of ' +
+      'the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere.',
+  },
+);
 export const SettlementTermsSchema = Type.Object(
   {
     payerAgentId: AgentId,
@@ -55,7 +87,12 @@ const SETTLEMENT_EXAMPLE = {
   disputeWindowSeconds: 86_400,
 };
 export const CreateRun = Type.Object(
-  { agentId: AgentId, terms: Type.Optional(TermsSchema), settlement: Type.Optional(SettlementTermsSchema) },
+  {
+    agentId: AgentId,
+    terms: Type.Optional(TermsSchema),
+    pricing: Type.Optional(PricingSchema),
+    settlement: Type.Optional(SettlementTermsSchema),
+  },
   {
     additionalProperties: false,
     examples: [
@@ -74,6 +111,7 @@ export const RunView = Type.Object({
   artifactId: Type.Union([Type.String(), Type.Null()]),
   agentId: Type.String(),
   terms: TermsSchema,
+  pricing: Type.Optional(PricingSchema),
   settlement: Type.Union([Type.Record(Type.String(), Type.Unknown()), Type.Null()]),
   head: Head,
   eventCount: Type.Integer(),
@@ -127,6 +165,7 @@ export function runView(run: RunDoc, head: ChainHead): Static<typeof RunView> {
     artifactId: run.artifactId,
     agentId: run.agentId,
     terms: run.terms,
+    ...(run.pricing ? { pricing: run.pricing } : {}),
     settlement: run.settlement as Record<string, unknown> | null,
     head,
     eventCount: head.seq,

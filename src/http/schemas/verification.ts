@@ -7,6 +7,9 @@ const Checks = Type.Object({
   serviceSignature: Type.Boolean(),
   eventSignatures: Type.Boolean(),
   chain: Type.Boolean(),
+  pricing: Type.Optional(
+    Type.Boolean({ description: 'a priced run only: its usage and amount recomputed from the events match' }),
+  ),
 });
 const Evaluation = Type.Object({
   verdict: Type.Union([Type.Literal('pass'), Type.Literal('fail')]),

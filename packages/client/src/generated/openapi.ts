@@ -3777,6 +3777,21 @@ export interface operations {
                                     max: number;
                                 };
                             };
+                            /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                            pricing?: {
+                                /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                                prices: {
+                                    [key: string]: {
+                                        /** @description integer minor units of the settlement currency per `per` units */
+                                        price: number;
+                                        per: number;
+                                    };
+                                };
+                                /** @description the least a passing run is charged */
+                                minimum?: number;
+                                /** @description the most a run is charged (at least the minimum) */
+                                cap?: number;
+                            };
                             settlement: {
                                 [key: string]: unknown;
                             } | null;
@@ -3905,6 +3920,21 @@ export interface operations {
                             max: number;
                         };
                     };
+                    /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                    pricing?: {
+                        /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                        prices: {
+                            [key: string]: {
+                                /** @description integer minor units of the settlement currency per `per` units */
+                                price: number;
+                                per: number;
+                            };
+                        };
+                        /** @description the least a passing run is charged */
+                        minimum?: number;
+                        /** @description the most a run is charged (at least the minimum) */
+                        cap?: number;
+                    };
                     settlement?: {
                         payerAgentId: string;
                         /** @description integer minor units */
@@ -3938,6 +3968,21 @@ export interface operations {
                             } | {
                                 max: number;
                             };
+                        };
+                        /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                        pricing?: {
+                            /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                            prices: {
+                                [key: string]: {
+                                    /** @description integer minor units of the settlement currency per `per` units */
+                                    price: number;
+                                    per: number;
+                                };
+                            };
+                            /** @description the least a passing run is charged */
+                            minimum?: number;
+                            /** @description the most a run is charged (at least the minimum) */
+                            cap?: number;
                         };
                         settlement: {
                             [key: string]: unknown;
@@ -4101,6 +4146,21 @@ export interface operations {
                             } | {
                                 max: number;
                             };
+                        };
+                        /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                        pricing?: {
+                            /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                            prices: {
+                                [key: string]: {
+                                    /** @description integer minor units of the settlement currency per `per` units */
+                                    price: number;
+                                    per: number;
+                                };
+                            };
+                            /** @description the least a passing run is charged */
+                            minimum?: number;
+                            /** @description the most a run is charged (at least the minimum) */
+                            cap?: number;
                         };
                         settlement: {
                             [key: string]: unknown;
@@ -4697,6 +4757,8 @@ export interface operations {
                             serviceSignature: boolean;
                             eventSignatures: boolean;
                             chain: boolean;
+                            /** @description a priced run only: its usage and amount recomputed from the events match */
+                            pricing?: boolean;
                         };
                         failures: string[];
                         artifactId: string;
@@ -4812,6 +4874,8 @@ export interface operations {
                             serviceSignature: boolean;
                             eventSignatures: boolean;
                             chain: boolean;
+                            /** @description a priced run only: its usage and amount recomputed from the events match */
+                            pricing?: boolean;
                         };
                         failures: string[];
                         artifactId: string;
@@ -14157,6 +14221,21 @@ export interface operations {
                                 } | {
                                     max: number;
                                 };
+                            };
+                            /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                            pricing?: {
+                                /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                                prices: {
+                                    [key: string]: {
+                                        /** @description integer minor units of the settlement currency per `per` units */
+                                        price: number;
+                                        per: number;
+                                    };
+                                };
+                                /** @description the least a passing run is charged */
+                                minimum?: number;
+                                /** @description the most a run is charged (at least the minimum) */
+                                cap?: number;
                             };
                             settlement: {
                                 [key: string]: unknown;
