@@ -33,9 +33,9 @@ describe('validation errors: one clear error per offending path', () => {
     expect(res.statusCode).toBe(400);
     expect(res.json()).toEqual({
       code: 'VALIDATION_FAILED',
-      message: 'body.bogus is not a known field (expected one of agentId, terms, settlement)',
+      message: 'body.bogus is not a known field (expected one of agentId, terms, pricing, settlement)',
       details: {
-        errors: [{ path: 'body.bogus', message: 'is not a known field (expected one of agentId, terms, settlement)' }],
+        errors: [{ path: 'body.bogus', message: 'is not a known field (expected one of agentId, terms, pricing, settlement)' }],
       },
       requestId: expect.any(String),
     });
