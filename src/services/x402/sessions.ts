@@ -255,13 +255,7 @@ export class X402Sessions {
     failpoint('x402.session.recorded');
     await this.fund(session, recorded.created);
     failpoint('x402.session.locked');
-    await this.store.initBudget(session._id, {
-      state: 'open',
-      budget: session.budget,
-      spent: 0,
-      seq: 0,
-      expiresAt: session.expiresAt,
-    });
+    await this.openBudget(session);
     this.store.remember(session);
     logStep(this.runtime, 'x402.session.opened', {
       tenantId,
@@ -348,6 +342,17 @@ export class X402Sessions {
       await this.closeSession(session, 'wound_down', woundDown);
       throw woundDownError(woundDown);
     }
+  }
+
+  /** A funded session's budget in Redis as it starts: nothing spent, no seq handed out. */
+  private async openBudget(session: SessionDoc): Promise<void> {
+    await this.store.initBudget(session._id, {
+      state: 'open',
+      budget: session.budget,
+      spent: 0,
+      seq: 0,
+      expiresAt: session.expiresAt,
+    });
   }
 
   private async resumedOpenAnswer(session: SessionDoc, close: CloseDoc): Promise<SessionState> {
@@ -874,13 +879,7 @@ export class X402Sessions {
         status: 'unfunded',
       });
     if (!first) {
-      await this.store.initBudget(session._id, {
-        state: 'open',
-        budget: session.budget,
-        spent: 0,
-        seq: 0,
-        expiresAt: session.expiresAt,
-      });
+      await this.openBudget(session);
       return 'restored';
     }
     const charges = await this.store.allCharges(session._id);
