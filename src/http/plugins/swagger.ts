@@ -103,14 +103,16 @@ export default fp(async function swaggerPlugin(app: FastifyInstance) {
             {
               requestBody?: {
                 required?: boolean;
-                content?: Record<string, { schema?: { type?: unknown; required?: string[] } }>;
+                content?: Record<string, { schema?: { type?: unknown; required?: string[]; minProperties?: number } }>;
               };
             }
           >,
         )) {
           const body = operation?.requestBody;
           const schema = body?.content?.['application/json']?.schema;
-          if (body && schema?.type === 'object' && !schema.required?.length) body.required = false;
+          // A body that must name at least one field (a partial update) is required all the same.
+          if (body && schema?.type === 'object' && !schema.required?.length && (schema.minProperties ?? 0) === 0)
+            body.required = false;
         }
       }
       return openapiObject;
