@@ -35,7 +35,9 @@ describe('validation errors: one clear error per offending path', () => {
       code: 'VALIDATION_FAILED',
       message: 'body.bogus is not a known field (expected one of agentId, terms, pricing, settlement)',
       details: {
-        errors: [{ path: 'body.bogus', message: 'is not a known field (expected one of agentId, terms, pricing, settlement)' }],
+        errors: [
+          { path: 'body.bogus', message: 'is not a known field (expected one of agentId, terms, pricing, settlement)' },
+        ],
       },
       requestId: expect.any(String),
     });
