@@ -30,7 +30,10 @@ export const call = async (
   headers?: Record<string, string>,
 ) => {
   const res = await http.request(method, path, { token, body, ...(headers ? { headers } : {}) });
-  if (res.status === 503 || res.status === 429) throw new Refused(String(res.status));
+  // 409 IDEMPOTENCY_IN_PROGRESS: the same key's first attempt is still running (a retry after a 503); retry later too.
+  const inProgress = res.status === 409 && res.text.includes('"IDEMPOTENCY_IN_PROGRESS"');
+  if (res.status === 503 || res.status === 429 || inProgress)
+    throw new Refused(inProgress ? '409' : String(res.status));
   if (!expect.includes(res.status)) throw new Rejected(`${method} ${path} -> ${res.status} ${res.text.slice(0, 300)}`);
   return JSON.parse(res.text);
 };
