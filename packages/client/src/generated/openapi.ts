@@ -12492,6 +12492,16 @@ export interface operations {
                             remaining: number;
                             /** @description of the charge's signed receipt (SessionChargeReceipt.v1) */
                             receiptHash: string;
+                            /** @description a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge */
+                            usage?: {
+                                /** @description UsageRecord.v1 */
+                                record: {
+                                    [key: string]: unknown;
+                                };
+                                payeeSignature: {
+                                    [key: string]: unknown;
+                                };
+                            };
                         };
                     };
                 };
@@ -12678,6 +12688,16 @@ export interface operations {
                                 remaining: number;
                                 /** @description of the charge's signed receipt (SessionChargeReceipt.v1) */
                                 receiptHash: string;
+                                /** @description a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge */
+                                usage?: {
+                                    /** @description UsageRecord.v1 */
+                                    record: {
+                                        [key: string]: unknown;
+                                    };
+                                    payeeSignature: {
+                                        [key: string]: unknown;
+                                    };
+                                };
                             };
                         } | null;
                     };
@@ -12931,6 +12951,16 @@ export interface operations {
                                 remaining: number;
                                 /** @description of the charge's signed receipt (SessionChargeReceipt.v1) */
                                 receiptHash: string;
+                                /** @description a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge */
+                                usage?: {
+                                    /** @description UsageRecord.v1 */
+                                    record: {
+                                        [key: string]: unknown;
+                                    };
+                                    payeeSignature: {
+                                        [key: string]: unknown;
+                                    };
+                                };
                             };
                         } | null;
                     };
