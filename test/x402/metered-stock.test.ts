@@ -24,17 +24,18 @@ describe('x402 v2 witnessed usage: stock fetch wrapper -> stock express middlewa
   let toolUrl: string;
   let payer: TestAgent;
   let payee: TestAgent;
+  let providerKey: string;
 
   beforeAll(async () => {
     t = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
     const listening = await listeningForX402(t);
-    ({ base, network, auth, payerKey } = listening);
+    ({ base, network, auth, payerKey, providerKey } = listening);
     payer = await registerAgent(t, auth);
     payee = await registerAgent(t, auth);
     await credit(t, payer.agentId, 1_000);
     tool = createMeteredTool({
       serviceUrl: base,
-      apiKey: listening.providerKey,
+      apiKey: providerKey,
       network,
       payeeAgentId: payee.agentId,
       payeeKey: payee,
@@ -107,6 +108,39 @@ describe('x402 v2 witnessed usage: stock fetch wrapper -> stock express middlewa
     expect(await balances(t, auth, payer.agentId)).toEqual({ available: before.available - 8, escrow: 0 });
     expect(await balances(t, auth, payee.agentId)).toEqual({ available: 8, escrow: 0 });
     await expectCleanAudit(t);
+  });
+
+  it("a tool that signs usage with a key not the payee's is refused at settle (usage_payee_signature_invalid), nothing charged", async () => {
+    const impostor = await registerAgent(t, auth);
+    const forged = createMeteredTool({
+      serviceUrl: base,
+      apiKey: providerKey,
+      network,
+      payeeAgentId: payee.agentId,
+      payeeKey: impostor,
+    }).listen(0, '127.0.0.1');
+    await new Promise((resolve) => forged.once('listening', resolve));
+    try {
+      const before = await balances(t, auth, payer.agentId);
+      const paying = meteredPayingFetch({
+        serviceUrl: base,
+        apiKey: payerKey,
+        payerAgentId: payer.agentId,
+        payerKey: payer,
+        network,
+        budget: 100,
+      });
+      const res = await paying.fetch(
+        `http://127.0.0.1:${(forged.address() as { port: number }).port}/complete?prompt=x`,
+      );
+      expect(res.status).toBe(402);
+      const answer = decodePaymentResponseHeader(res.headers.get('PAYMENT-RESPONSE')!);
+      expect(answer).toMatchObject({ success: false, errorReason: 'usage_payee_signature_invalid' });
+      await paying.close();
+      expect(await balances(t, auth, payer.agentId)).toEqual(before);
+    } finally {
+      await new Promise((resolve) => forged.close(resolve));
+    }
   });
 
   it('usage the caller does not acknowledge goes back to it at the close', async () => {

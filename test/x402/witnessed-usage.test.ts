@@ -1,5 +1,9 @@
 import { generateKeyPairSync, randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { main } from '../../src/cli/verify.ts';
 import { canonicalize } from '../../src/domain/canonical-json.ts';
 import { base64urlEncode, keyIdFor, rawPublicKey, sha256Hex, signHexDigest } from '../../src/domain/crypto.ts';
 import { armFailpoint, disarmFailpoints, FailpointCrash } from '../../src/domain/failpoints.ts';
@@ -497,6 +501,35 @@ describe('x402 sessions priced by witnessed usage', () => {
       const result = verifyStatement(tampered(change), testJwks);
       expect(result.verified).toBe(false);
       expect(result.checks[check]).toBe(false);
+    });
+
+    it('`agent-settlement verify` checks the usage of a saved statement, and names the line that does not price', async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'priced-statement-'));
+      const verify = async (doc: unknown, keys: unknown) => {
+        const file = join(dir, `s${randomBytes(4).toString('hex')}.json`);
+        const jwksFile = join(dir, `j${randomBytes(4).toString('hex')}.json`);
+        writeFileSync(file, JSON.stringify(doc));
+        writeFileSync(jwksFile, JSON.stringify(keys));
+        const out: string[] = [];
+        const code = await main(['verify', file, '--jwks', jwksFile], {
+          stdout: (l) => out.push(l),
+          stderr: (l) => out.push(l),
+        });
+        return { code, out: out.join('\n') };
+      };
+      try {
+        expect(await verify(original, await jwks())).toMatchObject({
+          code: 0,
+          out: expect.stringMatching(/✓ usage .*\n[\s\S]*VERIFIED: all checks hold/),
+        });
+        const overpriced = tampered((d) => void (d.charges[0]!.amount = 39));
+        expect(await verify(overpriced, testJwks)).toMatchObject({
+          code: 1,
+          out: expect.stringMatching(/✗ usage\s+line 1: amount 39 is not the usage's price 38/),
+        });
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
     });
 
     it('a tampered copy under the service signature fails too', async () => {
