@@ -411,6 +411,23 @@ describe('x402 sessions priced by witnessed usage', () => {
     expect(verifyStatement(statement, await jwks())).toMatchObject({ verified: true });
     expect(await balances(t, auth, payer.agentId)).toEqual({ available: 1_000, escrow: 0 });
 
+    // An acknowledgement that dies after its record and before its answer: sent again, it answers the same.
+    const third = await openSession();
+    const r3 = usageRecord(third.sessionId, third.payee, { tokens: 1_000 });
+    await chargeUsage(third.sessionId, r3, third.payee);
+    armFailpoint('x402.session.acknowledged', () => {
+      throw new FailpointCrash('x402.session.acknowledged');
+    });
+    const ack3 = [{ paymentId: r3.paymentId, payerSignature: sign(r3, third.payer) }];
+    expect((await acknowledge(third.sessionId, ack3)).statusCode).toBe(500);
+    disarmFailpoints();
+    expect((await acknowledge(third.sessionId, ack3)).json()).toEqual({
+      acknowledgements: [{ paymentId: r3.paymentId, seq: 1, acknowledged: true }],
+    });
+    await post(t, auth, `/x402/sessions/${third.sessionId}/close`, {});
+    const acked = (await get(t, auth, `/x402/sessions/${third.sessionId}/statement`)).json();
+    expect(acked.charges[0].usage.payerSignature).toEqual(ack3[0]!.payerSignature);
+
     // The other order: an acknowledgement before the close's decision counts.
     const second = await openSession({ requireAcknowledgedUsage: true });
     const r2 = usageRecord(second.sessionId, second.payee, { tokens: 10_000 });
