@@ -243,6 +243,15 @@ function sameCall(charge: ChargeDoc, input: ChargeInput): boolean {
   );
 }
 
+/**
+ * A checked signature as it is stored and listed: its three fields only (a facilitator's payload may carry more, and
+ * the statement's lines must hash as they are served).
+ */
+function signatureOf(checked: unknown): UsageSignature {
+  const { keyId, value } = checked as UsageSignature;
+  return { alg: 'Ed25519', keyId, value };
+}
+
 /** An agent's keys (active, or all of them: a statement names the key a usage was checked with even once revoked). */
 function agentKeys(
   agent: { keys: Record<string, { keyId: string; publicKey: string; status: string }> } | null,
@@ -586,8 +595,8 @@ export class X402Sessions {
       requestSha256: record.requestSha256,
       usage: {
         record,
-        payeeSignature: usage.payeeSignature as UsageSignature,
-        payerSignature: acknowledged ? (usage.payerSignature as UsageSignature) : null,
+        payeeSignature: signatureOf(usage.payeeSignature),
+        payerSignature: acknowledged ? signatureOf(usage.payerSignature) : null,
       },
     };
   }
@@ -1596,7 +1605,7 @@ export class X402Sessions {
             sessionId: session._id,
             seq: charge.seq,
             paymentId: item.paymentId,
-            payerSignature: item.payerSignature as UsageSignature,
+            payerSignature: signatureOf(item.payerSignature),
             at: now,
           })
           .then((ack) => ack.payerSignature !== null);
