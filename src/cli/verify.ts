@@ -164,6 +164,7 @@ const STATEMENT_PASSED: Record<StatementCheck, string> = {
   statementHash: 'recomputed hash matches statementHash',
   serviceSignature: 'service signature verifies with the JWKS key',
   charges: 'the listed charges are the ones the statement commits to',
+  usage: "every usage line's amount is its usage's price, its signatures verify with the listed agent keys",
   totals: "total, refund and every payee's share add up",
 };
 

@@ -123,6 +123,35 @@ export const X402_ERROR_STATUS = {
   /** A verify (or a facilitator settle) reporting a call cost above the gate's authorized amount: nothing moves. */
   X402_CAPTURE_EXCEEDS_AUTHORIZATION: 422,
   X402_AGENT_WOUND_DOWN: 410,
+  // Witnessed usage (a session charge priced from a signed UsageRecord.v1; docs/x402.md "Witnessed usage").
+  /** A metric the session's price schedule does not price. */
+  X402_USAGE_METRIC_UNKNOWN: 422,
+  /** A usage count that is negative, not an integer, or beyond a safe integer. */
+  X402_USAGE_COUNT_INVALID: 422,
+  /** A usage record that is not a UsageRecord.v1 (its shape, its schema, its hashes). */
+  X402_USAGE_RECORD_INVALID: 422,
+  /** The payee's signature is not over this record by an active key of the payee agent. */
+  X402_USAGE_PAYEE_SIGNATURE_INVALID: 422,
+  /** The payer's signature is not over this record by an active key of the payer agent. */
+  X402_USAGE_PAYER_SIGNATURE_INVALID: 422,
+  /** The record names another session, payment, payee or request than the charge (or its hold). */
+  X402_USAGE_RECORD_MISMATCH: 422,
+  /** The priced usage is above the session's per-call maximum, or above what the payment's verify held. */
+  X402_USAGE_ABOVE_LIMIT: 409,
+  /** The priced usage is above the schedule's cap: refused, never clamped. */
+  X402_USAGE_ABOVE_CAP: 422,
+  /** Usage sent to a session without a price schedule. */
+  X402_USAGE_NOT_PRICED: 422,
+  /** A charge with both an amount and usage (one or the other). */
+  X402_USAGE_AND_AMOUNT: 422,
+  /** A plain amount on a session that pays acknowledged usage only. */
+  X402_USAGE_REQUIRED: 422,
+  /** An acknowledgement of a charge that carries no usage. */
+  X402_USAGE_NOT_METERED: 422,
+  /** An acknowledgement that came after the close had decided the charge unacknowledged. */
+  X402_USAGE_ACK_AFTER_CLOSE: 409,
+  /** A dispute citing a line whose usage the payer acknowledged. */
+  X402_USAGE_ACKNOWLEDGED: 409,
 } as const;
 
 export type X402ErrorCode = keyof typeof X402_ERROR_STATUS;

@@ -5,6 +5,8 @@ import { createHash, type KeyObject } from 'node:crypto';
 import { canonicalize } from './canonical-json.ts';
 import { sha256Hex, signHexDigest } from './crypto.ts';
 import { assertMoney } from './money.ts';
+import type { PriceSchedule } from './pricing.ts';
+import type { WitnessedUsage } from './usage.ts';
 
 export const MAX_SESSION_PAYEES = 20;
 export const MAX_SESSION_TTL_SECONDS = 30 * 86_400;
@@ -32,6 +34,9 @@ export interface ChargeReceiptBody {
   currency: string;
   requestSha256: string | null;
   chargedAt: string;
+  /** A charge priced from witnessed usage only: sha256hex(JCS(the usage record)) and the schedule's hash. */
+  usageSha256?: string;
+  pricingSha256?: string;
 }
 
 export interface SignedChargeReceipt {
@@ -49,6 +54,15 @@ export interface StatementCharge {
   requestSha256: string | null;
   chargedAt: string;
   receiptHash: string;
+  /** A charge priced from witnessed usage (absent otherwise): the record, the payee's and the payer's signature. */
+  usage?: WitnessedUsage;
+}
+
+/** An agent key a statement checked usage signatures with (base64url of the raw 32 public key bytes). */
+export interface StatementAgentKey {
+  agentId: string;
+  keyId: string;
+  publicKey: string;
 }
 
 /**
@@ -76,6 +90,17 @@ export interface SessionStatementBody {
   refunded: number;
   /** Per payee (in the session's order) what it was charged, and the settlement that pays it (null: nothing). */
   payees: Array<{ payeeAgentId: string; charged: number; settlementId: string | null }>;
+  /**
+   * A session priced by use only (absent otherwise): its schedule and the schedule's hash, whether payees are paid
+   * for acknowledged usage only, what unacknowledged usage returned to the payer for that reason (0 without the
+   * requirement: totalCharged + unacknowledged = the lines' sum), and the agent keys the usage signatures were
+   * checked with.
+   */
+  pricing?: PriceSchedule;
+  pricingSha256?: string;
+  requireAcknowledgedUsage?: boolean;
+  unacknowledged?: number;
+  agentKeys?: StatementAgentKey[];
 }
 
 export interface SignedStatement {
@@ -161,9 +186,11 @@ export interface StatementChunk {
   lines: string;
   charged: number;
   voided: number;
-  /** Per payee, in the session's order, what its charges in the chunk add up to. */
+  /** Per payee, in the session's order, what its charges in the chunk add up to (what is paid to it). */
   perPayee: number[];
   total: number;
+  /** Unacknowledged usage a session that requires acknowledgement pays nobody (absent: 0). */
+  unacknowledged?: number;
 }
 
 /**
@@ -181,8 +208,17 @@ export class StatementAccumulator {
   totalCharged = 0;
   readonly perPayee: number[];
 
+  /** With acknowledgement required: what unacknowledged usage lines add up to (paid to nobody, back to the payer). */
+  unacknowledged = 0;
+
   constructor(
-    private readonly session: { _id: string; budget: number; maxPerCall: number; payeeAgentIds: string[] },
+    private readonly session: {
+      _id: string;
+      budget: number;
+      maxPerCall: number;
+      payeeAgentIds: string[];
+      requireAcknowledgedUsage?: boolean;
+    },
     keepLines = false,
   ) {
     this.pieces = keepLines ? [] : null;
@@ -200,7 +236,11 @@ export class StatementAccumulator {
       index !== undefined,
       `session ${this.session._id}: charge ${c.seq} pays ${c.payeeAgentId}, not one of its payees`,
     );
-    this.append(canonicalize(c), 1);
+    this.append(canonicalize(c as unknown as Parameters<typeof canonicalize>[0]), 1);
+    if (!linePays(this.session, c)) {
+      this.unacknowledged += c.amount;
+      return;
+    }
     this.perPayee[index!]! += c.amount;
     this.totalCharged += c.amount;
   }
@@ -216,7 +256,7 @@ export class StatementAccumulator {
         chunk.perPayee.length === this.perPayee.length &&
         chunk.perPayee.every((x) => Number.isSafeInteger(x) && x >= 0) &&
         chunk.perPayee.reduce((a, b) => a + b, 0) === chunk.total &&
-        chunk.total <= chunk.charged * this.session.maxPerCall &&
+        chunk.total + (chunk.unacknowledged ?? 0) <= chunk.charged * this.session.maxPerCall &&
         (chunk.charged === 0) === (chunk.lines === ''),
       `session ${this.session._id}: a statement chunk does not add up`,
     );
@@ -224,6 +264,7 @@ export class StatementAccumulator {
     this.voided += chunk.voided;
     chunk.perPayee.forEach((x, i) => (this.perPayee[i]! += x));
     this.totalCharged += chunk.total;
+    this.unacknowledged += chunk.unacknowledged ?? 0;
   }
 
   private append(json: string, lines: number): void {
@@ -240,6 +281,7 @@ export class StatementAccumulator {
       voided: this.voided,
       perPayee: [...this.perPayee],
       total: this.totalCharged,
+      ...(this.unacknowledged > 0 ? { unacknowledged: this.unacknowledged } : {}),
     };
   }
 
@@ -249,6 +291,7 @@ export class StatementAccumulator {
     chargeCount: number;
     voided: number;
     totalCharged: number;
+    unacknowledged: number;
     refunded: number;
     perPayee: Map<string, number>;
   } {
@@ -261,10 +304,19 @@ export class StatementAccumulator {
       chargeCount: this.chargeCount,
       voided: this.voided,
       totalCharged: this.totalCharged,
+      unacknowledged: this.unacknowledged,
       refunded: this.session.budget - this.totalCharged,
       perPayee: new Map(this.session.payeeAgentIds.map((p, i) => [p, this.perPayee[i]!])),
     };
   }
+}
+
+/**
+ * Whether a statement line is paid to its payee: always, unless the session requires acknowledged usage and the line
+ * is usage its payer never acknowledged (that amount goes back to the payer at the close).
+ */
+export function linePays(session: { requireAcknowledgedUsage?: boolean }, line: StatementCharge): boolean {
+  return !(session.requireAcknowledgedUsage === true && line.usage !== undefined && line.usage.payerSignature === null);
 }
 
 /** The lines of a chunk as objects (its JSON pieces are an array's members). */

@@ -1,5 +1,7 @@
 import type { Collection, Db } from 'mongodb';
+import type { PriceSchedule } from '../domain/pricing.ts';
 import type { SignedStatement, StatementChunk } from '../domain/x402-sessions.ts';
+import type { UsageSignature, WitnessedUsage } from '../domain/usage.ts';
 import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
 import { ListIndex } from './list-index.ts';
@@ -42,6 +44,11 @@ export interface SessionDoc {
   disputeWindowSeconds: number;
   expiresAt: Date;
   createdAt: Date;
+  /** A session priced by use: its schedule and the schedule's hash (absent or null: charges name amounts). */
+  pricing?: PriceSchedule | null;
+  pricingSha256?: string | null;
+  /** Pay a payee at close only for usage its payer acknowledged (absent: false). */
+  requireAcknowledgedUsage?: boolean;
 }
 
 export interface ChargeDoc {
@@ -57,6 +64,22 @@ export interface ChargeDoc {
   requestSha256: string | null;
   at: Date;
   receipt: { receiptHash: string; signature: { alg: 'Ed25519'; keyId: string; value: string } } | null;
+  /** A charge priced from witnessed usage: the record and its signatures as charged (the payer's if sent with it). */
+  usage?: WitnessedUsage | null;
+}
+
+/**
+ * Whether the payer acknowledged a charge's usage, decided once by unique insert of `<sessionId>#<seq>`: the payer's
+ * acknowledgement (its signature) or the close's mark that none came (`payerSignature: null`), whichever is first.
+ * A fact, never updated; the statement reads it.
+ */
+export interface UsageAckDoc {
+  _id: string;
+  sessionId: string;
+  seq: number;
+  paymentId: string;
+  payerSignature: UsageSignature | null;
+  at: Date;
 }
 
 /** A statement chunk (see StatementChunk): `<sessionId>#<chunk>`, chunk 0 holding seqs 1..256. */
@@ -267,6 +290,7 @@ export class X402SessionStore {
   readonly closes: Collection<CloseDoc>;
   readonly chunks: Collection<StatementChunkDoc>;
   readonly paymentIndex: Collection<PaymentBucketDoc>;
+  readonly usageAcks: Collection<UsageAckDoc>;
   /** Sessions with work to come: their expiry, or a close to finish (see DueWorkStore). */
   readonly due: DueWorkStore;
   /** Terms never change: a session seen once is served from memory. */
@@ -286,6 +310,7 @@ export class X402SessionStore {
     this.closes = db.collection<CloseDoc>('x402_session_closes');
     this.chunks = db.collection<StatementChunkDoc>('x402_session_statement_chunks');
     this.paymentIndex = db.collection<PaymentBucketDoc>('x402_session_payment_index');
+    this.usageAcks = db.collection<UsageAckDoc>('x402_session_usage_acks');
     this.due = new DueWorkStore(db, 'x402_sessions', redis, redisPrefix);
   }
 
@@ -481,6 +506,20 @@ export class X402SessionStore {
       at,
       receipt: null,
     });
+  }
+
+  /**
+   * Decides whether a charge's usage is acknowledged, once: the payer's acknowledgement and the close's mark of it as
+   * unacknowledged (`payerSignature: null`) race by the unique insert of `<sessionId>#<seq>`, as a charge and a void
+   * race for a seq. Answers the record that holds it.
+   */
+  async decideAck(doc: UsageAckDoc): Promise<UsageAckDoc> {
+    if (await insertFirst(this.usageAcks, doc)) return doc;
+    return (await this.usageAcks.findOne({ _id: doc._id }))!;
+  }
+
+  getAck(sessionId: string, seq: number): Promise<UsageAckDoc | null> {
+    return this.usageAcks.findOne({ _id: chargeId(sessionId, seq) });
   }
 
   getCharge(sessionId: string, seq: number): Promise<ChargeDoc | null> {

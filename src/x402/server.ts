@@ -23,8 +23,10 @@ import type {
   SchemePaymentRequiredContext,
   SettleContext,
 } from '@x402/core/types';
-import { randomBytes } from 'node:crypto';
+import { randomBytes, type KeyObject } from 'node:crypto';
 import { sha256Hex } from '../domain/crypto.ts';
+import type { PriceSchedule } from '../domain/pricing.ts';
+import { signUsageRecord, USAGE_RECORD_SCHEMA, type UsageRecord } from '../domain/usage.ts';
 import { CURRENCY_PATTERN } from '../domain/money.ts';
 import { X402_SCHEME, X402_SESSION_SCHEME, X402_USD_ASSET, usdToMinorUnits } from '../domain/x402.ts';
 
@@ -110,12 +112,75 @@ export class EscrowGateServerScheme implements SchemeNetworkServer {
   }
 }
 
+export interface EscrowSessionServerOptions extends EscrowGateServerOptions {
+  /**
+   * Priced by use: the schedule the payer's session is opened with (sent in the requirement's extra). A route then
+   * states what a call used with setUsage(res, {metric: count}); the payee signs that usage record and the session
+   * prices it. The route's price stays the most one call may cost (what verify holds).
+   */
+  pricing?: PriceSchedule;
+  /** The payee agent's registered key (its keyId and private key): signs each call's usage record. */
+  payeeKey?: { keyId: string; privateKey: KeyObject };
+}
+
+/** The response header a route states its call's usage in (JSON `{metric: count}`), read at settle. */
+export const USAGE_HEADER = 'x-settlement-usage';
+
+/** States what this call used, for a route priced by use (setSettlementOverrides' counterpart for usage). */
+export function setUsage(
+  res: { setHeader(name: string, value: string): unknown },
+  usage: Record<string, number>,
+): void {
+  res.setHeader(USAGE_HEADER, JSON.stringify(usage));
+}
+
 /**
  * The provider's side of the `escrow-session` scheme: the same requirements (price, terms, request binding), paid
  * from a payment session the payer opened once. The facilitator's verify holds the price in the session's budget,
  * its settle charges what the call cost (the price, or less through the middleware's settlement overrides).
  * Register it beside the gate scheme and list both in a route's `accepts`; the payer's client picks the one it has.
+ *
+ * With `pricing` and `payeeKey`, a call whose route stated its usage (setUsage) settles with the payee's signed usage
+ * record (UsageRecord.v1: the session and payment, the payee, the usage, the request's and the served response's
+ * sha256), added to the settle payload by the stock enrichSettlementPayload hook: the session charges its price.
  */
 export class EscrowSessionServerScheme extends EscrowGateServerScheme {
   override readonly scheme: string = X402_SESSION_SCHEME;
+
+  constructor(private readonly sessionOptions: EscrowSessionServerOptions = {}) {
+    super(sessionOptions);
+    if (sessionOptions.pricing && !sessionOptions.payeeKey)
+      throw new Error('a priced escrow-session scheme needs the payee agent key that signs usage (payeeKey)');
+    // @x402/core calls the settle hook detached from the scheme: bound, it still reads this scheme's options.
+    this.enrichSettlementPayload = this.enrichSettlementPayload.bind(this);
+  }
+
+  override async enhancePaymentRequirements(requirements: PaymentRequirements): Promise<PaymentRequirements> {
+    const enhanced = await super.enhancePaymentRequirements(requirements);
+    const { pricing } = this.sessionOptions;
+    return pricing ? { ...enhanced, extra: { ...enhanced.extra, pricing } } : enhanced;
+  }
+
+  override async enrichSettlementPayload(context: SettleContext): Promise<Record<string, unknown>> {
+    const enrichment = await super.enrichSettlementPayload(context);
+    const transport = context.transportContext as { responseHeaders?: Record<string, string> } | undefined;
+    const stated = transport?.responseHeaders?.[USAGE_HEADER];
+    const key = this.sessionOptions.payeeKey;
+    if (stated === undefined || !key || !this.sessionOptions.pricing) return enrichment;
+    const payload = context.paymentPayload.payload as {
+      sessionId?: unknown;
+      paymentId?: unknown;
+      requestSha256?: unknown;
+    };
+    const record: UsageRecord = {
+      schema: USAGE_RECORD_SCHEMA,
+      sessionId: String(payload.sessionId),
+      paymentId: String(payload.paymentId),
+      payeeAgentId: context.requirements.payTo,
+      usage: JSON.parse(stated) as Record<string, number>,
+      requestSha256: String(payload.requestSha256),
+      responseSha256: enrichment.responseSha256 as string,
+    };
+    return { ...enrichment, usage: { record, payeeSignature: signUsageRecord(record, key) } };
+  }
 }

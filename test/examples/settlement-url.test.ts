@@ -3,7 +3,9 @@ import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { registerAgent, type TestAgent } from '../helpers/agents.ts';
 import { startTestApp, type TestApp } from '../helpers/context.ts';
+import { balances, credit } from '../helpers/money.ts';
 import { gateParties, listeningForX402 } from '../x402/helpers.ts';
 
 // Every example reads the service's URL from SETTLEMENT_URL (default http://127.0.0.1:3000) and prints it first, so
@@ -55,10 +57,10 @@ describe('examples honour SETTLEMENT_URL and print it', () => {
   let providerKey: string;
   let payer: string;
   let payee: string;
+  let auth: Record<string, string>;
   const started: ChildProcess[] = [];
   beforeAll(async () => {
     t = await startTestApp({ workers: ['x402-verify', 'settle'], overrides: { RATE_LIMIT_MAX: '100000' } });
-    let auth: Record<string, string>;
     ({ base, network, auth, payerKey, providerKey } = await listeningForX402(t));
     ({ payer, payee } = await gateParties(t, auth, 1_000));
   });
@@ -106,6 +108,53 @@ describe('examples honour SETTLEMENT_URL and print it', () => {
     ).json();
     expect(gates.items).toHaveLength(1);
   });
+
+  it(
+    'the metered tool and its caller pay witnessed usage through the service SETTLEMENT_URL names',
+    { timeout: 150_000 },
+    async () => {
+      const payerAgent = await registerAgent(t, auth);
+      const payeeAgent = await registerAgent(t, auth);
+      await credit(t, payerAgent.agentId, 1_000);
+      const pem = (agent: TestAgent) => agent.privateKey.export({ type: 'pkcs8', format: 'pem' }).toString();
+      const port = await freePort();
+      const tool = await startExample(
+        'examples/metered-tool/tool.ts',
+        {
+          SETTLEMENT_URL: base,
+          PROVIDER_API_KEY: providerKey,
+          PAYEE_AGENT_ID: payeeAgent.agentId,
+          PAYEE_PRIVATE_KEY: pem(payeeAgent),
+          X402_NETWORK: network,
+          PORT: String(port),
+        },
+        /metered tool on http:\/\//,
+      );
+      started.push(tool.child);
+      expect(SERVICE_LINE.exec(tool.output())?.[1]).toBe(base);
+      const { stdout } = await promisify(execFile)(
+        process.execPath,
+        ['--import', 'tsx', 'examples/metered-tool/caller.ts'],
+        {
+          cwd: root,
+          env: {
+            ...process.env,
+            SETTLEMENT_URL: base,
+            PAYER_API_KEY: payerKey,
+            PAYER_AGENT_ID: payerAgent.agentId,
+            PAYER_PRIVATE_KEY: pem(payerAgent),
+            X402_NETWORK: network,
+            TOOL_URL: `http://127.0.0.1:${port}`,
+          },
+          timeout: 120_000,
+        },
+      );
+      expect(SERVICE_LINE.exec(stdout)?.[1]).toBe(base);
+      expect(stdout.match(/^\/complete\S* 200 /gm)).toHaveLength(2);
+      // Both calls' usage was acknowledged and paid: 12 tokens (2) and 2 tokens (the minimum, 1).
+      expect(await balances(t, auth, payeeAgent.agentId)).toEqual({ available: 3, escrow: 0 });
+    },
+  );
 
   it('the session tool starts against the service SETTLEMENT_URL names', { timeout: 90_000 }, async () => {
     const port = await freePort();

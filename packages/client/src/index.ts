@@ -57,6 +57,18 @@ export {
 } from './pricing.ts';
 export { STATEMENT_CHECKS, verifyStatement, type StatementCheck, type StatementVerification } from './statement.ts';
 export {
+  priceUsageRecord,
+  signUsageRecord,
+  usageDigest,
+  usageProblem,
+  usageSignatureValid,
+  USAGE_RECORD_SCHEMA,
+  type UsageProblem,
+  type UsageRecord,
+  type UsageSignature,
+  type WitnessedUsage,
+} from './usage.ts';
+export {
   verifyWebhook,
   WebhookVerificationError,
   type VerifyWebhookOptions,

@@ -9,6 +9,8 @@ import { idempotencyKeyOf } from '../plugins/idempotency.ts';
 import { errorResponses, type ErrorCodes } from '../schemas/common.ts';
 import { SessionChargeList, SessionChargesQuery, sessionChargesView } from '../schemas/x402-session-charges.ts';
 import {
+  Acknowledgements,
+  AcknowledgementsBody,
   Charge,
   ChargeBody,
   chargeView,
@@ -94,8 +96,21 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
               'X402_SESSION_PAYMENT_REUSED',
               'X402_PAYEE_MISMATCH',
               'X402_REQUEST_BINDING_MISMATCH',
+              'X402_USAGE_ABOVE_LIMIT',
             ],
-            422: ['VALIDATION_FAILED'],
+            422: [
+              'VALIDATION_FAILED',
+              'X402_USAGE_METRIC_UNKNOWN',
+              'X402_USAGE_COUNT_INVALID',
+              'X402_USAGE_RECORD_INVALID',
+              'X402_USAGE_PAYEE_SIGNATURE_INVALID',
+              'X402_USAGE_PAYER_SIGNATURE_INVALID',
+              'X402_USAGE_RECORD_MISMATCH',
+              'X402_USAGE_ABOVE_CAP',
+              'X402_USAGE_NOT_PRICED',
+              'X402_USAGE_AND_AMOUNT',
+              'X402_USAGE_REQUIRED',
+            ],
           }),
         },
       },
@@ -187,6 +202,40 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
       ),
   );
 
+  app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof AcknowledgementsBody> }>(
+    '/x402/sessions/:sessionId/acknowledgements',
+    {
+      config: { access: 'x402:write' },
+      schema: {
+        tags,
+        operationId: 'acknowledgeSessionUsage',
+        summary:
+          "The payer acknowledges charges' usage after reading the responses (its agent's signatures over the usage records); idempotent",
+        params: SessionParams,
+        body: AcknowledgementsBody,
+        response: {
+          200: Acknowledgements,
+          ...sessionErrors({
+            409: ['X402_USAGE_ACK_AFTER_CLOSE'],
+            422: [
+              'VALIDATION_FAILED',
+              'X402_USAGE_NOT_PRICED',
+              'X402_USAGE_NOT_METERED',
+              'X402_USAGE_PAYER_SIGNATURE_INVALID',
+            ],
+          }),
+        },
+      },
+    },
+    async (request) => ({
+      acknowledgements: await service.sessions.acknowledge(
+        tenantOf(request),
+        request.params.sessionId,
+        request.body.acknowledgements,
+      ),
+    }),
+  );
+
   app.post<{ Params: Static<typeof SessionParams>; Body: Static<typeof SessionDisputeBody> }>(
     '/x402/sessions/:sessionId/disputes',
     {
@@ -198,7 +247,13 @@ export async function x402SessionRoutes(app: FastifyInstance, opts: { runtime: R
           'Dispute what a payee was paid at the close, inside the dispute window: freezes its holdback for an ops ruling',
         params: SessionParams,
         body: SessionDisputeBody,
-        response: { 201: SessionDisputeOpened, ...errorResponses(400, 401, 403, 404, { 409: ['TRANSITION_ILLEGAL'] }) },
+        response: {
+          201: SessionDisputeOpened,
+          ...errorResponses(400, 401, 403, 404, {
+            409: ['TRANSITION_ILLEGAL', 'X402_USAGE_ACKNOWLEDGED'],
+            422: ['VALIDATION_FAILED'],
+          }),
+        },
       },
     },
     async (request, reply) =>

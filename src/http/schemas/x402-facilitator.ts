@@ -128,6 +128,18 @@ export const SettleResponse = Type.Object({
           seq: Type.Integer({ description: "the charge's number in its session (transaction = `<sessionId>#<seq>`)" }),
           remaining: Type.Integer({ description: "what is left of the session's budget" }),
           receiptHash: Type.String({ description: "of the charge's signed receipt (SessionChargeReceipt.v1)" }),
+          usage: Type.Optional(
+            Type.Object(
+              {
+                record: Type.Record(Type.String(), Type.Unknown(), { description: 'UsageRecord.v1' }),
+                payeeSignature: Type.Record(Type.String(), Type.Unknown()),
+              },
+              {
+                description:
+                  "a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge",
+              },
+            ),
+          ),
         },
         { title: 'EscrowSessionCharge' },
       ),

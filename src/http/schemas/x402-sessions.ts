@@ -4,6 +4,7 @@ import { MAX_SESSION_PAYEES, MAX_SESSION_TTL_SECONDS, type StatementCharge } fro
 import type { ChargeAnswer, SessionState } from '../../services/x402/sessions.ts';
 import type { CloseDoc } from '../../store/x402-sessions.ts';
 import { AgentId, Amount, Currency, Timestamp } from './common.ts';
+import { PricingSchema } from './runs.ts';
 
 const Sha256 = Type.String({ pattern: '^[0-9a-f]{64}$', description: 'lowercase hex SHA-256' });
 const WalletId = Type.String({ pattern: '^[A-Za-z0-9][A-Za-z0-9._:-]{2,200}$' });
@@ -16,6 +17,37 @@ const Signature = Type.Object({
   alg: Type.String(),
   keyId: Type.String(),
   value: Type.String({ description: 'Ed25519 over the hex digest, base64url' }),
+});
+/** An agent's signature over a usage record (checked by the service against the agent's registered keys). */
+const AgentSignature = Type.Object(
+  {
+    alg: Type.Literal('Ed25519'),
+    keyId: Type.String({ maxLength: 200 }),
+    value: Type.String({ maxLength: 200, description: 'base64url Ed25519 over the bytes of sha256hex(JCS(record))' }),
+  },
+  { additionalProperties: false },
+);
+const UsageRecord = Type.Object(
+  {
+    schema: Type.Literal('UsageRecord.v1'),
+    sessionId: Type.String({ maxLength: 128 }),
+    paymentId: Type.String({ maxLength: 128 }),
+    payeeAgentId: Type.String({ maxLength: 256 }),
+    usage: Type.Record(Type.String({ maxLength: 64 }), Type.Number(), {
+      minProperties: 1,
+      maxProperties: 32,
+      description:
+        'metric name -> units used; each a metric the schedule prices, a non-negative safe integer (else X402_USAGE_METRIC_UNKNOWN / X402_USAGE_COUNT_INVALID)',
+    }),
+    requestSha256: Sha256,
+    responseSha256: Sha256,
+  },
+  { additionalProperties: false, description: 'UsageRecord.v1: what one call used, as its payee states it' },
+);
+const WitnessedUsage = Type.Object({
+  record: UsageRecord,
+  payeeSignature: AgentSignature,
+  payerSignature: Nullable(AgentSignature),
 });
 
 export const SessionParams = Type.Object({ sessionId: Type.String({ maxLength: 128 }) });
@@ -55,6 +87,14 @@ export const OpenSessionBody = Type.Object(
           'a sponsor wallet of the tenant pays instead (its policy must allow every payee at maxPerCall, and the budget today)',
       }),
     ),
+    pricing: Type.Optional(PricingSchema),
+    requireAcknowledgedUsage: Type.Optional(
+      Type.Boolean({
+        default: false,
+        description:
+          'with pricing: pay each payee at close only for usage the payer acknowledged; unacknowledged usage goes back to the payer',
+      }),
+    ),
   },
   {
     additionalProperties: false,
@@ -75,10 +115,26 @@ export const ChargeBody = Type.Object(
   {
     paymentId: Type.Optional(PaymentId),
     payeeAgentId: AgentId,
-    amount: Type.Integer({
-      ...Amount,
-      description: "what this call costs (integer minor units), at most the session's maxPerCall",
-    }),
+    amount: Type.Optional(
+      Type.Integer({
+        ...Amount,
+        description: "what this call costs (integer minor units), at most the session's maxPerCall; or send usage",
+      }),
+    ),
+    usage: Type.Optional(
+      Type.Object(
+        {
+          record: UsageRecord,
+          payeeSignature: AgentSignature,
+          payerSignature: Type.Optional(Nullable(AgentSignature)),
+        },
+        {
+          additionalProperties: false,
+          description:
+            "instead of amount, on a priced session: the payee's signed usage record (and the payer's acknowledgement, if it has one); the session prices it",
+        },
+      ),
+    ),
     requestSha256: Type.Optional(Sha256),
   },
   {
@@ -107,6 +163,9 @@ export const Session = Type.Object({
   closedAt: Nullable(Timestamp),
   refunded: Nullable(Type.Integer({ description: 'the unspent budget returned at close' })),
   statementUrl: Nullable(Type.String()),
+  pricing: Type.Optional(PricingSchema),
+  pricingSha256: Type.Optional(Type.String({ description: 'sha256hex(JCS(pricing))' })),
+  requireAcknowledgedUsage: Type.Optional(Type.Boolean()),
 });
 
 export const Charge = Type.Object({
@@ -119,6 +178,7 @@ export const Charge = Type.Object({
   currency: Type.String(),
   remaining: Type.Integer({ description: 'what is left of the budget' }),
   repeated: Type.Boolean({ description: 'true when this payment id was charged before: nothing new was charged' }),
+  usage: Type.Optional(WitnessedUsage),
   receipt: Type.Object({
     receiptHash: Type.String(),
     signature: Signature,
@@ -136,6 +196,7 @@ const StatementLine = Type.Object({
   requestSha256: Nullable(Type.String()),
   chargedAt: Timestamp,
   receiptHash: Type.String(),
+  usage: Type.Optional(WitnessedUsage),
 });
 
 export const Statement = Type.Object({
@@ -152,6 +213,13 @@ export const SessionDisputeBody = Type.Object(
     payeeAgentId: AgentId,
     reason: Type.String({ minLength: 1, maxLength: 2_000 }),
     evidence: Type.Optional(Type.Unknown({ description: 'any JSON nested at most 128 deep' })),
+    lines: Type.Optional(
+      Type.Array(Type.Integer({ minimum: 1 }), {
+        minItems: 1,
+        maxItems: 256,
+        description: 'statement lines (seqs) of this payee whose usage the payer never acknowledged, cited as evidence',
+      }),
+    ),
   },
   {
     additionalProperties: false,
@@ -174,6 +242,41 @@ export const SessionDisputeOpened = Type.Object({
   frozenAmount: Type.Integer({
     description: "the payee's holdback, frozen until the ruling (POST /ops/disputes/{disputeId}/resolve)",
   }),
+  lines: Type.Optional(Type.Array(Type.Integer(), { description: 'the statement lines cited' })),
+});
+
+export const AcknowledgementsBody = Type.Object(
+  {
+    acknowledgements: Type.Array(
+      Type.Object(
+        {
+          paymentId: PaymentId,
+          payerSignature: AgentSignature,
+        },
+        { additionalProperties: false },
+      ),
+      { minItems: 1, maxItems: 256 },
+    ),
+  },
+  {
+    additionalProperties: false,
+    examples: [
+      {
+        acknowledgements: [
+          {
+            paymentId: 'call-0001',
+            payerSignature: { alg: 'Ed25519', keyId: 'key_3f2a9c1e', value: 'base64url-signature-over-the-digest' },
+          },
+        ],
+      },
+    ],
+  },
+);
+
+export const Acknowledgements = Type.Object({
+  acknowledgements: Type.Array(
+    Type.Object({ paymentId: Type.String(), seq: Type.Integer(), acknowledged: Type.Literal(true) }),
+  ),
 });
 
 export function sessionView(s: SessionState): Static<typeof Session> {
@@ -199,6 +302,13 @@ export function sessionView(s: SessionState): Static<typeof Session> {
     closedAt: s.close ? s.close.at.toISOString() : null,
     refunded: body ? body.refunded : null,
     statementUrl: s.close ? `/x402/sessions/${session._id}/statement` : null,
+    ...(session.pricing
+      ? {
+          pricing: session.pricing,
+          pricingSha256: session.pricingSha256!,
+          requireAcknowledgedUsage: session.requireAcknowledgedUsage ?? false,
+        }
+      : {}),
   };
 }
 
@@ -213,6 +323,7 @@ export function chargeView(a: ChargeAnswer): Static<typeof Charge> {
     currency: a.receipt.body.currency,
     remaining: a.remaining,
     repeated: a.repeated,
+    ...(a.charge.usage ? { usage: a.charge.usage } : {}),
     receipt: { receiptHash: a.receipt.receiptHash, signature: a.receipt.signature, body: { ...a.receipt.body } },
   };
 }

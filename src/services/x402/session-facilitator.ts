@@ -3,6 +3,10 @@
 // paid, and parallel calls never overspend); settle charges what the call cost, at most that (the stock middleware's
 // settlement overrides send the actual amount), and the rest of the hold goes back to the budget at once. Both are
 // idempotent by the payment id: a repeated settle answers the same charge. See sessions.ts.
+//
+// Witnessed usage: a settle whose payload carries `usage: {record, payeeSignature}` (the provider's server scheme adds
+// it with the stock enrichSettlementPayload hook) charges the record's priced usage instead of the amount; the
+// answer carries the usage back, so the payer can check it against the response it read and acknowledge it.
 import { isSha256Hex } from '../../domain/crypto.ts';
 import { ServiceError } from '../../domain/errors.ts';
 import { acceptsNetwork, requestBindingOf, X402_SESSION_SCHEME, x402RequestSha256 } from '../../domain/x402.ts';
@@ -82,10 +86,16 @@ export class X402SessionFacilitator {
       if (!AMOUNT.test(amount)) throw new Refusal('invalid_amount', 'the amount to settle must be integer minor units');
       if (Number(amount) > p.accepted)
         throw new Refusal('amount_exceeds_authorization', `the payment authorized at most ${p.accepted}`);
+      const usage = request.paymentPayload.payload.usage;
+      if (usage !== undefined && (typeof usage !== 'object' || usage === null || Array.isArray(usage)))
+        throw new Refusal('invalid_payload', 'usage must be {record, payeeSignature}');
+      const witnessed = usage as { record?: unknown; payeeSignature?: unknown } | undefined;
       const charged = await this.x402.sessions.capture(tenantId, p.sessionId, {
         paymentId: p.paymentId,
         payeeAgentId: p.payeeAgentId,
-        amount: Number(amount),
+        ...(witnessed
+          ? { usage: { record: witnessed.record, payeeSignature: witnessed.payeeSignature } }
+          : { amount: Number(amount) }),
         requestSha256: p.requestSha256,
         asset: p.asset,
       });
@@ -114,6 +124,9 @@ export class X402SessionFacilitator {
         seq: charge.seq,
         remaining: charged.remaining,
         receiptHash: receipt.receiptHash,
+        ...(charge.usage
+          ? { usage: { record: charge.usage.record, payeeSignature: charge.usage.payeeSignature } }
+          : {}),
       },
     };
   }

@@ -13,6 +13,16 @@ import { logStep } from '../work-log.ts';
 import { receiptMoney, signReceipt } from '../../domain/receipt.ts';
 import { decideSettlement } from '../../domain/settlement.ts';
 import { evaluateStaticPolicy } from '../../domain/x402.ts';
+import { pricingProblems, parsePriceSchedule, pricingSha256, type PriceSchedule } from '../../domain/pricing.ts';
+import {
+  priceUsageRecord,
+  usageDigest,
+  usageProblem,
+  usageSignatureValid,
+  type UsageRecord,
+  type UsageSignature,
+  type WitnessedUsage,
+} from '../../domain/usage.ts';
 import {
   chunkLines,
   chunkSeqs,
@@ -21,11 +31,13 @@ import {
   paymentBuckets,
   signChargeReceipt,
   signStatement,
+  linePays,
   STATEMENT_CHUNK_SEQS,
   StatementAccumulator,
   statementLastSeq,
   type SessionStatus,
   type SignedChargeReceipt,
+  type StatementAgentKey,
   type StatementCharge,
   type StatementChunk,
 } from '../../domain/x402-sessions.ts';
@@ -41,6 +53,7 @@ import {
   type DebitResult,
   type HoldBinding,
   type SessionDoc,
+  type UsageAckDoc,
 } from '../../store/x402-sessions.ts';
 import { disputeSettlement } from '../disputes.ts';
 import { emitEvent } from '../events.ts';
@@ -81,15 +94,44 @@ export interface OpenSessionInput {
   holdbackBps?: number;
   disputeWindowSeconds?: number;
   sponsorWalletId?: string;
+  /** A price schedule: charges may then carry witnessed usage instead of an amount. */
+  pricing?: unknown;
+  requireAcknowledgedUsage?: boolean;
 }
 
+/** A payee's signed usage record, and the payer's signature when it came with the charge. */
+export interface UsageInput {
+  record: unknown;
+  payeeSignature: unknown;
+  payerSignature?: unknown;
+}
+
+/** A charge as a caller asks for it: an amount, or usage the session prices. */
+export interface ChargeRequest {
+  paymentId: string;
+  payeeAgentId: string;
+  amount?: number;
+  usage?: UsageInput;
+  requestSha256?: string;
+  /** The asset the payment was made in, where the caller names one (the facilitator): the session's currency or refused. */
+  asset?: string;
+}
+
+/** A charge with its amount: named by the caller, or the priced usage (checked and signed). */
 export interface ChargeInput {
   paymentId: string;
   payeeAgentId: string;
   amount: number;
   requestSha256?: string;
-  /** The asset the payment was made in, where the caller names one (the facilitator): the session's currency or refused. */
   asset?: string;
+  usage?: WitnessedUsage;
+}
+
+/** What an acknowledgement answers: the charge's seq, and whether the payer's acknowledgement counts. */
+export interface AckAnswer {
+  paymentId: string;
+  seq: number;
+  acknowledged: true;
 }
 
 export interface HoldInput {
@@ -154,13 +196,18 @@ function sameTerms(a: SessionDoc, b: SessionDoc): boolean {
       s.maxPerCall,
       s.holdbackBps,
       s.disputeWindowSeconds,
+      s.pricingSha256 ?? null,
+      s.requireAcknowledgedUsage ?? false,
     ]);
   return terms(a) === terms(b);
 }
 
-/** A recorded charge as its statement lists it (what the statement's chargesSha256 commits to). */
-function statementLine(c: ChargeDoc): StatementCharge {
-  return {
+/**
+ * A recorded charge as its statement lists it (what the statement's chargesSha256 commits to). A usage line carries
+ * its record and signatures: the payer's from the charge, else from the acknowledgement decided for it (`ack`).
+ */
+function statementLine(c: ChargeDoc, ack: UsageAckDoc | null = null): StatementCharge {
+  const line: StatementCharge = {
     seq: c.seq,
     payeeAgentId: c.payeeAgentId!,
     amount: c.amount,
@@ -169,19 +216,91 @@ function statementLine(c: ChargeDoc): StatementCharge {
     chargedAt: c.at.toISOString(),
     receiptHash: c.receipt!.receiptHash,
   };
+  if (c.usage)
+    line.usage = {
+      record: c.usage.record,
+      payeeSignature: c.usage.payeeSignature,
+      payerSignature: c.usage.payerSignature ?? ack?.payerSignature ?? null,
+    };
+  return line;
 }
 
-/** Whether a recorded charge is this call (its payee, amount and request), as a repeat of its payment id must be. */
+/** Whether a charge's usage still waits for the payer's acknowledgement (decided at the latest by the close). */
+function awaitsAck(c: ChargeDoc | null): c is ChargeDoc & { usage: WitnessedUsage } {
+  return c?.state === 'charged' && !!c.usage && c.usage.payerSignature === null;
+}
+
+/**
+ * Whether a recorded charge is this call (its payee, amount, request and usage record), as a repeat of its payment id
+ * must be.
+ */
 function sameCall(charge: ChargeDoc, input: ChargeInput): boolean {
   return (
     charge.payeeAgentId === input.payeeAgentId &&
     charge.amount === input.amount &&
-    charge.requestSha256 === (input.requestSha256 ?? null)
+    charge.requestSha256 === (input.requestSha256 ?? null) &&
+    (charge.usage ? usageDigest(charge.usage.record) : null) === (input.usage ? usageDigest(input.usage.record) : null)
+  );
+}
+
+/**
+ * A checked signature as it is stored and listed: its three fields only (a facilitator's payload may carry more, and
+ * the statement's lines must hash as they are served).
+ */
+function signatureOf(checked: unknown): UsageSignature {
+  const { keyId, value } = checked as UsageSignature;
+  return { alg: 'Ed25519', keyId, value };
+}
+
+/** An agent's keys (active, or all of them: a statement names the key a usage was checked with even once revoked). */
+function agentKeys(
+  agent: { keys: Record<string, { keyId: string; publicKey: string; status: string }> } | null,
+  all = false,
+) {
+  return new Map(
+    Object.values(agent?.keys ?? {})
+      .filter((k) => all || k.status === 'active')
+      .map((k) => [k.keyId, k.publicKey]),
   );
 }
 
 function statusOfClose(close: CloseDoc): SessionStatus {
   return close.reason === 'closed' ? 'closed' : close.reason;
+}
+
+/**
+ * The agent keys a statement's usage signatures were made with: noted line by line as the close reads them, then
+ * listed with their public keys (revoked ones too: a key is named as it was when it signed), in a fixed order.
+ */
+class Signers {
+  private readonly seen = new Map<string, Set<string>>();
+
+  constructor(private readonly session: SessionDoc) {}
+
+  note(line: StatementCharge): void {
+    if (!line.usage) return;
+    this.add(line.payeeAgentId, line.usage.payeeSignature.keyId);
+    if (line.usage.payerSignature) this.add(this.session.payerAgentId, line.usage.payerSignature.keyId);
+  }
+
+  private add(agentId: string, keyId: string): void {
+    let keys = this.seen.get(agentId);
+    if (!keys) this.seen.set(agentId, (keys = new Set()));
+    keys.add(keyId);
+  }
+
+  async keys(runtime: Runtime): Promise<StatementAgentKey[]> {
+    const agentIds = [...this.seen.keys()].sort();
+    const agents = await Promise.all(agentIds.map((id) => runtime.stores.agents.getAny(id)));
+    return agentIds.flatMap((agentId, i) => {
+      const known = agentKeys(agents[i] ?? null, true);
+      return [...this.seen.get(agentId)!].sort().map((keyId) => {
+        const publicKey = known.get(keyId);
+        if (publicKey === undefined) throw new Error(`agent ${agentId} has no key ${keyId}, which signed usage`);
+        return { agentId, keyId, publicKey };
+      });
+    });
+  }
 }
 
 export class X402Sessions {
@@ -213,6 +332,19 @@ export class X402Sessions {
       throw errors.unprocessable('maxPerCall exceeds the budget', {
         errors: [{ path: 'body.maxPerCall', message: 'greater than budget' }],
       });
+    let pricing: PriceSchedule | null = null;
+    if (input.pricing !== undefined) {
+      const problems = pricingProblems(input.pricing);
+      if (problems.length > 0)
+        throw errors.unprocessable('the price schedule is invalid', {
+          errors: problems.map((p) => ({ path: `body.${p.split(':')[0]}`, message: p.slice(p.indexOf(':') + 2) })),
+        });
+      pricing = parsePriceSchedule(input.pricing);
+    }
+    if (input.requireAcknowledgedUsage && !pricing)
+      throw errors.unprocessable('requireAcknowledgedUsage needs a price schedule', {
+        errors: [{ path: 'body.requireAcknowledgedUsage', message: 'without pricing' }],
+      });
     const now = new Date();
     const fresh: SessionDoc = {
       _id: idempotencyScope ? idFromIdempotency('ses', idempotencyScope) : newId('ses'),
@@ -228,6 +360,14 @@ export class X402Sessions {
       disputeWindowSeconds: input.disputeWindowSeconds ?? 86_400,
       expiresAt: new Date(now.getTime() + (input.ttlSeconds ?? DEFAULT_SESSION_TTL_SECONDS) * 1000),
       createdAt: now,
+      // Only a priced session carries these: an unpriced one is stored (and its statement signed) as before.
+      ...(pricing
+        ? {
+            pricing,
+            pricingSha256: pricingSha256(pricing),
+            requireAcknowledgedUsage: input.requireAcknowledgedUsage ?? false,
+          }
+        : {}),
     };
     await this.gates.requireLiveAgents(tenantId, [input.payerAgentId, ...payees]);
     if (input.sponsorWalletId) await this.sponsorAllows(tenantId, fresh);
@@ -372,7 +512,96 @@ export class X402Sessions {
    * parallel calls never overspend) and records the charge; answers its signed receipt. The same payment id again
    * answers the first charge, whatever happened to the first request.
    */
-  async charge(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
+  async charge(tenantId: string, sessionId: string, request: ChargeRequest): Promise<ChargeAnswer> {
+    const input = await this.priced(await this.requireSession(tenantId, sessionId), request);
+    return this.chargePriced(tenantId, sessionId, input);
+  }
+
+  /**
+   * A charge request with its amount: a plain amount as asked (refused on a session that pays acknowledged usage
+   * only), or witnessed usage checked (shape, record against the call, the payee's and any payer's signature by
+   * their agents' active keys) and priced with the session's schedule, within the cap and the per-call maximum.
+   */
+  private async priced(session: SessionDoc, request: ChargeRequest): Promise<ChargeInput> {
+    const { usage, ...rest } = request;
+    if (usage === undefined) {
+      if (request.amount === undefined)
+        throw errors.unprocessable('a charge needs an amount or usage', {
+          errors: [{ path: 'body.amount', message: 'required without usage' }],
+        });
+      if (session.requireAcknowledgedUsage)
+        throw x402Error('X402_USAGE_REQUIRED', 'this session pays witnessed usage only: send usage, not an amount');
+      return { ...rest, amount: request.amount };
+    }
+    if (request.amount !== undefined)
+      throw x402Error('X402_USAGE_AND_AMOUNT', 'a charge carries an amount or usage, not both');
+    const schedule = session.pricing;
+    if (!schedule) throw x402Error('X402_USAGE_NOT_PRICED', 'the session has no price schedule to price usage with');
+    const problem = usageProblem(usage.record, schedule);
+    if (problem) {
+      const code =
+        problem.kind === 'metric'
+          ? 'X402_USAGE_METRIC_UNKNOWN'
+          : problem.kind === 'count'
+            ? 'X402_USAGE_COUNT_INVALID'
+            : 'X402_USAGE_RECORD_INVALID';
+      throw x402Error(code, problem.message);
+    }
+    const record = usage.record as UsageRecord;
+    const mismatch = (field: string, expected: string) =>
+      x402Error('X402_USAGE_RECORD_MISMATCH', `the usage record's ${field} is not the charge's`, {
+        field,
+        expected,
+        got: record[field as keyof UsageRecord],
+      });
+    if (record.sessionId !== session._id) throw mismatch('sessionId', session._id);
+    if (record.paymentId !== request.paymentId) throw mismatch('paymentId', request.paymentId);
+    if (record.payeeAgentId !== request.payeeAgentId) throw mismatch('payeeAgentId', request.payeeAgentId);
+    if (request.requestSha256 !== undefined && record.requestSha256 !== request.requestSha256)
+      throw mismatch('requestSha256', request.requestSha256);
+    const agents = this.runtime.stores.agents;
+    const [payee, payer] = await Promise.all([
+      this.runtime.credentials.agent(agents, request.payeeAgentId),
+      usage.payerSignature === undefined || usage.payerSignature === null
+        ? null
+        : this.runtime.credentials.agent(agents, session.payerAgentId),
+    ]);
+    if (!usageSignatureValid(record, usage.payeeSignature, agentKeys(payee)))
+      throw x402Error(
+        'X402_USAGE_PAYEE_SIGNATURE_INVALID',
+        `the usage record is not signed by an active key of the payee ${request.payeeAgentId}`,
+      );
+    const acknowledged = usage.payerSignature !== undefined && usage.payerSignature !== null;
+    if (acknowledged && !usageSignatureValid(record, usage.payerSignature, agentKeys(payer)))
+      throw x402Error(
+        'X402_USAGE_PAYER_SIGNATURE_INVALID',
+        `the usage record is not signed by an active key of the payer ${session.payerAgentId}`,
+      );
+    const { amount, aboveCap } = priceUsageRecord(schedule, record);
+    if (aboveCap)
+      throw x402Error('X402_USAGE_ABOVE_CAP', `the usage prices at ${amount}, above the schedule's cap`, {
+        amount,
+        cap: schedule.cap,
+      });
+    if (amount > session.maxPerCall)
+      throw x402Error(
+        'X402_USAGE_ABOVE_LIMIT',
+        `the usage prices at ${amount}, above the session's per-call maximum of ${session.maxPerCall}`,
+        { amount, maxPerCall: session.maxPerCall },
+      );
+    return {
+      ...rest,
+      amount,
+      requestSha256: record.requestSha256,
+      usage: {
+        record,
+        payeeSignature: signatureOf(usage.payeeSignature),
+        payerSignature: acknowledged ? signatureOf(usage.payerSignature) : null,
+      },
+    };
+  }
+
+  private async chargePriced(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
     try {
       return await this.chargeOpen(tenantId, sessionId, input);
     } catch (err) {
@@ -427,7 +656,7 @@ export class X402Sessions {
       const debit = await this.debit(session, input.paymentId, input.amount, 'charge', now);
       failpoint('x402.session.debited');
       // A hold under this payment id (a facilitator verify) is captured by it instead.
-      if (debit.kind === 'repeat' && debit.mode === 'hold') return this.capture(tenantId, sessionId, input);
+      if (debit.kind === 'repeat' && debit.mode === 'hold') return this.capturePriced(tenantId, sessionId, input);
       if (debit.kind === 'repeat' && debit.amount !== input.amount) throw this.reusedError(input.paymentId);
       const answer = await this.recordCharge(session, debit, input, now);
       if (answer !== 'seq taken') return answer;
@@ -494,21 +723,38 @@ export class X402Sessions {
    * A facilitator's settle: charges what the call cost, at most what its verify held (zero is allowed); the rest of
    * the hold goes back to the budget at once. Without a hold (a settle nobody verified) it is a plain charge.
    */
-  async capture(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
+  async capture(tenantId: string, sessionId: string, request: ChargeRequest): Promise<ChargeAnswer> {
+    const input = await this.priced(await this.requireSession(tenantId, sessionId), request);
+    return this.capturePriced(tenantId, sessionId, input);
+  }
+
+  private async capturePriced(tenantId: string, sessionId: string, input: ChargeInput): Promise<ChargeAnswer> {
     const session = await this.checkCall(tenantId, sessionId, input.payeeAgentId, input.amount, input.asset);
     const binding = this.bindingOf(session, input);
     for (let attempt = 1; ; attempt++) {
       const captured = await this.store.capture(session._id, input.paymentId, input.amount, binding);
       // No hold under this payment id (a settle nobody verified, or a hold a Redis that lost writes forgot): a plain
       // charge. Zero included: a verified call that cost nothing settles, whatever Redis remembers of its hold.
-      if (captured.kind === 'unknown') return this.charge(tenantId, sessionId, input);
+      if (captured.kind === 'unknown') return this.chargePriced(tenantId, sessionId, input);
       if (captured.kind === 'mismatch') {
+        if (input.usage && captured.binding!.requestSha256 !== binding.requestSha256)
+          throw x402Error('X402_USAGE_RECORD_MISMATCH', "the usage record's requestSha256 is not the one verified", {
+            field: 'requestSha256',
+            expected: captured.binding!.requestSha256,
+            got: binding.requestSha256,
+          });
         this.requireBinding(session, captured.binding!, binding);
         throw new Error(
           `session ${session._id}: the capture script refused payment ${input.paymentId} with a binding that matches`,
         );
       }
       if (captured.kind === 'over') {
+        if (input.usage)
+          throw x402Error(
+            'X402_USAGE_ABOVE_LIMIT',
+            `the usage prices at ${input.amount}, above the ${captured.amount} verify held for this payment`,
+            { held: captured.amount, amount: input.amount },
+          );
         throw x402Error(
           'X402_SESSION_LIMIT_EXCEEDED',
           `${input.amount} exceeds the ${captured.amount} verify held for this payment`,
@@ -613,7 +859,8 @@ export class X402Sessions {
   async sumUpChunk(session: SessionDoc, chunk: number): Promise<boolean> {
     const { from, to } = chunkSeqs(chunk);
     const charges = await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS);
-    if (charges.some((c) => c === null)) return false;
+    // A line whose usage the payer may still acknowledge is not final until the close decides it.
+    if (charges.some((c) => c === null || awaitsAck(c))) return false;
     const summary = new StatementAccumulator(session, true);
     for (const c of charges as ChargeDoc[]) {
       if (c.state === 'charged') summary.addCharge(statementLine(c));
@@ -809,6 +1056,7 @@ export class X402Sessions {
       requestSha256: input.requestSha256 ?? null,
       at,
       receipt: null,
+      ...(input.usage ? { usage: input.usage } : {}),
     };
     const { receiptHash, signature } = this.receiptOf(session, doc);
     return { ...doc, receipt: { receiptHash, signature } };
@@ -829,6 +1077,8 @@ export class X402Sessions {
       currency: session.currency,
       requestSha256: charge.requestSha256,
       chargedAt: charge.at.toISOString(),
+      // A witnessed charge's receipt binds the usage record and the schedule that priced it.
+      ...(charge.usage ? { usageSha256: usageDigest(charge.usage.record), pricingSha256: session.pricingSha256! } : {}),
     };
     return charge.receipt ? { body, ...charge.receipt } : signChargeReceipt(body, this.runtime.keys.active);
   }
@@ -948,6 +1198,7 @@ export class X402Sessions {
     // session was open stands for its 256 charges; the rest are read one by one, a few at a time.
     const totals = new StatementAccumulator(session);
     const paid: Array<[string, number]> = [];
+    const signers = new Signers(session);
     const fullChunks = Math.floor(lastSeq / STATEMENT_CHUNK_SEQS);
     const summedUpNow: Array<[number, StatementChunk]> = [];
     for (let first = 0; first < fullChunks; first += CHUNK_READS) {
@@ -963,11 +1214,16 @@ export class X402Sessions {
             await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS),
             now,
           );
+          const acks = await this.decideAcks(session, decided, now);
           const own = new StatementAccumulator(session, true);
-          for (const c of decided) this.addDecided(own, c, paid);
+          for (const c of decided) this.addDecided(own, c, paid, acks, signers);
           summary = own.chunk();
           summedUpNow.push([chunk, summary]);
-        } else for (const line of chunkLines(summary)) paid.push([line.paymentId, line.seq]);
+        } else
+          for (const line of chunkLines(summary)) {
+            paid.push([line.paymentId, line.seq]);
+            signers.note(line);
+          }
         totals.addChunk(summary);
       }
     }
@@ -981,8 +1237,10 @@ export class X402Sessions {
         { sessionId: session._id, redisSeq: lastSeq, recordedSeq: lastSeq + beyond.length },
         'x402 session close found charges past the seq Redis held (Redis lost writes)',
       );
-    for (const c of await this.decideSeqs(session, tailFrom, [...tail, ...beyond], now))
-      this.addDecided(totals, c, paid);
+    const decided = await this.decideSeqs(session, tailFrom, [...tail, ...beyond], now);
+    const acks = await this.decideAcks(session, decided, now);
+    failpoint('x402.session.acks-decided');
+    for (const c of decided) this.addDecided(totals, c, paid, acks, signers);
     failpoint('x402.session.voided');
     // The chunks read one by one are decided now: summed up for the statement's later readers.
     await Promise.all(summedUpNow.map(([chunk, summary]) => this.store.recordChunk(session._id, chunk, summary)));
@@ -1010,6 +1268,15 @@ export class X402Sessions {
           const charged = sums.perPayee.get(payeeAgentId)!;
           return { payeeAgentId, charged, settlementId: charged > 0 ? sessionSettlementId(session._id, i) : null };
         }),
+        ...(session.pricing
+          ? {
+              pricing: session.pricing,
+              pricingSha256: session.pricingSha256!,
+              requireAcknowledgedUsage: session.requireAcknowledgedUsage ?? false,
+              unacknowledged: sums.unacknowledged,
+              agentKeys: await signers.keys(this.runtime),
+            }
+          : {}),
       },
       this.runtime.keys.active,
     );
@@ -1041,10 +1308,49 @@ export class X402Sessions {
     return Promise.all(read.map((charge, i) => charge ?? this.store.recordVoid(session._id, from + i, at)));
   }
 
-  private addDecided(totals: StatementAccumulator, c: ChargeDoc, paid: Array<[string, number]>): void {
+  private addDecided(
+    totals: StatementAccumulator,
+    c: ChargeDoc,
+    paid: Array<[string, number]>,
+    acks: Map<number, UsageAckDoc>,
+    signers: Signers,
+  ): void {
     if (c.state !== 'charged') return totals.addVoid();
-    totals.addCharge(statementLine(c));
+    const line = statementLine(c, acks.get(c.seq) ?? null);
+    totals.addCharge(line);
+    signers.note(line);
     paid.push([c.paymentId!, c.seq]);
+  }
+
+  /**
+   * Decides, for each decided charge whose usage awaits the payer, whether it was acknowledged: the payer's
+   * acknowledgement recorded first stands, else the close records that none came (the same unique insert, so an
+   * acknowledgement racing the close is either counted or refused, never both). Every closer decides the same.
+   */
+  private async decideAcks(session: SessionDoc, decided: ChargeDoc[], at: Date): Promise<Map<number, UsageAckDoc>> {
+    const waiting = decided.filter(awaitsAck);
+    const docs = await Promise.all(
+      waiting.map((c) =>
+        this.store.decideAck({
+          _id: chargeId(session._id, c.seq),
+          sessionId: session._id,
+          seq: c.seq,
+          paymentId: c.paymentId!,
+          payerSignature: null,
+          at,
+        }),
+      ),
+    );
+    return new Map(docs.map((d) => [d.seq, d]));
+  }
+
+  /** Lines of recorded charges as a closed session's statement lists them (acknowledgements as the close decided). */
+  private async linesOf(session: SessionDoc, docs: Array<ChargeDoc | null>): Promise<StatementCharge[]> {
+    const charged = docs.filter((c): c is ChargeDoc => c?.state === 'charged');
+    const acks = await Promise.all(
+      charged.map((c) => (awaitsAck(c) ? this.store.getAck(session._id, c.seq) : Promise.resolve(null))),
+    );
+    return charged.map((c, i) => statementLine(c, acks[i] ?? null));
   }
 
   /**
@@ -1055,8 +1361,7 @@ export class X402Sessions {
     const lastSeq = statementLastSeq(close.statement.body);
     const fullChunks = Math.floor(lastSeq / STATEMENT_CHUNK_SEQS);
     const lines: StatementCharge[] = [];
-    const charged = (docs: Array<ChargeDoc | null>) =>
-      docs.filter((c): c is ChargeDoc => c?.state === 'charged').map(statementLine);
+    const charged = (docs: Array<ChargeDoc | null>) => this.linesOf(session, docs);
     for (let first = 0; first < fullChunks; first += CHUNK_READS) {
       const chunks = Array.from({ length: Math.min(CHUNK_READS, fullChunks - first) }, (_, i) => first + i);
       const docs = await Promise.all(chunks.map((c) => this.store.getChunk(session._id, c)));
@@ -1065,7 +1370,7 @@ export class X402Sessions {
         if (doc) lines.push(...chunkLines(doc));
         else {
           const { from, to } = chunkSeqs(chunk);
-          lines.push(...charged(await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS)));
+          lines.push(...(await charged(await this.store.chargesBetween(session._id, from, to, BACKGROUND_READS))));
         }
       }
     }
@@ -1075,7 +1380,7 @@ export class X402Sessions {
       lastSeq,
       BACKGROUND_READS,
     );
-    return [...lines, ...charged(tail)];
+    return [...lines, ...(await charged(tail))];
   }
 
   /**
@@ -1258,13 +1563,93 @@ export class X402Sessions {
   }
 
   /**
+   * The payer acknowledges charges' usage after reading their responses, a batch at a time: each acknowledgement is
+   * the payer agent's signature over the charge's usage record, checked against the payer's active keys, then
+   * recorded by unique insert. Idempotent: an acknowledged charge stays acknowledged. A charge the close already
+   * decided unacknowledged cannot be acknowledged any more (X402_USAGE_ACK_AFTER_CLOSE, naming those; the others in
+   * the batch are recorded). Every item is checked before any is recorded: a bad one records nothing.
+   */
+  async acknowledge(
+    tenantId: string,
+    sessionId: string,
+    items: Array<{ paymentId: string; payerSignature: unknown }>,
+  ): Promise<AckAnswer[]> {
+    const session = await this.requireSession(tenantId, sessionId);
+    if (!session.pricing) throw x402Error('X402_USAGE_NOT_PRICED', 'the session has no priced usage to acknowledge');
+    const payer = await this.runtime.credentials.agent(this.runtime.stores.agents, session.payerAgentId);
+    const keys = agentKeys(payer);
+    const close = await this.store.closeOf(session._id);
+    const charges = await Promise.all(items.map((item) => this.chargeOfPayment(session, close, item.paymentId)));
+    for (const [i, item] of items.entries()) {
+      const charge = charges[i];
+      if (!charge) throw errors.notFound(`a charge of payment ${item.paymentId} in this session`);
+      if (!charge.usage)
+        throw x402Error('X402_USAGE_NOT_METERED', `the charge of payment ${item.paymentId} carries no usage`, {
+          paymentId: item.paymentId,
+        });
+      if (!usageSignatureValid(charge.usage.record, item.payerSignature, keys))
+        throw x402Error(
+          'X402_USAGE_PAYER_SIGNATURE_INVALID',
+          `the acknowledgement of payment ${item.paymentId} is not signed by an active key of the payer`,
+          { paymentId: item.paymentId },
+        );
+    }
+    const now = new Date();
+    const decided = await Promise.all(
+      items.map((item, i) => {
+        const charge = charges[i]!;
+        if (charge.usage!.payerSignature) return Promise.resolve(true);
+        return this.store
+          .decideAck({
+            _id: charge._id,
+            sessionId: session._id,
+            seq: charge.seq,
+            paymentId: item.paymentId,
+            payerSignature: signatureOf(item.payerSignature),
+            at: now,
+          })
+          .then((ack) => ack.payerSignature !== null);
+      }),
+    );
+    failpoint('x402.session.acknowledged');
+    const late = items.filter((_, i) => !decided[i]).map((item) => item.paymentId);
+    if (late.length > 0)
+      throw x402Error(
+        'X402_USAGE_ACK_AFTER_CLOSE',
+        'the close decided these charges unacknowledged before their acknowledgement came',
+        { paymentIds: late, acknowledged: items.filter((_, i) => decided[i]).map((item) => item.paymentId) },
+      );
+    return items.map((item, i) => ({ paymentId: item.paymentId, seq: charges[i]!.seq, acknowledged: true }));
+  }
+
+  /**
+   * The recorded charge of a payment id (null: none): while the session is open, through the budget's record of the
+   * payment id; once closed, among its statement's charges (the payment index).
+   */
+  private async chargeOfPayment(
+    session: SessionDoc,
+    close: CloseDoc | null,
+    paymentId: string,
+  ): Promise<ChargeDoc | null> {
+    if (close) {
+      const found = await this.statementCharge(session, close, paymentId);
+      return found === 'refused' ? null : found;
+    }
+    const debit = await this.store.debitOf(session._id, paymentId);
+    const charge = debit ? await this.store.getCharge(session._id, debit.seq) : null;
+    return charge?.state === 'charged' && charge.paymentId === paymentId ? charge : null;
+  }
+
+  /**
    * The payer disputes what a payee was paid at the close, inside the session's dispute window: the payee's holdback
-   * is frozen until an ops ruling (POST /ops/disputes/{id}/resolve), as for any settlement.
+   * is frozen until an ops ruling (POST /ops/disputes/{id}/resolve), as for any settlement. `lines` cites statement
+   * lines (their seqs) of that payee: usage the payer never acknowledged; an acknowledged line cannot be cited
+   * (X402_USAGE_ACKNOWLEDGED). The cited lines go into the dispute's evidence as the statement lists them.
    */
   async dispute(
     tenantId: string,
     sessionId: string,
-    input: { payeeAgentId: string; reason: string; evidence?: unknown },
+    input: { payeeAgentId: string; reason: string; evidence?: unknown; lines?: number[] },
   ) {
     const session = await this.requireSession(tenantId, sessionId);
     const close = await this.store.closeOf(session._id);
@@ -1274,9 +1659,15 @@ export class X402Sessions {
         'an open session has nothing settled to dispute yet',
         (await this.state(session)).status,
       );
+    const cited = input.lines ? await this.citedLines(session, close, input.payeeAgentId, input.lines) : null;
     const s = payee?.settlementId ? await this.runtime.stores.settlements.get(payee.settlementId) : null;
     if (!s) throw errors.notFound(`a settlement of payee ${input.payeeAgentId} in this session`);
-    const opened = await disputeSettlement(this.runtime, s, input);
+    const { lines: _lines, ...rest } = input;
+    const opened = await disputeSettlement(
+      this.runtime,
+      s,
+      cited ? { ...rest, evidence: { lines: cited, evidence: input.evidence ?? null } } : rest,
+    );
     return {
       disputeId: opened.disputeId,
       status: opened.status,
@@ -1284,7 +1675,29 @@ export class X402Sessions {
       sessionId: session._id,
       payeeAgentId: input.payeeAgentId,
       frozenAmount: opened.frozenAmount,
+      ...(cited ? { lines: cited.map((line) => line.seq) } : {}),
     };
+  }
+
+  /** The statement lines a dispute cites: each a line of the payee's, paid to it, whose usage was not acknowledged. */
+  private async citedLines(
+    session: SessionDoc,
+    close: CloseDoc,
+    payeeAgentId: string,
+    seqs: number[],
+  ): Promise<StatementCharge[]> {
+    const bySeq = new Map((await this.statementLines(session, close)).map((line) => [line.seq, line]));
+    return [...new Set(seqs)].map((seq, i) => {
+      const line = bySeq.get(seq);
+      const unfit = (message: string) =>
+        errors.unprocessable(`line ${seq} ${message}`, { errors: [{ path: `body.lines.${i}`, message }] });
+      if (!line || line.payeeAgentId !== payeeAgentId)
+        throw unfit(`is not a charge of ${payeeAgentId} in the statement`);
+      if (line.usage?.payerSignature)
+        throw x402Error('X402_USAGE_ACKNOWLEDGED', `line ${seq}'s usage was acknowledged by the payer`, { seq });
+      if (!linePays(session, line)) throw unfit('was not paid (its usage was never acknowledged)');
+      return line;
+    });
   }
 
   /** A wind-down closes every session the agent pays or is paid by (found through the agent's index). */

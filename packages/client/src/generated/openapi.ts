@@ -1277,6 +1277,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/x402/sessions/{sessionId}/acknowledgements": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** The payer acknowledges charges' usage after reading the responses (its agent's signatures over the usage records); idempotent */
+        post: operations["acknowledgeSessionUsage"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/x402/sessions/{sessionId}/disputes": {
         parameters: {
             query?: never;
@@ -12475,6 +12492,16 @@ export interface operations {
                             remaining: number;
                             /** @description of the charge's signed receipt (SessionChargeReceipt.v1) */
                             receiptHash: string;
+                            /** @description a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge */
+                            usage?: {
+                                /** @description UsageRecord.v1 */
+                                record: {
+                                    [key: string]: unknown;
+                                };
+                                payeeSignature: {
+                                    [key: string]: unknown;
+                                };
+                            };
                         };
                     };
                 };
@@ -12661,6 +12688,16 @@ export interface operations {
                                 remaining: number;
                                 /** @description of the charge's signed receipt (SessionChargeReceipt.v1) */
                                 receiptHash: string;
+                                /** @description a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge */
+                                usage?: {
+                                    /** @description UsageRecord.v1 */
+                                    record: {
+                                        [key: string]: unknown;
+                                    };
+                                    payeeSignature: {
+                                        [key: string]: unknown;
+                                    };
+                                };
                             };
                         } | null;
                     };
@@ -12914,6 +12951,16 @@ export interface operations {
                                 remaining: number;
                                 /** @description of the charge's signed receipt (SessionChargeReceipt.v1) */
                                 receiptHash: string;
+                                /** @description a charge priced from witnessed usage: the payee's signed record, for the payer to check against the response and acknowledge */
+                                usage?: {
+                                    /** @description UsageRecord.v1 */
+                                    record: {
+                                        [key: string]: unknown;
+                                    };
+                                    payeeSignature: {
+                                        [key: string]: unknown;
+                                    };
+                                };
                             };
                         } | null;
                     };
@@ -13163,6 +13210,26 @@ export interface operations {
                     disputeWindowSeconds?: number;
                     /** @description a sponsor wallet of the tenant pays instead (its policy must allow every payee at maxPerCall, and the budget today) */
                     sponsorWalletId?: string;
+                    /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                    pricing?: {
+                        /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                        prices: {
+                            [key: string]: {
+                                /** @description integer minor units of the settlement currency per `per` units */
+                                price: number;
+                                per: number;
+                            };
+                        };
+                        /** @description the least a passing run is charged */
+                        minimum?: number;
+                        /** @description the most a run is charged (at least the minimum) */
+                        cap?: number;
+                    };
+                    /**
+                     * @description with pricing: pay each payee at close only for usage the payer acknowledged; unacknowledged usage goes back to the payer
+                     * @default false
+                     */
+                    requireAcknowledgedUsage?: boolean;
                 };
             };
         };
@@ -13205,6 +13272,24 @@ export interface operations {
                         closedAt: string | null;
                         refunded: number | null;
                         statementUrl: string | null;
+                        /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                        pricing?: {
+                            /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                            prices: {
+                                [key: string]: {
+                                    /** @description integer minor units of the settlement currency per `per` units */
+                                    price: number;
+                                    per: number;
+                                };
+                            };
+                            /** @description the least a passing run is charged */
+                            minimum?: number;
+                            /** @description the most a run is charged (at least the minimum) */
+                            cap?: number;
+                        };
+                        /** @description sha256hex(JCS(pricing)) */
+                        pricingSha256?: string;
+                        requireAcknowledgedUsage?: boolean;
                     };
                 };
             };
@@ -13376,6 +13461,24 @@ export interface operations {
                         closedAt: string | null;
                         refunded: number | null;
                         statementUrl: string | null;
+                        /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                        pricing?: {
+                            /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                            prices: {
+                                [key: string]: {
+                                    /** @description integer minor units of the settlement currency per `per` units */
+                                    price: number;
+                                    per: number;
+                                };
+                            };
+                            /** @description the least a passing run is charged */
+                            minimum?: number;
+                            /** @description the most a run is charged (at least the minimum) */
+                            cap?: number;
+                        };
+                        /** @description sha256hex(JCS(pricing)) */
+                        pricingSha256?: string;
+                        requireAcknowledgedUsage?: boolean;
                     };
                 };
             };
@@ -13596,8 +13699,41 @@ export interface operations {
                     /** @description the caller's id of this paid call: the same id again is charged once and answers the first receipt */
                     paymentId?: string;
                     payeeAgentId: string;
-                    /** @description what this call costs (integer minor units), at most the session's maxPerCall */
-                    amount: number;
+                    /** @description what this call costs (integer minor units), at most the session's maxPerCall; or send usage */
+                    amount?: number;
+                    /** @description instead of amount, on a priced session: the payee's signed usage record (and the payer's acknowledgement, if it has one); the session prices it */
+                    usage?: {
+                        /** @description UsageRecord.v1: what one call used, as its payee states it */
+                        record: {
+                            /** @enum {string} */
+                            schema: "UsageRecord.v1";
+                            sessionId: string;
+                            paymentId: string;
+                            payeeAgentId: string;
+                            /** @description metric name -> units used; each a metric the schedule prices, a non-negative safe integer (else X402_USAGE_METRIC_UNKNOWN / X402_USAGE_COUNT_INVALID) */
+                            usage: {
+                                [key: string]: number;
+                            };
+                            /** @description lowercase hex SHA-256 */
+                            requestSha256: string;
+                            /** @description lowercase hex SHA-256 */
+                            responseSha256: string;
+                        };
+                        payeeSignature: {
+                            /** @enum {string} */
+                            alg: "Ed25519";
+                            keyId: string;
+                            /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                            value: string;
+                        };
+                        payerSignature?: {
+                            /** @enum {string} */
+                            alg: "Ed25519";
+                            keyId: string;
+                            /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                            value: string;
+                        } | null;
+                    };
                     /** @description lowercase hex SHA-256 */
                     requestSha256?: string;
                 };
@@ -13622,6 +13758,38 @@ export interface operations {
                         remaining: number;
                         /** @description true when this payment id was charged before: nothing new was charged */
                         repeated: boolean;
+                        usage?: {
+                            /** @description UsageRecord.v1: what one call used, as its payee states it */
+                            record: {
+                                /** @enum {string} */
+                                schema: "UsageRecord.v1";
+                                sessionId: string;
+                                paymentId: string;
+                                payeeAgentId: string;
+                                /** @description metric name -> units used; each a metric the schedule prices, a non-negative safe integer (else X402_USAGE_METRIC_UNKNOWN / X402_USAGE_COUNT_INVALID) */
+                                usage: {
+                                    [key: string]: number;
+                                };
+                                /** @description lowercase hex SHA-256 */
+                                requestSha256: string;
+                                /** @description lowercase hex SHA-256 */
+                                responseSha256: string;
+                            };
+                            payeeSignature: {
+                                /** @enum {string} */
+                                alg: "Ed25519";
+                                keyId: string;
+                                /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                                value: string;
+                            };
+                            payerSignature: {
+                                /** @enum {string} */
+                                alg: "Ed25519";
+                                keyId: string;
+                                /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                                value: string;
+                            } | null;
+                        };
                         receipt: {
                             receiptHash: string;
                             signature: {
@@ -13674,7 +13842,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_PAYEE_MISMATCH`, `X402_REQUEST_BINDING_MISMATCH`, `X402_SESSION_BUDGET_EXCEEDED`, `X402_SESSION_CLOSED`, `X402_SESSION_EXPIRED`, `X402_SESSION_LIMIT_EXCEEDED`, `X402_SESSION_PAYEE_NOT_ALLOWED`, `X402_SESSION_PAYMENT_REUSED`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_PAYEE_MISMATCH`, `X402_REQUEST_BINDING_MISMATCH`, `X402_SESSION_BUDGET_EXCEEDED`, `X402_SESSION_CLOSED`, `X402_SESSION_EXPIRED`, `X402_SESSION_LIMIT_EXCEEDED`, `X402_SESSION_PAYEE_NOT_ALLOWED`, `X402_SESSION_PAYMENT_REUSED`, `X402_USAGE_ABOVE_LIMIT`. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -13719,7 +13887,7 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`. */
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`, `X402_USAGE_ABOVE_CAP`, `X402_USAGE_AND_AMOUNT`, `X402_USAGE_COUNT_INVALID`, `X402_USAGE_METRIC_UNKNOWN`, `X402_USAGE_NOT_PRICED`, `X402_USAGE_PAYEE_SIGNATURE_INVALID`, `X402_USAGE_PAYER_SIGNATURE_INVALID`, `X402_USAGE_RECORD_INVALID`, `X402_USAGE_RECORD_MISMATCH`, `X402_USAGE_REQUIRED`. */
             422: {
                 headers: {
                     [name: string]: unknown;
@@ -13797,6 +13965,24 @@ export interface operations {
                         closedAt: string | null;
                         refunded: number | null;
                         statementUrl: string | null;
+                        /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                        pricing?: {
+                            /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                            prices: {
+                                [key: string]: {
+                                    /** @description integer minor units of the settlement currency per `per` units */
+                                    price: number;
+                                    per: number;
+                                };
+                            };
+                            /** @description the least a passing run is charged */
+                            minimum?: number;
+                            /** @description the most a run is charged (at least the minimum) */
+                            cap?: number;
+                        };
+                        /** @description sha256hex(JCS(pricing)) */
+                        pricingSha256?: string;
+                        requireAcknowledgedUsage?: boolean;
                     };
                 };
             };
@@ -13943,6 +14129,38 @@ export interface operations {
                              */
                             chargedAt: string;
                             receiptHash: string;
+                            usage?: {
+                                /** @description UsageRecord.v1: what one call used, as its payee states it */
+                                record: {
+                                    /** @enum {string} */
+                                    schema: "UsageRecord.v1";
+                                    sessionId: string;
+                                    paymentId: string;
+                                    payeeAgentId: string;
+                                    /** @description metric name -> units used; each a metric the schedule prices, a non-negative safe integer (else X402_USAGE_METRIC_UNKNOWN / X402_USAGE_COUNT_INVALID) */
+                                    usage: {
+                                        [key: string]: number;
+                                    };
+                                    /** @description lowercase hex SHA-256 */
+                                    requestSha256: string;
+                                    /** @description lowercase hex SHA-256 */
+                                    responseSha256: string;
+                                };
+                                payeeSignature: {
+                                    /** @enum {string} */
+                                    alg: "Ed25519";
+                                    keyId: string;
+                                    /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                                    value: string;
+                                };
+                                payerSignature: {
+                                    /** @enum {string} */
+                                    alg: "Ed25519";
+                                    keyId: string;
+                                    /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                                    value: string;
+                                } | null;
+                            };
                         }[];
                     };
                 };
@@ -14030,7 +14248,7 @@ export interface operations {
             };
         };
     };
-    disputeSession: {
+    acknowledgeSessionUsage: {
         parameters: {
             query?: never;
             header?: never;
@@ -14043,39 +14261,47 @@ export interface operations {
             content: {
                 /**
                  * @example {
-                 *       "payeeAgentId": "tools:agent:search",
-                 *       "reason": "half of the results were empty",
-                 *       "evidence": {
-                 *         "paymentIds": [
-                 *           "call-0007"
-                 *         ]
-                 *       }
+                 *       "acknowledgements": [
+                 *         {
+                 *           "paymentId": "call-0001",
+                 *           "payerSignature": {
+                 *             "alg": "Ed25519",
+                 *             "keyId": "key_3f2a9c1e",
+                 *             "value": "base64url-signature-over-the-digest"
+                 *           }
+                 *         }
+                 *       ]
                  *     }
                  */
                 "application/json": {
-                    payeeAgentId: string;
-                    reason: string;
-                    /** @description any JSON nested at most 128 deep */
-                    evidence?: unknown;
+                    acknowledgements: {
+                        /** @description the caller's id of this paid call: the same id again is charged once and answers the first receipt */
+                        paymentId: string;
+                        payerSignature: {
+                            /** @enum {string} */
+                            alg: "Ed25519";
+                            keyId: string;
+                            /** @description base64url Ed25519 over the bytes of sha256hex(JCS(record)) */
+                            value: string;
+                        };
+                    }[];
                 };
             };
         };
         responses: {
             /** @description Default Response */
-            201: {
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
                     "application/json": {
-                        disputeId: string;
-                        /** @enum {string} */
-                        status: "open";
-                        settlementId: string;
-                        sessionId: string;
-                        payeeAgentId: string;
-                        /** @description the payee's holdback, frozen until the ruling (POST /ops/disputes/{disputeId}/resolve) */
-                        frozenAmount: number;
+                        acknowledgements: {
+                            paymentId: string;
+                            seq: number;
+                            /** @enum {boolean} */
+                            acknowledged: true;
+                        }[];
                     };
                 };
             };
@@ -14115,7 +14341,161 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorBody"];
                 };
             };
-            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `TRANSITION_ILLEGAL`. */
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `X402_USAGE_ACK_AFTER_CLOSE`. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Payload Too Large. `code`: `BODY_TOO_LARGE`. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description URI Too Long. `code`: `URI_TOO_LONG`. */
+            414: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unsupported Media Type. `code`: `UNSUPPORTED_MEDIA_TYPE`. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unprocessable Entity. `code`: `IDEMPOTENCY_KEY_REUSED`, `VALIDATION_FAILED`, `X402_USAGE_NOT_METERED`, `X402_USAGE_NOT_PRICED`, `X402_USAGE_PAYER_SIGNATURE_INVALID`. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Too Many Requests. `code`: `RATE_LIMITED`. */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Service Unavailable. `code`: `UNAVAILABLE`. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    disputeSession: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                sessionId: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "payeeAgentId": "tools:agent:search",
+                 *       "reason": "half of the results were empty",
+                 *       "evidence": {
+                 *         "paymentIds": [
+                 *           "call-0007"
+                 *         ]
+                 *       }
+                 *     }
+                 */
+                "application/json": {
+                    payeeAgentId: string;
+                    reason: string;
+                    /** @description any JSON nested at most 128 deep */
+                    evidence?: unknown;
+                    /** @description statement lines (seqs) of this payee whose usage the payer never acknowledged, cited as evidence */
+                    lines?: number[];
+                };
+            };
+        };
+        responses: {
+            /** @description Default Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        disputeId: string;
+                        /** @enum {string} */
+                        status: "open";
+                        settlementId: string;
+                        sessionId: string;
+                        payeeAgentId: string;
+                        /** @description the payee's holdback, frozen until the ruling (POST /ops/disputes/{disputeId}/resolve) */
+                        frozenAmount: number;
+                        /** @description the statement lines cited */
+                        lines?: number[];
+                    };
+                };
+            };
+            /** @description Bad Request. `code`: `INVALID_IDEMPOTENCY_KEY`, `VALIDATION_FAILED`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Unauthorized. `code`: `UNAUTHENTICATED`. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Forbidden. `code`: `FORBIDDEN`. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Not Found. `code`: `NOT_FOUND`. */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description Conflict. `code`: `IDEMPOTENCY_IN_PROGRESS`, `TRANSITION_ILLEGAL`, `X402_USAGE_ACKNOWLEDGED`. */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -15674,6 +16054,24 @@ export interface operations {
                             closedAt: string | null;
                             refunded: number | null;
                             statementUrl: string | null;
+                            /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                            pricing?: {
+                                /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                                prices: {
+                                    [key: string]: {
+                                        /** @description integer minor units of the settlement currency per `per` units */
+                                        price: number;
+                                        per: number;
+                                    };
+                                };
+                                /** @description the least a passing run is charged */
+                                minimum?: number;
+                                /** @description the most a run is charged (at least the minimum) */
+                                cap?: number;
+                            };
+                            /** @description sha256hex(JCS(pricing)) */
+                            pricingSha256?: string;
+                            requireAcknowledgedUsage?: boolean;
                         }[];
                         nextCursor: string | null;
                     };
@@ -15804,6 +16202,24 @@ export interface operations {
                             closedAt: string | null;
                             refunded: number | null;
                             statementUrl: string | null;
+                            /** @description Priced by use: each metric costs ceil(units × price / per) minor units (the one rounding rule: up); the amount is their sum, raised to minimum and lowered to cap, and a settlement charges it up to the escrowed amount. Usage is what the signed events report: the last `metric` event {name, value} of the metric, else the sum of the metric field of `sample` events; only non-negative integers count. Integers only, no fractions anywhere. */
+                            pricing?: {
+                                /** @description usage metric name (e.g. tokens, rows, seconds) -> {price, per} */
+                                prices: {
+                                    [key: string]: {
+                                        /** @description integer minor units of the settlement currency per `per` units */
+                                        price: number;
+                                        per: number;
+                                    };
+                                };
+                                /** @description the least a passing run is charged */
+                                minimum?: number;
+                                /** @description the most a run is charged (at least the minimum) */
+                                cap?: number;
+                            };
+                            /** @description sha256hex(JCS(pricing)) */
+                            pricingSha256?: string;
+                            requireAcknowledgedUsage?: boolean;
                         }[];
                         nextCursor: string | null;
                     };

@@ -85,6 +85,7 @@ export const operationRoutes = {
   listSessionCharges: { method: 'get', path: '/x402/sessions/{sessionId}/charges' },
   closeSession: { method: 'post', path: '/x402/sessions/{sessionId}/close' },
   getSessionStatement: { method: 'get', path: '/x402/sessions/{sessionId}/statement' },
+  acknowledgeSessionUsage: { method: 'post', path: '/x402/sessions/{sessionId}/acknowledgements' },
   disputeSession: { method: 'post', path: '/x402/sessions/{sessionId}/disputes' },
   listAllRuns: { method: 'get', path: '/ops/runs' },
   listAllAgents: { method: 'get', path: '/ops/agents' },
