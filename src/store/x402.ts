@@ -352,19 +352,20 @@ export class SlotChain<T extends Document & { _id: string }> {
     while (pending.length > 0) {
       let previous = seq > 0 ? await this.get(key, seq) : null;
       const built: Array<{ w: WaitingAppend<T>; doc: T | null }> = [];
+      const docs: T[] = [];
       for (const w of pending) {
+        const position = seq + 1 + docs.length;
         let body: Omit<T, '_id'> | null;
         try {
-          body = await w.build(seq + 1 + built.filter((b) => b.doc).length, previous);
+          body = await w.build(position, previous);
         } catch (err) {
-          w.reject(err);
+          w.reject(err); // a build that fails takes no position and holds no one up
           continue;
         }
-        const doc = body ? ({ ...body, _id: this.id(key, seq + 1 + built.filter((b) => b.doc).length) } as T) : null;
+        const doc = body ? ({ ...body, _id: this.id(key, position) } as T) : null;
         built.push({ w, doc });
-        if (doc) previous = doc;
+        if (doc) docs.push((previous = doc));
       }
-      const docs = built.flatMap((b) => (b.doc ? [b.doc] : []));
       const inserted = docs.length > 0 ? await insertInOrder(this.records, docs as OptionalUnlessRequiredId<T>[]) : 0;
       const reached = built.findIndex((b) => b.doc !== null && docs.indexOf(b.doc) >= inserted);
       for (const b of reached < 0 ? built : built.slice(0, reached)) {
@@ -379,11 +380,38 @@ export class SlotChain<T extends Document & { _id: string }> {
       if (reached < 0) return;
       const failed = built[reached]!;
       pending = built.slice(reached + 1).map((b) => b.w);
-      if (await this.records.findOne({ _id: failed.doc!._id } as never, { projection: { _id: 1 } })) {
-        seq++; // another writer took this position: build on theirs
+      if (await this.isTaken(failed.doc!._id)) {
+        // Another writer took this position, and likely a run of them (its own batch): build past them.
+        seq = await this.headFrom(key, seq + 1);
+        this.noteHead(key, seq);
         pending.unshift(failed.w);
       } else failed.w.reject(new OtherKeyTaken(failed.doc!._id));
     }
+  }
+
+  private async isTaken(id: string): Promise<boolean> {
+    return (await this.records.findOne({ _id: id } as never, { projection: { _id: 1 } })) !== null;
+  }
+
+  /**
+   * The head at or past `taken`, a position known to be taken. A chain's positions are taken without gaps (each
+   * insert is at a position right after one known taken), so the first free one is found by doubling steps, then
+   * halving: a few reads by `_id` however many positions another process took at once. One taken meanwhile makes the
+   * next insert fail and look again.
+   */
+  private async headFrom(key: string, taken: number): Promise<number> {
+    let low = taken;
+    let step = 1;
+    while (await this.isTaken(this.id(key, low + step))) {
+      low += step;
+      step *= 2;
+    }
+    for (let high = low + step; high - low > 1;) {
+      const middle = Math.floor((low + high) / 2);
+      if (await this.isTaken(this.id(key, middle))) low = middle;
+      else high = middle;
+    }
+    return low;
   }
 
   private serialized<R>(key: string, work: () => Promise<R>): Promise<R> {
