@@ -5,7 +5,7 @@ import type { RedisClient } from '../redis.ts';
 import { DueWorkStore } from './due-work.ts';
 import type { ReportedHead } from './ledger.ts';
 import { ListIndex } from './list-index.ts';
-import { insertFirst } from './mongo.ts';
+import { insertFirst, insertInOrder } from './mongo.ts';
 import type { SettlementDoc } from './settlements.ts';
 
 // The x402 gate's records. Every one is found by `_id` (on FerretDB nothing else uses an index), and every fact is
@@ -205,21 +205,41 @@ const HEAD_CACHE_LIMIT = 50_000;
 const IMMUTABLE_CACHE_LIMIT = 50_000;
 const HEAD_WRITE_EVERY = 16;
 
+/** Appends one ordered insert carries at most (group commit, see SlotChain). */
+const MAX_GROUP_APPENDS = 64;
+
+type RecordBuilder<T> = (seq: number, previous: T | null) => Promise<Omit<T, '_id'> | null> | Omit<T, '_id'> | null;
+
+interface WaitingAppend<T> {
+  build: RecordBuilder<T>;
+  resolve: (doc: T | null) => void;
+  reject: (err: unknown) => void;
+}
+
 /**
  * A chain of positions `<key>#1, <key>#2, …`, each claimed by a unique insert: two writers of one position never
  * both win, and every record is read by `_id`. Appends are queued per key within the process (which removes most
  * contention); other processes are kept apart by the unique insert itself. The head (highest position) is cached in
  * memory and, for chains that grow long, in a heads document that is only a starting point for probing forward.
+ *
+ * With `groupCommit`, the appends that queue on one key while an earlier one is in flight are claimed together: built
+ * one after another on consecutive positions, each on the record before it, and inserted by one ordered insert, which
+ * stops at its first position taken (so no record lands after a position that was not won). Only for chains whose
+ * `build` needs nothing but the record before it: one wallet's daily spends, where 50 decisions at once on one
+ * sponsor wallet otherwise wait for 50 inserts one after another (issue 40).
  */
 export class SlotChain<T extends Document & { _id: string }> {
   private readonly headCache = new Map<string, number>();
   private readonly recordCache = new Map<string, T>();
   private readonly queues = new Map<string, Promise<unknown>>();
+  /** Per key, with groupCommit: the appends waiting while one batch is in flight. */
+  private readonly waiting = new Map<string, Array<WaitingAppend<T>>>();
 
   constructor(
     readonly records: Collection<T>,
     private readonly heads: Collection<{ _id: string; seq: number }> | null,
     private readonly headPrefix: string,
+    private readonly options: { groupCommit?: boolean } = {},
   ) {}
 
   id(key: string, seq: number): string {
@@ -266,10 +286,8 @@ export class SlotChain<T extends Document & { _id: string }> {
    * Appends at the next free position. `build` sees the position and the record before it and returns the record,
    * or null to refuse (nothing is written). Throws OtherKeyTaken when the insert lost on another unique key.
    */
-  append(
-    key: string,
-    build: (seq: number, previous: T | null) => Promise<Omit<T, '_id'> | null> | Omit<T, '_id'> | null,
-  ): Promise<T | null> {
+  append(key: string, build: RecordBuilder<T>): Promise<T | null> {
+    if (this.options.groupCommit) return this.appendGrouped(key, build);
     return this.serialized(key, async () => {
       // A remembered head is tried as is: when another process moved it on, the insert says so and we probe on.
       let seq = this.headCache.get(key) ?? (await this.head(key));
@@ -281,12 +299,7 @@ export class SlotChain<T extends Document & { _id: string }> {
         if (await insertFirst(this.records, doc as OptionalUnlessRequiredId<T>)) {
           this.noteHead(key, seq + 1);
           this.remember(doc._id, doc);
-          if (this.heads && (seq + 1) % HEAD_WRITE_EVERY === 0) {
-            // A cache for cold starts, written every few positions; it only shortens the probe of a cold process.
-            await this.heads
-              .updateOne({ _id: `${this.headPrefix}:${key}` }, { $max: { seq: seq + 1 } }, { upsert: true })
-              .catch(() => undefined);
-          }
+          await this.writeHeadEvery(key, seq, seq + 1);
           return doc;
         }
         if (!(await this.records.findOne({ _id: doc._id } as never, { projection: { _id: 1 } })))
@@ -294,6 +307,111 @@ export class SlotChain<T extends Document & { _id: string }> {
         seq++; // another writer took this position: build on theirs
       }
     });
+  }
+
+  /** A cache for cold starts, written every few positions; it only shortens the probe of a cold process. */
+  private async writeHeadEvery(key: string, from: number, to: number): Promise<void> {
+    if (!this.heads || Math.floor(to / HEAD_WRITE_EVERY) === Math.floor(from / HEAD_WRITE_EVERY)) return;
+    await this.heads
+      .updateOne({ _id: `${this.headPrefix}:${key}` }, { $max: { seq: to } }, { upsert: true })
+      .catch(() => undefined);
+  }
+
+  private appendGrouped(key: string, build: RecordBuilder<T>): Promise<T | null> {
+    return new Promise<T | null>((resolve, reject) => {
+      const queued = this.waiting.get(key);
+      if (queued) return void queued.push({ build, resolve, reject });
+      // Nobody holds the key: this append starts its batch, and whatever arrives meanwhile forms the next one.
+      this.waiting.set(key, [{ build, resolve, reject }]);
+      void this.drain(key);
+    });
+  }
+
+  private async drain(key: string): Promise<void> {
+    for (;;) {
+      const queued = this.waiting.get(key)!;
+      if (queued.length === 0) return void this.waiting.delete(key);
+      const batch = queued.splice(0, MAX_GROUP_APPENDS);
+      try {
+        await this.appendBatch(key, batch);
+      } catch (err) {
+        for (const w of batch) w.reject(err); // unsure what was inserted: each caller finds out as on any failure
+      }
+    }
+  }
+
+  /**
+   * Builds the batch at consecutive positions from the head and claims them by one ordered insert. A record refused
+   * by its build takes no position. What the insert did not reach (its first failure and everything after it, refusals
+   * included: they were judged on totals that did not all land) is built again on what the chain then holds. The
+   * first failure is either a position another writer took (probe on) or another unique key (OtherKeyTaken for it).
+   */
+  private async appendBatch(key: string, batch: Array<WaitingAppend<T>>): Promise<void> {
+    let seq = this.headCache.get(key) ?? (await this.head(key));
+    let pending = batch;
+    while (pending.length > 0) {
+      let previous = seq > 0 ? await this.get(key, seq) : null;
+      const built: Array<{ w: WaitingAppend<T>; doc: T | null }> = [];
+      const docs: T[] = [];
+      for (const w of pending) {
+        const position = seq + 1 + docs.length;
+        let body: Omit<T, '_id'> | null;
+        try {
+          body = await w.build(position, previous);
+        } catch (err) {
+          w.reject(err); // a build that fails takes no position and holds no one up
+          continue;
+        }
+        const doc = body ? ({ ...body, _id: this.id(key, position) } as T) : null;
+        built.push({ w, doc });
+        if (doc) docs.push((previous = doc));
+      }
+      const inserted = docs.length > 0 ? await insertInOrder(this.records, docs as OptionalUnlessRequiredId<T>[]) : 0;
+      const reached = built.findIndex((b) => b.doc !== null && docs.indexOf(b.doc) >= inserted);
+      for (const b of reached < 0 ? built : built.slice(0, reached)) {
+        if (b.doc) this.remember(b.doc._id, b.doc);
+        b.w.resolve(b.doc);
+      }
+      if (inserted > 0) {
+        this.noteHead(key, seq + inserted);
+        await this.writeHeadEvery(key, seq, seq + inserted);
+        seq += inserted;
+      }
+      if (reached < 0) return;
+      const failed = built[reached]!;
+      pending = built.slice(reached + 1).map((b) => b.w);
+      if (await this.isTaken(failed.doc!._id)) {
+        // Another writer took this position, and likely a run of them (its own batch): build past them.
+        seq = await this.headFrom(key, seq + 1);
+        this.noteHead(key, seq);
+        pending.unshift(failed.w);
+      } else failed.w.reject(new OtherKeyTaken(failed.doc!._id));
+    }
+  }
+
+  private async isTaken(id: string): Promise<boolean> {
+    return (await this.records.findOne({ _id: id } as never, { projection: { _id: 1 } })) !== null;
+  }
+
+  /**
+   * The head at or past `taken`, a position known to be taken. A chain's positions are taken without gaps (each
+   * insert is at a position right after one known taken), so the first free one is found by doubling steps, then
+   * halving: a few reads by `_id` however many positions another process took at once. One taken meanwhile makes the
+   * next insert fail and look again.
+   */
+  private async headFrom(key: string, taken: number): Promise<number> {
+    let low = taken;
+    let step = 1;
+    while (await this.isTaken(this.id(key, low + step))) {
+      low += step;
+      step *= 2;
+    }
+    for (let high = low + step; high - low > 1;) {
+      const middle = Math.floor((low + high) / 2);
+      if (await this.isTaken(this.id(key, middle))) low = middle;
+      else high = middle;
+    }
+    return low;
   }
 
   private serialized<R>(key: string, work: () => Promise<R>): Promise<R> {
@@ -359,7 +477,8 @@ export class X402Store {
     this.agentGates = new SlotChain(db.collection('x402_agent_gates'), heads, 'agent-gates');
     this.tenantEscalations = new SlotChain(db.collection('x402_tenant_escalations'), heads, 'tenant-escalations');
     this.policies = new SlotChain(db.collection('x402_wallet_policies'), null, 'policies');
-    this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends');
+    // One sponsor wallet pays for many calls at once: its day's spends are claimed by group commit (issue 40).
+    this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends', { groupCommit: true });
     this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix);
     this.escalationsDue = new DueWorkStore(db, 'x402_escalations', redis, redisPrefix);
   }

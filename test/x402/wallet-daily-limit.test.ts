@@ -118,6 +118,36 @@ describe('x402 wallet daily limit: a decision and its authorize-payment count on
     await expectLimitHolds(sponsor);
   });
 
+  it('a decision taken before the policy had a daily limit is counted at authorize-payment under the new one', async () => {
+    const sponsor = await sponsorWallet(t, tenantId, 1_000);
+    const setPolicy = async (payload: Record<string, unknown>) => {
+      const res = await t.app.inject({
+        method: 'PUT',
+        url: `/x402/wallets/${sponsor}/policy`,
+        headers: auth,
+        payload: { currency: 'USD', ...payload },
+      });
+      expect(res.statusCode, res.body).toBe(200);
+    };
+    await setPolicy({}); // no daily limit
+    const [first, second] = await gatesOf(sponsor, 2);
+    const decisions = await Promise.all([decide(sponsor, first!), decide(sponsor, second!)]);
+    expect(decisions.map((d) => d.statusCode)).toEqual([200, 200]);
+    expect(await spendTotals(sponsor)).toEqual([]); // no daily limit: nothing to count
+    // The decisions' policy version is no longer in force: their payments are counted against the new limit.
+    await setPolicy({ dailyLimit: 50, onBreach: 'refuse' });
+    const paid = await pay(first!, decisions[0]!.json().walletDecisionToken);
+    expect(paid.statusCode, paid.body).toBe(200);
+    expect(await spendTotals(sponsor)).toEqual([30]);
+    const refused = await pay(second!, decisions[1]!.json().walletDecisionToken);
+    expect(refused.statusCode, refused.body).toBe(409);
+    expect(refused.json()).toMatchObject({
+      code: 'X402_WALLET_POLICY_VIOLATION',
+      details: { rule: 'dailyLimit', limit: 50, spentToday: 30 },
+    });
+    expect(await spendTotals(sponsor)).toEqual([30]);
+  });
+
   it("a payer's own limit: concurrent repeats of one authorize-payment that fills the day all get its one token", async () => {
     const { payer, payee } = await gateParties(t, auth, 100);
     const policy = await t.app.inject({

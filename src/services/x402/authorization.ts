@@ -84,9 +84,11 @@ export class X402Authorization {
     if (state ? isTerminal(state.status) : !valueOf(funded))
       throw await this.gates.terminal(gate, 'cannot be authorized');
     const now = new Date();
-    const quote = await this.inGateOrder(gate, state, readState, () => {
+    let decidedUnder: number | null = null;
+    const quote = await this.inGateOrder(gate, state, readState, async () => {
       const checked = this.quotes.quoteChecks(gate, valueOf(quoted), input.quoteId, input.requestSha256, now);
-      return this.checkWalletDecision(gate, checked, input).then(() => checked);
+      decidedUnder = await this.checkWalletDecision(gate, checked, input);
+      return checked;
     });
 
     let escalationId: string | null = null;
@@ -97,7 +99,7 @@ export class X402Authorization {
     if (existing?.kind === 'authorization') return this.repeatAuthorization(gate, existing, quote);
 
     if (!escalationId) {
-      const breach = await this.policyBreach(gate, quote, now, version);
+      const breach = await this.policyBreach(gate, quote, now, version, decidedUnder);
       if (breach && version?.policy.onBreach === 'refuse')
         throw x402Error('X402_WALLET_POLICY_VIOLATION', breach.breach.message, {
           walletId: breach.walletId,
@@ -203,7 +205,8 @@ export class X402Authorization {
   /**
    * A sponsored gate is authorized only with its sponsor wallet's decision for this very gate, quote and request, or
    * with the override of an approved escalation of that decision (a sponsor policy with `onBreach: 'escalate'`): the
-   * override is checked next, bound to this gate and quote, approved and single-use.
+   * override is checked next, bound to this gate and quote, approved and single-use. Answers the policy version the
+   * decision was taken under (null without a decision token).
    */
   private async checkWalletDecision(
     gate: GateDoc,
@@ -212,9 +215,9 @@ export class X402Authorization {
       walletDecisionToken,
       escalationOverrideToken,
     }: { walletDecisionToken?: string; escalationOverrideToken?: string },
-  ): Promise<void> {
-    if (!gate.sponsorWalletId) return;
-    if (!walletDecisionToken && escalationOverrideToken) return;
+  ): Promise<number | null> {
+    if (!gate.sponsorWalletId) return null;
+    if (!walletDecisionToken && escalationOverrideToken) return null;
     const claims = walletDecisionToken
       ? await this.tokens.verifyOwnToken(walletDecisionToken, TOKEN_AUDIENCE.walletDecision)
       : null;
@@ -238,6 +241,7 @@ export class X402Authorization {
         { walletId: gate.sponsorWalletId, reason: 'mismatch' },
       );
     }
+    return typeof claims.policyVersion === 'number' ? claims.policyVersion : null;
   }
 
   /** A repeat while live gets the same token; the gate's one authorization is for one quote and request. */
@@ -247,12 +251,19 @@ export class X402Authorization {
     return this.authorizationOf(gate, a);
   }
 
-  /** The escrow wallet's policy limits (a payer's own wallet may have none: then nothing limits it). */
+  /**
+   * The escrow wallet's policy limits (a payer's own wallet may have none: then nothing limits it). `decidedUnder` is
+   * the policy version a sponsor's wallet decision was taken under: the decision counted this call's day under it
+   * (its token is signed only once the spend is recorded), so with that version still in force the day is not
+   * counted again here. Counting it again cannot count it twice (the decision key is unique) but it queued behind
+   * every other decision on the sponsor's one spend chain and cost a refused insert and a read (issue 40).
+   */
   private async policyBreach(
     gate: GateDoc,
     quote: QuoteDoc,
     now: Date,
     version: PolicyVersionDoc | null,
+    decidedUnder: number | null,
   ): Promise<{ walletId: string; breach: PolicyBreach } | null> {
     const walletId = gate.escrowWalletId;
     if (!version)
@@ -262,7 +273,9 @@ export class X402Authorization {
     const call = { amount: gate.amount, currency: gate.currency, payeeAgentId: gate.payeeAgentId, toolId: gate.toolId };
     const staticBreach = evaluateStaticPolicy(version.policy, call);
     if (staticBreach) return { walletId, breach: staticBreach };
-    // A sponsored call's day was counted by its wallet decision (same key, so never twice); a payer's is counted here.
+    if (gate.sponsorWalletId && decidedUnder === version.version) return null;
+    // A payer's day is counted here; a sponsored call's under a policy newer than its decision too (same key as the
+    // decision's, so never twice).
     const daily = await this.policies.spendDaily(
       walletId,
       version.policy,
