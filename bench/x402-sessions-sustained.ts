@@ -7,8 +7,8 @@
 //     [--session-charges 20000] [--sessions 4] [--gate-rate 5] [--gate-payers 19] [--window-seconds 30]
 //
 // Open loop: every call is sent at its scheduled time whatever the answers, and its latency counts from that time (no
-// coordinated omission). Reports, per window of `--window-seconds`: the charges' p50/p99, the gate flows' p99, errors,
-// whether a close was in flight (from its POST to its answer), the API's and the worker's RSS and Redis' used_memory.
+// coordinated omission); a charge answered 503 is sent again with its payment id, as a client would. Reports, per
+// window of `--window-seconds`: the charges' p50/p99, the gate flows' p99, errors, whether a close was in flight (from its POST to its answer), the API's and the worker's RSS and Redis' used_memory.
 // Then the ratio p99(charges in windows with a close) / p99(charges in windows without), pooled per kind of window,
 // Redis' used_memory per charge (after every close answered, less before the first charge), and each close's time.
 // `BENCH_CPU_PROF=<dir>` writes the API's and the worker's CPU profiles there. Writes
@@ -191,6 +191,7 @@ async function main(): Promise<void> {
     error?: string;
   }> = [];
   const closing: Array<Promise<void>> = [];
+  let retried503 = 0; // charges answered 503 and sent again with the same payment id
   const memory: Array<{ atMs: number; apiRss: number; workerRss: number; redisUsed: number }> = [];
 
   // A full session closes once its calls have answered (a call racing the close would be refused: not what this
@@ -242,10 +243,16 @@ async function main(): Promise<void> {
     const dueMs = (i * 1000) / RATE;
     const done = (async () => {
       try {
-        const res = await http.request('POST', `/x402/sessions/${await run.session}/charges`, {
-          token,
-          body: { paymentId: randomUUID(), payeeAgentId: payee, amount: AMOUNT, requestSha256: sha(randomUUID()) },
-        });
+        // A 503 may come after the charge was recorded (the request's deadline passed, not its work): the client
+        // retries with the same payment id, as the contract says, and gets the one charge either way.
+        const body = { paymentId: randomUUID(), payeeAgentId: payee, amount: AMOUNT, requestSha256: sha(randomUUID()) };
+        const path = `/x402/sessions/${await run.session}/charges`;
+        let res = await http.request('POST', path, { token, body });
+        for (let retry = 1; res.status === 503 && retry <= 5; retry++) {
+          retried503++;
+          await sleep(100 * retry);
+          res = await http.request('POST', path, { token, body });
+        }
         if (res.status === 201) run.charged++;
         else {
           count('charge', String(res.status));
@@ -411,6 +418,7 @@ async function main(): Promise<void> {
       sent: charges.length,
       charged: chargedTotal,
       errors: errors.charge,
+      retriedAfter503: retried503,
       latency: percentiles(charges.map((s) => s.ms)),
     },
     gateFlows: {
