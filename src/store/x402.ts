@@ -2,7 +2,7 @@ import { recorded } from '../domain/money.ts';
 import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb';
 import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/x402.ts';
 import type { RedisClient } from '../redis.ts';
-import { DueWorkStore } from './due-work.ts';
+import { DueWorkStore, type DuePartitions } from './due-work.ts';
 import type { ReportedHead } from './ledger.ts';
 import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
@@ -342,7 +342,7 @@ export class X402Store {
   /** The gate and escalation lists (see list-index.ts): entered before the document is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex, partitions?: DuePartitions) {
     this.listed = listed;
     this.gates = db.collection('x402_gates');
     this.quotes = db.collection('x402_quotes');
@@ -360,8 +360,9 @@ export class X402Store {
     this.tenantEscalations = new SlotChain(db.collection('x402_tenant_escalations'), heads, 'tenant-escalations');
     this.policies = new SlotChain(db.collection('x402_wallet_policies'), null, 'policies');
     this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends');
-    this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix);
-    this.escalationsDue = new DueWorkStore(db, 'x402_escalations', redis, redisPrefix);
+    // Partitioned by gate id, as its x402-verify jobs are; an escalation is marked with its gate's id as owner.
+    this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix, { partitions });
+    this.escalationsDue = new DueWorkStore(db, 'x402_escalations', redis, redisPrefix, { partitions });
   }
 
   /**
