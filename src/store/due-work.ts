@@ -119,8 +119,9 @@ export class DueWorkStore {
 
   /**
    * Records of `partition` due at `now`, oldest first, at most `limit`: read by `_id`, only those its index says
-   * have fallen due. A record found in a partition that is not its home (written under another K) is moved home,
-   * and still answered when due: the sweep of the partition that found it does its work now.
+   * have fallen due. A record found in a partition that is not its home (written under another K) is answered when
+   * due (this sweep does its work, and its mark or done lands home; the entry left here goes on the next read, as
+   * a done or moved one), and moved home when not due yet.
    */
   async due(now: Date, limit: number, partition = 0): Promise<DueRecord[]> {
     const key = this.dueKey(partition);
@@ -134,9 +135,9 @@ export class DueWorkStore {
         fixes.zrem(key, ids[i]!); // its work was done (the record goes first)
         continue;
       }
-      if (this.homeOf(record) !== partition) strays.push(record);
-      else if (record.dueAt.getTime() > now.getTime()) fixes.zadd(key, 'XX', record.dueAt.getTime(), record._id); // moved later
       if (record.dueAt.getTime() <= now.getTime()) due.push(record);
+      else if (this.homeOf(record) !== partition) strays.push(record);
+      else fixes.zadd(key, 'XX', record.dueAt.getTime(), record._id); // moved later
     }
     if (fixes.length > 0) await fixes.exec();
     await this.moveHome(partition, strays);
