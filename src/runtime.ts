@@ -147,7 +147,13 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   for (const queue of Object.values(producers.partitions).flat()) queue.on('error', (err) => outages.absorb(err));
   const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
   // One list index for every store that lists its rows (runs, settlements, gates, sessions, ...).
-  const lists = new ListIndex(redis, config.redisPrefix, config.lists.retentionDays * 86_400_000);
+  // Spread over the cluster (a hash tag per set) once the hot queues are split: see list-index.ts.
+  const lists = new ListIndex(
+    redis,
+    config.redisPrefix,
+    config.lists.retentionDays * 86_400_000,
+    isClusterUrl(config.redisUrl) && config.queues.partitions > 1,
+  );
   const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix);
   // The due-work indexes are split like the hot queues, each record in its job's partition (docs/queues.md).
   const duePartitions = { partitions: config.queues.partitions, readPartitions: config.queues.readPartitions };
