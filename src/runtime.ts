@@ -154,9 +154,9 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
     config.lists.retentionDays * 86_400_000,
     isClusterUrl(config.redisUrl) && config.queues.partitions > 1,
   );
-  const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix);
-  // The due-work indexes are split like the hot queues, each record in its job's partition (docs/queues.md).
+  // The due indexes are split like the hot queues, each record in its job's partition (docs/queues.md).
   const duePartitions = { partitions: config.queues.partitions, readPartitions: config.queues.readPartitions };
+  const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix, duePartitions);
   const ledger = new LedgerStore(db, ledgerDue);
   return {
     config,

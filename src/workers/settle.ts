@@ -21,8 +21,9 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
     /**
      * Finishes whatever a crash or a lost job left behind: ledger entries still pending, settlements with a step
      * due, and escrow locked for a run whose creation died before the run was stored. The settlements' due index is
-     * split like the queue: each partition's sweep job sweeps its share. The ledger's due index is one (see
-     * docs/queues.md): partition 0's sweep (or a sweep of every partition) does the ledger's part.
+     * split like the queue: each partition's sweep job sweeps its share. The ledger's part (its due index is split
+     * too, but the ledger reads every partition of it at once; store/ledger-due.ts) is partition 0's sweep's, as is
+     * the periodic ledger audit.
      */
     sweepsPerPartition: true,
     async sweep(partition) {
