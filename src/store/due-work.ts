@@ -163,11 +163,10 @@ export class DueWorkStore {
   private async moveHome(from: number, records: DueRecord[]): Promise<void> {
     if (records.length === 0) return;
     // One command per key (on a cluster each partition's key lives in its own slot).
-    const byHome = new Map<number, DueRecord[]>();
-    for (const r of records) {
-      const home = this.homeOf(r);
-      if (home !== from) byHome.set(home, [...(byHome.get(home) ?? []), r]);
-    }
+    const byHome = groupBy(
+      records.filter((r) => this.homeOf(r) !== from),
+      (r) => this.homeOf(r),
+    );
     await Promise.all(
       [...byHome].map(([home, rs]) =>
         this.redis.zadd(this.dueKey(home), ...rs.flatMap((r) => [r.dueAt.getTime(), r._id])),
@@ -226,8 +225,7 @@ export class DueWorkStore {
       .limit(AUDIT_LIMIT)
       .toArray();
     // Each record into its home partition, one pipeline per partition (one slot each on a cluster).
-    const byHome = new Map<number, DueRecord[]>();
-    for (const r of records) byHome.set(this.homeOf(r), [...(byHome.get(this.homeOf(r)) ?? []), r]);
+    const byHome = groupBy(records, (r) => this.homeOf(r));
     let restored = 0;
     for (const [home, rs] of byHome) {
       for (let i = 0; i < rs.length; i += 1_000) {
@@ -241,4 +239,16 @@ export class DueWorkStore {
     }
     return { read: records.length, restored, limit: AUDIT_LIMIT };
   }
+}
+
+/** Items grouped by a key, in their order. */
+export function groupBy<T, K>(items: readonly T[], keyOf: (item: T) => K): Map<K, T[]> {
+  const groups = new Map<K, T[]>();
+  for (const item of items) {
+    const key = keyOf(item);
+    const group = groups.get(key);
+    if (group) group.push(item);
+    else groups.set(key, [item]);
+  }
+  return groups;
 }

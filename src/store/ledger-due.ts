@@ -1,6 +1,6 @@
 import { partitionOf } from '../queues/index.ts';
 import type { RedisClient } from '../redis.ts';
-import { ONE_PARTITION, type DuePartitions } from './due-work.ts';
+import { groupBy, ONE_PARTITION, type DuePartitions } from './due-work.ts';
 
 /** An entry whose apply() is under way (or died): `member` is what to remove once it is finished. */
 export interface StartedEntry {
@@ -137,11 +137,7 @@ export class LedgerDueIndex {
     for (const [p, flat] of perPartition.entries()) {
       const strays = pairs(flat).filter(({ member }) => this.home(entryIdOf(member)) !== p);
       if (strays.length === 0) continue;
-      const byHome = new Map<number, Array<{ member: string; score: number }>>();
-      for (const s of strays) {
-        const home = this.home(entryIdOf(s.member));
-        byHome.set(home, [...(byHome.get(home) ?? []), s]);
-      }
+      const byHome = groupBy(strays, (s) => this.home(entryIdOf(s.member)));
       await Promise.all(
         [...byHome].map(([home, ms]) =>
           this.redis.zadd(keys[home]!, 'NX', ...ms.flatMap(({ member, score }) => [score, member])),

@@ -424,6 +424,29 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
     expect(ledger.violations).toEqual([]);
     expect(ledger).toMatchObject({ clean: true, complete: true });
 
+    // The lists, spread over the cluster with K > 1 (a hash tag per tenant and agent set, the operator's list over
+    // shards merged on read): every run listed once, in one order whichever way it is read and paged.
+    const runsOf = (body: { items: Array<{ runId: string }> }) => body.items.map((r) => r.runId);
+    const tenantList = runsOf(await must(api(), 'GET', '/v1/runs?limit=100', 200, { headers: tenant.auth }));
+    expect([...tenantList].sort()).toEqual([...runIds].sort());
+    const agentList = await must(api(), 'GET', `/v1/runs?agentId=${payee.agentId}&limit=100`, 200, {
+      headers: tenant.auth,
+    });
+    expect(runsOf(agentList)).toEqual(tenantList);
+    const operatorPages: string[] = [];
+    for (let cursor: string | null = null, pages = 0; pages === 0 || cursor; pages++) {
+      const page: { items: Array<{ runId: string }>; nextCursor: string | null } = await must(
+        api(),
+        'GET',
+        `/ops/runs?limit=5${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ''}`,
+        200,
+        { headers: { authorization: `Bearer ${admin}` } },
+      );
+      operatorPages.push(...runsOf(page));
+      cursor = page.nextCursor;
+    }
+    expect(operatorPages).toEqual(tenantList);
+
     const figures = {
       K,
       tagsPerMaster: Object.fromEntries(tagsPerMaster),
