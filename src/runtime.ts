@@ -145,7 +145,9 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   );
   // Producers' queues share `redis`; their own `error` events repeat what its listener above already counted.
   for (const queue of Object.values(producers.partitions).flat()) queue.on('error', (err) => outages.absorb(err));
-  const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
+  // The due indexes are split like the hot queues, each entry in its job's partition (docs/queues.md).
+  const duePartitions = { partitions: config.queues.partitions, readPartitions: config.queues.readPartitions };
+  const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix, duePartitions);
   // One list index for every store that lists its rows (runs, settlements, gates, sessions, ...).
   // Spread over the cluster (a hash tag per set) once the hot queues are split: see list-index.ts.
   const lists = new ListIndex(
@@ -154,8 +156,6 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
     config.lists.retentionDays * 86_400_000,
     isClusterUrl(config.redisUrl) && config.queues.partitions > 1,
   );
-  // The due indexes are split like the hot queues, each record in its job's partition (docs/queues.md).
-  const duePartitions = { partitions: config.queues.partitions, readPartitions: config.queues.readPartitions };
   const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix, duePartitions);
   const ledger = new LedgerStore(db, ledgerDue);
   return {
