@@ -26,6 +26,14 @@ export type ProcessorMap = { [Q in QueueName]?: QueueProcessor<Q> };
 /** How often each worker checks that it is not idle while its queue has waiting jobs. */
 const WATCHDOG_INTERVAL_MS = 5_000;
 
+/**
+ * How often each worker upserts its sweep schedules again. A schedule is a chain of delayed jobs, each added as
+ * the one before it runs; a master failover that loses the write of the next one (its replica lagging) ends the
+ * chain, and that partition's sweeps with it. An upsert adds the missing iteration (and leaves a present one where
+ * it is), so a broken schedule runs again within this time.
+ */
+const SCHEDULE_REFRESH_MS = 30_000;
+
 /** Job name of scheduled sweeps; every other job on a queue is that queue's own work. */
 export const SWEEP_JOB = 'sweep';
 
@@ -92,20 +100,23 @@ export function startWorkers(
       scheduler.on('error', onBullError(logger.child({ queue, partition }), 'scheduler queue'));
       schedulerQueues.push(scheduler);
       // Upserting the same scheduler id from every worker process keeps exactly one schedule per partition.
-      void scheduler
-        .upsertJobScheduler(
-          `${queue}-sweeper`,
-          { every: config.sweeper.intervalMs },
-          {
-            name: SWEEP_JOB,
-            data: {},
-            opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
-          },
-        )
-        .catch((err) => {
-          if (!outages.absorb(err))
-            logger.error({ queue, partition, err: (err as Error).message }, 'could not schedule sweeper');
-        });
+      const upsert = () =>
+        scheduler
+          .upsertJobScheduler(
+            `${queue}-sweeper`,
+            { every: config.sweeper.intervalMs },
+            {
+              name: SWEEP_JOB,
+              data: {},
+              opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
+            },
+          )
+          .catch((err) => {
+            if (!outages.absorb(err))
+              logger.error({ queue, partition, err: (err as Error).message }, 'could not schedule sweeper');
+          });
+      void upsert();
+      watchdogs.push(setInterval(() => void upsert(), SCHEDULE_REFRESH_MS));
     }
     for (const partition of consumed) {
       slots.push(

@@ -22,7 +22,7 @@ function idsIn(partition: number, k: number, count: number, tag: string): string
 
 /**
  * Real Redis, real FerretDB, real BullMQ workers started by the runner: each finalize partition's sweep job sweeps
- * that partition of a due index (as the finalize, settle and x402-verify sweeps do theirs), and the look is the
+ * that partition of a due index (as the hot queues' sweeps do theirs), and the look is the
  * test's, so it can stall one partition, fail one item, and count what each sweep looked at.
  */
 describe('sweeps split by partition', () => {
