@@ -145,10 +145,18 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
   );
   // Producers' queues share `redis`; their own `error` events repeat what its listener above already counted.
   for (const queue of Object.values(producers.partitions).flat()) queue.on('error', (err) => outages.absorb(err));
-  const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix);
+  // The due indexes are split like the hot queues, each entry in its job's partition (docs/queues.md).
+  const duePartitions = { partitions: config.queues.partitions, readPartitions: config.queues.readPartitions };
+  const webhookDue = new WebhookDueIndex(db, redis, config.redisPrefix, duePartitions);
   // One list index for every store that lists its rows (runs, settlements, gates, sessions, ...).
-  const lists = new ListIndex(redis, config.redisPrefix, config.lists.retentionDays * 86_400_000);
-  const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix);
+  // Spread over the cluster (a hash tag per set) once the hot queues are split: see list-index.ts.
+  const lists = new ListIndex(
+    redis,
+    config.redisPrefix,
+    config.lists.retentionDays * 86_400_000,
+    isClusterUrl(config.redisUrl) && config.queues.partitions > 1,
+  );
+  const ledgerDue = new LedgerDueIndex(redis, config.redisPrefix, duePartitions);
   const ledger = new LedgerStore(db, ledgerDue);
   return {
     config,
@@ -165,9 +173,9 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       consoleSessions: new ConsoleSessionStore(redis, config.redisPrefix),
       outbox: new OutboxStore(db, webhookDue, redis, config.redisPrefix),
       agents: new AgentStore(db),
-      runs: new RunStore(db, redis, config.redisPrefix, lists),
+      runs: new RunStore(db, redis, config.redisPrefix, lists, duePartitions),
       ledger,
-      settlements: new SettlementStore(db, redis, config.redisPrefix, lists),
+      settlements: new SettlementStore(db, redis, config.redisPrefix, lists, duePartitions),
       reserves: new ReserveStore(db),
       ledgerAudit: new LedgerAuditStore(db, redis, config.redisPrefix, ledger, ledgerDue),
       sweepParked: new SweepParkedIndex(redis, config.redisPrefix),
@@ -182,8 +190,8 @@ export function createRuntime(config: Config, logger: Logger): Runtime {
       webhookDue,
       onboarding: new OnboardingStore(db),
       mcpAgentKeys: new McpAgentKeyStore(db),
-      x402: new X402Store(db, redis, config.redisPrefix, lists),
-      x402Sessions: new X402SessionStore(db, redis, config.redisPrefix, lists),
+      x402: new X402Store(db, redis, config.redisPrefix, lists, duePartitions),
+      x402Sessions: new X402SessionStore(db, redis, config.redisPrefix, lists, duePartitions),
       redisLineage: new RedisLineageStore(db, redis),
       lists,
     },

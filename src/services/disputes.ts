@@ -6,7 +6,7 @@ import { failpoint } from '../domain/failpoints.ts';
 import { disputeSplit } from '../domain/money.ts';
 import type { RulingFact } from '../domain/settlement.ts';
 import type { Runtime } from '../runtime.ts';
-import type { SettlementDoc, SettlementState } from '../store/settlements.ts';
+import { settlementOwner, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
 import { emitEvent } from './events.ts';
 import { applyRuling, read } from './settlement.ts';
 
@@ -47,7 +47,12 @@ export async function disputeSettlement(
   await settlements.referDispute(disputeId, s);
   // Due before the dispute exists: a crash before its announcement leaves it for a pass to announce (a settlement
   // with nothing held has no due record of its own by then; the pass sets the next one).
-  await settlements.due.mark(s._id, s.tenantId, new Date(now + runtime.config.sweeper.staleAfterMs));
+  await settlements.due.mark(
+    s._id,
+    s.tenantId,
+    new Date(now + runtime.config.sweeper.staleAfterMs),
+    settlementOwner(s),
+  );
   const { won, fact } = await settlements.claim(s._id, 'holdback', {
     fate: 'dispute',
     disputeId,
@@ -101,7 +106,7 @@ export async function resolveDispute(
   if (facts.ruling && !sameRuling(facts.ruling))
     throw errors.transitionIllegal('the dispute has already been ruled on', view.status);
   if (!facts.ruling) {
-    await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
+    await settlements.due.mark(s._id, s.tenantId, new Date(), settlementOwner(s)); // due before the ruling exists
     const { fact } = await settlements.claim(s._id, 'ruling', {
       outcome,
       payerShareBps: payerShareBps ?? null,

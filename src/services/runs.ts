@@ -23,6 +23,7 @@ import type { AppendTarget, RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
+import { drainPartition } from './sweep-items.ts';
 import { logStep } from './work-log.ts';
 
 /** The key of batch attestations, derived from the at-rest key every process of a deployment shares. */
@@ -325,13 +326,26 @@ export async function finalizeRun(
 }
 
 /** Runs whose finalize is owed: left in finalizing, or finalized before run.finalized was recorded (job lost or failed). */
-export async function sweepFinalizing(runtime: Runtime, limit: number): Promise<{ checked: number; repaired: number }> {
-  const audit = await runtime.stores.runs.finalizeDue.audit();
+export async function sweepFinalizing(
+  runtime: Runtime,
+  limit: number,
+  partition?: number,
+): Promise<{ checked: number; repaired: number }> {
+  const dueIndex = runtime.stores.runs.finalizeDue;
+  const audit = await dueIndex.audit();
   if (audit) runtime.logger.info(audit, 'finalize due index audited against its records');
-  const stale = await runtime.stores.runs.staleFinalizing(
-    new Date(Date.now() - runtime.config.sweeper.staleAfterMs),
-    limit,
-  );
+  // Its own partition in a sweep job (a slow one holds up no other), every partition otherwise (see sweepDue).
+  const stale: RunDoc[] = [];
+  for (const p of partition === undefined ? dueIndex.readPartitionList() : [partition]) {
+    if (dueIndex.isDraining(p)) await drainPartition(runtime, 'finalize', dueIndex, p);
+    stale.push(
+      ...(await runtime.stores.runs.staleFinalizing(
+        new Date(Date.now() - runtime.config.sweeper.staleAfterMs),
+        limit,
+        p,
+      )),
+    );
+  }
   let repaired = 0;
   for (const run of stale) {
     const outcome = await runtime.producers.ensure(

@@ -18,11 +18,18 @@ import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
 import type { Leg, PreparedEntry } from '../store/ledger.ts';
 import type { RunDoc } from '../store/runs.ts';
-import { readSettlement, settlementState, type SettlementDoc, type SettlementState } from '../store/settlements.ts';
+import type { DueRecord } from '../store/due-work.ts';
+import {
+  readSettlement,
+  settlementOwner,
+  settlementState,
+  type SettlementDoc,
+  type SettlementState,
+} from '../store/settlements.ts';
 import { captureRunReserve, settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
 import { logStep } from './work-log.ts';
-import { sweepItems } from './sweep-items.ts';
+import { drainPartition, sweepItems } from './sweep-items.ts';
 
 /**
  * Fault injection for tests: called after each step that moved money or state; throwing there simulates a crash. By
@@ -134,7 +141,7 @@ export async function resolveHeldSettlement(
   if (facts.heldRuling?.outcome === outcome) return applyRuling(runtime, s, 'held-ruling');
   if (view.status !== 'held')
     throw errors.transitionIllegal(`a ${view.status} settlement cannot be resolved this way`, view.status);
-  await settlements.due.mark(s._id, s.tenantId, new Date()); // due before the ruling exists
+  await settlements.due.mark(s._id, s.tenantId, new Date(), settlementOwner(s)); // due before the ruling exists
   const { fact } = await settlements.claim(s._id, 'heldRuling', { outcome, at: new Date().toISOString() });
   if (fact.outcome !== outcome)
     throw errors.transitionIllegal('the held settlement has already been ruled on', view.status);
@@ -480,7 +487,7 @@ class SettlementPass {
     await Promise.all([
       started,
       next
-        ? runtime.stores.settlements.due.mark(s._id, s.tenantId, next)
+        ? runtime.stores.settlements.due.mark(s._id, s.tenantId, next, settlementOwner(s))
         : noRecord
           ? null
           : started.then(() => runtime.stores.settlements.due.done(s._id)),
@@ -507,23 +514,34 @@ function nextCheck({ view, facts }: SettlementState, staleAfterMs: number): Date
  * Advances every settlement that is due (their job lost, or a step waiting for its time). One that fails backs off
  * alone (its due record moves later) and is counted; the sweep goes on with the others.
  */
-export async function sweepSettlements(runtime: Runtime, limit: number): Promise<{ looked: number; failed: number }> {
-  const audit = await runtime.stores.settlements.due.audit();
+export async function sweepSettlements(
+  runtime: Runtime,
+  limit: number,
+  partition?: number,
+): Promise<{ looked: number; failed: number }> {
+  const dueIndex = runtime.stores.settlements.due;
+  const audit = await dueIndex.audit();
   if (audit) runtime.logger.info(audit, 'settlement due index audited against its records');
   const now = Date.now();
-  const due = await runtime.stores.settlements.due.due(new Date(now), limit);
+  // Its own partition in a sweep job (a slow one holds up no other), every partition otherwise (see sweepDue).
+  const partitions = partition === undefined ? dueIndex.readPartitionList() : [partition];
+  const due: DueRecord[] = [];
+  for (const p of partitions) {
+    if (dueIndex.isDraining(p)) await drainPartition(runtime, 'settlements', dueIndex, p);
+    due.push(...(await dueIndex.due(new Date(now), limit, p)));
+  }
   const items = sweepItems(runtime, 'settlements');
   let failed = 0;
   for (const record of due) {
     const outcome = await items.run(record._id, () => advanceSettlement(runtime, record._id));
     if (!outcome.ok) {
       failed++;
-      await runtime.stores.settlements.due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
+      await dueIndex.mark(record._id, record.tenantId, outcome.retryAt, record.owner).catch(() => undefined);
       continue;
     }
     // A record is written just before its settlement: only one long without a settlement outlived a failed create.
     if (!outcome.value && record.dueAt.getTime() < now - runtime.config.sweeper.staleAfterMs)
-      await runtime.stores.settlements.due.done(record._id);
+      await dueIndex.done(record._id);
   }
   return { looked: due.length, failed };
 }

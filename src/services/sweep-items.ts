@@ -123,6 +123,11 @@ const DUE_BATCH = 200;
  * within `maxMs`. Each record is looked at through SweepItems, so one failing item backs off alone (its record moved
  * to its retry time) and is counted while the sweep goes on; a look moves or removes every record it reads, so the
  * next batch is new work.
+ *
+ * `partition` is the share of the index this sweep reads: the sweep job of queue partition p sweeps partition p
+ * (workers/runner.ts), so a slow or failing partition holds up no other. Without one (a call outside a sweep job:
+ * tests, a script) every partition is swept in turn. A partition above K (K was lowered) is first moved to its
+ * records' home partitions, then swept like the others.
  */
 export async function sweepDue(
   runtime: Runtime,
@@ -130,28 +135,55 @@ export async function sweepDue(
   due: DueWorkStore,
   maxMs: number,
   look: (id: string, now: Date) => Promise<DueLook>,
+  partition?: number,
 ): Promise<{ looked: number; failed: number }> {
   const audit = await due.audit();
   if (audit) runtime.logger.info(audit, `${sweeper} due index audited against its records`);
   const items = sweepItems(runtime, sweeper);
   const counts = { looked: 0, failed: 0 };
   const started = Date.now();
-  for (;;) {
-    const now = new Date();
-    const batch = await due.due(now, DUE_BATCH);
-    for (const record of batch) {
-      counts.looked++;
-      const outcome = await items.run(record._id, () => look(record._id, now));
-      if (!outcome.ok) {
-        counts.failed++;
-        await due.mark(record._id, record.tenantId, outcome.retryAt).catch(() => undefined);
-      } else if (outcome.value === 'done') {
-        await due.done(record._id);
-      } else if (outcome.value !== 'handled') {
-        await due.mark(record._id, record.tenantId, outcome.value.lookAgainAt);
+  for (const p of partition === undefined ? due.readPartitionList() : [partition]) {
+    if (due.isDraining(p)) await drainPartition(runtime, sweeper, due, p);
+    for (;;) {
+      const now = new Date();
+      const batch = await due.due(now, DUE_BATCH, p);
+      for (const record of batch) {
+        counts.looked++;
+        const outcome = await items.run(record._id, () => look(record._id, now));
+        if (!outcome.ok) {
+          counts.failed++;
+          await due.mark(record._id, record.tenantId, outcome.retryAt, record.owner).catch(() => undefined);
+        } else if (outcome.value === 'done') {
+          await due.done(record._id);
+        } else if (outcome.value !== 'handled') {
+          await due.mark(record._id, record.tenantId, outcome.value.lookAgainAt, record.owner);
+        }
       }
+      if (batch.length < DUE_BATCH || Date.now() - started > maxMs) break;
     }
-    if (batch.length < DUE_BATCH || Date.now() - started > maxMs) break;
   }
   return counts;
+}
+
+const DRAIN_BATCH = 1_000;
+
+/**
+ * Moves a partition above K to its records' home partitions, a batch per sweep, and says once when it is empty:
+ * what the operator waits for before unsetting QUEUE_PARTITIONS_DRAIN (docs/queues.md).
+ */
+export async function drainPartition(
+  runtime: Runtime,
+  sweeper: string,
+  due: DueWorkStore,
+  partition: number,
+): Promise<{ moved: number; left: number }> {
+  const drained = await due.drain(partition, DRAIN_BATCH);
+  if (drained.moved > 0)
+    runtime.logger.info(
+      { sweeper, partition, ...drained },
+      drained.left === 0
+        ? 'due index partition above QUEUE_PARTITIONS drained: its records moved to their partitions'
+        : "moving a due index partition above QUEUE_PARTITIONS to its records' partitions",
+    );
+  return drained;
 }

@@ -410,21 +410,36 @@ type DueCheck = 'done' | 'waiting' | 'enqueued';
 /**
  * The sweeper: walks the due index (see store/webhook-due.ts) from its cursor to the current bucket, enqueues a job
  * for due work that has none, and clears past buckets whose work is all done. Reads only what is due, by `_id`.
- * Safe to run concurrently: job ids are derived, so overlapping sweeps enqueue one job.
+ * Safe to run concurrently: job ids are derived, so overlapping sweeps enqueue one job. `partition`: the share of
+ * the index a partition's sweep job walks (a slow one holds up no other); none: every partition, each with `batch`.
  */
 export async function sweepWebhookWork(
   runtime: Runtime,
-  options: { batch: number; now?: number },
+  options: { batch: number; now?: number; partition?: number },
 ): Promise<{ events: number; deliveries: number }> {
   const due = runtime.stores.webhookDue;
   const counts = { events: 0, deliveries: 0 };
-  const start = await due.cursor();
-  if (start === null) return counts;
+  const partitions = options.partition === undefined ? due.readPartitionList() : [options.partition];
+  for (const partition of partitions) await sweepWebhookPartition(runtime, options, partition, counts);
+  if (counts.events + counts.deliveries > 0)
+    runtime.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
+  return counts;
+}
+
+async function sweepWebhookPartition(
+  runtime: Runtime,
+  options: { batch: number; now?: number },
+  partition: number,
+  counts: { events: number; deliveries: number },
+): Promise<void> {
+  const due = runtime.stores.webhookDue;
+  const start = await due.cursor(partition);
+  if (start === null) return;
   const now = options.now ?? Date.now();
   let budget = options.batch;
   let clearing = true;
   for (let bucket = start; bucket <= bucketOf(now) && budget > 0; bucket++) {
-    const entries = await due.read(bucket);
+    const entries = await due.read(bucket, partition);
     let firstLive: number | null = null;
     const done: number[] = [];
     for (const entry of entries) {
@@ -446,15 +461,12 @@ export async function sweepWebhookWork(
     // A past bucket is cleared once its work is done; the cursor only moves over a cleared prefix.
     clearing = clearing && firstLive === null && bucketEnd(bucket) <= now - runtime.config.sweeper.staleAfterMs;
     if (clearing) {
-      await due.clear(bucket);
-      await due.moveCursor(bucket + 1);
+      await due.clear(bucket, partition);
+      await due.moveCursor(bucket + 1, partition);
     } else if (entries.length > 0) {
-      await due.remember(bucket, firstLive ?? entries.at(-1)!.n + 1, done);
+      await due.remember(bucket, firstLive ?? entries.at(-1)!.n + 1, done, partition);
     }
   }
-  if (counts.events + counts.deliveries > 0)
-    runtime.logger.info(counts, 'webhook sweeper re-enqueued work without a live job');
-  return counts;
 }
 
 async function checkDueEntry(runtime: Runtime, entry: DueEntry, bucket: number, now: number): Promise<DueCheck> {

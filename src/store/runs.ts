@@ -6,7 +6,8 @@ import type { ChainHead, EventEnvelope } from '../domain/event-chain.ts';
 import { errors, serviceError } from '../domain/errors.ts';
 import type { PriceSchedule } from '../domain/pricing.ts';
 import type { Terms, Verdict } from '../domain/terms.ts';
-import { DueWorkStore } from './due-work.ts';
+import { ownerOf } from '../queues/index.ts';
+import { DueWorkStore, type DuePartitions } from './due-work.ts';
 import { EventIdIndex } from './event-id-index.ts';
 import { ListIndex, type ListEntry } from './list-index.ts';
 import { insertFirst, isDuplicateKey } from './mongo.ts';
@@ -155,13 +156,17 @@ export class RunStore {
   /** The run lists (see list-index.ts): a run is entered before it is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex, partitions?: DuePartitions) {
     this.listed = listed;
     this.runs = db.collection<RunDoc>('runs');
     this.batches = db.collection<RunBatchDoc>('run_batches');
     this.heads = db.collection<RunHeadDoc>('run_heads');
     this.artifacts = db.collection<ArtifactDoc>('artifacts');
-    this.finalizeDue = new DueWorkStore(db, 'finalize', redis, redisPrefix);
+    // A record's id is its run's; its partition is its finalize job's (`tenantId/runId`).
+    this.finalizeDue = new DueWorkStore(db, 'finalize', redis, redisPrefix, {
+      partitions,
+      ownerOf: (runId, tenantId) => ownerOf('finalize', { tenantId, runId }),
+    });
   }
 
   /**
@@ -559,8 +564,8 @@ export class RunStore {
   }
 
   /** Runs whose finalize was requested before `olderThan` and is not done: candidates for the sweeper. */
-  async staleFinalizing(olderThan: Date, limit: number): Promise<RunDoc[]> {
-    const due = await this.finalizeDue.due(olderThan, limit);
+  async staleFinalizing(olderThan: Date, limit: number, partition = 0): Promise<RunDoc[]> {
+    const due = await this.finalizeDue.due(olderThan, limit, partition);
     const runs = await Promise.all(due.map((d) => this.runs.findOne({ _id: d._id })));
     const stale: RunDoc[] = [];
     for (const [i, run] of runs.entries()) {

@@ -12,7 +12,8 @@ import type {
   SettlementView,
 } from '../domain/settlement.ts';
 import { deriveSettlement, entryIds } from '../domain/settlement.ts';
-import { DueWorkStore } from './due-work.ts';
+import { ownerOf } from '../queues/index.ts';
+import { DueWorkStore, type DuePartitions } from './due-work.ts';
 import type { LedgerStore } from './ledger.ts';
 import { ListIndex, type ListEntry } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
@@ -44,6 +45,14 @@ export interface DisputeRefDoc {
   settlementId: string;
   /** When the dispute was opened (refs recorded before the lists existed have none). */
   createdAt?: Date;
+}
+
+/**
+ * What a settlement's work is routed by (its settle jobs' owner, `tenantId/runId`), so its due record sits in the
+ * partition of its jobs (store/due-work.ts).
+ */
+export function settlementOwner(s: Pick<SettlementDoc, 'tenantId' | 'runId'>): string {
+  return ownerOf('settle', { tenantId: s.tenantId, runId: s.runId, settlementId: '' });
 }
 
 /** One settlement per run, under an id derived from the run, so the settlement of a run is an id lookup. */
@@ -82,12 +91,12 @@ export class SettlementStore {
   /** The settlement and dispute lists (see list-index.ts): entered before the document is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex, partitions?: DuePartitions) {
     this.listed = listed;
     this.settlements = db.collection<SettlementDoc>('settlements');
     this.facts = db.collection<FactDoc>('settlement_facts');
     this.disputeRefs = db.collection<DisputeRefDoc>('dispute_refs');
-    this.due = new DueWorkStore(db, 'settlements', redis, redisPrefix);
+    this.due = new DueWorkStore(db, 'settlements', redis, redisPrefix, { partitions });
   }
 
   /** One settlement per run (its id derives from the run): a repeat or a racing duplicate gets the existing one. */
@@ -100,7 +109,7 @@ export class SettlementStore {
       _id,
       createdAt: new Date(),
     };
-    await this.due.mark(_id, input.tenantId, new Date()); // due before it exists: a crash leaves it findable
+    await this.due.mark(_id, input.tenantId, new Date(), settlementOwner(input)); // due before it exists: a crash leaves it findable
     await this.listed.add(settlementListEntry(doc));
     return (await insertFirst(this.settlements, doc)) ? doc : recorded(await this.get(_id), `settlement ${_id}`);
   }

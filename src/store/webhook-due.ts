@@ -1,5 +1,7 @@
 import type { RedisClient } from '../redis.ts';
 import type { Collection, Db } from 'mongodb';
+import { partitionOf } from '../queues/index.ts';
+import { ONE_PARTITION, type DuePartitions } from './due-work.ts';
 import { insertFirst } from './mongo.ts';
 import { Sequence, type SequenceEntry } from './sequence.ts';
 
@@ -17,6 +19,10 @@ import { Sequence, type SequenceEntry } from './sequence.ts';
  * entries that may still be due. Known limit: a writer that stalls for longer than the sweeper's grace
  * between computing a bucket and inserting into it may land behind the cursor; its job, enqueued right after,
  * still carries the work, so only a second failure (that job lost too) leaves it to be found by hand.
+ *
+ * Split like the webhook-dispatch queue: an entry goes to the partition of its job's owner (the event or the
+ * delivery), each partition with its own buckets, hints and cursor, swept by that partition's sweep job. Partition 0
+ * keeps the names of old (bucket `b`, cursor `sweeper`), so K=1 changes none; partition n has `pn:b` and `sweeper-pn`.
  */
 export const DUE_BUCKET_MS = 60_000;
 
@@ -33,6 +39,15 @@ interface CursorDoc {
 }
 
 const CURSOR_ID = 'sweeper';
+
+/** The Sequence owner of a partition's bucket (partition 0: the bucket alone, as before partitions). */
+function bucketOwner(bucket: number, partition: number): string {
+  return partition === 0 ? String(bucket) : `p${partition}:${bucket}`;
+}
+
+function cursorId(partition: number): string {
+  return partition === 0 ? CURSOR_ID : `${CURSOR_ID}-p${partition}`;
+}
 /** A bucket's done-entry hints outlive any sweep of it; a bucket still swept after that is read in full again. */
 const HINT_TTL_MS = 7 * 24 * 3600 * 1000;
 
@@ -47,36 +62,50 @@ export function bucketEnd(bucket: number): number {
 export class WebhookDueIndex {
   readonly entries: Sequence<DueWork>;
   readonly cursors: Collection<CursorDoc>;
-  private cursorCreated = false;
+  readonly partitions: DuePartitions;
+  private readonly cursorsCreated = new Set<number>();
 
   constructor(
     db: Db,
     private readonly redis: RedisClient,
     private readonly counterPrefix: string,
+    partitions: DuePartitions = ONE_PARTITION,
   ) {
     this.entries = new Sequence<DueWork>(db, 'webhook_due', redis, counterPrefix);
     this.cursors = db.collection<CursorDoc>('webhook_due_cursor');
+    this.partitions = partitions;
   }
 
-  /** Records that `work` is due at `work.dueAt` (work already due goes into the current bucket). */
+  /** The partition of the work's job (webhook-dispatch routes by the delivery, else the event). */
+  partitionFor(work: DueWork): number {
+    return partitionOf(work.kind === 'deliver' ? work.deliveryId : work.eventId, this.partitions.partitions);
+  }
+
+  /** Every partition a sweep reads: 0…K-1, and those above K still drained. */
+  readPartitionList(): number[] {
+    return Array.from({ length: this.partitions.readPartitions }, (_, p) => p);
+  }
+
+  /** Records that `work` is due at `work.dueAt` (work already due goes into the current bucket), in its partition. */
   async add(work: DueWork): Promise<void> {
     const bucket = Math.max(bucketOf(work.dueAt), bucketOf(Date.now()));
-    if (!this.cursorCreated) {
-      // The first entry ever starts the sweeper's walk; afterwards only the sweeper moves the cursor.
-      await insertFirst(this.cursors, { _id: CURSOR_ID, bucket: bucket - 1 });
-      this.cursorCreated = true;
+    const partition = this.partitionFor(work);
+    if (!this.cursorsCreated.has(partition)) {
+      // A partition's first entry ever starts its sweeper's walk; afterwards only the sweeper moves the cursor.
+      await insertFirst(this.cursors, { _id: cursorId(partition), bucket: bucket - 1 });
+      this.cursorsCreated.add(partition);
     }
-    await this.entries.append(String(bucket), work);
+    await this.entries.append(bucketOwner(bucket, partition), work);
   }
 
-  /** Where the sweeper's walk starts; null while nothing was ever added. */
-  async cursor(): Promise<number | null> {
-    return (await this.cursors.findOne({ _id: CURSOR_ID }))?.bucket ?? null;
+  /** Where the sweeper's walk of a partition starts; null while nothing was ever added to it. */
+  async cursor(partition = 0): Promise<number | null> {
+    return (await this.cursors.findOne({ _id: cursorId(partition) }))?.bucket ?? null;
   }
 
   /** Only the sweeper writes this; two overlapping sweeps may move it back, which only re-reads empty buckets. */
-  async moveCursor(bucket: number): Promise<void> {
-    await this.cursors.updateOne({ _id: CURSOR_ID }, { $set: { bucket } });
+  async moveCursor(bucket: number, partition = 0): Promise<void> {
+    await this.cursors.updateOne({ _id: cursorId(partition) }, { $set: { bucket } });
   }
 
   /**
@@ -84,12 +113,12 @@ export class WebhookDueIndex {
    * entry is read and checked again): the position of the first entry not done (entries before it are done, and
    * new ones only ever come after), and the positions found done after it.
    */
-  async read(bucket: number): Promise<DueEntry[]> {
-    const owner = String(bucket);
+  async read(bucket: number, partition = 0): Promise<DueEntry[]> {
+    const owner = bucketOwner(bucket, partition);
     const [head, first, done] = await Promise.all([
       this.entries.head(owner),
-      this.redis.get(this.firstKey(bucket)),
-      this.redis.smembers(this.doneKey(bucket)),
+      this.redis.get(this.firstKey(owner)),
+      this.redis.smembers(this.doneKey(owner)),
     ]);
     const from = Math.max(1, Number(first ?? 1));
     const skip = new Set(done.map(Number));
@@ -101,28 +130,29 @@ export class WebhookDueIndex {
   }
 
   /** Remembers which entries of the bucket are done: all before `firstLive`, and `done` after it. */
-  async remember(bucket: number, firstLive: number, done: number[]): Promise<void> {
-    const pipeline = this.redis.multi().set(this.firstKey(bucket), String(firstLive), 'PX', HINT_TTL_MS);
+  async remember(bucket: number, firstLive: number, done: number[], partition = 0): Promise<void> {
+    const owner = bucketOwner(bucket, partition);
+    const pipeline = this.redis.multi().set(this.firstKey(owner), String(firstLive), 'PX', HINT_TTL_MS);
     const after = done.filter((n) => n > firstLive);
     if (after.length > 0)
-      pipeline.sadd(this.doneKey(bucket), ...after.map(String)).pexpire(this.doneKey(bucket), HINT_TTL_MS);
+      pipeline.sadd(this.doneKey(owner), ...after.map(String)).pexpire(this.doneKey(owner), HINT_TTL_MS);
     await pipeline.exec();
   }
 
   /** Removes a past bucket whose entries are all done, last entry first (an interrupted clear leaves no gap). */
-  async clear(bucket: number): Promise<void> {
-    const owner = String(bucket);
+  async clear(bucket: number, partition = 0): Promise<void> {
+    const owner = bucketOwner(bucket, partition);
     for (let n = await this.entries.head(owner); n >= 1; n--) await this.entries.remove(owner, n);
     await this.entries.forget(owner);
-    await this.redis.del(this.firstKey(bucket), this.doneKey(bucket));
+    await this.redis.del(this.firstKey(owner), this.doneKey(owner));
   }
 
-  // A bucket's two keys share a hash tag, so MULTI and DEL over both stay in one Redis Cluster slot.
-  private doneKey(bucket: number): string {
-    return `${this.counterPrefix}:webhook-due:{${bucket}}:done`;
+  // A bucket's two keys share a hash tag (its owner), so MULTI and DEL over both stay in one Redis Cluster slot.
+  private doneKey(owner: string): string {
+    return `${this.counterPrefix}:webhook-due:{${owner}}:done`;
   }
 
-  private firstKey(bucket: number): string {
-    return `${this.counterPrefix}:webhook-due:{${bucket}}:first`;
+  private firstKey(owner: string): string {
+    return `${this.counterPrefix}:webhook-due:{${owner}}:first`;
   }
 }

@@ -3,7 +3,7 @@ import type { PriceSchedule } from '../domain/pricing.ts';
 import type { SignedStatement, StatementChunk } from '../domain/x402-sessions.ts';
 import type { UsageSignature, WitnessedUsage } from '../domain/usage.ts';
 import type { RedisClient } from '../redis.ts';
-import { DueWorkStore } from './due-work.ts';
+import { DueWorkStore, type DuePartitions } from './due-work.ts';
 import { ListIndex } from './list-index.ts';
 import { insertFirst } from './mongo.ts';
 
@@ -303,6 +303,7 @@ export class X402SessionStore {
     private readonly redis: RedisClient,
     private readonly redisPrefix: string,
     listed: ListIndex,
+    partitions?: DuePartitions,
   ) {
     this.listed = listed;
     this.sessions = db.collection<SessionDoc>('x402_sessions');
@@ -311,7 +312,7 @@ export class X402SessionStore {
     this.chunks = db.collection<StatementChunkDoc>('x402_session_statement_chunks');
     this.paymentIndex = db.collection<PaymentBucketDoc>('x402_session_payment_index');
     this.usageAcks = db.collection<UsageAckDoc>('x402_session_usage_acks');
-    this.due = new DueWorkStore(db, 'x402_sessions', redis, redisPrefix);
+    this.due = new DueWorkStore(db, 'x402_sessions', redis, redisPrefix, { partitions });
   }
 
   private keys(sessionId: string): [string, string] {

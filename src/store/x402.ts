@@ -2,7 +2,7 @@ import { recorded } from '../domain/money.ts';
 import type { Collection, Db, Document, OptionalUnlessRequiredId } from 'mongodb';
 import type { PolicyBreach, VerificationOutcome, WalletPolicy } from '../domain/x402.ts';
 import type { RedisClient } from '../redis.ts';
-import { DueWorkStore } from './due-work.ts';
+import { DueWorkStore, type DuePartitions } from './due-work.ts';
 import type { ReportedHead } from './ledger.ts';
 import { ListIndex } from './list-index.ts';
 import { insertFirst, insertInOrder } from './mongo.ts';
@@ -460,7 +460,7 @@ export class X402Store {
   /** The gate and escalation lists (see list-index.ts): entered before the document is stored. */
   readonly listed: ListIndex;
 
-  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex) {
+  constructor(db: Db, redis: RedisClient, redisPrefix: string, listed: ListIndex, partitions?: DuePartitions) {
     this.listed = listed;
     this.gates = db.collection('x402_gates');
     this.quotes = db.collection('x402_quotes');
@@ -479,8 +479,9 @@ export class X402Store {
     this.policies = new SlotChain(db.collection('x402_wallet_policies'), null, 'policies');
     // One sponsor wallet pays for many calls at once: its day's spends are claimed by group commit (issue 40).
     this.spends = new SlotChain(db.collection('x402_daily_spends'), heads, 'spends', { groupCommit: true });
-    this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix);
-    this.escalationsDue = new DueWorkStore(db, 'x402_escalations', redis, redisPrefix);
+    // Partitioned by gate id, as its x402-verify jobs are; an escalation is marked with its gate's id as owner.
+    this.due = new DueWorkStore(db, 'x402_gates', redis, redisPrefix, { partitions });
+    this.escalationsDue = new DueWorkStore(db, 'x402_escalations', redis, redisPrefix, { partitions });
   }
 
   /**

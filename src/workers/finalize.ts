@@ -8,6 +8,7 @@ const SWEEP_BATCH = 200;
 export function createFinalizeProcessor(runtime: Runtime): QueueProcessor<'finalize'> {
   return {
     process: ({ tenantId, runId }) => finalizeRun(runtime, tenantId, runId),
-    sweep: () => sweepFinalizing(runtime, SWEEP_BATCH),
+    sweep: (partition) => sweepFinalizing(runtime, SWEEP_BATCH, partition),
+    sweepsPerPartition: true,
   };
 }

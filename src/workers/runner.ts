@@ -11,14 +11,28 @@ export interface QueueProcessor<Q extends QueueName = QueueName> {
   process(payload: QueuePayload<Q>, job: Job): Promise<unknown>;
   /**
    * Periodic repair for this queue (re-enqueue work left behind by a crash). A BullMQ job scheduler runs it once per
-   * SWEEP_INTERVAL_MS across all worker processes; it must be safe to run concurrently and repeatedly.
+   * SWEEP_INTERVAL_MS across all worker processes; it must be safe to run concurrently and repeatedly. `partition`
+   * is the queue partition whose sweep job runs it (its share of the due indexes); none: every partition.
    */
-  sweep?(): Promise<unknown>;
+  sweep?(partition?: number): Promise<unknown>;
+  /**
+   * The sweep reads a share per partition (due indexes split like the queue): scheduled on every partition, each
+   * on its own queue partition, so a slow or failing one holds up no other. Otherwise once, on partition 0.
+   */
+  sweepsPerPartition?: boolean;
 }
 export type ProcessorMap = { [Q in QueueName]?: QueueProcessor<Q> };
 
 /** How often each worker checks that it is not idle while its queue has waiting jobs. */
 const WATCHDOG_INTERVAL_MS = 5_000;
+
+/**
+ * How often each worker upserts its sweep schedules again. A schedule is a chain of delayed jobs, each added as
+ * the one before it runs; a master failover that loses the write of the next one (its replica lagging) ends the
+ * chain, and that partition's sweeps with it. An upsert adds the missing iteration (and leaves a present one where
+ * it is), so a broken schedule runs again within this time.
+ */
+const SCHEDULE_REFRESH_MS = 30_000;
 
 /** Job name of scheduled sweeps; every other job on a queue is that queue's own work. */
 export const SWEEP_JOB = 'sweep';
@@ -73,29 +87,38 @@ export function startWorkers(
   for (const queue of queues) {
     const processor = processors[queue] as QueueProcessor | undefined;
     if (!processor) throw new Error(`no processor for queue ${queue}`);
-    // One sweep schedule per queue, on its partition 0 (the queue's own name): a sweep reads due-work indexes that
-    // are not split (each has a hash tag of its own; docs/queues.md), so K sweeps would only repeat one another. A
-    // failover of partition 0's master delays the queue's sweeps for its length, nothing else.
-    if (processor.sweep) {
-      const scheduler = new Queue(layout.name(queue, 0), { connection, prefix: layout.prefix(queue, 0) });
-      scheduler.on('error', onBullError(logger.child({ queue }), 'scheduler queue'));
+    // Sweep schedules: one per partition this process consumes when the queue's sweep reads a share per partition
+    // (its due indexes are split the same way), each on that partition's queue, so a slow or failing sweep of one
+    // partition never holds up another; else one, on partition 0 (the queue's own name). A failover of a master
+    // delays the sweeps of its partitions for its length, nothing else.
+    const consumed = consumedPartitions(config, layout, queue);
+    for (const partition of processor.sweep ? (processor.sweepsPerPartition ? consumed : [0]) : []) {
+      const scheduler = new Queue(layout.name(queue, partition), {
+        connection,
+        prefix: layout.prefix(queue, partition),
+      });
+      scheduler.on('error', onBullError(logger.child({ queue, partition }), 'scheduler queue'));
       schedulerQueues.push(scheduler);
-      // Upserting the same scheduler id from every worker process keeps exactly one schedule.
-      void scheduler
-        .upsertJobScheduler(
-          `${queue}-sweeper`,
-          { every: config.sweeper.intervalMs },
-          {
-            name: SWEEP_JOB,
-            data: {},
-            opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
-          },
-        )
-        .catch((err) => {
-          if (!outages.absorb(err)) logger.error({ queue, err: (err as Error).message }, 'could not schedule sweeper');
-        });
+      // Upserting the same scheduler id from every worker process keeps exactly one schedule per partition.
+      const upsert = () =>
+        scheduler
+          .upsertJobScheduler(
+            `${queue}-sweeper`,
+            { every: config.sweeper.intervalMs },
+            {
+              name: SWEEP_JOB,
+              data: {},
+              opts: { attempts: 1, removeOnComplete: { count: 100 }, removeOnFail: { count: 100 } },
+            },
+          )
+          .catch((err) => {
+            if (!outages.absorb(err))
+              logger.error({ queue, partition, err: (err as Error).message }, 'could not schedule sweeper');
+          });
+      void upsert();
+      watchdogs.push(setInterval(() => void upsert(), SCHEDULE_REFRESH_MS));
     }
-    for (const partition of consumedPartitions(config, layout, queue)) {
+    for (const partition of consumed) {
       slots.push(
         startSlot(queue, processor, layout.name(queue, partition), layout.prefix(queue, partition), partition),
       );
@@ -157,7 +180,8 @@ export function startWorkers(
         async (job: Job) => {
           running++;
           try {
-            if (job.name === SWEEP_JOB) return await processor.sweep?.();
+            // A sweep job sweeps its own partition (one left in the layout before partitions: partition 0).
+            if (job.name === SWEEP_JOB) return await processor.sweep?.(partition === 'previous' ? 0 : partition);
             // A payload that does not match its schema will never succeed; fail it without retries.
             if (!Value.Check(QueuePayloads[queue], job.data)) {
               throw new UnrecoverableError(`invalid ${queue} payload`);

@@ -20,15 +20,23 @@ export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'
 
     /**
      * Finishes whatever a crash or a lost job left behind: ledger entries still pending, settlements with a step
-     * due, and escrow locked for a run whose creation died before the run was stored.
+     * due, and escrow locked for a run whose creation died before the run was stored. The settlements' due index is
+     * split like the queue: each partition's sweep job sweeps its share. The ledger's part (its due index is split
+     * too, but the ledger reads every partition of it at once; store/ledger-due.ts) is partition 0's sweep's, as is
+     * the periodic ledger audit.
      */
-    async sweep() {
+    sweepsPerPartition: true,
+    async sweep(partition) {
+      if (partition !== undefined && partition !== 0) {
+        const settlements = await sweepSettlements(runtime, SWEEP_BATCH, partition);
+        return { settlements: settlements.looked, settlementsFailed: settlements.failed };
+      }
       const staleBefore = new Date(Date.now() - runtime.config.sweeper.staleAfterMs);
       const audit = await ledger.auditDueIndex();
       if (audit) runtime.logger.info(audit, 'ledger due index audited against the entries');
       const { looked: entries, failed } = await ledger.finishStalledEntries(staleBefore, SWEEP_BATCH);
       if (failed > 0) runtime.logger.warn({ failed }, 'ledger entries could not be finished; retrying later');
-      const settlements = await sweepSettlements(runtime, SWEEP_BATCH);
+      const settlements = await sweepSettlements(runtime, SWEEP_BATCH, partition);
       const reserves = sweepItems(runtime, 'run-reserves');
       let unlocked = 0;
       let reservesFailed = 0;

@@ -63,8 +63,12 @@ export function createWebhookDispatchProcessor(
       if ('deliveryId' in payload) return deliver(payload, job);
       return 'recoveryId' in payload ? runRecovery(runtime, payload) : fanOut(runtime, payload);
     },
-    async sweep() {
-      const work = await sweepWebhookWork(runtime, { batch: options.sweepBatch ?? 500 });
+    // Each partition's sweep job walks its partition of the due index; the retention sweep (not split) is
+    // partition 0's.
+    sweepsPerPartition: true,
+    async sweep(partition) {
+      const work = await sweepWebhookWork(runtime, { batch: options.sweepBatch ?? 500, partition });
+      if (partition !== undefined && partition !== 0) return { ...work, retention: null };
       // Expiry after the due work, and on its own: a failing expiry must not hold up deliveries.
       const retention = await sweepWebhookRetention(runtime, { batch: options.sweepBatch ?? 500 }).catch(
         (err: Error) => {

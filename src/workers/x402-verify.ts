@@ -16,17 +16,21 @@ export function createX402VerifyProcessor(runtime: Runtime): QueueProcessor<'x40
   const redisLoss = new RedisLossWatch(runtime, service.sessions);
   return {
     process: ({ tenantId, gateId, report }) => service.verification.processVerify(tenantId, gateId, report),
-    // First what Redis may have lost (a look that costs one INFO unless its masters changed); then the gates'
-    // summary, with the escalations' and the sessions' beside it.
-    sweep: async () => {
-      const redis = await redisLoss.look().catch((err: unknown) => {
-        runtime.logger.warn({ err }, 'could not check whether Redis lost writes; the next sweep looks again');
-        return null;
-      });
+    // First what Redis may have lost (a look that costs one INFO unless its masters changed; partition 0's sweep
+    // does it for all); then the partition's share of the gates, with the escalations' and the sessions' beside it.
+    sweepsPerPartition: true,
+    sweep: async (partition) => {
+      const redis =
+        partition === undefined || partition === 0
+          ? await redisLoss.look().catch((err: unknown) => {
+              runtime.logger.warn({ err }, 'could not check whether Redis lost writes; the next sweep looks again');
+              return null;
+            })
+          : null;
       return {
-        ...(await expiry.sweep()),
-        escalations: await service.escalationDeadlines.sweep(),
-        sessions: await service.sessions.sweep(),
+        ...(await expiry.sweep(partition)),
+        escalations: await service.escalationDeadlines.sweep(partition),
+        sessions: await service.sessions.sweep(partition),
         redisReconciled: redis?.reconciled ?? false,
       };
     },

@@ -19,7 +19,6 @@ import {
   serviceEnv,
   type Tenant,
 } from './service.ts';
-import { SWEEP_JOB } from '../../src/workers/runner.ts';
 
 // The production topology in small: a Redis Cluster of three masters (each with a replica), two API processes
 // behind a round-robin client, three worker processes and one FerretDB, the hot queues split over K partitions.
@@ -163,7 +162,7 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
       }
     }
     const jobsPerPartition: Record<string, number> = {};
-    /** The load's jobs each master's partitions have held so far (every state), sweeps left out. */
+    /** The jobs each master's partitions have held so far (every state), the load's and the sweeps'. */
     const jobsPerMaster = async (): Promise<Map<number, number>> => {
       const counter = createRedisClient(cluster.url, { maxRetriesPerRequest: null });
       const jobs = new Map<number, number>(masters.map((m) => [m.port, 0]));
@@ -173,9 +172,9 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
             connection: counter,
             prefix: `{${PREFIX}:bull:${partitionQueueName(queue, p)}}`,
           });
-          // The load's jobs, not the sweeps: those are scheduled on partition 0 alone (docs/queues.md).
+          // The sweeps counted too: they are scheduled on every partition now, each sweeping its share (docs/queues.md).
           const all = await partition.getJobs(['completed', 'failed', 'active', 'waiting', 'delayed', 'prioritized']);
-          const held = all.filter((job) => job && job.name !== SWEEP_JOB).length;
+          const held = all.filter((job) => job).length;
           jobs.set(port, (jobs.get(port) ?? 0) + held);
           jobsPerPartition[`${partitionQueueName(queue, p)}@${port}`] = held;
           await partition.close();
@@ -424,6 +423,29 @@ describe('two APIs, three workers, a three-master Redis Cluster with the hot que
     });
     expect(ledger.violations).toEqual([]);
     expect(ledger).toMatchObject({ clean: true, complete: true });
+
+    // The lists, spread over the cluster with K > 1 (a hash tag per tenant and agent set, the operator's list over
+    // shards merged on read): every run listed once, in one order whichever way it is read and paged.
+    const runsOf = (body: { items: Array<{ runId: string }> }) => body.items.map((r) => r.runId);
+    const tenantList = runsOf(await must(api(), 'GET', '/v1/runs?limit=100', 200, { headers: tenant.auth }));
+    expect([...tenantList].sort()).toEqual([...runIds].sort());
+    const agentList = await must(api(), 'GET', `/v1/runs?agentId=${payee.agentId}&limit=100`, 200, {
+      headers: tenant.auth,
+    });
+    expect(runsOf(agentList)).toEqual(tenantList);
+    const operatorPages: string[] = [];
+    for (let cursor: string | null = null, pages = 0; pages === 0 || cursor; pages++) {
+      const page: { items: Array<{ runId: string }>; nextCursor: string | null } = await must(
+        api(),
+        'GET',
+        `/ops/runs?limit=5${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ''}`,
+        200,
+        { headers: { authorization: `Bearer ${admin}` } },
+      );
+      operatorPages.push(...runsOf(page));
+      cursor = page.nextCursor;
+    }
+    expect(operatorPages).toEqual(tenantList);
 
     const figures = {
       K,

@@ -125,7 +125,7 @@ export class X402Escalations {
     // Marked before the escalation is recorded, so the deadline sweep finds every one a crash leaves undecided. A
     // repeated breach finds the escalation recorded: it is marked due by its own deadline, not this call's.
     const existing = await this.store.escalationOf(_id);
-    await this.store.escalationsDue.mark(_id, gate.tenantId, existing ? deadlineOf(existing) : deadlineAt);
+    await this.store.escalationsDue.mark(_id, gate.tenantId, existing ? deadlineOf(existing) : deadlineAt, gate._id);
     if (await this.store.recordEscalation(doc)) {
       await this.store.tenantEscalations.append(gate.tenantId, () => ({ ref: _id }));
     }
@@ -347,7 +347,8 @@ export class X402EscalationDeadlines {
     return this.runtime.stores.x402;
   }
 
-  async sweep(): Promise<EscalationSweepSummary> {
+  /** Sweeps `partition` of the deadlines (every partition when none is given; see sweepDue). */
+  async sweep(partition?: number): Promise<EscalationSweepSummary> {
     const summary: EscalationSweepSummary = { looked: 0, denied: 0, failed: 0 };
     const counts = await sweepDue(
       this.runtime,
@@ -355,6 +356,7 @@ export class X402EscalationDeadlines {
       this.store.escalationsDue,
       this.runtime.config.sweeper.intervalMs,
       (id) => this.decideAtDeadline(id, summary),
+      partition,
     );
     return Object.assign(summary, counts);
   }

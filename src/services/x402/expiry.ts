@@ -45,7 +45,7 @@ export class X402GateExpiry {
   }
 
   /** Looks at every gate that has fallen due; one failing gate never stops the others. */
-  async sweep(): Promise<GateSweepSummary> {
+  async sweep(partition?: number): Promise<GateSweepSummary> {
     const summary: GateSweepSummary = { looked: 0, expired: 0, returned: 0, settled: 0, failed: 0 };
     const counts = await sweepDue(
       this.runtime,
@@ -53,6 +53,7 @@ export class X402GateExpiry {
       this.store.due,
       this.runtime.config.sweeper.intervalMs,
       (gateId) => this.settleGate(gateId, summary),
+      partition,
     );
     return Object.assign(summary, counts);
   }

@@ -1708,13 +1708,20 @@ export class X402Sessions {
   }
 
   /** Closes every session past its expiry, and finishes every close a crash left half-done; one failure never stops it. */
-  async sweep(): Promise<{ looked: number; expired: number; failed: number }> {
+  async sweep(partition?: number): Promise<{ looked: number; expired: number; failed: number }> {
     const summary = { looked: 0, expired: 0, failed: 0 };
     // Each look moves or removes the session's record itself (a close marks and clears it as it goes).
-    const counts = await sweepDue(this.runtime, 'x402-sessions', this.store.due, SWEEP_TIME_MS, async (id, now) => {
-      await this.lookAt(id, now, summary);
-      return 'handled';
-    });
+    const counts = await sweepDue(
+      this.runtime,
+      'x402-sessions',
+      this.store.due,
+      SWEEP_TIME_MS,
+      async (id, now) => {
+        await this.lookAt(id, now, summary);
+        return 'handled';
+      },
+      partition,
+    );
     return Object.assign(summary, counts);
   }
 
