@@ -26,7 +26,15 @@ export const WebhookDeliverPayload = Type.Object({
 // (EJSON), which spares the job reading it back.
 export const QueuePayloads = {
   finalize: Type.Object({ tenantId: Type.String(), runId: Type.String() }),
-  settle: Type.Object({ tenantId: Type.String(), runId: Type.String(), settlementId: Type.String() }),
+  settle: Type.Object({
+    tenantId: Type.String(),
+    runId: Type.String(),
+    settlementId: Type.String(),
+    /** Where the enqueuing process left the payer's chains: hints (see LedgerStore.learnReportedHeads), never facts. */
+    ledgerHeads: Type.Optional(
+      Type.Array(Type.Object({ account: Type.String(), seq: Type.Integer({ minimum: 1 }), balance: Type.Integer() })),
+    ),
+  }),
   'x402-verify': Type.Object({ tenantId: Type.String(), gateId: Type.String(), report: Type.Optional(Type.String()) }),
   'webhook-dispatch': Type.Union([WebhookFanOutPayload, WebhookDeliverPayload, WebhookRecoverPayload]),
   'smoke-test': Type.Object({ tenantId: Type.String(), smokeTestId: Type.String() }),

@@ -16,7 +16,7 @@ import {
 } from '../domain/settlement.ts';
 import { jobIdFor } from '../queues/index.ts';
 import type { Runtime } from '../runtime.ts';
-import type { Leg, PreparedEntry } from '../store/ledger.ts';
+import { accountOf, type Leg, type PreparedEntry } from '../store/ledger.ts';
 import type { RunDoc } from '../store/runs.ts';
 import type { DueRecord } from '../store/due-work.ts';
 import {
@@ -53,6 +53,19 @@ function settleJob(s: SettlementDoc, ...parts: string[]) {
     { tenantId: s.tenantId, runId: s.runId, settlementId: s._id },
     jobIdFor('settle', s._id, ...parts),
   ] as const;
+}
+
+/**
+ * The settle job that decides a run's settlement, with where this process left the payer's chains: the run's lock
+ * (and every other lock this process made for the payer) posted there, and the worker's release debits the same
+ * escrow chain. Knowing them, the worker need not read past them before it claims (see ledger.learnReportedHeads).
+ */
+function decideJob(runtime: Runtime, s: SettlementDoc) {
+  const [queue, payload, jobId] = settleJob(s);
+  const ledgerHeads = runtime.stores.ledger.knownHeadsOf(
+    (['escrow', 'available'] as const).map((bucket) => accountOf(s.payerWalletId, s.currency, bucket)),
+  );
+  return [queue, ledgerHeads.length > 0 ? { ...payload, ledgerHeads } : payload, jobId] as const;
 }
 
 /**
@@ -100,7 +113,7 @@ export async function settleRun(
     disputeWindowSeconds: terms.disputeWindowSeconds,
   });
   const state = await read(runtime, s);
-  if (state.view.status === 'pending') await runtime.producers.ensure(...settleJob(s));
+  if (state.view.status === 'pending') await runtime.producers.ensure(...decideJob(runtime, s));
   return { run, settlement: s, state };
 }
 

@@ -11,7 +11,10 @@ const SWEEP_BATCH = 200;
 export function createSettleProcessor(runtime: Runtime): QueueProcessor<'settle'> {
   const { ledger } = runtime.stores;
   return {
-    async process({ settlementId }) {
+    async process({ settlementId, ledgerHeads }) {
+      // Where the API left the payer's chains when it asked for this settlement (its locks post on the escrow chain
+      // the release debits): hints, each a posting that exists, so the release need not read past them.
+      ledger.learnReportedHeads(ledgerHeads);
       const state = await advanceSettlement(runtime, settlementId);
       return state
         ? { status: state.view.status, holdbackState: state.view.holdbackState }
