@@ -23,7 +23,7 @@ import type { AppendTarget, RunDoc } from '../store/runs.ts';
 import { signingAgent } from './agents.ts';
 import { settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
-import { drainPartition } from './sweep-items.ts';
+import { sweptPartitions } from './sweep-items.ts';
 import { logStep } from './work-log.ts';
 
 /** The key of batch attestations, derived from the at-rest key every process of a deployment shares. */
@@ -331,13 +331,8 @@ export async function sweepFinalizing(
   limit: number,
   partition?: number,
 ): Promise<{ checked: number; repaired: number }> {
-  const dueIndex = runtime.stores.runs.finalizeDue;
-  const audit = await dueIndex.audit();
-  if (audit) runtime.logger.info(audit, 'finalize due index audited against its records');
-  // Its own partition in a sweep job (a slow one holds up no other), every partition otherwise (see sweepDue).
   const stale: RunDoc[] = [];
-  for (const p of partition === undefined ? dueIndex.readPartitionList() : [partition]) {
-    if (dueIndex.isDraining(p)) await drainPartition(runtime, 'finalize', dueIndex, p);
+  for await (const p of sweptPartitions(runtime, 'finalize', runtime.stores.runs.finalizeDue, partition)) {
     stale.push(
       ...(await runtime.stores.runs.staleFinalizing(
         new Date(Date.now() - runtime.config.sweeper.staleAfterMs),

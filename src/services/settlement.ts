@@ -29,7 +29,7 @@ import {
 import { captureRunReserve, settlementTerms, withRunEscrow, type SettlementTermsInput } from './escrow.ts';
 import { emitEvent } from './events.ts';
 import { logStep } from './work-log.ts';
-import { drainPartition, sweepItems } from './sweep-items.ts';
+import { sweepItems, sweptPartitions } from './sweep-items.ts';
 
 /**
  * Fault injection for tests: called after each step that moved money or state; throwing there simulates a crash. By
@@ -533,14 +533,9 @@ export async function sweepSettlements(
   partition?: number,
 ): Promise<{ looked: number; failed: number }> {
   const dueIndex = runtime.stores.settlements.due;
-  const audit = await dueIndex.audit();
-  if (audit) runtime.logger.info(audit, 'settlement due index audited against its records');
   const now = Date.now();
-  // Its own partition in a sweep job (a slow one holds up no other), every partition otherwise (see sweepDue).
-  const partitions = partition === undefined ? dueIndex.readPartitionList() : [partition];
   const due: DueRecord[] = [];
-  for (const p of partitions) {
-    if (dueIndex.isDraining(p)) await drainPartition(runtime, 'settlements', dueIndex, p);
+  for await (const p of sweptPartitions(runtime, 'settlements', dueIndex, partition)) {
     due.push(...(await dueIndex.due(new Date(now), limit, p)));
   }
   const items = sweepItems(runtime, 'settlements');

@@ -137,13 +137,10 @@ export async function sweepDue(
   look: (id: string, now: Date) => Promise<DueLook>,
   partition?: number,
 ): Promise<{ looked: number; failed: number }> {
-  const audit = await due.audit();
-  if (audit) runtime.logger.info(audit, `${sweeper} due index audited against its records`);
   const items = sweepItems(runtime, sweeper);
   const counts = { looked: 0, failed: 0 };
   const started = Date.now();
-  for (const p of partition === undefined ? due.readPartitionList() : [partition]) {
-    if (due.isDraining(p)) await drainPartition(runtime, sweeper, due, p);
+  for await (const p of sweptPartitions(runtime, sweeper, due, partition)) {
     for (;;) {
       const now = new Date();
       const batch = await due.due(now, DUE_BATCH, p);
@@ -165,13 +162,32 @@ export async function sweepDue(
   return counts;
 }
 
+/**
+ * The partitions of a due index one sweep reads, in order, after the index's audit (when one is owed): `partition`
+ * alone in a sweep job (a slow one holds up no other), every partition otherwise. A partition above K (K was
+ * lowered) is first moved to its records' home partitions, then read like the others.
+ */
+export async function* sweptPartitions(
+  runtime: Runtime,
+  sweeper: string,
+  due: DueWorkStore,
+  partition?: number,
+): AsyncGenerator<number> {
+  const audit = await due.audit();
+  if (audit) runtime.logger.info(audit, `${sweeper} due index audited against its records`);
+  for (const p of partition === undefined ? due.readPartitionList() : [partition]) {
+    if (due.isDraining(p)) await drainPartition(runtime, sweeper, due, p);
+    yield p;
+  }
+}
+
 const DRAIN_BATCH = 1_000;
 
 /**
  * Moves a partition above K to its records' home partitions, a batch per sweep, and says once when it is empty:
  * what the operator waits for before unsetting QUEUE_PARTITIONS_DRAIN (docs/queues.md).
  */
-export async function drainPartition(
+async function drainPartition(
   runtime: Runtime,
   sweeper: string,
   due: DueWorkStore,
