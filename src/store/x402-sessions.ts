@@ -1,4 +1,5 @@
 import type { Collection, Db } from 'mongodb';
+import { recorded } from '../domain/money.ts';
 import type { PriceSchedule } from '../domain/pricing.ts';
 import type { SignedStatement, StatementChunk } from '../domain/x402-sessions.ts';
 import type { UsageSignature, WitnessedUsage } from '../domain/usage.ts';
@@ -331,7 +332,7 @@ export class X402SessionStore {
       agentIds: [doc.payerAgentId, ...doc.payeeAgentIds],
     });
     if (await insertFirst(this.sessions, doc)) return { session: doc, created: true };
-    return { session: (await this.get(doc._id))!, created: false };
+    return { session: recorded(await this.get(doc._id), `session ${doc._id}`), created: false };
   }
 
   async get(sessionId: string): Promise<SessionDoc | null> {
@@ -490,7 +491,7 @@ export class X402SessionStore {
   /** Records a debit as a charge, or as void: the unique insert decides; answers the charge that holds the seq. */
   async recordCharge(doc: ChargeDoc): Promise<ChargeDoc> {
     if (await insertFirst(this.charges, doc)) return doc;
-    return (await this.charges.findOne({ _id: doc._id }))!;
+    return recorded(await this.charges.findOne({ _id: doc._id }), `session charge ${doc._id}`);
   }
 
   /** Decides a seq as void (no charge), unless a charge holds it already: answers what holds the seq. */
@@ -516,7 +517,7 @@ export class X402SessionStore {
    */
   async decideAck(doc: UsageAckDoc): Promise<UsageAckDoc> {
     if (await insertFirst(this.usageAcks, doc)) return doc;
-    return (await this.usageAcks.findOne({ _id: doc._id }))!;
+    return recorded(await this.usageAcks.findOne({ _id: doc._id }), `usage acknowledgement ${doc._id}`);
   }
 
   getAck(sessionId: string, seq: number): Promise<UsageAckDoc | null> {
@@ -598,7 +599,7 @@ export class X402SessionStore {
   /** Records the session's fate once; answers the fate that holds it (this one, or the first). */
   async recordClose(doc: CloseDoc): Promise<{ close: CloseDoc; won: boolean }> {
     if (await insertFirst(this.closes, doc)) return { close: doc, won: true };
-    return { close: (await this.closes.findOne({ _id: doc._id }))!, won: false };
+    return { close: recorded(await this.closes.findOne({ _id: doc._id }), `session close ${doc._id}`), won: false };
   }
 
   closeOf(sessionId: string): Promise<CloseDoc | null> {
